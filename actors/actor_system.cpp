@@ -1,0 +1,1 @@
+// Actor system helpers (filled in).

@@ -1,0 +1,1 @@
+// Local process launcher (filled in).

@@ -1,0 +1,53 @@
+# Finds troupe's dependencies (Debian 12 packages; see scripts/setup.sh) and
+# exposes each as an imported target named troupe::<dep>.
+
+find_package(Threads REQUIRED)
+
+# LibTorch: Debian's CPU build here; on a GPU machine the installed PyTorch's
+# (pass -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')).
+find_package(Torch REQUIRED)
+add_library(troupe_torch INTERFACE)
+target_link_libraries(troupe_torch INTERFACE ${TORCH_LIBRARIES})
+target_include_directories(troupe_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+separate_arguments(_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+target_compile_options(troupe_torch INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${_torch_flags}>)
+add_library(troupe::torch ALIAS troupe_torch)
+# Whether this LibTorch was built with CUDA (the at::Tensor -> launcher glue needs it).
+set(TROUPE_TORCH_HAS_CUDA OFF)
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+  set(TROUPE_TORCH_HAS_CUDA ON)
+endif()
+
+# CAF 0.17 ships no CMake config: find headers and libraries directly.
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+find_library(CAF_CORE_LIBRARY caf_core REQUIRED)
+find_library(CAF_IO_LIBRARY caf_io REQUIRED)
+add_library(troupe_caf INTERFACE)
+target_include_directories(troupe_caf SYSTEM INTERFACE ${CAF_INCLUDE_DIR})
+target_link_libraries(troupe_caf INTERFACE ${CAF_IO_LIBRARY} ${CAF_CORE_LIBRARY} Threads::Threads)
+add_library(troupe::caf ALIAS troupe_caf)
+
+find_package(yaml-cpp REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+
+# CUDA: compile the .cu kernels when nvcc is there (build machines have CUDA
+# 13 without a GPU; kernels are tested on a GPU machine).
+set(TROUPE_WITH_CUDA OFF)
+if(TROUPE_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(TROUPE_WITH_CUDA ON)
+  endif()
+endif()
+message(STATUS "troupe: CUDA kernels ${TROUPE_WITH_CUDA}; LibTorch with CUDA ${TROUPE_TORCH_HAS_CUDA}")

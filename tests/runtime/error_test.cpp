@@ -1,0 +1,60 @@
+#include "runtime/error.hpp"
+#include "runtime/file_io.hpp"
+#include "tests/support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+using namespace troupe;
+
+TEST(Error, EveryCodeHasAUniqueNameAndRoundTrips) {
+  std::set<std::string> names;
+  for (uint8_t i = 1; i < errc_count; ++i) {
+    auto code = static_cast<errc>(i);
+    auto name = std::string{to_string(code)};
+    EXPECT_NE(name, "unknown") << int(i);
+    EXPECT_TRUE(names.insert(name).second) << name;
+    auto err = make_error(code, "ctx");
+    EXPECT_EQ(code_of(err), code);
+    EXPECT_EQ(context_of(err), "ctx");
+    EXPECT_EQ(describe(err), name + ": ctx");
+  }
+  EXPECT_EQ(code_of(caf::error{}), errc::none);
+}
+
+TEST(Error, PrefixKeepsCodeAndAddsWhere) {
+  auto err = with_prefix(make_error(errc::parse_error, "bad byte"), "model.safetensors");
+  EXPECT_EQ(code_of(err), errc::parse_error);
+  EXPECT_EQ(describe(err), "parse_error: model.safetensors: bad byte");
+}
+
+TEST(FileIo, AtomicWriteReplacesWholeFileAndLeavesNoTemp) {
+  test::temp_dir dir;
+  auto path = dir.file("a.bin");
+  ASSERT_TRUE(runtime::write_file_atomic(path, "first"));
+  ASSERT_TRUE(runtime::write_file_atomic(path, "second version"));
+  auto back = runtime::read_file(path);
+  ASSERT_TRUE(back) << describe(back.error());
+  EXPECT_EQ(*back, "second version");
+  int entries = 0;
+  for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator(dir.path()))
+    ++entries;
+  EXPECT_EQ(entries, 1);
+}
+
+TEST(FileIo, ReadRejectsMissingAndOversizedFiles) {
+  test::temp_dir dir;
+  auto missing = runtime::read_file(dir.file("nope"));
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(code_of(missing.error()), errc::not_found);
+  auto path = dir.write("big", std::string(100, 'x'));
+  auto big = runtime::read_file(path, 10);
+  ASSERT_FALSE(big);
+  EXPECT_EQ(code_of(big.error()), errc::out_of_range);
+  auto mapped = runtime::mapped_file::open(path);
+  ASSERT_TRUE(mapped);
+  EXPECT_EQ(mapped->size(), 100u);
+  EXPECT_EQ(mapped->data()[99], 'x');
+}
