@@ -1,2 +1,85 @@
-// placeholder replaced below
-int main() { return 0; }
+// troupe: the command-line entry point. Thin: parse, validate, run.
+#include "actors/actor_system.hpp"
+#include "cluster/env.hpp"
+#include "cluster/local_launcher.hpp"
+
+#include <CLI/CLI.hpp>
+#include <caf/all.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+namespace {
+
+int run_env(bool json, bool smoke, int world, int64_t timeout_ms) {
+  using namespace troupe;
+  auto report = cluster::collect_env(TROUPE_VERSION);
+  bool ok = true;
+  if (smoke) {
+    caf::actor_system_config cfg;
+    actors::configure(cfg);
+    caf::actor_system sys{cfg};
+    auto t0 = std::chrono::steady_clock::now();
+    auto rt = actors::measure_round_trip(sys, 10000, timeout_ms);
+    auto& s = report.actor_round_trip;
+    s.ran = true;
+    s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rt) {
+      s.ok = true;
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "10000 requests, p50 %.2f us, p99 %.2f us", (*rt)[rt->size() / 2],
+                    (*rt)[rt->size() * 99 / 100]);
+      s.detail = buf;
+    } else {
+      s.detail = describe(rt.error());
+    }
+    auto exe = cluster::self_executable();
+    if (exe)
+      report.gloo_all_reduce = cluster::run_gloo_smoke(*exe, world, timeout_ms);
+    else
+      report.gloo_all_reduce = {true, false, describe(exe.error()), 0};
+    ok = report.actor_round_trip.ok && report.gloo_all_reduce.ok;
+  }
+  std::cout << (json ? cluster::render_json(report) : cluster::render_text(report));
+  if (json)
+    std::cout << "\n";
+  return ok ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: actor-based distributed RLHF"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string{"troupe "} + TROUPE_VERSION);
+
+  auto* env = app.add_subcommand("env", "Report versions, devices and c10d backends; run smoke tests");
+  bool json = false;
+  bool no_smoke = false;
+  int world = 2;
+  int64_t timeout_ms = 60000;
+  env->add_flag("--json", json, "Print the report as JSON");
+  env->add_flag("--no-smoke", no_smoke, "Skip the actor and gloo smoke tests");
+  env->add_option("--world", world, "Processes in the gloo all-reduce smoke test")
+    ->check(CLI::Range(2, 64));
+  env->add_option("--timeout-ms", timeout_ms, "Bound on each smoke test")->check(CLI::PositiveNumber);
+
+  // Hidden: the rank side of the gloo smoke test, spawned by `troupe env`.
+  auto* smoke = app.add_subcommand("_gloo-smoke", "")->group("");
+  int rank = 0;
+  int smoke_world = 2;
+  int port = 0;
+  int64_t smoke_timeout = 60000;
+  smoke->add_option("--rank", rank)->required();
+  smoke->add_option("--world", smoke_world)->required();
+  smoke->add_option("--port", port)->required()->check(CLI::Range(1, 65535));
+  smoke->add_option("--timeout-ms", smoke_timeout);
+
+  CLI11_PARSE(app, argc, argv);
+  if (env->parsed())
+    return run_env(json, !no_smoke, world, timeout_ms);
+  if (smoke->parsed())
+    return troupe::cluster::gloo_smoke_rank(rank, smoke_world, static_cast<uint16_t>(port),
+                                            smoke_timeout);
+  return 0;
+}

@@ -1,1 +1,483 @@
-// Filled in by the model work.
+#include "models/llama.hpp"
+
+#include "models/hf_checkpoint.hpp"
+#include "runtime/torch_guard.hpp"
+
+#include <cmath>
+#include <limits>
+#include <cstring>
+#include <sstream>
+
+namespace troupe::models {
+
+namespace {
+
+namespace nn = torch::nn;
+
+/// RMSNorm computed in fp32, weight applied in the input dtype (HF's order).
+struct rms_norm_impl : nn::Module {
+  rms_norm_impl(int64_t dim, double eps) : eps(eps) {
+    weight = register_parameter("weight", torch::ones({dim}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto xf = x.to(torch::kFloat32);
+    auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
+    return weight * normed.to(x.scalar_type());
+  }
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(rms_norm);
+
+nn::Linear make_linear(int64_t in, int64_t out, bool bias) {
+  return nn::Linear(nn::LinearOptions(in, out).bias(bias));
+}
+
+/// cos/sin [B, T, head_dim] for positions [B, T] (HF rotate-half layout).
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& positions,
+                                                      int64_t head_dim, double theta,
+                                                      torch::ScalarType dtype) {
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(positions.device());
+  auto inv_freq =
+    1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, opts) / static_cast<double>(head_dim));
+  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq; // [B,T,D/2]
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  auto half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+/// x [B, heads, T, D]; cos/sin [B, T, D].
+torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
+                           const torch::Tensor& sin) {
+  auto c = cos.unsqueeze(1);
+  auto s = sin.unsqueeze(1);
+  return x * c + rotate_half(x) * s;
+}
+
+struct attention_impl : nn::Module {
+  attention_impl(const llama_config& c)
+    : n_heads(c.num_attention_heads), n_kv(c.num_key_value_heads),
+      head_dim(c.resolved_head_dim()), theta(c.rope_theta) {
+    wq = register_module("wq", make_linear(c.hidden_size, n_heads * head_dim, c.qkv_bias));
+    wk = register_module("wk", make_linear(c.hidden_size, n_kv * head_dim, c.qkv_bias));
+    wv = register_module("wv", make_linear(c.hidden_size, n_kv * head_dim, c.qkv_bias));
+    wo = register_module("wo", make_linear(n_heads * head_dim, c.hidden_size, c.o_bias));
+  }
+
+  /// x [B,T,H]; positions [B,T]; key_mask [B,S] bool over all keys (cached +
+  /// new); causal over new tokens: query i sees cached keys and new keys <= i.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& positions,
+                        const torch::Tensor& key_mask, kv_cache* cache, size_t layer) {
+    auto B = x.size(0);
+    auto T = x.size(1);
+    auto q = wq->forward(x).view({B, T, n_heads, head_dim}).transpose(1, 2);
+    auto k = wk->forward(x).view({B, T, n_kv, head_dim}).transpose(1, 2);
+    auto v = wv->forward(x).view({B, T, n_kv, head_dim}).transpose(1, 2);
+    auto [cos, sin] = rotary_tables(positions, head_dim, theta, x.scalar_type());
+    q = apply_rotary(q, cos, sin);
+    k = apply_rotary(k, cos, sin);
+    int64_t past = 0;
+    if (cache != nullptr) {
+      past = cache->length;
+      cache->keys[layer].narrow(2, past, T).copy_(k);
+      cache->values[layer].narrow(2, past, T).copy_(v);
+      k = cache->keys[layer].narrow(2, 0, past + T);
+      v = cache->values[layer].narrow(2, 0, past + T);
+    }
+    auto S = past + T;
+    auto group = n_heads / n_kv;
+    // Grouped-query attention without repeating K/V: head h uses kv head h / group.
+    auto qg = q.reshape({B, n_kv, group * T, head_dim});
+    auto scores = torch::matmul(qg, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim));
+    scores = scores.view({B, n_kv, group, T, S}).to(torch::kFloat32);
+    auto opts = torch::TensorOptions().dtype(torch::kBool).device(x.device());
+    auto causal = torch::ones({T, S}, opts).tril(past); // query i sees keys <= past + i
+    auto allowed = causal.view({1, 1, 1, T, S}) & key_mask.view({B, 1, 1, 1, S});
+    scores = scores.masked_fill(allowed.logical_not(),
+                                std::numeric_limits<float>::lowest() / 2);
+    auto probs = torch::softmax(scores, -1).to(v.scalar_type());
+    auto out = torch::matmul(probs.view({B, n_kv, group * T, S}), v); // [B,kv,G*T,D]
+    out = out.view({B, n_heads, T, head_dim}).transpose(1, 2).reshape({B, T, n_heads * head_dim});
+    return wo->forward(out);
+  }
+
+  int64_t n_heads, n_kv, head_dim;
+  double theta;
+  nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+};
+TORCH_MODULE(attention);
+
+struct feed_forward_impl : nn::Module {
+  feed_forward_impl(const llama_config& c) {
+    w1 = register_module("w1", make_linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+    w2 = register_module("w2", make_linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+    w3 = register_module("w3", make_linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return w2->forward(torch::silu(w1->forward(x)) * w3->forward(x));
+  }
+  nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+};
+TORCH_MODULE(feed_forward);
+
+struct block_impl : nn::Module {
+  block_impl(const llama_config& c) {
+    attention_norm = register_module("attention_norm", rms_norm(c.hidden_size, c.rms_norm_eps));
+    attn = register_module("attention", attention(c));
+    ffn_norm = register_module("ffn_norm", rms_norm(c.hidden_size, c.rms_norm_eps));
+    ffn = register_module("feed_forward", feed_forward(c));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& positions,
+                        const torch::Tensor& key_mask, kv_cache* cache, size_t layer) {
+    auto h = x + attn->forward(attention_norm->forward(x), positions, key_mask, cache, layer);
+    return h + ffn->forward(ffn_norm->forward(h));
+  }
+  rms_norm attention_norm{nullptr}, ffn_norm{nullptr};
+  attention attn{nullptr};
+  feed_forward ffn{nullptr};
+};
+TORCH_MODULE(block);
+
+} // namespace
+
+expected<head_kind> parse_head_kind(const std::string& name) {
+  if (name == "lm")
+    return head_kind::lm;
+  if (name == "value")
+    return head_kind::value;
+  if (name == "reward")
+    return head_kind::reward;
+  return make_error(errc::invalid_argument,
+                    "unknown head '" + name + "', expected one of: lm, value, reward");
+}
+
+std::string to_string(head_kind kind) {
+  switch (kind) {
+    case head_kind::lm: return "lm";
+    case head_kind::value: return "value";
+    case head_kind::reward: return "reward";
+  }
+  return "lm";
+}
+
+llama_model_impl::llama_model_impl(const llama_config& config, head_kind head)
+  : config_(config), head_(head) {
+  tok_embeddings_ = register_module(
+    "tok_embeddings", nn::Embedding(nn::EmbeddingOptions(config.vocab_size, config.hidden_size)));
+  layers_ = register_module("layers", nn::ModuleList());
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i)
+    layers_->push_back(block(config));
+  norm_ = register_module("norm", rms_norm(config.hidden_size, config.rms_norm_eps));
+  if (head == head_kind::lm && !config.tie_word_embeddings)
+    output_ = register_module("output", make_linear(config.hidden_size, config.vocab_size, false));
+  if (head == head_kind::value)
+    score_head_ = register_module("value_head", make_linear(config.hidden_size, 1, true));
+  if (head == head_kind::reward)
+    score_head_ = register_module("reward_head", make_linear(config.hidden_size, 1, false));
+  torch::NoGradGuard no_grad;
+  for (auto& p : named_parameters()) {
+    const auto& name = p.key();
+    if (name.find("norm") != std::string::npos)
+      p.value().fill_(1.0);
+    else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0)
+      p.value().zero_();
+    else
+      p.value().normal_(0.0, 0.02);
+  }
+}
+
+kv_cache llama_model_impl::make_cache(int64_t batch, int64_t capacity) const {
+  auto ref = tok_embeddings_->weight;
+  kv_cache cache;
+  cache.capacity = capacity;
+  auto shape = std::vector<int64_t>{batch, config_.num_key_value_heads, capacity,
+                                    config_.resolved_head_dim()};
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    cache.keys.push_back(torch::zeros(shape, ref.options()));
+    cache.values.push_back(torch::zeros(shape, ref.options()));
+  }
+  auto dev = ref.device();
+  cache.key_mask = torch::zeros({batch, capacity}, torch::TensorOptions().dtype(torch::kBool).device(dev));
+  cache.next_position = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kLong).device(dev));
+  return cache;
+}
+
+torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
+                                              const torch::Tensor& attention_mask,
+                                              kv_cache* cache) {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, tokens], got ", input_ids.sizes());
+  auto B = input_ids.size(0);
+  auto T = input_ids.size(1);
+  auto bool_opts = torch::TensorOptions().dtype(torch::kBool).device(input_ids.device());
+  auto mask = attention_mask.defined() ? attention_mask.to(torch::kBool)
+                                       : torch::ones({B, T}, bool_opts);
+  TORCH_CHECK(mask.sizes() == input_ids.sizes(), "attention_mask ", mask.sizes(),
+              " does not match input_ids ", input_ids.sizes());
+  auto counts = mask.to(torch::kLong).cumsum(1); // real tokens so far, inclusive
+  torch::Tensor positions;
+  torch::Tensor key_mask;
+  if (cache != nullptr) {
+    TORCH_CHECK(cache->keys.size() == layers_->size(), "kv cache has ", cache->keys.size(),
+                " layers, model has ", layers_->size());
+    TORCH_CHECK(cache->key_mask.size(0) == B, "kv cache batch ", cache->key_mask.size(0),
+                " does not match input batch ", B);
+    TORCH_CHECK(cache->length + T <= cache->capacity, "kv cache overflow: ", cache->length,
+                " + ", T, " tokens > capacity ", cache->capacity);
+    positions = (cache->next_position.unsqueeze(1) + counts - 1).clamp_min(0);
+    cache->key_mask.narrow(1, cache->length, T).copy_(mask);
+    key_mask = cache->key_mask.narrow(1, 0, cache->length + T);
+  } else {
+    positions = (counts - 1).clamp_min(0);
+    key_mask = mask;
+  }
+  auto x = tok_embeddings_->forward(input_ids);
+  for (size_t i = 0; i < layers_->size(); ++i)
+    x = layers_[i]->as<block_impl>()->forward(x, positions, key_mask, cache, i);
+  if (cache != nullptr) {
+    cache->length += T;
+    cache->next_position += counts.select(1, T - 1);
+  }
+  return norm_->as<rms_norm_impl>()->forward(x);
+}
+
+torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
+                                           const torch::Tensor& attention_mask) {
+  switch (head_) {
+    case head_kind::lm:
+      if (output_)
+        return output_->forward(hidden);
+      return torch::matmul(hidden, tok_embeddings_->weight.t());
+    case head_kind::value:
+      return score_head_->forward(hidden).squeeze(-1);
+    case head_kind::reward: {
+      auto T = hidden.size(1);
+      torch::Tensor last;
+      if (attention_mask.defined()) {
+        auto idx = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
+        last = (attention_mask.to(torch::kLong) * idx).argmax(1);
+      } else {
+        last = torch::full({hidden.size(0)}, T - 1,
+                           torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
+      }
+      auto h = hidden.index({torch::arange(hidden.size(0), last.options()), last});
+      return score_head_->forward(h).squeeze(-1);
+    }
+  }
+  return hidden;
+}
+
+torch::Tensor llama_model_impl::forward(const torch::Tensor& input_ids,
+                                        const torch::Tensor& attention_mask, kv_cache* cache) {
+  return apply_head(hidden_states(input_ids, attention_mask, cache), attention_mask);
+}
+
+std::map<std::string, torch::Tensor> llama_model_impl::named_weights() const {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : named_parameters())
+    out.emplace(p.key(), p.value());
+  return out;
+}
+
+expected<llama_model> make_llama(const llama_config& config, head_kind head) {
+  if (auto ok = validate(config); !ok)
+    return ok.error();
+  return guarded("building the model", [&] { return llama_model(config, head); });
+}
+
+expected<torch::Tensor> run_forward(llama_model& model, const torch::Tensor& input_ids,
+                                    const torch::Tensor& attention_mask, kv_cache* cache) {
+  return guarded("model forward", [&] { return model->forward(input_ids, attention_mask, cache); });
+}
+
+// ---- weight names -----------------------------------------------------------
+
+namespace {
+
+struct name_rule {
+  const char* troupe;
+  const char* hf;
+};
+
+// Per-layer names, relative to "layers.{i}." / "model.layers.{i}.".
+constexpr name_rule layer_rules[] = {
+  {"attention.wq.", "self_attn.q_proj."},
+  {"attention.wk.", "self_attn.k_proj."},
+  {"attention.wv.", "self_attn.v_proj."},
+  {"attention.wo.", "self_attn.o_proj."},
+  {"feed_forward.w1.", "mlp.gate_proj."},
+  {"feed_forward.w3.", "mlp.up_proj."},
+  {"feed_forward.w2.", "mlp.down_proj."},
+  {"attention_norm.", "input_layernorm."},
+  {"ffn_norm.", "post_attention_layernorm."},
+};
+
+bool starts_with(const std::string& s, std::string_view prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+/// Splits "<prefix><digits>.<rest>" into index and rest.
+bool split_layer(const std::string& name, std::string_view prefix, std::string& index,
+                 std::string& rest) {
+  if (!starts_with(name, prefix))
+    return false;
+  auto dot = name.find('.', prefix.size());
+  if (dot == std::string::npos || dot == prefix.size())
+    return false;
+  index = name.substr(prefix.size(), dot - prefix.size());
+  for (char ch : index)
+    if (ch < '0' || ch > '9')
+      return false;
+  rest = name.substr(dot + 1);
+  return true;
+}
+
+std::string head_prefix(head_kind head) {
+  return head == head_kind::value ? "value_head." : "reward_head.";
+}
+
+} // namespace
+
+expected<std::string> to_hf_name(const std::string& name, head_kind head) {
+  if (name == "tok_embeddings.weight")
+    return std::string{"model.embed_tokens.weight"};
+  if (name == "norm.weight")
+    return std::string{"model.norm.weight"};
+  if (head == head_kind::lm && name == "output.weight")
+    return std::string{"lm_head.weight"};
+  if (head != head_kind::lm && starts_with(name, head_prefix(head)))
+    return "score." + name.substr(head_prefix(head).size());
+  std::string index, rest;
+  if (split_layer(name, "layers.", index, rest))
+    for (const auto& rule : layer_rules)
+      if (starts_with(rest, rule.troupe))
+        return "model.layers." + index + "." + rule.hf + rest.substr(std::strlen(rule.troupe));
+  return make_error(errc::not_found, "no HF name for troupe parameter '" + name + "'");
+}
+
+expected<std::string> from_hf_name(const std::string& name, head_kind head) {
+  if (name == "model.embed_tokens.weight")
+    return std::string{"tok_embeddings.weight"};
+  if (name == "model.norm.weight")
+    return std::string{"norm.weight"};
+  if (head == head_kind::lm && name == "lm_head.weight")
+    return std::string{"output.weight"};
+  if (head != head_kind::lm && starts_with(name, "score."))
+    return head_prefix(head) + name.substr(6);
+  std::string index, rest;
+  if (split_layer(name, "model.layers.", index, rest))
+    for (const auto& rule : layer_rules)
+      if (starts_with(rest, rule.hf))
+        return "layers." + index + "." + rule.troupe + rest.substr(std::strlen(rule.hf));
+  return make_error(errc::not_found, "unexpected HF tensor '" + name + "'");
+}
+
+std::string hf_architecture(const llama_config& config, head_kind head) {
+  auto family = config.architecture;
+  for (const char* suffix : {"ForCausalLM", "ForTokenClassification", "ForSequenceClassification"}) {
+    auto pos = family.rfind(suffix);
+    if (pos != std::string::npos && pos + std::strlen(suffix) == family.size()) {
+      family = family.substr(0, pos);
+      break;
+    }
+  }
+  switch (head) {
+    case head_kind::lm: return family + "ForCausalLM";
+    case head_kind::value: return family + "ForTokenClassification";
+    case head_kind::reward: return family + "ForSequenceClassification";
+  }
+  return family + "ForCausalLM";
+}
+
+expected<void> load_hf_weights(llama_model& model,
+                               const std::map<std::string, torch::Tensor>& hf_tensors,
+                               bool allow_missing_head) {
+  auto params = model->named_weights();
+  auto head = model->head();
+  std::map<std::string, torch::Tensor> mapped;
+  std::vector<std::string> unexpected;
+  for (const auto& [hf, tensor] : hf_tensors) {
+    if (hf.find("rotary_emb.inv_freq") != std::string::npos)
+      continue; // a buffer some exporters write; recomputed here
+    auto name = from_hf_name(hf, head);
+    if (!name || params.count(*name) == 0) {
+      // A policy checkpoint's lm_head is ignored by value/reward models, and
+      // lm_head is redundant when embeddings are tied.
+      if (hf == "lm_head.weight" && (head != head_kind::lm || model->config().tie_word_embeddings))
+        continue;
+      unexpected.push_back(hf);
+      continue;
+    }
+    mapped.emplace(*name, tensor);
+  }
+  if (!unexpected.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unexpected.size() && i < 8; ++i)
+      list += (i ? ", " : "") + unexpected[i];
+    if (unexpected.size() > 8)
+      list += ", ... (" + std::to_string(unexpected.size()) + " in all)";
+    return make_error(errc::not_found, "unexpected tensors in checkpoint: " + list);
+  }
+  for (const auto& [name, param] : params) {
+    auto it = mapped.find(name);
+    if (it == mapped.end()) {
+      bool is_head = starts_with(name, "value_head.") || starts_with(name, "reward_head.");
+      if (is_head && allow_missing_head)
+        continue;
+      auto hf = to_hf_name(name, head);
+      return make_error(errc::not_found,
+                        "checkpoint has no tensor '" + (hf ? *hf : name) + "'");
+    }
+    if (it->second.sizes() != param.sizes()) {
+      auto hf = to_hf_name(name, head);
+      std::ostringstream os;
+      os << "tensor '" << (hf ? *hf : name) << "' has shape " << it->second.sizes()
+         << ", the model expects " << param.sizes();
+      return make_error(errc::shape_mismatch, os.str());
+    }
+  }
+  return guarded("copying weights", [&] {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, src] : mapped)
+      params.at(name).copy_(src);
+  });
+}
+
+std::map<std::string, torch::Tensor> export_hf_weights(const llama_model& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, tensor] : model->named_weights()) {
+    auto hf = to_hf_name(name, model->head());
+    // Every registered parameter has a mapping; a miss is a programming error.
+    TORCH_INTERNAL_ASSERT(static_cast<bool>(hf), "unmapped parameter ", name);
+    out.emplace(*hf, tensor.detach().to(torch::kCPU).contiguous().clone());
+  }
+  return out;
+}
+
+expected<llama_model> load_pretrained(const std::string& dir, head_kind head,
+                                      bool allow_missing_head) {
+  auto ckpt = load_hf_checkpoint_dir(dir);
+  if (!ckpt)
+    return ckpt.error();
+  auto model = make_llama(ckpt->config, head);
+  if (!model)
+    return with_prefix(model.error(), dir);
+  if (auto ok = load_hf_weights(*model, ckpt->tensors, allow_missing_head); !ok)
+    return with_prefix(ok.error(), dir);
+  return model;
+}
+
+expected<void> save_pretrained(const llama_model& model, const std::string& dir,
+                               uint64_t max_shard_bytes) {
+  auto config = model->config();
+  config.architecture = hf_architecture(config, model->head());
+  auto tensors = guarded("exporting weights", [&] { return export_hf_weights(model); });
+  if (!tensors)
+    return tensors.error();
+  return save_hf_checkpoint_dir(dir, config, *tensors, max_shard_bytes);
+}
+
+} // namespace troupe::models
