@@ -1,0 +1,181 @@
+#include "kernels/advantages.hpp"
+
+#include "kernels/detail.hpp"
+#include "kernels/masked.hpp"
+#include "runtime/torch_guard.hpp"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <tuple>
+
+namespace troupe::kernels {
+
+namespace {
+
+caf::error check_scores(std::string_view fn, std::string_view name, const at::Tensor& scores,
+                        const at::Tensor& mask) {
+  if (auto err = detail::first_error({detail::require_dim(fn, name, scores, 1, "[B]"),
+                                      detail::require_dim(fn, "mask", mask, 2, "[B, T]")}))
+    return err;
+  if (auto err = detail::first_error({detail::require_floating(fn, name, scores),
+                                      detail::require_mask(fn, "mask", mask),
+                                      detail::require_same_device(fn, "mask", mask, name, scores)}))
+    return err;
+  if (scores.size(0) != mask.size(0))
+    return make_error(errc::shape_mismatch,
+                      detail::cat(fn, ": ", name, " has shape ", detail::shape_str(scores),
+                                  ", expected [", std::to_string(mask.size(0)),
+                                  "] (one per row of mask ", detail::shape_str(mask), ")"));
+  return {};
+}
+
+caf::error check_groups(std::string_view fn, const at::Tensor& scores,
+                        const at::Tensor& group_ids) {
+  return detail::first_error(
+      {detail::require_integral(fn, "group_ids", group_ids),
+       detail::require_same_shape(fn, "group_ids", group_ids, "scores", scores),
+       detail::require_same_device(fn, "group_ids", group_ids, "scores", scores)});
+}
+
+struct group_stats {
+  at::Tensor inverse; // [B] group index of each sample
+  at::Tensor count;   // [B] size of the sample's group
+  at::Tensor sum;     // [B] sum of the sample's group
+  at::Tensor mean;    // [B] mean of the sample's group
+};
+
+group_stats stats_of(const at::Tensor& scores, const at::Tensor& group_ids) {
+  auto [unique, inverse, counts] =
+      at::_unique2(group_ids, /*sorted=*/true, /*return_inverse=*/true, /*return_counts=*/true);
+  auto groups = unique.size(0);
+  auto sums = at::zeros({groups}, scores.options()).index_add_(0, inverse, scores);
+  auto count = counts.to(scores.scalar_type());
+  group_stats st;
+  st.inverse = inverse;
+  st.count = count.index_select(0, inverse);
+  st.sum = sums.index_select(0, inverse);
+  st.mean = st.sum / st.count;
+  return st;
+}
+
+at::Tensor broadcast(const at::Tensor& per_seq, const at::Tensor& mask) {
+  auto valid = detail::as_bool_mask(mask);
+  return at::where(valid, per_seq.unsqueeze(1), at::zeros({}, per_seq.options()));
+}
+
+at::Tensor as_compute(const at::Tensor& scores) {
+  return scores.detach().to(detail::compute_type({scores}));
+}
+
+} // namespace
+
+expected<at::Tensor> contiguous_group_ids(int64_t batch, int64_t group_size, at::Device device) {
+  constexpr std::string_view fn = "contiguous_group_ids";
+  if (group_size < 1 || batch < 0 || batch % group_size != 0)
+    return make_error(errc::invalid_argument,
+                      detail::cat(fn, ": batch ", std::to_string(batch),
+                                  " must be a non-negative multiple of group_size ",
+                                  std::to_string(group_size), " (>= 1)"));
+  return guarded(fn, [&] {
+    return at::arange(batch, at::TensorOptions().dtype(at::kLong).device(device))
+        .div(group_size, "floor");
+  });
+}
+
+expected<advantage_result> grpo_advantages(const at::Tensor& scores, const at::Tensor& mask,
+                                           const at::Tensor& group_ids, const grpo_options& opts) {
+  constexpr std::string_view fn = "grpo_advantages";
+  if (auto err = check_scores(fn, "scores", scores, mask))
+    return err;
+  if (auto err = detail::first_error(
+          {check_groups(fn, scores, group_ids), detail::require_range(fn, "eps", opts.eps, 0, 1)}))
+    return err;
+  return guarded(fn, [&] {
+    at::NoGradGuard no_grad;
+    auto s = as_compute(scores);
+    auto st = stats_of(s, group_ids);
+    auto dev = s - st.mean;
+    auto adv = dev;
+    if (opts.norm_by_std) {
+      auto sq = at::zeros_like(s).index_add_(0, st.inverse, dev * dev).index_select(0, st.inverse);
+      auto std = (sq / (st.count - 1).clamp_min(1)).sqrt();
+      adv = dev / (std + opts.eps);
+    }
+    adv = at::where(st.count.gt(1), adv, at::zeros({}, adv.options()));
+    auto a = broadcast(adv, mask);
+    return advantage_result{a, a};
+  });
+}
+
+expected<advantage_result> rloo_advantages(const at::Tensor& scores, const at::Tensor& mask,
+                                           const at::Tensor& group_ids) {
+  constexpr std::string_view fn = "rloo_advantages";
+  if (auto err = check_scores(fn, "scores", scores, mask))
+    return err;
+  if (auto err = check_groups(fn, scores, group_ids))
+    return err;
+  return guarded(fn, [&] {
+    at::NoGradGuard no_grad;
+    auto s = as_compute(scores);
+    auto st = stats_of(s, group_ids);
+    auto others = (st.sum - s) / (st.count - 1).clamp_min(1);
+    auto adv = at::where(st.count.gt(1), s - others, at::zeros({}, s.options()));
+    auto a = broadcast(adv, mask);
+    return advantage_result{a, a};
+  });
+}
+
+expected<advantage_result> reinforce_pp_advantages(const at::Tensor& token_rewards,
+                                                   const at::Tensor& mask, double gamma) {
+  auto returns = discounted_returns(token_rewards, mask, gamma);
+  if (!returns)
+    return with_prefix(returns.error(), "reinforce_pp_advantages");
+  auto adv = masked_whiten(*returns, mask);
+  if (!adv)
+    return with_prefix(adv.error(), "reinforce_pp_advantages");
+  return advantage_result{*adv, *returns};
+}
+
+expected<advantage_result> reinforce_pp_baseline_advantages(const at::Tensor& scores,
+                                                            const at::Tensor& mask,
+                                                            const at::Tensor& group_ids) {
+  constexpr std::string_view fn = "reinforce_pp_baseline_advantages";
+  if (auto err = check_scores(fn, "scores", scores, mask))
+    return err;
+  if (auto err = check_groups(fn, scores, group_ids))
+    return err;
+  auto centered = guarded(fn, [&] {
+    at::NoGradGuard no_grad;
+    auto s = as_compute(scores);
+    return broadcast(s - stats_of(s, group_ids).mean, mask);
+  });
+  if (!centered)
+    return centered.error();
+  auto adv = masked_whiten(*centered, mask);
+  if (!adv)
+    return with_prefix(adv.error(), fn);
+  return advantage_result{*adv, *adv};
+}
+
+expected<advantage_result> remax_advantages(const at::Tensor& scores,
+                                            const at::Tensor& baseline_scores,
+                                            const at::Tensor& mask) {
+  constexpr std::string_view fn = "remax_advantages";
+  if (auto err = check_scores(fn, "scores", scores, mask))
+    return err;
+  if (auto err = detail::first_error(
+          {detail::require_floating(fn, "baseline_scores", baseline_scores),
+           detail::require_same_shape(fn, "baseline_scores", baseline_scores, "scores", scores),
+           detail::require_same_device(fn, "baseline_scores", baseline_scores, "scores", scores)}))
+    return err;
+  return guarded(fn, [&] {
+    at::NoGradGuard no_grad;
+    auto type = detail::compute_type({scores, baseline_scores});
+    auto s = scores.detach().to(type);
+    auto b = baseline_scores.detach().to(type);
+    return advantage_result{broadcast(s - b, mask), broadcast(s, mask)};
+  });
+}
+
+} // namespace troupe::kernels

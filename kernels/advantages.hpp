@@ -1,0 +1,57 @@
+#pragma once
+// Critic-free advantage estimators. Outcome estimators take one scalar score
+// per sequence [B] and broadcast the advantage over the valid tokens of the
+// response mask [B, T] (0 elsewhere). Groups are given as integer ids [B]
+// (samples of the same prompt share an id; any values, any order); use
+// contiguous_group_ids for the common "n consecutive samples per prompt".
+// Results are constants (no gradient) in fp32 (fp64 if an input is fp64);
+// ATen ops only, so any device.
+
+#include "kernels/gae.hpp"
+#include "runtime/error.hpp"
+
+#include <ATen/core/Tensor.h>
+
+namespace troupe::kernels {
+
+/// Group ids [batch] (int64) 0,0,…,1,1,… for `group_size` consecutive samples per group.
+expected<at::Tensor> contiguous_group_ids(int64_t batch, int64_t group_size,
+                                          at::Device device = at::kCPU);
+
+/// Options of grpo_advantages.
+struct grpo_options {
+  /// Divide by the group's (unbiased) standard deviation; false gives Dr. GRPO.
+  bool norm_by_std = true;
+  /// Added to the standard deviation.
+  double eps = 1e-6;
+};
+
+/// GRPO: (score − group mean) / (group std + eps), broadcast over the mask; 0 for
+/// groups of one sample. returns = advantages.
+expected<advantage_result> grpo_advantages(const at::Tensor& scores, const at::Tensor& mask,
+                                           const at::Tensor& group_ids,
+                                           const grpo_options& opts = {});
+
+/// RLOO: score − mean of the OTHER scores of its group, broadcast; 0 for groups of one.
+/// returns = advantages.
+expected<advantage_result> rloo_advantages(const at::Tensor& scores, const at::Tensor& mask,
+                                           const at::Tensor& group_ids);
+
+/// REINFORCE++: token rewards [B, T] → discounted returns (γ) → whitened over all
+/// valid tokens of the batch. returns = the unwhitened discounted returns.
+expected<advantage_result> reinforce_pp_advantages(const at::Tensor& token_rewards,
+                                                   const at::Tensor& mask, double gamma);
+
+/// REINFORCE++-baseline: score − group mean, broadcast, then whitened over all valid
+/// tokens of the batch. returns = advantages.
+expected<advantage_result> reinforce_pp_baseline_advantages(const at::Tensor& scores,
+                                                            const at::Tensor& mask,
+                                                            const at::Tensor& group_ids);
+
+/// ReMax: score − baseline_score (the greedy sample's score for the same prompt) [B],
+/// broadcast. returns = the scores broadcast over the mask.
+expected<advantage_result> remax_advantages(const at::Tensor& scores,
+                                            const at::Tensor& baseline_scores,
+                                            const at::Tensor& mask);
+
+} // namespace troupe::kernels

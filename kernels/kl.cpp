@@ -1,0 +1,67 @@
+#include "kernels/kl.hpp"
+
+#include "kernels/detail.hpp"
+#include "runtime/torch_guard.hpp"
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace troupe::kernels {
+
+expected<kl_estimator> parse_kl_estimator(std::string_view name) {
+  if (name == "k1" || name == "kl")
+    return kl_estimator::k1;
+  if (name == "abs")
+    return kl_estimator::abs;
+  if (name == "k2" || name == "mse")
+    return kl_estimator::k2;
+  if (name == "k3" || name == "low_var_kl")
+    return kl_estimator::k3;
+  return make_error(errc::invalid_argument,
+                    "kl estimator: expected one of \"k1\", \"abs\", \"k2\", \"k3\" (aliases "
+                    "\"kl\", \"mse\", \"low_var_kl\"), got \"" +
+                        std::string{name} + "\"");
+}
+
+std::string_view to_string(kl_estimator est) noexcept {
+  switch (est) {
+  case kl_estimator::k1:
+    return "k1";
+  case kl_estimator::abs:
+    return "abs";
+  case kl_estimator::k2:
+    return "k2";
+  case kl_estimator::k3:
+    return "k3";
+  }
+  return "unknown";
+}
+
+expected<at::Tensor> kl_penalty(const at::Tensor& log_probs, const at::Tensor& ref_log_probs,
+                                kl_estimator est) {
+  constexpr std::string_view fn = "kl_penalty";
+  if (auto err = detail::first_error(
+          {detail::require_floating(fn, "log_probs", log_probs),
+           detail::require_floating(fn, "ref_log_probs", ref_log_probs),
+           detail::require_same_shape(fn, "ref_log_probs", ref_log_probs, "log_probs", log_probs),
+           detail::require_same_device(fn, "ref_log_probs", ref_log_probs, "log_probs",
+                                       log_probs)}))
+    return err;
+  return guarded(fn, [&] {
+    auto x = log_probs - ref_log_probs;
+    switch (est) {
+    case kl_estimator::k1:
+      return x;
+    case kl_estimator::abs:
+      return x.abs();
+    case kl_estimator::k2:
+      return 0.5 * x * x;
+    case kl_estimator::k3:
+      return at::expm1(-x) + x;
+    }
+    return x;
+  });
+}
+
+} // namespace troupe::kernels

@@ -1,0 +1,33 @@
+#pragma once
+// Per-token KL estimators between the policy and the reference, from the
+// log-probs of the sampled tokens. With x = log π(a) − log π_ref(a):
+//   k1  = x                      unbiased, can be negative   ("kl")
+//   abs = |x|
+//   k2  = ½·x²                                              ("mse")
+//   k3  = exp(−x) + x − 1        unbiased, ≥ 0, low variance ("low_var_kl")
+// The exact KL over the vocabulary is exact_kl_from_logits (logprobs.hpp).
+
+#include "runtime/error.hpp"
+
+#include <ATen/core/Tensor.h>
+
+#include <string_view>
+
+namespace troupe::kernels {
+
+/// Which per-token KL estimator to use (see the table above).
+enum class kl_estimator { k1, abs, k2, k3 };
+
+/// Parses "k1", "abs", "k2", "k3" and the aliases "kl" (k1), "mse" (k2),
+/// "low_var_kl" (k3); errc::invalid_argument listing the valid names otherwise.
+expected<kl_estimator> parse_kl_estimator(std::string_view name);
+
+/// The canonical name of `est` ("k1", "abs", "k2", "k3").
+std::string_view to_string(kl_estimator est) noexcept;
+
+/// log_probs, ref_log_probs [...] (same shape, floating) → per-token estimate
+/// [...] in their promoted dtype; unmasked, differentiable in both.
+expected<at::Tensor> kl_penalty(const at::Tensor& log_probs, const at::Tensor& ref_log_probs,
+                                kl_estimator est);
+
+} // namespace troupe::kernels
