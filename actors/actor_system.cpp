@@ -21,8 +21,51 @@ void configure(caf::actor_system_config& cfg) {
 
 namespace {
 
+using run_atom = caf::atom_constant<caf::atom("run")>;
+
 caf::behavior echo(caf::event_based_actor*) {
   return {[](ping_atom, int64_t x) { return x; }};
+}
+
+/// Event-based client: issues `count` sequential requests to `server`,
+/// timing each, and answers the `run` request with the latencies.
+struct prober_state {
+  std::vector<double> us;
+  std::chrono::steady_clock::time_point sent;
+  caf::response_promise done;
+};
+
+void probe_next(caf::stateful_actor<prober_state>* self, caf::actor server, int remaining,
+                int64_t timeout_ms) {
+  if (remaining == 0) {
+    self->state.done.deliver(std::move(self->state.us));
+    return;
+  }
+  auto i = static_cast<int64_t>(self->state.us.size());
+  self->state.sent = std::chrono::steady_clock::now();
+  self->request(server, std::chrono::milliseconds(timeout_ms), ping_atom::value, i)
+    .then(
+      [=](int64_t back) {
+        auto now = std::chrono::steady_clock::now();
+        if (back != i) {
+          self->state.done.deliver(make_error(errc::internal, "echo answered the wrong request"));
+          return;
+        }
+        self->state.us.push_back(
+          std::chrono::duration<double, std::micro>(now - self->state.sent).count());
+        probe_next(self, server, remaining - 1, timeout_ms);
+      },
+      [=](caf::error& err) { self->state.done.deliver(std::move(err)); });
+}
+
+caf::behavior prober(caf::stateful_actor<prober_state>* self, caf::actor server, int count,
+                     int64_t timeout_ms) {
+  return {[=](run_atom) -> caf::result<std::vector<double>> {
+    self->state.us.reserve(static_cast<size_t>(count));
+    self->state.done = self->make_response_promise();
+    probe_next(self, server, count, timeout_ms);
+    return self->state.done;
+  }};
 }
 
 } // namespace
@@ -32,27 +75,19 @@ expected<std::vector<double>> measure_round_trip(caf::actor_system& sys, int cou
   if (count <= 0)
     return make_error(errc::invalid_argument, "round-trip count must be positive");
   auto server = sys.spawn(echo);
+  auto client = sys.spawn(prober, server, count, timeout_ms);
   caf::scoped_actor self{sys};
-  std::vector<double> us;
-  us.reserve(static_cast<size_t>(count));
-  caf::error failure;
-  for (int i = 0; i < count && !failure; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    self->request(server, std::chrono::milliseconds(timeout_ms), ping_atom::value, int64_t{i})
-      .receive(
-        [&](int64_t back) {
-          auto t1 = std::chrono::steady_clock::now();
-          if (back != i)
-            failure = make_error(errc::internal, "echo actor answered the wrong request");
-          us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-        },
-        [&](caf::error& err) { failure = std::move(err); });
-  }
+  expected<std::vector<double>> out = make_error(errc::timeout, "round-trip probe did not answer");
+  // The whole probe is bounded: every request's timeout, plus slack.
+  auto bound = std::chrono::milliseconds(timeout_ms) * 2 + std::chrono::milliseconds(count);
+  self->request(client, bound, run_atom::value)
+    .receive([&](std::vector<double>& us) { out = std::move(us); },
+             [&](caf::error& err) { out = std::move(err); });
+  self->send_exit(client, caf::exit_reason::user_shutdown);
   self->send_exit(server, caf::exit_reason::user_shutdown);
-  if (failure)
-    return failure;
-  std::sort(us.begin(), us.end());
-  return us;
+  if (out)
+    std::sort(out->begin(), out->end());
+  return out;
 }
 
 } // namespace troupe::actors

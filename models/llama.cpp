@@ -27,20 +27,19 @@ struct rms_norm_impl : nn::Module {
   torch::Tensor weight;
   double eps;
 };
-TORCH_MODULE(rms_norm);
+TORCH_MODULE_IMPL(rms_norm, rms_norm_impl);
 
 nn::Linear make_linear(int64_t in, int64_t out, bool bias) {
   return nn::Linear(nn::LinearOptions(in, out).bias(bias));
 }
 
-/// cos/sin [B, T, head_dim] for positions [B, T] (HF rotate-half layout).
+/// cos/sin [B, T, head_dim] for positions [B, T] (HF rotate-half layout);
+/// `inv_freq` [head_dim / 2] fp32 comes from rope_inv_freq(config).
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(const torch::Tensor& positions,
-                                                      int64_t head_dim, double theta,
+                                                      const torch::Tensor& inv_freq,
                                                       torch::ScalarType dtype) {
-  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(positions.device());
-  auto inv_freq =
-    1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, opts) / static_cast<double>(head_dim));
-  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq; // [B,T,D/2]
+  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) *
+               inv_freq.to(positions.device()); // [B,T,D/2]
   auto emb = torch::cat({freqs, freqs}, -1);
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
@@ -61,7 +60,10 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
 struct attention_impl : nn::Module {
   attention_impl(const llama_config& c)
     : n_heads(c.num_attention_heads), n_kv(c.num_key_value_heads),
-      head_dim(c.resolved_head_dim()), theta(c.rope_theta) {
+      head_dim(c.resolved_head_dim()) {
+    auto freqs = rope_inv_freq(c);
+    inv_freq = torch::tensor(std::vector<double>(freqs.begin(), freqs.end()), torch::kFloat64)
+                 .to(torch::kFloat32);
     wq = register_module("wq", make_linear(c.hidden_size, n_heads * head_dim, c.qkv_bias));
     wk = register_module("wk", make_linear(c.hidden_size, n_kv * head_dim, c.qkv_bias));
     wv = register_module("wv", make_linear(c.hidden_size, n_kv * head_dim, c.qkv_bias));
@@ -77,7 +79,7 @@ struct attention_impl : nn::Module {
     auto q = wq->forward(x).view({B, T, n_heads, head_dim}).transpose(1, 2);
     auto k = wk->forward(x).view({B, T, n_kv, head_dim}).transpose(1, 2);
     auto v = wv->forward(x).view({B, T, n_kv, head_dim}).transpose(1, 2);
-    auto [cos, sin] = rotary_tables(positions, head_dim, theta, x.scalar_type());
+    auto [cos, sin] = rotary_tables(positions, inv_freq, x.scalar_type());
     q = apply_rotary(q, cos, sin);
     k = apply_rotary(k, cos, sin);
     int64_t past = 0;
@@ -106,10 +108,10 @@ struct attention_impl : nn::Module {
   }
 
   int64_t n_heads, n_kv, head_dim;
-  double theta;
+  torch::Tensor inv_freq; // not a parameter: derived from the config
   nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
 };
-TORCH_MODULE(attention);
+TORCH_MODULE_IMPL(attention, attention_impl);
 
 struct feed_forward_impl : nn::Module {
   feed_forward_impl(const llama_config& c) {
@@ -122,7 +124,7 @@ struct feed_forward_impl : nn::Module {
   }
   nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
 };
-TORCH_MODULE(feed_forward);
+TORCH_MODULE_IMPL(feed_forward, feed_forward_impl);
 
 struct block_impl : nn::Module {
   block_impl(const llama_config& c) {
@@ -140,7 +142,7 @@ struct block_impl : nn::Module {
   attention attn{nullptr};
   feed_forward ffn{nullptr};
 };
-TORCH_MODULE(block);
+TORCH_MODULE_IMPL(block, block_impl);
 
 } // namespace
 
@@ -392,7 +394,7 @@ std::string hf_architecture(const llama_config& config, head_kind head) {
   return family + "ForCausalLM";
 }
 
-expected<void> load_hf_weights(llama_model& model,
+expected<void> assign_hf_weights(llama_model& model,
                                const std::map<std::string, torch::Tensor>& hf_tensors,
                                bool allow_missing_head) {
   auto params = model->named_weights();
@@ -413,32 +415,36 @@ expected<void> load_hf_weights(llama_model& model,
     }
     mapped.emplace(*name, tensor);
   }
-  if (!unexpected.empty()) {
+  auto name_list = [](const std::vector<std::string>& names) {
     std::string list;
-    for (size_t i = 0; i < unexpected.size() && i < 8; ++i)
-      list += (i ? ", " : "") + unexpected[i];
-    if (unexpected.size() > 8)
-      list += ", ... (" + std::to_string(unexpected.size()) + " in all)";
-    return make_error(errc::not_found, "unexpected tensors in checkpoint: " + list);
-  }
+    for (size_t i = 0; i < names.size() && i < 8; ++i)
+      list += (i ? ", " : "") + names[i];
+    if (names.size() > 8)
+      list += ", ... (" + std::to_string(names.size()) + " in all)";
+    return list;
+  };
+  if (!unexpected.empty())
+    return make_error(errc::not_found, "unexpected tensors in checkpoint: " + name_list(unexpected));
+  std::vector<std::string> missing;
   for (const auto& [name, param] : params) {
+    auto hf = to_hf_name(name, head);
+    auto shown = hf ? *hf : name;
     auto it = mapped.find(name);
     if (it == mapped.end()) {
       bool is_head = starts_with(name, "value_head.") || starts_with(name, "reward_head.");
-      if (is_head && allow_missing_head)
-        continue;
-      auto hf = to_hf_name(name, head);
-      return make_error(errc::not_found,
-                        "checkpoint has no tensor '" + (hf ? *hf : name) + "'");
+      if (!(is_head && allow_missing_head))
+        missing.push_back(shown);
+      continue;
     }
     if (it->second.sizes() != param.sizes()) {
-      auto hf = to_hf_name(name, head);
       std::ostringstream os;
-      os << "tensor '" << (hf ? *hf : name) << "' has shape " << it->second.sizes()
+      os << "tensor '" << shown << "' has shape " << it->second.sizes()
          << ", the model expects " << param.sizes();
       return make_error(errc::shape_mismatch, os.str());
     }
   }
+  if (!missing.empty())
+    return make_error(errc::not_found, "checkpoint lacks tensors: " + name_list(missing));
   return guarded("copying weights", [&] {
     torch::NoGradGuard no_grad;
     for (auto& [name, src] : mapped)
@@ -465,7 +471,7 @@ expected<llama_model> load_pretrained(const std::string& dir, head_kind head,
   auto model = make_llama(ckpt->config, head);
   if (!model)
     return with_prefix(model.error(), dir);
-  if (auto ok = load_hf_weights(*model, ckpt->tensors, allow_missing_head); !ok)
+  if (auto ok = assign_hf_weights(*model, ckpt->tensors, allow_missing_head); !ok)
     return with_prefix(ok.error(), dir);
   return model;
 }

@@ -121,7 +121,7 @@ std::string hf_architecture(const llama_config& config, head_kind head);
 /// naming it. `lm_head.weight` may be absent when embeddings are tied; a
 /// checkpoint without a value/reward head leaves a fresh head (allowed only
 /// when `allow_missing_head`, e.g. a critic initialised from a policy).
-expected<void> load_hf_weights(llama_model& model,
+expected<void> assign_hf_weights(llama_model& model,
                                const std::map<std::string, torch::Tensor>& hf_tensors,
                                bool allow_missing_head = false);
 

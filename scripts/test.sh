@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds troupe and runs the whole test suite (unit, integration, slow; GPU
+# tests skip at run time without a device). Extra arguments go to ctest,
+# e.g. scripts/test.sh -L unit
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${TROUPE_BUILD_DIR:-$root/build}
+bash "$root/scripts/build.sh"
+cd "$build"
+ctest --output-on-failure --timeout 900 -j "${TROUPE_TEST_JOBS:-2}" "$@"
