@@ -58,3 +58,36 @@ TEST(FileIo, ReadRejectsMissingAndOversizedFiles) {
   EXPECT_EQ(mapped->size(), 100u);
   EXPECT_EQ(mapped->data()[99], 'x');
 }
+
+#include "runtime/jsonl.hpp"
+
+#include <nlohmann/json.hpp>
+
+TEST(Jsonl, ReadsObjectsAndReportsFileLineOnBadInput) {
+  test::temp_dir dir;
+  auto good = dir.write("good.jsonl", "{\"prompt\": \"a\"}\n\n{\"prompt\": \"b\"}\r\n");
+  std::vector<std::string> seen;
+  auto n = runtime::read_jsonl(good, [&](const nlohmann::json& j) -> expected<void> {
+    seen.push_back(j.at("prompt").get<std::string>());
+    return caf::unit;
+  });
+  ASSERT_TRUE(n) << describe(n.error());
+  EXPECT_EQ(*n, 2);
+  EXPECT_EQ(seen, (std::vector<std::string>{"a", "b"}));
+
+  auto bad = dir.write("bad.jsonl", "{\"prompt\": \"a\"}\n{\"prompt\": \n");
+  auto r = runtime::read_jsonl(bad, [](const nlohmann::json&) -> expected<void> { return caf::unit; });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(describe(r.error()), "parse_error: " + bad + ":2: not valid JSON");
+
+  auto arr = dir.write("arr.jsonl", "[1, 2]\n");
+  r = runtime::read_jsonl(arr, [](const nlohmann::json&) -> expected<void> { return caf::unit; });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(describe(r.error()), "parse_error: " + arr + ":1: expected a JSON object, got array");
+
+  r = runtime::read_jsonl(good, [](const nlohmann::json&) -> expected<void> {
+    return make_error(errc::invalid_argument, "field 'prompt': too short");
+  });
+  ASSERT_FALSE(r);
+  EXPECT_EQ(describe(r.error()), "invalid_argument: " + good + ":1: field 'prompt': too short");
+}
