@@ -81,6 +81,40 @@ void cuda_gae(const at::Tensor& rewards, const at::Tensor& values, const at::Ten
   }
 }
 
+namespace {
+
+cuda::float_type float_type_of(at::ScalarType type) {
+  if (type == at::kHalf)
+    return cuda::float_type::f16;
+  if (type == at::kBFloat16)
+    return cuda::float_type::bf16;
+  return cuda::float_type::f32;
+}
+
+} // namespace
+
+bool cuda_paged_decode_supports(at::ScalarType type, int64_t head_dim) {
+  return (type == at::kFloat || type == at::kHalf || type == at::kBFloat16) && head_dim >= 1 &&
+         head_dim <= 256;
+}
+
+at::Tensor cuda_paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                                       const at::Tensor& v_pool, const at::Tensor& block_tables,
+                                       const at::Tensor& context_lens, double scale) {
+  c10::cuda::CUDAGuard device_guard{q.device()};
+  auto query = q.contiguous();
+  auto tables = block_tables.to(q.device(), at::kInt).contiguous();
+  auto lens = context_lens.to(q.device(), at::kLong).contiguous();
+  auto out = at::empty_like(query);
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  throw_if(cuda::launch_paged_decode_attention(
+      query.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), float_type_of(q.scalar_type()),
+      tables.data_ptr<int32_t>(), tables.size(1), lens.data_ptr<int64_t>(), query.size(0),
+      query.size(1), k_pool.size(2), k_pool.size(3), k_pool.size(1), static_cast<float>(scale),
+      out.data_ptr(), stream));
+  return out;
+}
+
 } // namespace troupe::kernels::detail
 
 #endif // TROUPE_TORCH_CUDA

@@ -1,5 +1,6 @@
 #include "models/llama.hpp"
 
+#include "kernels/paged_attention.hpp"
 #include "models/hf_checkpoint.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -13,6 +14,31 @@ namespace troupe::models {
 namespace {
 
 namespace nn = torch::nn;
+
+/// A troupe error thrown through LibTorch-style code: a c10::Error (what
+/// TORCH_CHECK throws) that keeps the error's code for run_forward_paged.
+class paged_error : public c10::Error {
+public:
+  explicit paged_error(caf::error err)
+      : c10::Error(c10::SourceLocation{"forward_paged", __FILE__, __LINE__}, describe(err)),
+        err_(std::move(err)) {}
+  const caf::error& error() const { return err_; }
+
+private:
+  caf::error err_;
+};
+
+void throw_if(const caf::error& err) {
+  if (err)
+    throw paged_error(err);
+}
+
+template <class T>
+T value_or_throw(expected<T> x) {
+  if (!x)
+    throw paged_error(x.error());
+  return std::move(*x);
+}
 
 /// RMSNorm computed in fp32, weight applied in the input dtype (HF's order).
 struct rms_norm_impl : nn::Module {
@@ -49,11 +75,11 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-/// x [B, heads, T, D]; cos/sin [B, T, D].
+/// x [..., heads, D]; cos/sin [..., D].
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
                            const torch::Tensor& sin) {
-  auto c = cos.unsqueeze(1);
-  auto s = sin.unsqueeze(1);
+  auto c = cos.unsqueeze(-2);
+  auto s = sin.unsqueeze(-2);
   return x * c + rotate_half(x) * s;
 }
 
@@ -70,18 +96,38 @@ struct attention_impl : nn::Module {
     wo = register_module("wo", make_linear(n_heads * head_dim, c.hidden_size, c.o_bias));
   }
 
+  struct projected {
+    torch::Tensor q; // [..., n_heads, head_dim]
+    torch::Tensor k; // [..., n_kv, head_dim]
+    torch::Tensor v; // [..., n_kv, head_dim]
+  };
+
+  /// x [..., hidden], positions [...] → q, k, v projections, RoPE applied to
+  /// q and k. Shared by the dense and the paged paths.
+  projected project(const torch::Tensor& x, const torch::Tensor& positions) {
+    auto shape = [&](int64_t heads) {
+      auto s = x.sizes().vec();
+      s.back() = heads;
+      s.push_back(head_dim);
+      return s;
+    };
+    auto q = wq->forward(x).view(shape(n_heads));
+    auto k = wk->forward(x).view(shape(n_kv));
+    auto v = wv->forward(x).view(shape(n_kv));
+    auto [cos, sin] = rotary_tables(positions, inv_freq, x.scalar_type());
+    return {apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), std::move(v)};
+  }
+
   /// x [B,T,H]; positions [B,T]; key_mask [B,S] bool over all keys (cached +
   /// new); causal over new tokens: query i sees cached keys and new keys <= i.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& positions,
                         const torch::Tensor& key_mask, kv_cache* cache, size_t layer) {
     auto B = x.size(0);
     auto T = x.size(1);
-    auto q = wq->forward(x).view({B, T, n_heads, head_dim}).transpose(1, 2);
-    auto k = wk->forward(x).view({B, T, n_kv, head_dim}).transpose(1, 2);
-    auto v = wv->forward(x).view({B, T, n_kv, head_dim}).transpose(1, 2);
-    auto [cos, sin] = rotary_tables(positions, inv_freq, x.scalar_type());
-    q = apply_rotary(q, cos, sin);
-    k = apply_rotary(k, cos, sin);
+    auto p = project(x, positions);
+    auto q = p.q.transpose(1, 2); // [B, heads, T, D]
+    auto k = p.k.transpose(1, 2);
+    auto v = p.v.transpose(1, 2);
     int64_t past = 0;
     if (cache != nullptr) {
       past = cache->length;
@@ -105,6 +151,19 @@ struct attention_impl : nn::Module {
     auto out = torch::matmul(probs.view({B, n_kv, group * T, S}), v); // [B,kv,G*T,D]
     out = out.view({B, n_heads, T, head_dim}).transpose(1, 2).reshape({B, T, n_heads * head_dim});
     return wo->forward(out);
+  }
+
+  /// x [N, hidden], positions [N]: one paged step (NOTE [paged KV layout] in
+  /// kernels/paged_attention.hpp); writes this layer's new K/V into `cache`.
+  torch::Tensor forward_paged(const torch::Tensor& x, const torch::Tensor& positions,
+                              const paged_batch& batch, paged_kv_cache& cache, size_t layer) {
+    auto p = project(x, positions);
+    throw_if(
+        kernels::write_kv(cache.k[layer], cache.v[layer], p.k, p.v, batch.slot_mapping).error());
+    auto out = value_or_throw(kernels::paged_attention(
+        p.q, cache.k[layer], cache.v[layer], batch.block_tables, batch.context_lens,
+        batch.query_start, 1.0 / std::sqrt(static_cast<double>(head_dim))));
+    return wo->forward(out.reshape({x.size(0), n_heads * head_dim}));
   }
 
   int64_t n_heads, n_kv, head_dim;
@@ -133,10 +192,23 @@ struct block_impl : nn::Module {
     ffn_norm = register_module("ffn_norm", rms_norm(c.hidden_size, c.rms_norm_eps));
     ffn = register_module("feed_forward", feed_forward(c));
   }
+  /// Pre-norm residual block around `attend` (the dense or the paged attention).
+  template <class Attend>
+  torch::Tensor run(const torch::Tensor& x, Attend&& attend) {
+    auto h = x + attend(attention_norm->forward(x));
+    return h + ffn->forward(ffn_norm->forward(h));
+  }
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& positions,
                         const torch::Tensor& key_mask, kv_cache* cache, size_t layer) {
-    auto h = x + attn->forward(attention_norm->forward(x), positions, key_mask, cache, layer);
-    return h + ffn->forward(ffn_norm->forward(h));
+    return run(x, [&](const torch::Tensor& normed) {
+      return attn->forward(normed, positions, key_mask, cache, layer);
+    });
+  }
+  torch::Tensor forward_paged(const torch::Tensor& x, const torch::Tensor& positions,
+                              const paged_batch& batch, paged_kv_cache& cache, size_t layer) {
+    return run(x, [&](const torch::Tensor& normed) {
+      return attn->forward_paged(normed, positions, batch, cache, layer);
+    });
   }
   rms_norm attention_norm{nullptr}, ffn_norm{nullptr};
   attention attn{nullptr};
@@ -206,6 +278,108 @@ kv_cache llama_model_impl::make_cache(int64_t batch, int64_t capacity) const {
   cache.key_mask = torch::zeros({batch, capacity}, torch::TensorOptions().dtype(torch::kBool).device(dev));
   cache.next_position = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kLong).device(dev));
   return cache;
+}
+
+paged_kv_cache llama_model_impl::make_paged_cache(int64_t num_blocks, int64_t block_size) const {
+  TORCH_CHECK(num_blocks >= 1 && block_size >= 1, "make_paged_cache: num_blocks (", num_blocks,
+              ") and block_size (", block_size, ") must be >= 1");
+  auto ref = tok_embeddings_->weight;
+  paged_kv_cache cache;
+  cache.block_size = block_size;
+  cache.num_blocks = num_blocks;
+  auto shape = std::vector<int64_t>{num_blocks, block_size, config_.num_key_value_heads,
+                                    config_.resolved_head_dim()};
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    cache.k.push_back(torch::zeros(shape, ref.options()));
+    cache.v.push_back(torch::zeros(shape, ref.options()));
+  }
+  return cache;
+}
+
+namespace {
+
+/// Model-level checks of a paged step (the kernels check the step metadata).
+caf::error check_paged_step(const llama_config& config, head_kind head, size_t layers,
+                            const paged_batch& batch, const paged_kv_cache& cache,
+                            const torch::Tensor& logit_rows) {
+  constexpr std::string_view fn = "forward_paged";
+  auto fail = [&](errc code, const std::string& what) {
+    return make_error(code, std::string{fn} + ": " + what);
+  };
+  auto dims = [](torch::IntArrayRef sizes) {
+    std::ostringstream os;
+    os << sizes;
+    return os.str();
+  };
+  auto shape = [&](const torch::Tensor& t) {
+    return t.defined() ? dims(t.sizes()) : std::string{"undefined"};
+  };
+  if (head != head_kind::lm)
+    return fail(errc::unsupported,
+                "needs an lm head, this model has a " + to_string(head) + " head");
+  if (cache.k.size() != layers || cache.v.size() != layers)
+    return fail(errc::invalid_argument, "paged cache has " + std::to_string(cache.k.size()) +
+                                            " K and " + std::to_string(cache.v.size()) +
+                                            " V pools, the model has " + std::to_string(layers) +
+                                            " layers");
+  const std::vector<int64_t> pool{cache.num_blocks, cache.block_size, config.num_key_value_heads,
+                                  config.resolved_head_dim()};
+  for (size_t i = 0; i < layers; ++i)
+    for (const auto* t : {&cache.k[i], &cache.v[i]})
+      if (!t->defined() || t->sizes() != torch::IntArrayRef{pool})
+        return fail(errc::shape_mismatch,
+                    "layer " + std::to_string(i) + " pool has shape " + shape(*t) +
+                        ", expected [num_blocks, block_size, n_kv, head_dim] = " + dims(pool));
+  const auto& ids = batch.input_ids;
+  if (!ids.defined() || ids.dim() != 1 || !torch::isIntegralType(ids.scalar_type(), false))
+    return fail(errc::shape_mismatch,
+                "input_ids has shape " + shape(ids) + ", expected [N] integer token ids");
+  using named = std::pair<const char*, const torch::Tensor*>;
+  for (const auto& [name, t] : std::initializer_list<named>{{"positions", &batch.positions},
+                                                            {"slot_mapping", &batch.slot_mapping}})
+    if (!t->defined() || t->sizes() != ids.sizes() ||
+        !torch::isIntegralType(t->scalar_type(), false))
+      return fail(errc::shape_mismatch, std::string{name} + " has shape " + shape(*t) +
+                                            ", expected [" + std::to_string(ids.size(0)) +
+                                            "] integers like input_ids");
+  const int64_t N = ids.size(0);
+  if (N > 0) {
+    auto lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+    if (lo < 0 || hi >= config.vocab_size)
+      return fail(errc::out_of_range, "input_ids holds ids in [" + std::to_string(lo) + ", " +
+                                          std::to_string(hi) + "], outside the vocabulary [0, " +
+                                          std::to_string(config.vocab_size) + ")");
+  }
+  if (logit_rows.defined()) {
+    if (logit_rows.dim() != 1 || !torch::isIntegralType(logit_rows.scalar_type(), false))
+      return fail(errc::shape_mismatch,
+                  "logit_rows has shape " + shape(logit_rows) + ", expected [M] integer rows");
+    if (logit_rows.numel() > 0) {
+      auto lo = logit_rows.min().item<int64_t>(), hi = logit_rows.max().item<int64_t>();
+      if (lo < 0 || hi >= N)
+        return fail(errc::out_of_range, "logit_rows holds rows in [" + std::to_string(lo) + ", " +
+                                            std::to_string(hi) + "], outside [0, " +
+                                            std::to_string(N) + ")");
+    }
+  }
+  return {};
+}
+
+} // namespace
+
+torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv_cache& cache,
+                                              const torch::Tensor& logit_rows) {
+  throw_if(check_paged_step(config_, head_, layers_->size(), batch, cache, logit_rows));
+  torch::NoGradGuard no_grad;
+  auto x = tok_embeddings_->forward(batch.input_ids); // [N, hidden]
+  for (size_t i = 0; i < layers_->size(); ++i)
+    x = layers_[i]->as<block_impl>()->forward_paged(x, batch.positions, batch, cache, i);
+  // The kernels validated query_start: its rows 1..R minus one are each
+  // request's last new token.
+  auto rows = logit_rows.defined() ? logit_rows : batch.query_start.slice(0, 1) - 1;
+  rows = rows.to(x.device(), torch::kLong);
+  auto h = norm_->as<rms_norm_impl>()->forward(x.index_select(0, rows));
+  return apply_head(h, torch::Tensor{});
 }
 
 torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
@@ -293,6 +467,17 @@ expected<llama_model> make_llama(const llama_config& config, head_kind head) {
 expected<torch::Tensor> run_forward(llama_model& model, const torch::Tensor& input_ids,
                                     const torch::Tensor& attention_mask, kv_cache* cache) {
   return guarded("model forward", [&] { return model->forward(input_ids, attention_mask, cache); });
+}
+
+expected<torch::Tensor> run_forward_paged(llama_model& model, const paged_batch& batch,
+                                          paged_kv_cache& cache, const torch::Tensor& logit_rows) {
+  return guarded("paged forward", [&]() -> expected<torch::Tensor> {
+    try {
+      return model->forward_paged(batch, cache, logit_rows);
+    } catch (const paged_error& e) {
+      return e.error();
+    }
+  });
 }
 
 // ---- weight names -----------------------------------------------------------

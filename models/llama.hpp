@@ -53,6 +53,29 @@ struct kv_cache {
   int64_t capacity = 0;
 };
 
+/// Paged KV storage for one model: per layer K and V pools [num_blocks,
+/// block_size, n_kv, head_dim] in the model's dtype and device (NOTE [paged KV
+/// layout] in kernels/paged_attention.hpp). Which blocks belong to which
+/// request is the caller's business (the inference engine's block tables).
+struct paged_kv_cache {
+  std::vector<torch::Tensor> k, v;
+  int64_t block_size = 16;
+  int64_t num_blocks = 0;
+};
+
+/// One scheduled step over several requests (see kernels/paged_attention.hpp):
+/// R requests, each with n_r >= 1 new tokens, concatenated into N rows.
+/// input_ids and positions live on the model's device; the other tensors may
+/// stay on the CPU (they are validated on the host every layer).
+struct paged_batch {
+  torch::Tensor input_ids;    // [N] int64
+  torch::Tensor positions;    // [N] int64 absolute positions (RoPE)
+  torch::Tensor slot_mapping; // [N] int64 where each new token's K/V is written
+  torch::Tensor block_tables; // [R, max_blocks] int32
+  torch::Tensor context_lens; // [R] int64, cached tokens including the new ones
+  torch::Tensor query_start;  // [R+1] int64
+};
+
 class llama_model_impl : public torch::nn::Module {
 public:
   /// Builds a randomly initialised model (normal(0, 0.02) weights, unit norms,
@@ -82,6 +105,17 @@ public:
   /// device and dtype.
   kv_cache make_cache(int64_t batch, int64_t capacity) const;
 
+  /// Zeroed paged KV pools for every layer on this model's device and dtype.
+  paged_kv_cache make_paged_cache(int64_t num_blocks, int64_t block_size) const;
+
+  /// One paged step (lm head only; no autograd): writes the new tokens' K/V
+  /// at batch.slot_mapping, attends through the block tables, and returns
+  /// logits [M, V] for the token rows `logit_rows` ([M] int64 indices into N;
+  /// default: the last new token of each request, M = R). Throws c10::Error
+  /// on bad input; run_forward_paged returns errors as values.
+  torch::Tensor forward_paged(const paged_batch& batch, paged_kv_cache& cache,
+                              const torch::Tensor& logit_rows = {});
+
   /// Parameters by troupe name ("layers.0.attention.wq.weight", ...).
   std::map<std::string, torch::Tensor> named_weights() const;
 
@@ -103,6 +137,12 @@ expected<llama_model> make_llama(const llama_config& config, head_kind head);
 expected<torch::Tensor> run_forward(llama_model& model, const torch::Tensor& input_ids,
                                     const torch::Tensor& attention_mask,
                                     kv_cache* cache = nullptr);
+
+/// Safe wrapper of forward_paged(): bad batches come back as errors with the
+/// kernels' codes (shape_mismatch, out_of_range, ...).
+expected<torch::Tensor> run_forward_paged(llama_model& model, const paged_batch& batch,
+                                          paged_kv_cache& cache,
+                                          const torch::Tensor& logit_rows = {});
 
 // ---- weight names ---------------------------------------------------------
 

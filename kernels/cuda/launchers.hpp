@@ -37,4 +37,20 @@ std::string launch_gae(const double* rewards, const double* values, const uint8_
                        int64_t batch, int64_t steps, double gamma, double lambda,
                        double* advantages, double* returns, cudaStream_t stream);
 
+/// Paged decode attention (NOTE [paged KV layout] in kernels/paged_attention.hpp),
+/// one query token per request: q [requests, num_heads, head_dim] attends to
+/// the first context_lens[r] tokens of request r, read through
+/// block_tables [requests, max_blocks] (int32) from the pools [num_blocks,
+/// block_size, num_kv_heads, head_dim]; query head h reads kv head
+/// h / (num_heads / num_kv_heads). softmax(scale · q·kᵀ) in fp32 (online over
+/// the blocks); out [requests, num_heads, head_dim]. q, pools and out share
+/// `type`; all contiguous. head_dim <= 256; num_heads a multiple of
+/// num_kv_heads and <= 65535. A request with context length 0 gets zeros.
+std::string launch_paged_decode_attention(const void* q, const void* k_pool, const void* v_pool,
+                                          float_type type, const int32_t* block_tables,
+                                          int64_t max_blocks, const int64_t* context_lens,
+                                          int64_t requests, int64_t num_heads, int64_t num_kv_heads,
+                                          int64_t head_dim, int64_t block_size, float scale,
+                                          void* out, cudaStream_t stream);
+
 } // namespace troupe::kernels::cuda

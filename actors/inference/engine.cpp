@@ -1,0 +1,649 @@
+#include "actors/inference/engine.hpp"
+
+#include "actors/inference/block_allocator.hpp"
+#include "actors/inference/prefix_cache.hpp"
+#include "models/llama.hpp"
+#include "runtime/torch_guard.hpp"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <list>
+#include <set>
+
+namespace troupe::actors::inference {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+struct request_state;
+
+/// One sample of a request: its tokens, KV blocks and random stream.
+struct sequence {
+  int64_t id = 0;
+  request_state* req = nullptr;
+  int32_t sample_index = 0;
+  std::vector<int64_t> tokens; ///< prompt + generated
+  std::vector<float> logprobs; ///< one per generated token
+  int64_t num_computed = 0;    ///< tokens whose K/V is in the cache
+  std::vector<int32_t> blocks;
+  rng_stream rng;
+  clock_type::time_point last_token_at{};
+  bool finished = false;
+  std::string finish_reason;
+  int64_t generated() const { return static_cast<int64_t>(logprobs.size()); }
+};
+
+struct request_state {
+  generate_request request;
+  std::vector<std::unique_ptr<sequence>> samples; ///< index = sample index
+  int32_t remaining = 0;                          ///< unfinished samples
+  bool forked = false;                            ///< samples 1..n-1 exist
+  clock_type::time_point arrived{};
+  clock_type::time_point first_token_at{};
+  bool has_first_token = false;
+  int64_t version_first = -1;
+  uint64_t seed = 0;
+};
+
+} // namespace
+
+struct engine::impl {
+  models::llama_model model{nullptr};
+  engine_config config;
+  int64_t max_model_len = 0;
+  int64_t vocab = 0;
+  std::vector<int64_t> eos;
+  models::paged_kv_cache kv;
+  std::unique_ptr<block_allocator> blocks;
+  std::unique_ptr<prefix_cache> prefixes;
+  std::map<std::string, std::unique_ptr<request_state>> requests;
+  std::deque<sequence*> waiting;
+  std::vector<sequence*> running; ///< admission order (last = most recent)
+  int64_t next_seq_id = 0;
+  uint64_t seed_counter = 0;
+  int64_t version = 0;
+  engine_metrics m;
+
+  // ---- block helpers ---------------------------------------------------------
+
+  /// A free block, evicting unreferenced cached prefixes when the pool is short.
+  std::optional<int32_t> take_block() {
+    if (blocks->num_free() == 0 && prefixes)
+      prefixes->evict(1);
+    auto b = blocks->allocate();
+    if (!b)
+      return std::nullopt;
+    return *b;
+  }
+
+  void release_blocks(sequence& s) {
+    for (auto b : s.blocks)
+      blocks->release(b);
+    s.blocks.clear();
+    s.num_computed = 0;
+  }
+
+  /// Copies the K/V of every layer from block `src` to block `dst`.
+  void copy_block(int32_t src, int32_t dst) {
+    torch::NoGradGuard ng;
+    for (size_t l = 0; l < kv.k.size(); ++l) {
+      kv.k[l][dst].copy_(kv.k[l][src]);
+      kv.v[l][dst].copy_(kv.v[l][src]);
+    }
+  }
+
+  /// Ensures `s` owns writable blocks for tokens [num_computed, upto). Returns
+  /// false when the pool ran out (already-taken blocks stay with `s`).
+  bool reserve(sequence& s, int64_t upto) {
+    auto bs = config.block_size;
+    // Copy-on-write: the first slot written may sit in a shared, partly
+    // filled block (forked samples share their prompt's last block).
+    if (s.num_computed % bs != 0) {
+      auto idx = static_cast<size_t>(s.num_computed / bs);
+      auto old = s.blocks[idx];
+      if (blocks->ref_count(old) > 1) {
+        auto fresh = take_block();
+        if (!fresh)
+          return false;
+        copy_block(old, *fresh);
+        blocks->release(old);
+        s.blocks[idx] = *fresh;
+      }
+    }
+    auto needed = (upto + bs - 1) / bs;
+    while (static_cast<int64_t>(s.blocks.size()) < needed) {
+      auto b = take_block();
+      if (!b)
+        return false;
+      s.blocks.push_back(*b);
+    }
+    return true;
+  }
+
+  /// Frees the most recently admitted running sequence other than `keep`
+  /// and puts it at the front of the waiting queue. False if none.
+  bool preempt_one(const sequence* keep) {
+    for (auto it = running.rbegin(); it != running.rend(); ++it) {
+      if (*it == keep)
+        continue;
+      auto* victim = *it;
+      running.erase(std::next(it).base());
+      release_blocks(*victim);
+      waiting.push_front(victim);
+      ++m.preemptions;
+      return true;
+    }
+    return false;
+  }
+
+  // ---- validation ------------------------------------------------------------
+
+  expected<void> check_request(const generate_request& r) const {
+    auto where = "request '" + r.id + "': ";
+    if (r.id.empty())
+      return make_error(errc::invalid_argument, "request: empty id");
+    if (requests.count(r.id) != 0)
+      return make_error(errc::invalid_argument, where + "id is already in flight");
+    if (r.prompt.empty())
+      return make_error(errc::invalid_argument, where + "prompt: empty prompt");
+    auto len = static_cast<int64_t>(r.prompt.size());
+    if (len >= max_model_len)
+      return make_error(errc::invalid_argument,
+                        where + "prompt: " + std::to_string(len) +
+                          " tokens do not fit the context of " + std::to_string(max_model_len) +
+                          " (at least one generated token must fit)");
+    for (size_t i = 0; i < r.prompt.size(); ++i)
+      if (r.prompt[i] < 0 || r.prompt[i] >= vocab)
+        return make_error(errc::invalid_argument,
+                          where + "prompt[" + std::to_string(i) + "]: token " +
+                            std::to_string(r.prompt[i]) + " outside the vocabulary [0, " +
+                            std::to_string(vocab) + ")");
+    if (auto ok = validate(r.sampling, vocab); !ok)
+      return with_prefix(ok.error(), "request '" + r.id + "'");
+    auto total = std::min(len + r.sampling.max_tokens, max_model_len);
+    auto pool_tokens = blocks->num_blocks() * config.block_size;
+    if (total > pool_tokens)
+      return make_error(errc::invalid_argument,
+                        where + "needs " + std::to_string(total) +
+                          " tokens of KV cache, the whole pool holds " +
+                          std::to_string(pool_tokens));
+    return caf::unit;
+  }
+
+  // ---- finishing -------------------------------------------------------------
+
+  void finish_sequence(sequence& s, std::string reason) {
+    s.finished = true;
+    s.finish_reason = std::move(reason);
+    if (prefixes && s.num_computed > 0)
+      prefixes->insert(std::span<const int64_t>(s.tokens.data(), static_cast<size_t>(s.num_computed)),
+                       std::span<const int32_t>(s.blocks.data(), s.blocks.size()));
+    release_blocks(s);
+    --s.req->remaining;
+  }
+
+  /// Appends a sampled token and applies the stop rules.
+  void append(sequence& s, const sampled_token& t, clock_type::time_point now) {
+    auto& req = *s.req;
+    if (s.generated() > 0) {
+      m.itl_ms_sum += ms_between(s.last_token_at, now);
+      ++m.itl_count;
+    }
+    s.tokens.push_back(t.token);
+    s.logprobs.push_back(t.logprob);
+    s.last_token_at = now;
+    ++m.generated_tokens;
+    if (!req.has_first_token) {
+      req.has_first_token = true;
+      req.first_token_at = now;
+      m.ttft_ms_sum += ms_between(req.arrived, now);
+    }
+    if (req.version_first < 0)
+      req.version_first = version;
+    const auto& sp = req.request.sampling;
+    bool stop = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), t.token) !=
+                  sp.stop_token_ids.end() ||
+                (!sp.ignore_eos && std::find(eos.begin(), eos.end(), t.token) != eos.end());
+    if (stop)
+      finish_sequence(s, "stop");
+    else if (s.generated() >= sp.max_tokens ||
+             static_cast<int64_t>(s.tokens.size()) >= max_model_len)
+      finish_sequence(s, "length");
+  }
+
+  /// Creates samples 1..n-1 of `first`'s request sharing its prompt blocks.
+  std::vector<sequence*> fork(sequence& first) {
+    auto& req = *first.req;
+    std::vector<sequence*> out;
+    req.forked = true;
+    for (int32_t i = 1; i < req.request.sampling.n; ++i) {
+      auto& s = *req.samples[static_cast<size_t>(i)];
+      s.tokens = first.tokens;
+      s.num_computed = first.num_computed;
+      s.blocks = first.blocks;
+      for (auto b : s.blocks)
+        blocks->retain(b);
+      out.push_back(&s);
+    }
+    return out;
+  }
+
+  request_output collect(request_state& req) {
+    request_output out;
+    out.id = req.request.id;
+    out.prompt = req.request.prompt;
+    auto plen = req.request.prompt.size();
+    for (auto& s : req.samples) {
+      sample_output so;
+      so.tokens.assign(s->tokens.begin() + static_cast<int64_t>(plen), s->tokens.end());
+      so.logprobs = s->logprobs;
+      so.finish_reason = s->finish_reason;
+      out.samples.push_back(std::move(so));
+    }
+    out.weight_version = version;
+    out.first_weight_version = req.version_first;
+    auto now = clock_type::now();
+    out.ttft_ms = ms_between(req.arrived, req.first_token_at);
+    out.latency_ms = ms_between(req.arrived, now);
+    ++m.finished_requests;
+    return out;
+  }
+
+  // ---- the step ----------------------------------------------------------------
+
+  expected<std::vector<request_output>> step() {
+    auto t0 = clock_type::now();
+    std::vector<sequence*> scheduled;
+    std::vector<int64_t> counts;
+    int64_t budget = config.max_batched_tokens;
+
+    // (1) decode slots for running sequences, oldest first; preempt the newest
+    // when the pool is dry.
+    for (size_t i = 0; i < running.size() && budget > 0;) {
+      auto* s = running[i];
+      auto want = std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->num_computed, budget);
+      if (reserve(*s, s->num_computed + want)) {
+        scheduled.push_back(s);
+        counts.push_back(want);
+        budget -= want;
+        ++i;
+        continue;
+      }
+      if (!preempt_one(s)) {
+        // Nothing else to free: `s` waits itself. check_request guarantees
+        // one sequence fits the pool, so this only happens transiently.
+        running.erase(running.begin() + static_cast<int64_t>(i));
+        release_blocks(*s);
+        waiting.push_front(s);
+        ++m.preemptions;
+        continue;
+      }
+      // The victim may have been scheduled already (it sat before `s`): drop
+      // it from this step, and find `s` again (its index may have moved).
+      for (size_t j = 0; j < scheduled.size(); ++j)
+        if (std::find(running.begin(), running.end(), scheduled[j]) == running.end()) {
+          budget += counts[j];
+          scheduled.erase(scheduled.begin() + static_cast<int64_t>(j));
+          counts.erase(counts.begin() + static_cast<int64_t>(j));
+          --j;
+        }
+      i = static_cast<size_t>(std::find(running.begin(), running.end(), s) - running.begin());
+    }
+
+    // (2) admit waiting sequences in order.
+    while (!waiting.empty() && budget > 0 &&
+           static_cast<int64_t>(running.size()) < config.max_num_seqs) {
+      auto* s = waiting.front();
+      if (s->blocks.empty() && prefixes && s->num_computed == 0) {
+        auto len = static_cast<int64_t>(s->tokens.size());
+        auto hit = prefixes->match(std::span<const int64_t>(s->tokens.data(), s->tokens.size()),
+                                   len - 1);
+        s->blocks = hit.blocks;
+        s->num_computed = hit.matched_tokens;
+      }
+      auto want = std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->num_computed, budget);
+      if (!reserve(*s, s->num_computed + want)) {
+        release_blocks(*s); // give back what it took; retry next step
+        break;
+      }
+      waiting.pop_front();
+      if (s->generated() == 0 && s->sample_index == 0)
+        m.prompt_tokens += static_cast<int64_t>(s->tokens.size());
+      running.push_back(s);
+      scheduled.push_back(s);
+      counts.push_back(want);
+      budget -= want;
+    }
+
+    std::vector<request_output> done;
+    if (scheduled.empty()) {
+      m.busy_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+      return done;
+    }
+
+    // (3) one batched forward over every scheduled token.
+    auto bs = config.block_size;
+    int64_t n_tokens = 0;
+    size_t max_blocks = 0;
+    for (size_t i = 0; i < scheduled.size(); ++i) {
+      n_tokens += counts[i];
+      max_blocks = std::max(max_blocks, scheduled[i]->blocks.size());
+    }
+    auto R = static_cast<int64_t>(scheduled.size());
+    auto ids = torch::empty({n_tokens}, torch::kLong);
+    auto pos = torch::empty({n_tokens}, torch::kLong);
+    auto slots = torch::empty({n_tokens}, torch::kLong);
+    auto tables = torch::zeros({R, static_cast<int64_t>(max_blocks)}, torch::kInt);
+    auto ctx = torch::empty({R}, torch::kLong);
+    auto qstart = torch::empty({R + 1}, torch::kLong);
+    std::vector<int64_t> logit_rows;
+    std::vector<size_t> sampling_seqs; // indices into `scheduled` that sample now
+    {
+      auto* idp = ids.data_ptr<int64_t>();
+      auto* pp = pos.data_ptr<int64_t>();
+      auto* sp = slots.data_ptr<int64_t>();
+      auto* tp = tables.data_ptr<int32_t>();
+      auto* cp = ctx.data_ptr<int64_t>();
+      auto* qp = qstart.data_ptr<int64_t>();
+      int64_t off = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        auto& s = *scheduled[static_cast<size_t>(r)];
+        auto n = counts[static_cast<size_t>(r)];
+        qp[r] = off;
+        for (int64_t j = 0; j < n; ++j) {
+          auto p = s.num_computed + j;
+          idp[off + j] = s.tokens[static_cast<size_t>(p)];
+          pp[off + j] = p;
+          sp[off + j] = int64_t{s.blocks[static_cast<size_t>(p / bs)]} * bs + p % bs;
+        }
+        for (size_t b = 0; b < s.blocks.size(); ++b)
+          tp[r * static_cast<int64_t>(max_blocks) + static_cast<int64_t>(b)] = s.blocks[b];
+        cp[r] = s.num_computed + n;
+        off += n;
+        if (s.num_computed + n == static_cast<int64_t>(s.tokens.size())) {
+          logit_rows.push_back(off - 1);
+          sampling_seqs.push_back(static_cast<size_t>(r));
+        }
+        if (s.generated() == 0)
+          m.prefill_tokens_computed += n;
+      }
+      qp[R] = off;
+    }
+    models::paged_batch batch{ids, pos, slots, tables, ctx, qstart};
+    auto rows = torch::tensor(logit_rows, torch::kLong);
+    torch::NoGradGuard ng;
+    auto logits = models::run_forward_paged(model, batch, kv, rows);
+    if (!logits)
+      return with_prefix(logits.error(), "engine step");
+    *logits = logits->to(torch::kFloat32).contiguous();
+    for (size_t i = 0; i < scheduled.size(); ++i)
+      scheduled[i]->num_computed += counts[i];
+
+    // (4) sample. A first sample finishing its prompt forks its siblings,
+    // which sample from the same logits row.
+    std::vector<sequence*> samplers;
+    std::vector<int64_t> row_of;
+    for (size_t k = 0; k < sampling_seqs.size(); ++k) {
+      auto* s = scheduled[sampling_seqs[k]];
+      samplers.push_back(s);
+      row_of.push_back(static_cast<int64_t>(k));
+      auto& req = *s->req;
+      if (s->sample_index == 0 && !req.forked && req.request.sampling.n > 1 && s->generated() == 0) {
+        if (prefixes)
+          prefixes->insert(std::span<const int64_t>(s->tokens.data(), s->tokens.size()),
+                           std::span<const int32_t>(s->blocks.data(), s->blocks.size()));
+        for (auto* sib : fork(*s)) {
+          samplers.push_back(sib);
+          row_of.push_back(static_cast<int64_t>(k));
+          running.push_back(sib);
+        }
+      } else if (prefixes && s->generated() == 0) {
+        prefixes->insert(std::span<const int64_t>(s->tokens.data(), s->tokens.size()),
+                         std::span<const int32_t>(s->blocks.data(), s->blocks.size()));
+      }
+    }
+    std::vector<const sampling_params*> params;
+    std::vector<rng_stream*> streams;
+    for (auto* s : samplers) {
+      params.push_back(&s->req->request.sampling);
+      streams.push_back(&s->rng);
+    }
+    auto picked = sample(logits->index_select(0, torch::tensor(row_of, torch::kLong)), params, streams);
+    if (!picked)
+      return picked.error();
+    auto now = clock_type::now();
+    for (size_t i = 0; i < samplers.size(); ++i)
+      append(*samplers[i], (*picked)[i], now);
+
+    // (5) retire finished sequences and requests.
+    running.erase(std::remove_if(running.begin(), running.end(),
+                                 [](sequence* s) { return s->finished; }),
+                  running.end());
+    for (auto it = requests.begin(); it != requests.end();) {
+      if (it->second->remaining == 0 && it->second->forked) {
+        done.push_back(collect(*it->second));
+        it = requests.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    ++m.steps;
+    m.busy_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+    return done;
+  }
+};
+
+// ---- engine_config / metrics --------------------------------------------------
+
+expected<void> validate(const engine_config& c) {
+  std::vector<std::string> bad;
+  if (c.block_size < 1 || c.block_size > 1024)
+    bad.push_back("engine.block_size: expected an integer in [1, 1024], got " +
+                  std::to_string(c.block_size));
+  if (c.num_blocks < 0)
+    bad.push_back("engine.num_blocks: expected an integer >= 0 (0 = from kv_cache_mb), got " +
+                  std::to_string(c.num_blocks));
+  if (c.num_blocks == 0 && !(c.kv_cache_mb > 0))
+    bad.push_back("engine.kv_cache_mb: expected a positive number when num_blocks is 0");
+  if (c.max_num_seqs < 1)
+    bad.push_back("engine.max_num_seqs: expected an integer >= 1, got " +
+                  std::to_string(c.max_num_seqs));
+  if (c.max_batched_tokens < 1)
+    bad.push_back("engine.max_batched_tokens: expected an integer >= 1, got " +
+                  std::to_string(c.max_batched_tokens));
+  if (c.max_model_len < 0)
+    bad.push_back("engine.max_model_len: expected an integer >= 0 (0 = the model's), got " +
+                  std::to_string(c.max_model_len));
+  if (bad.empty())
+    return caf::unit;
+  std::string msg;
+  for (const auto& b : bad)
+    msg += (msg.empty() ? "" : "; ") + b;
+  return make_error(errc::invalid_config, msg);
+}
+
+double engine_metrics::tokens_per_second() const {
+  return busy_seconds > 0 ? static_cast<double>(generated_tokens) / busy_seconds : 0.0;
+}
+
+double engine_metrics::mean_ttft_ms() const {
+  return finished_requests > 0 ? ttft_ms_sum / static_cast<double>(finished_requests) : 0.0;
+}
+
+double engine_metrics::mean_itl_ms() const {
+  return itl_count > 0 ? itl_ms_sum / static_cast<double>(itl_count) : 0.0;
+}
+
+// ---- engine -------------------------------------------------------------------
+
+engine::engine() : impl_(std::make_unique<impl>()) {}
+engine::~engine() = default;
+
+expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
+                                               const engine_config& config) {
+  if (auto ok = validate(config); !ok)
+    return ok.error();
+  if (model->head() != models::head_kind::lm)
+    return make_error(errc::invalid_argument, "engine: the model needs an lm head, it has a " +
+                                                models::to_string(model->head()) + " head");
+  std::unique_ptr<engine> e{new engine()};
+  auto& d = *e->impl_;
+  d.model = model;
+  d.model->eval();
+  d.config = config;
+  const auto& mc = model->config();
+  d.vocab = mc.vocab_size;
+  d.eos = mc.eos_token_ids;
+  d.max_model_len = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
+  auto num_blocks = config.num_blocks;
+  if (num_blocks == 0) {
+    auto param = *model->parameters().begin();
+    auto bytes_per_block = 2 * mc.num_hidden_layers * config.block_size * mc.num_key_value_heads *
+                           mc.resolved_head_dim() * static_cast<int64_t>(param.element_size());
+    num_blocks = static_cast<int64_t>(config.kv_cache_mb * 1024 * 1024) / bytes_per_block;
+    if (num_blocks < 1)
+      return make_error(errc::invalid_config,
+                        "engine.kv_cache_mb: " + std::to_string(config.kv_cache_mb) +
+                          " MiB holds no block of " + std::to_string(bytes_per_block) + " bytes");
+  }
+  auto kv = guarded("allocating the KV pool", [&] {
+    return model->make_paged_cache(num_blocks, config.block_size);
+  });
+  if (!kv)
+    return kv.error();
+  d.kv = std::move(*kv);
+  d.blocks = std::make_unique<block_allocator>(static_cast<int32_t>(num_blocks),
+                                               static_cast<int32_t>(config.block_size));
+  if (config.enable_prefix_caching)
+    d.prefixes = std::make_unique<prefix_cache>(*d.blocks);
+  d.m.num_blocks = num_blocks;
+  return e;
+}
+
+expected<void> engine::add_request(generate_request request) {
+  auto& d = *impl_;
+  if (auto ok = d.check_request(request); !ok)
+    return ok;
+  auto state = std::make_unique<request_state>();
+  state->arrived = clock_type::now();
+  state->seed = request.sampling.seed ? *request.sampling.seed
+                                      : d.config.seed * 0x9e3779b97f4a7c15ULL + d.seed_counter++;
+  auto n = request.sampling.n;
+  state->request = std::move(request);
+  state->remaining = n;
+  state->forked = n == 1;
+  for (int32_t i = 0; i < n; ++i) {
+    auto s = std::make_unique<sequence>();
+    s->id = d.next_seq_id++;
+    s->req = state.get();
+    s->sample_index = i;
+    s->rng = rng_stream::make(state->seed, static_cast<uint64_t>(i));
+    if (i == 0)
+      s->tokens = state->request.prompt;
+    state->samples.push_back(std::move(s));
+  }
+  d.waiting.push_back(state->samples[0].get());
+  auto id = state->request.id;
+  d.requests.emplace(id, std::move(state));
+  return caf::unit;
+}
+
+expected<std::vector<request_output>> engine::step() {
+  return impl_->step();
+}
+
+bool engine::idle() const {
+  return impl_->requests.empty();
+}
+
+expected<std::vector<request_output>> engine::run_until_idle() {
+  std::vector<request_output> out;
+  while (!idle()) {
+    auto before = impl_->m.steps;
+    auto r = step();
+    if (!r)
+      return r.error();
+    for (auto& o : *r)
+      out.push_back(std::move(o));
+    if (impl_->m.steps == before && r->empty())
+      return make_error(errc::internal, "engine made no progress with requests queued");
+  }
+  return out;
+}
+
+expected<std::vector<request_output>> engine::generate(std::vector<generate_request> requests) {
+  std::vector<std::string> order;
+  for (auto& r : requests) {
+    order.push_back(r.id);
+    if (auto ok = add_request(std::move(r)); !ok)
+      return ok.error();
+  }
+  auto outs = run_until_idle();
+  if (!outs)
+    return outs;
+  std::map<std::string, request_output> by_id;
+  for (auto& o : *outs)
+    by_id.emplace(o.id, std::move(o));
+  std::vector<request_output> sorted;
+  for (const auto& id : order)
+    sorted.push_back(std::move(by_id.at(id)));
+  return sorted;
+}
+
+expected<void> engine::load_weights(int64_t version,
+                                    const std::map<std::string, at::Tensor>& hf_tensors) {
+  auto& d = *impl_;
+  if (version <= d.version)
+    return make_error(errc::version_mismatch, "engine: weight version " + std::to_string(version) +
+                                                " is not newer than the loaded version " +
+                                                std::to_string(d.version));
+  if (auto ok = models::assign_hf_weights(d.model, hf_tensors); !ok)
+    return with_prefix(ok.error(), "engine: weight version " + std::to_string(version));
+  d.version = version;
+  // Cached K/V was computed by the old weights: drop it and recompute.
+  while (!d.running.empty()) {
+    auto* s = d.running.back();
+    d.running.pop_back();
+    d.release_blocks(*s);
+    d.waiting.push_front(s);
+  }
+  if (d.prefixes)
+    d.prefixes->clear();
+  return caf::unit;
+}
+
+int64_t engine::weight_version() const {
+  return impl_->version;
+}
+
+engine_metrics engine::metrics() const {
+  auto m = impl_->m;
+  m.running = static_cast<int64_t>(impl_->running.size());
+  m.waiting = static_cast<int64_t>(impl_->waiting.size());
+  m.kv_utilization = impl_->blocks->utilization();
+  m.prefix_hit_rate = impl_->prefixes ? impl_->prefixes->hit_rate() : 0.0;
+  return m;
+}
+
+const engine_config& engine::config() const {
+  return impl_->config;
+}
+
+int64_t engine::free_blocks() const {
+  return impl_->blocks->num_free();
+}
+
+void engine::clear_prefix_cache() {
+  if (impl_->prefixes)
+    impl_->prefixes->clear();
+}
+
+} // namespace troupe::actors::inference

@@ -1,0 +1,159 @@
+#pragma once
+// The inference engine core: continuous batching over a paged KV cache with
+// prefix sharing, sampling with per-token log-probs, and in-place weight
+// updates. A plain class (no actor system): the rollout actor wraps it and
+// `troupe generate` drives it directly. Single-threaded: one owner calls it.
+//
+// NOTE [engine step]: each step() (1) makes room for every running sequence's
+// next token (allocating a block, copying a shared partly-filled block first,
+// or preempting the most recently admitted sequence when the pool is empty),
+// (2) admits waiting sequences in arrival order while the running limit, the
+// per-step token budget and free blocks allow (long prompts are prefilled in
+// chunks), (3) runs one batched forward over all scheduled tokens, (4) samples
+// for every sequence whose tokens are all computed, and (5) retires finished
+// requests at once. The n samples of a request are forked from the first
+// sample after its prompt is computed: they share every prompt block and
+// sample their first tokens from the same logits with their own streams.
+
+#include "actors/inference/sampler.hpp"
+#include "runtime/error.hpp"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+} // namespace at
+
+namespace troupe::models {
+class llama_model;
+} // namespace troupe::models
+
+namespace troupe::actors::inference {
+
+struct engine_config {
+  /// Tokens per KV block.
+  int64_t block_size = 16;
+  /// KV blocks in the pool; 0 = as many as fit in kv_cache_mb.
+  int64_t num_blocks = 0;
+  /// KV pool budget when num_blocks is 0 (MiB, all layers, K and V).
+  double kv_cache_mb = 256;
+  /// Running sequences at most.
+  int64_t max_num_seqs = 64;
+  /// Tokens computed per step at most (prefill chunks + decodes).
+  int64_t max_batched_tokens = 2048;
+  /// Prompt + generation limit; 0 = the model's max_position_embeddings.
+  int64_t max_model_len = 0;
+  /// Reuse the KV of cached prompt prefixes (radix tree over token ids).
+  bool enable_prefix_caching = true;
+  /// Seed sequence for requests that carry no seed.
+  uint64_t seed = 0;
+};
+
+/// Checks ranges; messages name the field ("engine.block_size: ...").
+expected<void> validate(const engine_config& c);
+
+struct generate_request {
+  /// Caller's id, echoed in the output (must be unique among live requests).
+  std::string id;
+  std::vector<int64_t> prompt;
+  sampling_params sampling;
+};
+
+struct sample_output {
+  std::vector<int64_t> tokens;
+  /// Log-prob of each token under the temperature-scaled distribution.
+  std::vector<float> logprobs;
+  /// "stop" (a stop token or EOS) or "length" (max_tokens or context).
+  std::string finish_reason;
+};
+
+struct request_output {
+  std::string id;
+  std::vector<int64_t> prompt;
+  /// n samples, in sample-index order.
+  std::vector<sample_output> samples;
+  /// Weight version that produced the last tokens.
+  int64_t weight_version = 0;
+  /// Weight version of the first generated token; equals weight_version
+  /// unless new weights were loaded while this request was in flight.
+  int64_t first_weight_version = 0;
+  /// Arrival to first token, and to completion (milliseconds).
+  double ttft_ms = 0;
+  double latency_ms = 0;
+};
+
+/// Cumulative counters and current gauges.
+struct engine_metrics {
+  int64_t steps = 0;
+  int64_t prompt_tokens = 0;          ///< prompt tokens of admitted requests
+  int64_t prefill_tokens_computed = 0; ///< prompt tokens actually run (after prefix hits)
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t finished_requests = 0;
+  double busy_seconds = 0;             ///< time inside step()
+  double ttft_ms_sum = 0;
+  double itl_ms_sum = 0;               ///< inter-token latency, summed over decode tokens
+  int64_t itl_count = 0;
+  double prefix_hit_rate = 0;          ///< hit tokens / queried tokens of the prefix cache
+  double kv_utilization = 0;           ///< used blocks / all blocks, now
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t num_blocks = 0;
+  /// Generated tokens per busy second.
+  double tokens_per_second() const;
+  double mean_ttft_ms() const;
+  double mean_itl_ms() const;
+};
+
+class engine {
+public:
+  /// Takes a model with an lm head (shared: weight updates write into it).
+  static expected<std::unique_ptr<engine>> make(models::llama_model model,
+                                                const engine_config& config);
+  ~engine();
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  /// Queues a request after validating it (empty prompt, prompt longer than
+  /// the context, token ids outside the vocabulary, bad sampling fields and
+  /// duplicate ids are errors naming the request and field); other requests
+  /// are never disturbed by a rejected one.
+  expected<void> add_request(generate_request request);
+
+  /// Runs one scheduler step; returns the requests that finished in it.
+  expected<std::vector<request_output>> step();
+
+  /// Steps until every queued request has finished.
+  expected<std::vector<request_output>> run_until_idle();
+
+  /// Generates `requests` to completion (outputs in the same order).
+  expected<std::vector<request_output>> generate(std::vector<generate_request> requests);
+
+  bool idle() const;
+
+  /// Loads new weights (HF names, as export_hf_weights writes them) in place
+  /// between steps: the KV pool is kept, the prefix cache is cleared, and
+  /// running sequences are recomputed under the new weights. Later outputs
+  /// carry `version`, which must be greater than the current one.
+  expected<void> load_weights(int64_t version, const std::map<std::string, at::Tensor>& hf_tensors);
+
+  int64_t weight_version() const;
+  engine_metrics metrics() const;
+  const engine_config& config() const;
+
+  /// Free KV blocks now (for leak checks: all of them when idle, prefix cache cleared).
+  int64_t free_blocks() const;
+  /// Drops the prefix cache's blocks.
+  void clear_prefix_cache();
+
+private:
+  engine();
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace troupe::actors::inference

@@ -1,0 +1,315 @@
+#include "actors/inference/engine.hpp"
+#include "models/llama.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <random>
+#include <set>
+
+using namespace troupe;
+using namespace troupe::actors::inference;
+
+namespace {
+
+models::llama_config tiny_config() {
+  models::llama_config c;
+  c.vocab_size = 50;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 96;
+  return c;
+}
+
+models::llama_model tiny_model(uint64_t seed = 1) {
+  torch::manual_seed(seed);
+  auto m = models::make_llama(tiny_config(), models::head_kind::lm);
+  EXPECT_TRUE(m) << describe(m.error());
+  (*m)->eval();
+  return *m;
+}
+
+std::unique_ptr<engine> make_engine(models::llama_model m, engine_config c = {}) {
+  if (c.num_blocks == 0)
+    c.num_blocks = 64;
+  if (c.block_size == 16)
+    c.block_size = 4;
+  auto e = engine::make(std::move(m), c);
+  EXPECT_TRUE(e) << describe(e.error());
+  return std::move(*e);
+}
+
+std::vector<int64_t> random_prompt(std::mt19937& rng, int min_len, int max_len) {
+  std::uniform_int_distribution<int> len(min_len, max_len);
+  std::uniform_int_distribution<int64_t> tok(0, 49);
+  std::vector<int64_t> p(static_cast<size_t>(len(rng)));
+  for (auto& t : p)
+    t = tok(rng);
+  return p;
+}
+
+/// Greedy decoding by full recomputation of the dense forward every step.
+std::vector<int64_t> greedy_reference(models::llama_model& m, std::vector<int64_t> ids, int n) {
+  torch::NoGradGuard ng;
+  std::vector<int64_t> out;
+  for (int i = 0; i < n; ++i) {
+    auto t = torch::tensor(ids, torch::kLong).unsqueeze(0);
+    auto next = m->forward(t, {}).select(1, t.size(1) - 1).argmax(-1).item<int64_t>();
+    out.push_back(next);
+    ids.push_back(next);
+  }
+  return out;
+}
+
+sampling_params greedy(int64_t max_tokens) {
+  sampling_params p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+sampling_params random_sampling(int64_t max_tokens, uint64_t seed) {
+  sampling_params p;
+  p.temperature = 0.9;
+  p.top_p = 0.95;
+  p.max_tokens = max_tokens;
+  p.seed = seed;
+  return p;
+}
+
+} // namespace
+
+TEST(Engine, GreedyEqualsFullRecompute) {
+  auto m = tiny_model();
+  auto e = make_engine(m);
+  std::mt19937 rng(3);
+  std::vector<generate_request> reqs;
+  for (int i = 0; i < 5; ++i)
+    reqs.push_back({"r" + std::to_string(i), random_prompt(rng, 1, 13), greedy(12)});
+  auto outs = e->generate(reqs);
+  ASSERT_TRUE(outs) << describe(outs.error());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*outs)[i].samples[0].tokens, greedy_reference(m, reqs[i].prompt, 12)) << i;
+    EXPECT_EQ((*outs)[i].samples[0].finish_reason, "length");
+  }
+  EXPECT_LT(e->free_blocks(), e->metrics().num_blocks); // prompts stay cached
+  e->clear_prefix_cache();
+  EXPECT_EQ(e->free_blocks(), e->metrics().num_blocks);
+}
+
+TEST(Engine, LogprobsEqualTeacherForcedForward) {
+  auto m = tiny_model();
+  auto e = make_engine(m);
+  std::mt19937 rng(5);
+  auto prompt = random_prompt(rng, 6, 6);
+  auto sp = random_sampling(10, 99);
+  sp.temperature = 0.7;
+  auto outs = e->generate({{"a", prompt, sp}});
+  ASSERT_TRUE(outs) << describe(outs.error());
+  const auto& s = (*outs)[0].samples[0];
+  ASSERT_EQ(s.tokens.size(), 10u);
+  std::vector<int64_t> full = prompt;
+  full.insert(full.end(), s.tokens.begin(), s.tokens.end());
+  torch::NoGradGuard ng;
+  auto logits = m->forward(torch::tensor(full, torch::kLong).unsqueeze(0), {})[0];
+  auto lp = torch::log_softmax(logits / 0.7, -1);
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    auto pos = static_cast<int64_t>(prompt.size() + i - 1);
+    EXPECT_NEAR(s.logprobs[i], lp[pos][s.tokens[i]].item<float>(), 1e-5) << i;
+  }
+}
+
+TEST(Engine, StaggeredArrivalsGiveTheSameOutputsAsAlone) {
+  auto m = tiny_model();
+  std::mt19937 rng(11);
+  std::vector<generate_request> reqs;
+  for (int i = 0; i < 6; ++i)
+    reqs.push_back({"s" + std::to_string(i), random_prompt(rng, 2, 20),
+                    random_sampling(8 + i, 1000 + static_cast<uint64_t>(i))});
+  std::vector<std::vector<int64_t>> alone;
+  for (auto& r : reqs) {
+    auto e = make_engine(m);
+    auto o = e->generate({r});
+    ASSERT_TRUE(o);
+    alone.push_back((*o)[0].samples[0].tokens);
+  }
+  auto e = make_engine(m);
+  std::map<std::string, std::vector<int64_t>> got;
+  size_t next = 0;
+  while (next < reqs.size() || !e->idle()) {
+    if (next < reqs.size())
+      ASSERT_TRUE(e->add_request(reqs[next++])); // one new arrival per step
+    auto done = e->step();
+    ASSERT_TRUE(done) << describe(done.error());
+    for (auto& o : *done)
+      got[o.id] = o.samples[0].tokens;
+  }
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(got[reqs[i].id], alone[i]) << reqs[i].id;
+}
+
+TEST(Engine, PoolExhaustionPreemptsAndRecomputesToTheSameOutputs) {
+  auto m = tiny_model();
+  std::mt19937 rng(17);
+  std::vector<generate_request> reqs;
+  for (int i = 0; i < 8; ++i)
+    reqs.push_back({"p" + std::to_string(i), random_prompt(rng, 4, 10), greedy(16)});
+  auto big = make_engine(m);
+  auto expect = big->generate(reqs);
+  ASSERT_TRUE(expect);
+  engine_config small;
+  small.block_size = 4;
+  small.num_blocks = 10; // 40 token slots for 8 requests of up to 26 tokens
+  auto e = make_engine(m, small);
+  auto outs = e->generate(reqs);
+  ASSERT_TRUE(outs) << describe(outs.error());
+  EXPECT_GT(e->metrics().preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*outs)[i].samples[0].tokens, (*expect)[i].samples[0].tokens) << i;
+    EXPECT_EQ((*outs)[i].samples[0].tokens.size(), 16u); // never truncated
+  }
+  e->clear_prefix_cache();
+  EXPECT_EQ(e->free_blocks(), 10);
+}
+
+TEST(Engine, NSamplesSharePromptKvAndSampleZeroMatchesASingleSample) {
+  auto m = tiny_model();
+  std::mt19937 rng(23);
+  auto prompt = random_prompt(rng, 18, 18); // 4 full blocks + 2 tokens in a shared last block
+  auto sp = random_sampling(6, 4242);
+  sp.n = 8;
+  auto e = make_engine(m);
+  auto outs = e->generate({{"g", prompt, sp}});
+  ASSERT_TRUE(outs) << describe(outs.error());
+  ASSERT_EQ((*outs)[0].samples.size(), 8u);
+  EXPECT_EQ(e->metrics().prefill_tokens_computed, 18); // once, not 8 times
+  auto single = sp;
+  single.n = 1;
+  auto e1 = make_engine(m);
+  auto one = e1->generate({{"one", prompt, single}});
+  ASSERT_TRUE(one);
+  EXPECT_EQ((*outs)[0].samples[0].tokens, (*one)[0].samples[0].tokens);
+  // The samples differ from each other (independent streams).
+  std::set<std::vector<int64_t>> distinct;
+  for (const auto& s : (*outs)[0].samples)
+    distinct.insert(s.tokens);
+  EXPECT_GT(distinct.size(), 1u);
+  e->clear_prefix_cache();
+  EXPECT_EQ(e->free_blocks(), e->metrics().num_blocks);
+}
+
+TEST(Engine, RepeatedPromptsHitThePrefixCache) {
+  auto m = tiny_model();
+  std::mt19937 rng(29);
+  auto prompt = random_prompt(rng, 17, 17);
+  auto e = make_engine(m);
+  auto first = e->generate({{"a", prompt, greedy(5)}});
+  auto second = e->generate({{"b", prompt, greedy(5)}});
+  ASSERT_TRUE(first && second);
+  EXPECT_EQ((*first)[0].samples[0].tokens, (*second)[0].samples[0].tokens);
+  auto m2 = e->metrics();
+  // 17 tokens = 4 full blocks: the second request reuses 16 and computes 1.
+  EXPECT_EQ(m2.prefill_tokens_computed, 17 + 1);
+  EXPECT_GT(m2.prefix_hit_rate, 0.0);
+}
+
+TEST(Engine, BadRequestsGetClearErrorsAndDoNotDisturbOthers) {
+  auto m = tiny_model();
+  auto e = make_engine(m);
+  ASSERT_TRUE(e->add_request({"good", {1, 2, 3}, greedy(4)}));
+  auto empty = e->add_request({"empty", {}, greedy(4)});
+  ASSERT_FALSE(empty);
+  EXPECT_EQ(describe(empty.error()), "invalid_argument: request 'empty': prompt: empty prompt");
+  auto too_long = e->add_request({"long", std::vector<int64_t>(96, 1), greedy(4)});
+  ASSERT_FALSE(too_long);
+  EXPECT_NE(describe(too_long.error()).find("request 'long': prompt: 96 tokens do not fit the context of 96"),
+            std::string::npos)
+    << describe(too_long.error());
+  auto zero = e->add_request({"zero", {1}, greedy(0)});
+  ASSERT_FALSE(zero);
+  EXPECT_NE(describe(zero.error()).find("request 'zero': sampling.max_tokens: expected an integer >= 1, got 0"),
+            std::string::npos)
+    << describe(zero.error());
+  auto bad_tok = e->add_request({"tok", {1, 77}, greedy(2)});
+  ASSERT_FALSE(bad_tok);
+  EXPECT_NE(describe(bad_tok.error()).find("prompt[1]: token 77 outside the vocabulary [0, 50)"),
+            std::string::npos);
+  auto dup = e->add_request({"good", {1}, greedy(2)});
+  ASSERT_FALSE(dup);
+  auto outs = e->run_until_idle();
+  ASSERT_TRUE(outs);
+  ASSERT_EQ(outs->size(), 1u);
+  EXPECT_EQ((*outs)[0].samples[0].tokens, greedy_reference(m, {1, 2, 3}, 4));
+}
+
+TEST(Engine, StopTokensEndGenerationAndAreKept) {
+  auto m = tiny_model();
+  auto e = make_engine(m);
+  auto ref = greedy_reference(m, {5, 6, 7}, 10);
+  auto sp = greedy(10);
+  sp.stop_token_ids = {ref[3]};
+  auto outs = e->generate({{"s", {5, 6, 7}, sp}});
+  ASSERT_TRUE(outs);
+  const auto& s = (*outs)[0].samples[0];
+  auto first_stop = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
+  EXPECT_EQ(s.tokens, std::vector<int64_t>(ref.begin(), ref.begin() + first_stop + 1));
+  EXPECT_EQ(s.finish_reason, "stop");
+}
+
+TEST(Engine, WeightUpdateInPlaceTagsOutputsAndMatchesAFreshEngine) {
+  auto m = tiny_model(1);
+  auto e = make_engine(m);
+  std::vector<int64_t> prompt{3, 1, 4, 1, 5, 9, 2, 6};
+  auto before = e->generate({{"x", prompt, greedy(6)}});
+  ASSERT_TRUE(before);
+  EXPECT_EQ((*before)[0].weight_version, 0);
+  auto other = tiny_model(2);
+  auto stale = e->load_weights(0, models::export_hf_weights(other));
+  ASSERT_FALSE(stale);
+  EXPECT_EQ(code_of(stale.error()), errc::version_mismatch);
+  ASSERT_TRUE(e->load_weights(1, models::export_hf_weights(other)));
+  auto after = e->generate({{"y", prompt, greedy(6)}});
+  ASSERT_TRUE(after);
+  EXPECT_EQ((*after)[0].weight_version, 1);
+  EXPECT_EQ((*after)[0].samples[0].tokens, greedy_reference(other, prompt, 6));
+  // The prefix cached under version 0 was dropped: the prompt was recomputed.
+  EXPECT_EQ(e->metrics().prefill_tokens_computed, 2 * 8);
+}
+
+TEST(Engine, TenThousandRandomRequestsLeaveThePoolEmpty) {
+  auto m = tiny_model();
+  engine_config c;
+  c.block_size = 4;
+  c.num_blocks = 48;
+  c.max_num_seqs = 64;
+  auto e = make_engine(m, c);
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int> max_tok(1, 4), n(1, 3), shared(0, 3);
+  std::vector<std::vector<int64_t>> prefixes;
+  for (int i = 0; i < 4; ++i)
+    prefixes.push_back(random_prompt(rng, 4, 9));
+  int64_t finished = 0;
+  for (int i = 0; i < 10000; ++i) {
+    auto p = prefixes[static_cast<size_t>(shared(rng))];
+    auto tail = random_prompt(rng, 1, 5);
+    p.insert(p.end(), tail.begin(), tail.end());
+    auto sp = random_sampling(max_tok(rng), static_cast<uint64_t>(i));
+    sp.n = n(rng);
+    ASSERT_TRUE(e->add_request({std::to_string(i), p, sp}));
+    if (i % 16 == 15) {
+      auto done = e->step();
+      ASSERT_TRUE(done) << describe(done.error());
+      finished += static_cast<int64_t>(done->size());
+    }
+  }
+  auto rest = e->run_until_idle();
+  ASSERT_TRUE(rest) << describe(rest.error());
+  finished += static_cast<int64_t>(rest->size());
+  EXPECT_EQ(finished, 10000);
+  e->clear_prefix_cache();
+  EXPECT_EQ(e->free_blocks(), 48);
+  EXPECT_EQ(e->metrics().kv_utilization, 0.0);
+}

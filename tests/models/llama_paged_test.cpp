@@ -1,0 +1,281 @@
+// forward_paged against the dense full-recompute forward: prefill + greedy
+// decode, chunked prefill, and requests sharing prompt blocks.
+
+#include "models/llama.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace troupe;
+using namespace troupe::models;
+
+namespace {
+
+llama_config tiny_config() {
+  llama_config c;
+  c.vocab_size = 61;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2; // grouped-query attention
+  c.max_position_embeddings = 64;
+  c.rope_theta = 500.0;
+  return c;
+}
+
+llama_model tiny(head_kind head = head_kind::lm) {
+  torch::manual_seed(7);
+  auto m = make_llama(tiny_config(), head);
+  EXPECT_TRUE(m) << describe(m.error());
+  (*m)->eval();
+  return *m;
+}
+
+std::vector<int64_t> random_tokens(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  std::vector<int64_t> out(n);
+  for (auto& t : out)
+    t = static_cast<int64_t>(rng() % 61);
+  return out;
+}
+
+/// Dense full-recompute logits [T, V] of one sequence.
+torch::Tensor dense_logits(llama_model& model, const std::vector<int64_t>& tokens) {
+  torch::NoGradGuard no_grad;
+  auto ids = torch::tensor(tokens, torch::kLong).unsqueeze(0);
+  return model->forward(ids, torch::ones_like(ids))[0];
+}
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  return (a - b).abs().max().item<double>();
+}
+
+/// A request as the engine would track it: its cached length and block table.
+struct request {
+  std::vector<int64_t> tokens; // every token whose K/V is (or is being) cached
+  int64_t cached = 0;
+  std::vector<int32_t> blocks;
+};
+
+/// Hands out blocks from a shuffled free list and builds paged steps.
+class pager {
+public:
+  pager(int64_t num_blocks, int64_t block_size, uint64_t seed) : block_size_(block_size) {
+    free_.resize(static_cast<size_t>(num_blocks));
+    std::iota(free_.begin(), free_.end(), 0);
+    std::shuffle(free_.begin(), free_.end(), std::mt19937_64{seed});
+  }
+
+  /// One step: request i appends `fresh[i]` (>= 1 tokens) to its cache.
+  paged_batch step(const std::vector<request*>& reqs,
+                   const std::vector<std::vector<int64_t>>& fresh) {
+    std::vector<int64_t> ids, positions, slots, lens, starts{0};
+    size_t widest = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto& r = *reqs[i];
+      for (auto token : fresh[i]) {
+        const int64_t pos = r.cached++;
+        if (pos / block_size_ >= static_cast<int64_t>(r.blocks.size())) {
+          r.blocks.push_back(free_.back());
+          free_.pop_back();
+        }
+        ids.push_back(token);
+        positions.push_back(pos);
+        slots.push_back(r.blocks[pos / block_size_] * block_size_ + pos % block_size_);
+        r.tokens.push_back(token);
+      }
+      lens.push_back(r.cached);
+      starts.push_back(starts.back() + static_cast<int64_t>(fresh[i].size()));
+      widest = std::max(widest, r.blocks.size());
+    }
+    // Unused table entries hold -1: the kernels never read them.
+    auto tables = torch::full({static_cast<int64_t>(reqs.size()), static_cast<int64_t>(widest)}, -1,
+                              torch::kInt);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      for (size_t j = 0; j < reqs[i]->blocks.size(); ++j)
+        tables.index_put_({static_cast<int64_t>(i), static_cast<int64_t>(j)}, reqs[i]->blocks[j]);
+    return {torch::tensor(ids, torch::kLong),   torch::tensor(positions, torch::kLong),
+            torch::tensor(slots, torch::kLong), tables,
+            torch::tensor(lens, torch::kLong),  torch::tensor(starts, torch::kLong)};
+  }
+
+private:
+  int64_t block_size_;
+  std::vector<int32_t> free_;
+};
+
+torch::Tensor all_rows(const paged_batch& b) {
+  return torch::arange(b.input_ids.size(0), torch::kLong);
+}
+
+int64_t greedy(const torch::Tensor& row) {
+  return row.argmax().item<int64_t>();
+}
+
+} // namespace
+
+TEST(LlamaPaged, PrefillThenGreedyDecodeMatchesDenseRecompute) {
+  auto model = tiny();
+  for (int64_t bs : {4, 16}) {
+    SCOPED_TRACE("block_size " + std::to_string(bs));
+    auto cache = model->make_paged_cache(64, bs);
+    pager pages{64, bs, 11};
+    request a, b;
+    auto pa = random_tokens(7, 1), pb = random_tokens(13, 2);
+    // Prefill both prompts in one step; logits for every row.
+    auto step = pages.step({&a, &b}, {pa, pb});
+    auto logits = model->forward_paged(step, cache, all_rows(step));
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{20, 61}));
+    EXPECT_FALSE(logits.requires_grad());
+    EXPECT_LT(max_abs_diff(logits.narrow(0, 0, 7), dense_logits(model, pa)), 1e-5);
+    EXPECT_LT(max_abs_diff(logits.narrow(0, 7, 13), dense_logits(model, pb)), 1e-5);
+    int64_t next_a = greedy(logits[6]), next_b = greedy(logits[19]);
+    for (int s = 0; s < 8; ++s) {
+      step = pages.step({&a, &b}, {{next_a}, {next_b}});
+      logits = model->forward_paged(step, cache); // default rows: each request's last token
+      ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{2, 61}));
+      auto want_a = dense_logits(model, a.tokens), want_b = dense_logits(model, b.tokens);
+      EXPECT_LT(max_abs_diff(logits[0], want_a[-1]), 1e-5) << "decode step " << s;
+      EXPECT_LT(max_abs_diff(logits[1], want_b[-1]), 1e-5) << "decode step " << s;
+      next_a = greedy(logits[0]);
+      next_b = greedy(logits[1]);
+    }
+    EXPECT_EQ(a.tokens.size(), 15u);
+    EXPECT_EQ(b.tokens.size(), 21u);
+  }
+}
+
+TEST(LlamaPaged, ChunkedPrefillMatchesOneShot) {
+  auto model = tiny();
+  auto prompt = random_tokens(11, 3);
+  // One shot, in its own cache.
+  auto one_cache = model->make_paged_cache(16, 4);
+  pager one_pages{16, 4, 5};
+  request alone;
+  auto one_step = one_pages.step({&alone}, {prompt});
+  auto want = model->forward_paged(one_step, one_cache, all_rows(one_step));
+  // Three chunks (4, 3, 4) across steps, next to another request that
+  // prefills in the first step and decodes in the others.
+  auto cache = model->make_paged_cache(32, 4);
+  pager pages{32, 4, 6};
+  request a, other;
+  auto po = random_tokens(6, 4);
+  std::vector<torch::Tensor> chunks;
+  auto step = pages.step({&other, &a}, {po, {prompt.begin(), prompt.begin() + 4}});
+  auto logits = model->forward_paged(step, cache, all_rows(step));
+  chunks.push_back(logits.narrow(0, 6, 4));
+  EXPECT_LT(max_abs_diff(logits.narrow(0, 0, 6), dense_logits(model, po)), 1e-5);
+  step = pages.step({&a, &other}, {{prompt.begin() + 4, prompt.begin() + 7}, {greedy(logits[5])}});
+  logits = model->forward_paged(step, cache, all_rows(step));
+  chunks.push_back(logits.narrow(0, 0, 3));
+  step = pages.step({&other, &a}, {{greedy(logits[3])}, {prompt.begin() + 7, prompt.end()}});
+  logits = model->forward_paged(step, cache, all_rows(step));
+  chunks.push_back(logits.narrow(0, 1, 4));
+  EXPECT_LT(max_abs_diff(logits[0], dense_logits(model, other.tokens)[-1]), 1e-5);
+  auto chunked = torch::cat(chunks);
+  EXPECT_LT(max_abs_diff(chunked, want), 1e-5);
+  EXPECT_LT(max_abs_diff(chunked, dense_logits(model, prompt)), 1e-5);
+}
+
+TEST(LlamaPaged, RequestsSharingPromptBlocksMatchComputingAlone) {
+  auto model = tiny();
+  const int64_t bs = 4;
+  auto shared = random_tokens(8, 5); // two full blocks
+  auto suffix_a = random_tokens(3, 6), suffix_b = random_tokens(5, 7);
+  auto cache = model->make_paged_cache(32, bs);
+  pager pages{32, bs, 8};
+  request a;
+  auto prompt_a = shared;
+  prompt_a.insert(prompt_a.end(), suffix_a.begin(), suffix_a.end());
+  auto step = pages.step({&a}, {prompt_a});
+  model->forward_paged(step, cache);
+  // b reuses a's two full prompt blocks (prefix sharing) and computes only its suffix.
+  request b;
+  b.tokens = shared;
+  b.cached = 8;
+  b.blocks = {a.blocks[0], a.blocks[1]};
+  step = pages.step({&b}, {suffix_b});
+  auto logits_b = model->forward_paged(step, cache, all_rows(step));
+  // b computed alone, from scratch, in its own cache.
+  auto alone_cache = model->make_paged_cache(32, bs);
+  pager alone_pages{32, bs, 9};
+  request alone;
+  auto step_alone = alone_pages.step({&alone}, {b.tokens});
+  auto want = model->forward_paged(step_alone, alone_cache, torch::arange(8, 13, torch::kLong));
+  EXPECT_LT(max_abs_diff(logits_b, want), 1e-5);
+  EXPECT_LT(max_abs_diff(logits_b, dense_logits(model, b.tokens).narrow(0, 8, 5)), 1e-5);
+  // Both decode together; a's blocks were not disturbed by b.
+  int64_t next_a = greedy(dense_logits(model, a.tokens)[-1]), next_b = greedy(logits_b[-1]);
+  for (int s = 0; s < 3; ++s) {
+    step = pages.step({&a, &b}, {{next_a}, {next_b}});
+    auto logits = model->forward_paged(step, cache);
+    EXPECT_LT(max_abs_diff(logits[0], dense_logits(model, a.tokens)[-1]), 1e-5);
+    EXPECT_LT(max_abs_diff(logits[1], dense_logits(model, b.tokens)[-1]), 1e-5);
+    next_a = greedy(logits[0]);
+    next_b = greedy(logits[1]);
+  }
+}
+
+TEST(LlamaPaged, RunForwardPagedReturnsErrorsWithTheirCodes) {
+  auto model = tiny();
+  auto cache = model->make_paged_cache(8, 4);
+  pager pages{8, 4, 10};
+  request a;
+  auto good = pages.step({&a}, {random_tokens(6, 11)});
+  auto ok = run_forward_paged(model, good, cache);
+  ASSERT_TRUE(ok) << describe(ok.error());
+  EXPECT_EQ(ok->sizes(), (std::vector<int64_t>{1, 61}));
+
+  auto bad = good;
+  bad.query_start = torch::tensor({0, 5}, torch::kLong);
+  auto r = run_forward_paged(model, bad, cache);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::shape_mismatch);
+  EXPECT_NE(context_of(r.error()).find("query_start[1] = 5, but q has 6 token rows"),
+            std::string::npos)
+      << describe(r.error());
+
+  bad = good;
+  bad.block_tables = good.block_tables.narrow(1, 0, 1);
+  r = run_forward_paged(model, bad, cache);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::out_of_range) << describe(r.error());
+
+  bad = good;
+  bad.slot_mapping = good.slot_mapping.clone();
+  bad.slot_mapping[0] = 32;
+  r = run_forward_paged(model, bad, cache);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::out_of_range) << describe(r.error());
+
+  bad = good;
+  bad.positions = good.positions.narrow(0, 0, 5);
+  r = run_forward_paged(model, bad, cache);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::shape_mismatch) << describe(r.error());
+
+  r = run_forward_paged(model, good, cache, torch::tensor({6}, torch::kLong));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::out_of_range) << describe(r.error());
+
+  auto small = model->make_paged_cache(8, 2);
+  small.block_size = 4; // disagrees with the pools
+  r = run_forward_paged(model, good, small);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::shape_mismatch) << describe(r.error());
+
+  auto critic = tiny(head_kind::value);
+  auto critic_cache = critic->make_paged_cache(8, 4);
+  r = run_forward_paged(critic, good, critic_cache);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(code_of(r.error()), errc::unsupported) << describe(r.error());
+  // The member throws a c10::Error (TORCH_CHECK style).
+  EXPECT_THROW(critic->forward_paged(good, critic_cache), c10::Error);
+}
