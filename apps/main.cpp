@@ -1,5 +1,6 @@
 // troupe: the command-line entry point. Thin: parse, validate, run.
 #include "actors/actor_system.hpp"
+#include "apps/generate.hpp"
 #include "cluster/env.hpp"
 #include "cluster/local_launcher.hpp"
 
@@ -64,6 +65,33 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(2, 64));
   env->add_option("--timeout-ms", timeout_ms, "Bound on each smoke test")->check(CLI::PositiveNumber);
 
+  auto* gen = app.add_subcommand("generate", "Generate with the inference engine from an HF model directory");
+  troupe::apps::generate_options go;
+  gen->add_option("--model", go.model_dir, "HF model directory (config.json, *.safetensors, tokenizer.json)")
+    ->required();
+  gen->add_option("--prompts", go.prompts_path,
+                  "JSONL file: {\"id\": ..., \"prompt\": \"text\"} or {\"prompt_ids\": [...]} per line");
+  gen->add_option("--prompt", go.prompt, "A single prompt");
+  gen->add_option("--output", go.output_path, "Write JSONL results here (default: stdout)");
+  gen->add_option("--max-tokens", go.sampling.max_tokens, "Tokens to generate per sample");
+  gen->add_option("--temperature", go.sampling.temperature, "0 = greedy");
+  gen->add_option("--top-k", go.sampling.top_k, "0 = off");
+  gen->add_option("--top-p", go.sampling.top_p, "1 = off");
+  gen->add_option("-n,--n", go.sampling.n, "Samples per prompt");
+  uint64_t gen_seed = 0;
+  auto* seed_opt = gen->add_option("--seed", gen_seed, "Seed of every request's sample streams");
+  gen->add_option("--stop-token-ids", go.sampling.stop_token_ids, "Extra stop token ids");
+  gen->add_flag("--ignore-eos", go.sampling.ignore_eos, "Do not stop at EOS");
+  gen->add_option("--block-size", go.engine.block_size, "Tokens per KV block");
+  gen->add_option("--num-blocks", go.engine.num_blocks, "KV blocks (0 = from --kv-cache-mb)");
+  gen->add_option("--kv-cache-mb", go.engine.kv_cache_mb, "KV pool size when --num-blocks is 0");
+  gen->add_option("--max-num-seqs", go.engine.max_num_seqs, "Running sequences at most");
+  gen->add_option("--max-batched-tokens", go.engine.max_batched_tokens, "Tokens per step at most");
+  bool no_prefix = false;
+  gen->add_flag("--no-prefix-caching", no_prefix, "Disable prefix reuse");
+  bool quiet = false;
+  gen->add_flag("--quiet", quiet, "Do not print the metrics line to stderr");
+
   // Hidden: the rank side of the gloo smoke test, spawned by `troupe env`.
   auto* smoke = app.add_subcommand("_gloo-smoke", "")->group("");
   int rank = 0;
@@ -78,6 +106,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (env->parsed())
     return run_env(json, !no_smoke, world, timeout_ms);
+  if (gen->parsed()) {
+    if (seed_opt->count() > 0)
+      go.sampling.seed = gen_seed;
+    go.engine.enable_prefix_caching = !no_prefix;
+    go.print_metrics = !quiet;
+    return troupe::apps::run_generate(go);
+  }
   if (smoke->parsed())
     return troupe::cluster::gloo_smoke_rank(rank, smoke_world, static_cast<uint16_t>(port),
                                             smoke_timeout);

@@ -117,37 +117,46 @@ expected<std::vector<sampled_token>> sample(const at::Tensor& logits,
                       "sample: " + std::to_string(rows) + " logit rows but " +
                         std::to_string(params.size()) + " params and " +
                         std::to_string(streams.size()) + " streams");
-  auto contiguous = logits.contiguous();
-  const float* base = contiguous.data_ptr<float>();
+  // Temperature scaling, log-softmax and (when any row samples) the
+  // probabilities run as vectorised ATen ops over the whole batch; the
+  // per-row work below is scans and, with top-k/top-p, a partial sort.
+  std::vector<float> inv_t(static_cast<size_t>(rows));
+  bool any_random = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    auto t = params[static_cast<size_t>(r)]->temperature;
+    inv_t[static_cast<size_t>(r)] = t == 0 ? 1.0f : static_cast<float>(1.0 / t);
+    any_random = any_random || t != 0;
+  }
+  auto scale = torch::from_blob(inv_t.data(), {rows, 1}, torch::kFloat32);
+  auto logp = torch::log_softmax(logits * scale, 1).contiguous();
+  torch::Tensor probs;
+  if (any_random)
+    probs = logp.exp().contiguous();
+  const float* lp_base = logp.data_ptr<float>();
+  const float* pr_base = any_random ? probs.data_ptr<float>() : nullptr;
   std::vector<sampled_token> out(static_cast<size_t>(rows));
-  std::vector<double> w(static_cast<size_t>(vocab));
+  std::vector<double> w;
   std::vector<int64_t> idx;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = base + r * vocab;
+    const float* lp = lp_base + r * vocab;
     const auto& p = *params[static_cast<size_t>(r)];
-    bool greedy = p.temperature == 0;
-    double inv_t = greedy ? 1.0 : 1.0 / p.temperature;
     int64_t arg = 0;
-    double mx = -std::numeric_limits<double>::infinity();
-    for (int64_t v = 0; v < vocab; ++v) {
-      double s = row[v] * inv_t;
-      if (s > mx) {
-        mx = s;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t v = 0; v < vocab; ++v)
+      if (lp[v] > mx) {
+        mx = lp[v];
         arg = v;
       }
-    }
     if (!std::isfinite(mx))
       return make_error(errc::internal, "sample: row " + std::to_string(r) +
                                           " has no finite logit (NaN or all -inf)");
-    double total = 0;
-    for (int64_t v = 0; v < vocab; ++v) {
-      double e = std::exp(row[v] * inv_t - mx);
-      w[static_cast<size_t>(v)] = e;
-      total += e;
-    }
-    double log_total = std::log(total);
     int64_t token = arg;
-    if (!greedy) {
+    if (p.temperature != 0) {
+      const float* pr = pr_base + r * vocab;
+      w.assign(pr, pr + vocab);
+      double total = 0;
+      for (auto x : w)
+        total += x;
       idx.clear();
       double kept = total;
       bool truncate_k = p.top_k > 0 && p.top_k < vocab;
@@ -184,8 +193,7 @@ expected<std::vector<sampled_token>> sample(const at::Tensor& logits,
       }
       token = draw(w, idx, kept, streams[static_cast<size_t>(r)]->uniform());
     }
-    out[static_cast<size_t>(r)] = {token,
-                                   static_cast<float>(row[token] * inv_t - mx - log_total)};
+    out[static_cast<size_t>(r)] = {token, lp[token]};
   }
   return out;
 }
