@@ -1,26 +1,16 @@
 // Runs the real `troupe env` binary: versions are reported and the 2-process
 // gloo all-reduce smoke test passes on loopback.
+#include "tests/support/process.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <array>
-#include <cstdio>
+#include <algorithm>
 #include <string>
 
-namespace {
+using troupe::test::run_command;
 
-std::string run(const std::string& cmd, int& status) {
-  std::string out;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr)
-    return out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0)
-    out.append(buf.data(), n);
-  status = ::pclose(pipe);
-  return out;
-}
+namespace {
 
 std::string binary() {
   return TROUPE_BINARY_PATH;
@@ -30,7 +20,7 @@ std::string binary() {
 
 TEST(TroupeEnv, JsonReportWithPassingSmokeTests) {
   int status = -1;
-  auto out = run(binary() + " env --json --world 3 --timeout-ms 60000", status);
+  auto out = run_command(binary() + " env --json --world 3 --timeout-ms 60000", status);
   ASSERT_EQ(status, 0) << out;
   auto j = nlohmann::json::parse(out);
   EXPECT_FALSE(j["libtorch_version"].get<std::string>().empty());
@@ -46,7 +36,7 @@ TEST(TroupeEnv, JsonReportWithPassingSmokeTests) {
 
 TEST(TroupeEnv, BadArgumentIsRejected) {
   int status = -1;
-  auto out = run(binary() + " env --world 1 2>&1", status);
+  auto out = run_command(binary() + " env --world 1 2>&1", status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("--world"), std::string::npos) << out;
 }

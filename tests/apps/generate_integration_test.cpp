@@ -4,6 +4,8 @@
 #include "models/llama.hpp"
 #include "tests/support/temp_dir.hpp"
 
+#include "tests/support/process.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -16,18 +18,7 @@ using namespace troupe;
 
 namespace {
 
-std::string run(const std::string& cmd, int& status) {
-  std::string out;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr)
-    return out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0)
-    out.append(buf.data(), n);
-  status = ::pclose(pipe);
-  return out;
-}
+using test::run_command;
 
 models::llama_model tiny_byte_model() {
   models::llama_config c;
@@ -55,7 +46,7 @@ TEST(TroupeGenerate, JsonlPromptsGiveGreedyOutputsOfTheModel) {
   auto prompts = dir.write("p.jsonl", "{\"id\": \"a\", \"prompt\": \"hi\"}\n"
                                       "{\"id\": \"b\", \"prompt_ids\": [10, 20, 30]}\n");
   int status = -1;
-  auto out = run(std::string{TROUPE_BINARY_PATH} + " generate --model " + dir.file("model") +
+  auto out = run_command(std::string{TROUPE_BINARY_PATH} + " generate --model " + dir.file("model") +
                    " --prompts " + prompts + " --max-tokens 5 --temperature 0 --ignore-eos --quiet",
                  status);
   ASSERT_EQ(status, 0) << out;
@@ -92,7 +83,7 @@ TEST(TroupeGenerate, MalformedPromptLineIsReportedWithFileAndLine) {
   ASSERT_TRUE(models::save_pretrained(model, dir.file("model")));
   auto prompts = dir.write("bad.jsonl", "{\"prompt\": \"ok\"}\n{\"prompt\": 7}\n");
   int status = -1;
-  auto out = run(std::string{TROUPE_BINARY_PATH} + " generate --model " + dir.file("model") +
+  auto out = run_command(std::string{TROUPE_BINARY_PATH} + " generate --model " + dir.file("model") +
                    " --prompts " + prompts + " 2>&1",
                  status);
   EXPECT_NE(status, 0);
@@ -105,7 +96,7 @@ TEST(TroupeGenerate, PromptLongerThanContextIsRejected) {
   auto model = tiny_byte_model();
   ASSERT_TRUE(models::save_pretrained(model, dir.file("model")));
   int status = -1;
-  auto out = run(std::string{TROUPE_BINARY_PATH} + " generate --model " + dir.file("model") +
+  auto out = run_command(std::string{TROUPE_BINARY_PATH} + " generate --model " + dir.file("model") +
                    " --prompt " + std::string(63, 'x') + " 2>&1",
                  status);
   EXPECT_NE(status, 0);

@@ -6,6 +6,7 @@
 #include "kernels/cuda_device.hpp"
 #include "kernels/paged_attention.hpp"
 
+#include "tests/kernels/gpu_util.hpp"
 #include "tests/kernels/test_util.hpp"
 
 #include <gtest/gtest.h>
@@ -29,60 +30,7 @@ using namespace troupe::kernels::testing;
 
 namespace {
 
-#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-// A device copy of a contiguous CPU tensor; freed on destruction.
-struct device_buffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit device_buffer(size_t n) : bytes(n) {
-    if (cudaMalloc(&ptr, bytes == 0 ? 1 : bytes) != cudaSuccess)
-      ptr = nullptr;
-  }
-  explicit device_buffer(const at::Tensor& t) : device_buffer(t.numel() * t.element_size()) {
-    auto c = t.contiguous();
-    if (ptr)
-      cudaMemcpy(ptr, c.data_ptr(), bytes, cudaMemcpyHostToDevice);
-  }
-  ~device_buffer() { cudaFree(ptr); }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  template <class T>
-  T* as() {
-    return static_cast<T*>(ptr);
-  }
-  at::Tensor to_cpu(at::IntArrayRef shape, at::ScalarType type) const {
-    auto out = torch::empty(shape, type);
-    cudaMemcpy(out.data_ptr(), ptr, bytes, cudaMemcpyDeviceToHost);
-    return out;
-  }
-};
-
-class paged_attention_gpu : public ::testing::Test {
-protected:
-  void SetUp() override {
-    std::string why;
-    if (cuda_device_count(&why) == 0)
-      GTEST_SKIP() << "no CUDA device: " << why;
-    ASSERT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  void TearDown() override {
-    if (stream_)
-      cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
-
-cuda::float_type float_type_of(at::ScalarType type) {
-  switch (type) {
-  case at::kHalf:
-    return cuda::float_type::f16;
-  case at::kBFloat16:
-    return cuda::float_type::bf16;
-  default:
-    return cuda::float_type::f32;
-  }
-}
+class paged_attention_gpu : public gpu_fixture {};
 
 /// A random decode step: pools, shuffled block tables (int32, unused entries
 /// -1), context lengths in [1, max_context].
