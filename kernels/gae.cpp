@@ -1,6 +1,7 @@
 #include "kernels/gae.hpp"
 
 #include "kernels/detail.hpp"
+#include "kernels/gae_scan.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <ATen/Parallel.h>
@@ -15,25 +16,8 @@ template <class T>
 void scan_rows(const T* rewards, const T* values, const bool* mask, int64_t batch, int64_t steps,
                T gamma, T lambda, T* advantages, T* returns) {
   at::parallel_for(0, batch, 16, [&](int64_t b0, int64_t b1) {
-    const T decay = gamma * lambda;
-    for (int64_t b = b0; b < b1; ++b) {
-      T next_value = 0;
-      T carry = 0;
-      const int64_t row = b * steps;
-      for (int64_t t = steps - 1; t >= 0; --t) {
-        const int64_t i = row + t;
-        if (!mask[i]) {
-          advantages[i] = 0;
-          returns[i] = 0;
-          continue;
-        }
-        const T value = values ? values[i] : T{0};
-        carry = rewards[i] + gamma * next_value - value + decay * carry;
-        advantages[i] = carry;
-        returns[i] = carry + value;
-        next_value = value;
-      }
-    }
+    for (int64_t b = b0; b < b1; ++b)
+      detail::gae_scan_row(rewards, values, mask, b, steps, gamma, lambda, advantages, returns);
   });
 }
 

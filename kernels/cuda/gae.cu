@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/launchers.hpp"
+#include "kernels/gae_scan.hpp"
 
 namespace troupe::kernels::cuda {
 
@@ -15,23 +16,7 @@ __global__ void gae_kernel(const T* __restrict__ rewards, const T* __restrict__ 
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= batch)
     return;
-  const T decay = gamma * lambda;
-  T next_value = 0;
-  T carry = 0;
-  const int64_t row = b * steps;
-  for (int64_t t = steps - 1; t >= 0; --t) {
-    const int64_t i = row + t;
-    if (!mask[i]) {
-      advantages[i] = 0;
-      returns[i] = 0;
-      continue;
-    }
-    const T value = values ? values[i] : T{0};
-    carry = rewards[i] + gamma * next_value - value + decay * carry;
-    advantages[i] = carry;
-    returns[i] = carry + value;
-    next_value = value;
-  }
+  detail::gae_scan_row(rewards, values, mask, b, steps, gamma, lambda, advantages, returns);
 }
 
 template <class T>
