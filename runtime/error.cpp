@@ -71,6 +71,15 @@ std::string describe(const caf::error& err) {
   return out;
 }
 
+caf::error make_error_list(errc code, const std::vector<std::string>& violations) {
+  if (violations.empty())
+    return {};
+  std::string msg;
+  for (const auto& v : violations)
+    msg += (msg.empty() ? "" : "; ") + v;
+  return make_error(code, std::move(msg));
+}
+
 caf::error with_prefix(const caf::error& err, std::string_view prefix) {
   if (!err || err.category() != error_category())
     return err;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace troupe {
 
@@ -77,6 +78,10 @@ std::string context_of(const caf::error& err);
 
 /// Renders an error for users: "invalid_argument: <context>".
 std::string describe(const caf::error& err);
+
+/// Collected validation violations as one error of `code`, joined by "; "
+/// (no error when `violations` is empty).
+caf::error make_error_list(errc code, const std::vector<std::string>& violations);
 
 /// Prepends `prefix + ": "` to the context of a troupe error, keeping the
 /// code (used to add file names or YAML paths as an error travels up).

@@ -10,8 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
-#include <list>
-#include <set>
+#include <span>
 
 namespace troupe::actors::inference {
 
@@ -50,7 +49,6 @@ struct request_state {
   clock_type::time_point first_token_at{};
   bool has_first_token = false;
   int64_t version_first = -1;
-  uint64_t seed = 0;
 };
 
 } // namespace
@@ -395,20 +393,19 @@ struct engine::impl {
       auto* s = scheduled[sampling_seqs[k]];
       samplers.push_back(s);
       row_of.push_back(static_cast<int64_t>(k));
-      auto& req = *s->req;
-      if (s->sample_index == 0 && !req.forked && req.request.sampling.n > 1 && s->generated() == 0) {
-        if (prefixes)
-          prefixes->insert(std::span<const int64_t>(s->tokens.data(), s->tokens.size()),
-                           std::span<const int32_t>(s->blocks.data(), s->blocks.size()));
+      if (s->generated() > 0)
+        continue;
+      // The prompt was just computed: cache its full blocks, and fork the
+      // request's other samples from the first.
+      if (prefixes)
+        prefixes->insert(std::span<const int64_t>(s->tokens.data(), s->tokens.size()),
+                         std::span<const int32_t>(s->blocks.data(), s->blocks.size()));
+      if (s->sample_index == 0 && !s->req->forked)
         for (auto* sib : fork(*s)) {
           samplers.push_back(sib);
           row_of.push_back(static_cast<int64_t>(k));
           running.push_back(sib);
         }
-      } else if (prefixes && s->generated() == 0) {
-        prefixes->insert(std::span<const int64_t>(s->tokens.data(), s->tokens.size()),
-                         std::span<const int32_t>(s->blocks.data(), s->blocks.size()));
-      }
     }
     std::vector<const sampling_params*> params;
     std::vector<rng_stream*> streams;
@@ -462,12 +459,9 @@ expected<void> validate(const engine_config& c) {
   if (c.max_model_len < 0)
     bad.push_back("engine.max_model_len: expected an integer >= 0 (0 = the model's), got " +
                   std::to_string(c.max_model_len));
-  if (bad.empty())
-    return caf::unit;
-  std::string msg;
-  for (const auto& b : bad)
-    msg += (msg.empty() ? "" : "; ") + b;
-  return make_error(errc::invalid_config, msg);
+  if (auto err = make_error_list(errc::invalid_config, bad))
+    return err;
+  return caf::unit;
 }
 
 double engine_metrics::tokens_per_second() const {
@@ -534,8 +528,8 @@ expected<void> engine::add_request(generate_request request) {
     return ok;
   auto state = std::make_unique<request_state>();
   state->arrived = clock_type::now();
-  state->seed = request.sampling.seed ? *request.sampling.seed
-                                      : d.config.seed * 0x9e3779b97f4a7c15ULL + d.seed_counter++;
+  auto seed = request.sampling.seed ? *request.sampling.seed
+                                    : d.config.seed * 0x9e3779b97f4a7c15ULL + d.seed_counter++;
   auto n = request.sampling.n;
   state->request = std::move(request);
   state->remaining = n;
@@ -545,7 +539,7 @@ expected<void> engine::add_request(generate_request request) {
     s->id = d.next_seq_id++;
     s->req = state.get();
     s->sample_index = i;
-    s->rng = rng_stream::make(state->seed, static_cast<uint64_t>(i));
+    s->rng = rng_stream::make(seed, static_cast<uint64_t>(i));
     if (i == 0)
       s->tokens = state->request.prompt;
     state->samples.push_back(std::move(s));

@@ -76,12 +76,9 @@ expected<void> validate(const sampling_params& p, int64_t vocab_size) {
       bad.push_back("sampling.stop_token_ids[" + std::to_string(i) + "]: token " +
                     std::to_string(p.stop_token_ids[i]) + " outside the vocabulary [0, " +
                     std::to_string(vocab_size) + ")");
-  if (bad.empty())
-    return caf::unit;
-  std::string msg;
-  for (const auto& b : bad)
-    msg += (msg.empty() ? "" : "; ") + b;
-  return make_error(errc::invalid_argument, msg);
+  if (auto err = make_error_list(errc::invalid_argument, bad))
+    return err;
+  return caf::unit;
 }
 
 rng_stream rng_stream::make(uint64_t seed, uint64_t index) {

@@ -2,6 +2,7 @@
 // decode, chunked prefill, and requests sharing prompt blocks.
 
 #include "models/llama.hpp"
+#include "tests/models/tiny_llama.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,18 +17,7 @@ using namespace troupe::models;
 
 namespace {
 
-llama_config tiny_config() {
-  llama_config c;
-  c.vocab_size = 61;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2; // grouped-query attention
-  c.max_position_embeddings = 64;
-  c.rope_theta = 500.0;
-  return c;
-}
+using troupe::models::testing::tiny_config;
 
 llama_model tiny(head_kind head = head_kind::lm) {
   torch::manual_seed(7);

@@ -1,4 +1,5 @@
 #include "models/llama.hpp"
+#include "tests/models/tiny_llama.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -10,18 +11,7 @@ using namespace troupe::models;
 
 namespace {
 
-llama_config tiny_config() {
-  llama_config c;
-  c.vocab_size = 61;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2; // grouped-query attention, 2 query heads per kv head
-  c.max_position_embeddings = 64;
-  c.rope_theta = 500.0;
-  return c;
-}
+using troupe::models::testing::tiny_config;
 
 llama_model tiny(head_kind head = head_kind::lm, llama_config c = tiny_config()) {
   torch::manual_seed(7);
