@@ -3,6 +3,7 @@
 #include "apps/generate.hpp"
 #include "cluster/env.hpp"
 #include "cluster/local_launcher.hpp"
+#include "runtime/compute.hpp"
 
 #include <CLI/CLI.hpp>
 #include <caf/all.hpp>
@@ -91,6 +92,9 @@ int main(int argc, char** argv) {
   gen->add_flag("--no-prefix-caching", no_prefix, "Disable prefix reuse");
   bool quiet = false;
   gen->add_flag("--quiet", quiet, "Do not print the metrics line to stderr");
+  int gen_threads = 0;
+  gen->add_option("--threads", gen_threads, "CPU compute threads (0 = one per core)")
+      ->check(CLI::NonNegativeNumber);
 
   // Hidden: the rank side of the gloo smoke test, spawned by `troupe env`.
   auto* smoke = app.add_subcommand("_gloo-smoke", "")->group("");
@@ -111,6 +115,7 @@ int main(int argc, char** argv) {
       go.sampling.seed = gen_seed;
     go.engine.enable_prefix_caching = !no_prefix;
     go.print_metrics = !quiet;
+    troupe::runtime::set_compute_threads(gen_threads);
     return troupe::apps::run_generate(go);
   }
   if (smoke->parsed())

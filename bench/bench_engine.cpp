@@ -3,13 +3,14 @@
 // 6 layers, 6 heads, vocab 32000, context 256), fp32, CPU, random weights.
 #include "actors/inference/engine.hpp"
 #include "models/llama.hpp"
+#include "runtime/compute.hpp"
 
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <thread>
+#include <functional>
 #include <vector>
 
 using namespace troupe;
@@ -116,7 +117,7 @@ double memcpy_gbps() {
 } // namespace
 
 int main() {
-  at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  runtime::set_compute_threads(0);
   torch::manual_seed(0);
   auto model = models::make_llama(shape_15m(), models::head_kind::lm);
   if (!model)
@@ -128,20 +129,35 @@ int main() {
     params += p.numel();
   std::printf("model: %.2fM parameters, fp32; ATen threads %d\n", params / 1e6, at::get_num_threads());
 
-  // 1. KV-cache decode vs full recompute, batch 1, 16-token prompt, 128 tokens.
+  // Machines here are shared and noisy: every comparison interleaves its two
+  // sides over kTrials rounds and keeps each side's best.
+  constexpr int kTrials = 3;
+  auto best_of = [&](const std::function<double()>& a, const std::function<double()>& b) {
+    std::pair<double, double> best{0, 0};
+    for (int t = 0; t < kTrials; ++t) {
+      best.first = std::max(best.first, a());
+      best.second = std::max(best.second, b());
+    }
+    return best;
+  };
+
+  // 1. KV-cache decode vs full recompute, batch 1: a 16-token prompt decoded
+  // to the full 256-token context (the recompute baseline runs the model's
+  // whole forward over the sequence for every new token).
   auto e = make(m);
   run(*e, {{"warm", prompt_of(16, 9), greedy(8)}});
-  double kv = run(*e, {{"kv", prompt_of(16, 1), greedy(128)}});
-  double full = full_recompute(m, 16, 128);
-  std::printf("decode with KV cache vs full recompute (batch 1, 128 tokens): %.1f vs %.1f tokens/s = %.1fx\n",
+  auto [kv, full] = best_of([&] { return run(*e, {{"kv", prompt_of(16, 1), greedy(240)}}); },
+                            [&] { return full_recompute(m, 16, 240); });
+  std::printf("decode with KV cache vs full recompute (batch 1, 16 + 240 tokens): %.1f vs %.1f "
+              "tokens/s = %.1fx\n",
               kv, full, kv / full);
 
   // 2. Batch 32 vs batch 1 aggregate tokens/s (16-token prompts, 64 tokens each).
   std::vector<generate_request> batch;
   for (int i = 0; i < 32; ++i)
     batch.push_back({"b" + std::to_string(i), prompt_of(16, 100 + i), greedy(64)});
-  double one = run(*e, {{"single", prompt_of(16, 99), greedy(64)}});
-  double b32 = run(*e, batch);
+  auto [b32, one] = best_of([&] { return run(*e, batch); },
+                            [&] { return run(*e, {{"single", prompt_of(16, 99), greedy(64)}}); });
   std::printf("batch 32 vs batch 1 aggregate throughput: %.1f vs %.1f tokens/s = %.1fx\n", b32, one,
               b32 / one);
 
@@ -170,9 +186,9 @@ int main() {
               static_cast<double>(prefill_plain) / static_cast<double>(prefill_shared),
               wall_plain / wall_shared);
 
-  // 4. Batch-1 decode bandwidth vs memcpy.
+  // 4. Batch-1 decode bandwidth vs memcpy (the batch-1 run of section 2).
   double bw = memcpy_gbps();
-  double achieved = static_cast<double>(params) * 4 * kv / 1e9;
+  double achieved = static_cast<double>(params) * 4 * one / 1e9;
   std::printf("batch-1 decode reads %.1f MB of parameters per token: %.2f GB/s achieved vs memcpy %.2f "
               "GB/s = %.0f%%\n",
               params * 4 / 1e6, achieved, bw, 100 * achieved / bw);

@@ -40,15 +40,25 @@ std::string nccl_version_string() {
   return out;
 }
 
+// OpenBLAS's pthread build runs its own thread pool beside LibTorch's OpenMP
+// pool; with more than one ATen thread they spin against each other.
+std::string openblas_name(const char* config) {
+  std::string out = std::string{"OpenBLAS "} + config;
+  if (out.find("USE_OPENMP") == std::string::npos)
+    out += " (pthread build: contends with LibTorch's OpenMP threads; run scripts/setup.sh to "
+           "switch to the OpenMP build)";
+  return out;
+}
+
 std::string blas_name() {
   using config_fn = char* (*)();
   if (auto fn = reinterpret_cast<config_fn>(::dlsym(RTLD_DEFAULT, "openblas_get_config")))
-    return std::string{"OpenBLAS "} + fn();
+    return openblas_name(fn());
   // LibTorch loads libblas lazily; load the system BLAS to ask it.
   if (void* lib = ::dlopen("libblas.so.3", RTLD_NOW | RTLD_LOCAL)) {
-    std::string out = "reference BLAS (slow: install libopenblas0-pthread)";
+    std::string out = "reference BLAS (slow: run scripts/setup.sh to install OpenBLAS)";
     if (auto fn = reinterpret_cast<config_fn>(::dlsym(lib, "openblas_get_config")))
-      out = std::string{"OpenBLAS "} + fn();
+      out = openblas_name(fn());
     ::dlclose(lib);
     return out;
   }

@@ -1,11 +1,14 @@
 #include "kernels/paged_attention.hpp"
 
+#include "kernels/cpu/paged_decode.hpp"
 #include "kernels/detail.hpp"
 #include "runtime/torch_guard.hpp"
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -205,7 +208,35 @@ at::Tensor gather_heads(const at::Tensor& pool_rows, const at::Tensor& slots, in
       .to(compute);
 }
 
-// Decode fast path (every n_r = 1): gathers each request's K/V padded to the
+// Decode steps in fp32/fp64 on the CPU read K/V through the block tables in
+// place (kernels/cpu/paged_decode.cpp): no gather copy and no batched matmul
+// (LibTorch's CPU bmm pays a tensor select per tiny matrix, which dominated
+// batch-32 decode).
+bool cpu_decode_supports(const at::Tensor& q) {
+  return q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble);
+}
+
+at::Tensor cpu_paged_decode(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                            const step_meta& meta, double scale) {
+  auto qc = q.contiguous();
+  auto out = at::empty_like(qc);
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t block_size = k_pool.size(1), n_kv = k_pool.size(2);
+  auto tables = meta.block_tables.contiguous();
+  const detail::paged_decode_shape shape{H, n_kv, D, block_size, tables.size(1)};
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cpu_paged_decode", [&] {
+    at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+      detail::paged_decode_items<scalar_t>(
+          qc.data_ptr<scalar_t>(), k_pool.data_ptr<scalar_t>(), v_pool.data_ptr<scalar_t>(),
+          out.data_ptr<scalar_t>(), tables.data_ptr<int64_t>(),
+          meta.context_lens.data_ptr<int64_t>(), shape, static_cast<scalar_t>(scale), begin, end);
+    });
+  });
+  return out;
+}
+
+// Decode path for the other dtypes (bf16/fp16 on the CPU; any non-kernel
+// device): gathers each request's K/V padded to the
 // longest context, [R, n_kv, L, D], masks the padding, one batched matmul.
 at::Tensor attend_decode(const at::Tensor& q, const at::Tensor& k_rows, const at::Tensor& v_rows,
                          int64_t n_kv, const step_meta& meta, int64_t block_size, double scale,
@@ -349,6 +380,8 @@ expected<at::Tensor> paged_attention(const at::Tensor& q, const at::Tensor& k_po
       return detail::cuda_paged_decode_attention(q, k_pool, v_pool, meta->block_tables,
                                                  meta->context_lens, scale);
 #endif
+    if (meta->all_decode && cpu_decode_supports(q))
+      return cpu_paged_decode(q.detach(), k_pool, v_pool, *meta, scale);
     auto compute = detail::compute_type({q});
     auto k_rows = k_pool.view({-1, D}); // one row per (slot, kv head)
     auto v_rows = v_pool.view({-1, D});

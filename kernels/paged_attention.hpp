@@ -29,8 +29,11 @@
 // they may live on the CPU or on q's device, and are copied to the host for
 // validation. Nothing here records autograd history (inference only).
 //
-// Devices: CPU runs ATen gather/index ops (a padded batched matmul when every
-// n_r = 1, one masked matmul per request otherwise). CUDA tensors run the
+// Devices: a CPU step where every n_r = 1 in fp32/fp64 runs a paged decode
+// loop that reads K/V through the block tables in place (parallel over
+// requests x kv heads); other CPU steps run ATen gather/index ops (a padded
+// batched matmul for bf16/fp16 decodes, one masked matmul per request
+// otherwise). CUDA tensors run the
 // paged decode kernel (kernels/cuda/paged_attention.cu: K/V read through the
 // block tables, online softmax) when every n_r = 1, the pools are fp32, fp16
 // or bf16, D <= 256 and the build has the kernel; any other CUDA step (prefill

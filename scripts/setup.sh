@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libgloo-dev libopenblas0-pthread libopenblas-dev
+  libtorch-dev libgloo-dev libopenblas0-openmp libopenblas-dev
   libcaf-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev
@@ -21,28 +21,38 @@ for p in "${packages[@]}"; do
   fi
 done
 
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
-  exit 0
-fi
-
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+else
+  if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
     echo "setup: missing packages (${missing[*]}) and not root; rerun as root" >&2
     exit 1
   fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-
-# Debian's LibTorch calls whatever BLAS the alternatives system points at;
-# the reference BLAS is ~35x slower than OpenBLAS on these machines.
-for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu; do
-  target=$(update-alternatives --list "$alt" 2>/dev/null | grep -m1 openblas-pthread || true)
-  if [ -n "$target" ]; then $SUDO update-alternatives --set "$alt" "$target" >/dev/null; fi
+# Debian's LibTorch calls whatever BLAS the alternatives system points at.
+# The reference BLAS is ~35x slower than OpenBLAS here, and OpenBLAS's pthread
+# build runs its own thread pool beside LibTorch's OpenMP pool: on a small
+# machine the two spin against each other (3x slower batched decode, 5x slower
+# dense forward, see docs/benchmarks.md). The OpenMP build shares one pool.
+for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu \
+           libopenblas.so.0-x86_64-linux-gnu; do
+  target=$(update-alternatives --list "$alt" 2>/dev/null | grep -m1 openblas-openmp || true)
+  current=$(readlink -f "/etc/alternatives/$alt" 2>/dev/null || true)
+  if [ -n "$target" ] && [ "$current" != "$(readlink -f "$target")" ]; then
+    if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
+      echo "setup: $alt points at $current, not $target; rerun as root to switch" >&2
+      exit 1
+    fi
+    $SUDO update-alternatives --set "$alt" "$target" >/dev/null
+    echo "setup: $alt -> $target"
+  fi
 done
 echo "setup: done"

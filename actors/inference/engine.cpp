@@ -413,7 +413,11 @@ struct engine::impl {
       params.push_back(&s->req->request.sampling);
       streams.push_back(&s->rng);
     }
-    auto picked = sample(logits->index_select(0, torch::tensor(row_of, torch::kLong)), params, streams);
+    // Rows are copied only when forked siblings repeat one.
+    bool identity = static_cast<int64_t>(row_of.size()) == logits->size(0);
+    auto picked = sample(identity ? *logits
+                                  : logits->index_select(0, torch::tensor(row_of, torch::kLong)),
+                         params, streams);
     if (!picked)
       return picked.error();
     auto now = clock_type::now();

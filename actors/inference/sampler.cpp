@@ -124,8 +124,9 @@ expected<std::vector<sampled_token>> sample(const at::Tensor& logits,
     inv_t[static_cast<size_t>(r)] = t == 0 ? 1.0f : static_cast<float>(1.0 / t);
     any_random = any_random || t != 0;
   }
+  bool unscaled = std::all_of(inv_t.begin(), inv_t.end(), [](float x) { return x == 1.0f; });
   auto scale = torch::from_blob(inv_t.data(), {rows, 1}, torch::kFloat32);
-  auto logp = torch::log_softmax(logits * scale, 1).contiguous();
+  auto logp = torch::log_softmax(unscaled ? logits : logits * scale, 1).contiguous();
   torch::Tensor probs;
   if (any_random)
     probs = logp.exp().contiguous();

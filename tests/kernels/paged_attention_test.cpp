@@ -160,6 +160,23 @@ TEST(paged_attention, decode_fast_path_matches_general_path_and_reference) {
   expect_close(a, b.narrow(0, 0, 5), 1e-6, "fast vs general");
 }
 
+TEST(paged_attention, decode_steps_in_every_dtype_match_the_reference) {
+  // fp32/fp64 decodes run the CPU paged kernel, bf16/fp16 the gather path.
+  const std::vector<request_spec> decodes = {{1, 1}, {6, 1}, {16, 1}, {17, 1}, {40, 1}};
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    shape_spec s;
+    s.dtype = dtype;
+    s.kv_heads = 1; // GQA with 4 query heads per kv head
+    auto c = make_case(decodes, s, 41);
+    auto got = value_of(run(c));
+    EXPECT_EQ(got.scalar_type(), dtype);
+    const double tol = dtype == at::kDouble ? 1e-12
+                       : dtype == at::kFloat ? 1e-5
+                       : dtype == at::kBFloat16 ? 5e-2 : 1e-2;
+    expect_close(got, c.want, tol, c10::toString(dtype));
+  }
+}
+
 TEST(paged_attention, fp64_is_exact_and_bf16_is_close) {
   shape_spec s;
   s.dtype = at::kDouble;
