@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <set>
 #include <span>
 
 namespace troupe::actors::inference {
@@ -577,13 +578,27 @@ expected<std::vector<request_output>> engine::run_until_idle() {
   return out;
 }
 
+expected<void> engine::add_requests(std::vector<generate_request> requests) {
+  std::set<std::string> ids;
+  for (const auto& r : requests) {
+    if (auto ok = impl_->check_request(r); !ok)
+      return ok;
+    if (!ids.insert(r.id).second)
+      return make_error(errc::invalid_argument,
+                        "request '" + r.id + "': id appears twice in one batch");
+  }
+  for (auto& r : requests)
+    if (auto ok = add_request(std::move(r)); !ok)
+      return ok; // unreachable: every request was checked above
+  return caf::unit;
+}
+
 expected<std::vector<request_output>> engine::generate(std::vector<generate_request> requests) {
   std::vector<std::string> order;
-  for (auto& r : requests) {
+  for (const auto& r : requests)
     order.push_back(r.id);
-    if (auto ok = add_request(std::move(r)); !ok)
-      return ok.error();
-  }
+  if (auto ok = add_requests(std::move(requests)); !ok)
+    return ok.error();
   auto outs = run_until_idle();
   if (!outs)
     return outs;

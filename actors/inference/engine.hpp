@@ -124,13 +124,18 @@ public:
   /// are never disturbed by a rejected one.
   expected<void> add_request(generate_request request);
 
+  /// Queues every request, or none: all are validated first (as
+  /// add_request does, plus ids unique within the batch).
+  expected<void> add_requests(std::vector<generate_request> requests);
+
   /// Runs one scheduler step; returns the requests that finished in it.
   expected<std::vector<request_output>> step();
 
   /// Steps until every queued request has finished.
   expected<std::vector<request_output>> run_until_idle();
 
-  /// Generates `requests` to completion (outputs in the same order).
+  /// Generates `requests` to completion (outputs in the same order); a bad
+  /// request fails the call before any is queued.
   expected<std::vector<request_output>> generate(std::vector<generate_request> requests);
 
   bool idle() const;

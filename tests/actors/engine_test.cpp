@@ -1,5 +1,6 @@
 #include "actors/inference/engine.hpp"
 #include "models/llama.hpp"
+#include "tests/actors/tiny_engine.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,38 +10,9 @@
 
 using namespace troupe;
 using namespace troupe::actors::inference;
+using namespace troupe::actors::inference::testing;
 
 namespace {
-
-models::llama_config tiny_config() {
-  models::llama_config c;
-  c.vocab_size = 50;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 96;
-  return c;
-}
-
-models::llama_model tiny_model(uint64_t seed = 1) {
-  torch::manual_seed(seed);
-  auto m = models::make_llama(tiny_config(), models::head_kind::lm);
-  EXPECT_TRUE(m) << describe(m.error());
-  (*m)->eval();
-  return *m;
-}
-
-std::unique_ptr<engine> make_engine(models::llama_model m, engine_config c = {}) {
-  if (c.num_blocks == 0)
-    c.num_blocks = 64;
-  if (c.block_size == 16)
-    c.block_size = 4;
-  auto e = engine::make(std::move(m), c);
-  EXPECT_TRUE(e) << describe(e.error());
-  return std::move(*e);
-}
 
 std::vector<int64_t> random_prompt(std::mt19937& rng, int min_len, int max_len) {
   std::uniform_int_distribution<int> len(min_len, max_len);
@@ -64,21 +36,6 @@ std::vector<int64_t> greedy_reference(models::llama_model& m, std::vector<int64_
   return out;
 }
 
-sampling_params greedy(int64_t max_tokens) {
-  sampling_params p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  return p;
-}
-
-sampling_params random_sampling(int64_t max_tokens, uint64_t seed) {
-  sampling_params p;
-  p.temperature = 0.9;
-  p.top_p = 0.95;
-  p.max_tokens = max_tokens;
-  p.seed = seed;
-  return p;
-}
 
 } // namespace
 
@@ -140,8 +97,9 @@ TEST(Engine, StaggeredArrivalsGiveTheSameOutputsAsAlone) {
   std::map<std::string, std::vector<int64_t>> got;
   size_t next = 0;
   while (next < reqs.size() || !e->idle()) {
-    if (next < reqs.size())
+    if (next < reqs.size()) {
       ASSERT_TRUE(e->add_request(reqs[next++])); // one new arrival per step
+    }
     auto done = e->step();
     ASSERT_TRUE(done) << describe(done.error());
     for (auto& o : *done)
@@ -312,4 +270,28 @@ TEST(Engine, TenThousandRandomRequestsLeaveThePoolEmpty) {
   e->clear_prefix_cache();
   EXPECT_EQ(e->free_blocks(), 48);
   EXPECT_EQ(e->metrics().kv_utilization, 0.0);
+}
+
+TEST(Engine, AddRequestsQueuesAllOrNone) {
+  auto e = make_engine(tiny_model());
+  std::vector<generate_request> reqs = {{"p", {1, 2, 3}, greedy(4)},
+                                        {"q", {4, 5}, greedy(4)},
+                                        {"p", {6}, greedy(4)}};
+  auto dup = e->add_requests(reqs);
+  ASSERT_FALSE(dup);
+  EXPECT_NE(describe(dup.error()).find("request 'p': id appears twice in one batch"),
+            std::string::npos)
+      << describe(dup.error());
+  EXPECT_TRUE(e->idle()) << "nothing of a rejected batch is queued";
+  reqs[2].id = "r";
+  reqs[2].sampling.max_tokens = 0;
+  auto bad = e->add_requests(reqs);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("request 'r'"), std::string::npos) << describe(bad.error());
+  EXPECT_TRUE(e->idle());
+  reqs[2].sampling.max_tokens = 4;
+  ASSERT_TRUE(e->add_requests(reqs));
+  auto outs = e->run_until_idle();
+  ASSERT_TRUE(outs) << describe(outs.error());
+  EXPECT_EQ(outs->size(), 3u);
 }

@@ -1,0 +1,135 @@
+#include "actors/inference/rollout.hpp"
+
+#include "models/llama.hpp"
+
+#include <caf/all.hpp>
+
+#include <torch/torch.h>
+
+namespace troupe::actors::inference {
+
+namespace {
+
+struct open_call {
+  caf::typed_response_promise<std::vector<request_output>> promise;
+  std::vector<std::string> order; ///< request ids, in the caller's order
+  std::map<std::string, request_output> done;
+};
+
+struct rollout_state {
+  std::shared_ptr<engine> eng;
+  std::map<uint64_t, open_call> calls;
+  std::map<std::string, uint64_t> call_of; ///< request id → call
+  uint64_t next_call = 0;
+  bool stepping = false;
+  static inline const char* name = "rollout";
+};
+
+using self_ptr = rollout_actor::stateful_pointer<rollout_state>;
+
+void schedule_step(self_ptr self) {
+  if (!self->state.stepping && !self->state.eng->idle()) {
+    self->state.stepping = true;
+    self->send(self, step_atom::value);
+  }
+}
+
+void fail_all(self_ptr self, const caf::error& err) {
+  for (auto& [id, call] : self->state.calls)
+    call.promise.deliver(err);
+  self->state.calls.clear();
+  self->state.call_of.clear();
+}
+
+void on_step(self_ptr self) {
+  auto& st = self->state;
+  st.stepping = false;
+  auto outs = st.eng->step();
+  if (!outs) {
+    auto err = with_prefix(outs.error(), "rollout step");
+    fail_all(self, err);
+    self->quit(err);
+    return;
+  }
+  for (auto& out : *outs) {
+    auto it = st.call_of.find(out.id);
+    if (it == st.call_of.end())
+      continue; // cannot happen: every queued request belongs to a call
+    auto call_id = it->second;
+    st.call_of.erase(it);
+    auto& call = st.calls.at(call_id);
+    auto id = out.id;
+    call.done.emplace(std::move(id), std::move(out));
+    if (call.done.size() == call.order.size()) {
+      std::vector<request_output> sorted;
+      sorted.reserve(call.order.size());
+      for (const auto& rid : call.order)
+        sorted.push_back(std::move(call.done.at(rid)));
+      call.promise.deliver(std::move(sorted));
+      st.calls.erase(call_id);
+    }
+  }
+  schedule_step(self);
+}
+
+rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<engine> eng) {
+  self->state.eng = std::move(eng);
+  return {
+      [=](generate_atom, std::vector<generate_request>& requests)
+          -> caf::result<std::vector<request_output>> {
+        auto& st = self->state;
+        if (requests.empty())
+          return std::vector<request_output>{};
+        open_call call;
+        for (const auto& r : requests)
+          call.order.push_back(r.id);
+        if (auto ok = st.eng->add_requests(std::move(requests)); !ok)
+          return ok.error();
+        call.promise = self->make_response_promise<std::vector<request_output>>();
+        auto id = st.next_call++;
+        for (const auto& rid : call.order)
+          st.call_of[rid] = id;
+        auto promise = call.promise;
+        st.calls.emplace(id, std::move(call));
+        schedule_step(self);
+        return promise;
+      },
+      [=](load_weights_atom, int64_t version, const shared_weights& weights)
+          -> caf::result<int64_t> {
+        if (!weights)
+          return make_error(errc::invalid_argument, "rollout load_weights: no tensors");
+        if (auto ok = self->state.eng->load_weights(version, *weights); !ok)
+          return ok.error();
+        return version;
+      },
+      [=](metrics_atom) { return self->state.eng->metrics(); },
+      [=](step_atom) { on_step(self); },
+  };
+}
+
+} // namespace
+
+expected<rollout_actor> spawn_rollout(caf::actor_system& sys, models::llama_model model,
+                                      const engine_config& config) {
+  auto eng = engine::make(std::move(model), config);
+  if (!eng)
+    return eng.error();
+  std::shared_ptr<engine> shared = std::move(*eng);
+  return sys.spawn<caf::detached>(rollout_behavior, std::move(shared));
+}
+
+std::vector<std::pair<std::string, double>> rollout_metrics(const engine_metrics& m) {
+  return {
+      {"rollout/tokens_per_s", m.tokens_per_second()},
+      {"rollout/ttft_ms", m.mean_ttft_ms()},
+      {"rollout/itl_ms", m.mean_itl_ms()},
+      {"rollout/kv_utilization", m.kv_utilization},
+      {"rollout/prefix_hit_rate", m.prefix_hit_rate},
+      {"rollout/preemptions", static_cast<double>(m.preemptions)},
+      {"rollout/generated_tokens", static_cast<double>(m.generated_tokens)},
+      {"rollout/prefill_tokens", static_cast<double>(m.prefill_tokens_computed)},
+      {"rollout/steps", static_cast<double>(m.steps)},
+  };
+}
+
+} // namespace troupe::actors::inference

@@ -1,0 +1,67 @@
+#pragma once
+// The rollout actor: the inference engine as a CAF actor, the rollout role's
+// engine. It runs detached (engine steps are blocking LibTorch compute) and
+// drives the engine one step per message, so requests from any number of
+// callers join the running batch between steps (continuous batching across
+// callers), and weight updates and metrics queries are served between steps.
+//
+// NOTE [rollout actor loop]: a `generate` call validates and queues all its
+// requests (all or none) and answers when the last of them finishes; while
+// the engine has work the actor sends itself `step` after each step, so every
+// message that arrived meanwhile is handled before the next step. A failing
+// step fails every open call with the error (prefixed "rollout step") and
+// the actor quits with it, so monitors see it at once: no caller waits on a
+// dead engine.
+
+#include "actors/inference/engine.hpp"
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/fwd.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace troupe::actors::inference {
+
+using generate_atom = caf::atom_constant<caf::atom("generate")>;
+using load_weights_atom = caf::atom_constant<caf::atom("loadweight")>;
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+
+/// Weights by HF name, shared read-only (the in-process alias transport:
+/// the sender must not modify the tensors until the update is answered).
+using shared_weights = std::shared_ptr<const std::map<std::string, at::Tensor>>;
+
+using rollout_actor = caf::typed_actor<
+    /// Generates to completion; outputs in request order.
+    caf::replies_to<generate_atom, std::vector<generate_request>>::with<
+        std::vector<request_output>>,
+    /// Loads weight version v between steps; answers v.
+    caf::replies_to<load_weights_atom, int64_t, shared_weights>::with<int64_t>,
+    caf::replies_to<metrics_atom>::with<engine_metrics>,
+    /// Internal: runs one engine step.
+    caf::reacts_to<step_atom>>;
+
+/// Builds the engine (validating `config` against the model) and spawns its
+/// detached actor. The actor owns the model from now on.
+expected<rollout_actor> spawn_rollout(caf::actor_system& sys, models::llama_model model,
+                                      const engine_config& config);
+
+/// The engine's metrics under the job's metric names ("rollout/...").
+std::vector<std::pair<std::string, double>> rollout_metrics(const engine_metrics& m);
+
+} // namespace troupe::actors::inference
+
+// In-process messages only: they travel by reference between actors of one
+// process. Roles in other processes receive weights through the transports
+// and requests through their own serialisable form (issue 5).
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::actors::inference::generate_request>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::actors::inference::request_output>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::inference::engine_metrics)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::inference::shared_weights)

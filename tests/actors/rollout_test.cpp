@@ -1,0 +1,179 @@
+#include "actors/actor_system.hpp"
+#include "actors/inference/rollout.hpp"
+#include "models/llama.hpp"
+#include "tests/actors/tiny_engine.hpp"
+
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+using namespace troupe;
+using namespace troupe::actors::inference;
+using namespace troupe::actors::inference::testing;
+
+namespace {
+
+constexpr auto kTimeout = std::chrono::seconds(60);
+
+struct rollout_fixture : ::testing::Test {
+  rollout_fixture() : sys{(actors::configure(cfg), cfg)} {}
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+
+  engine_config small_engine() {
+    engine_config c;
+    c.num_blocks = 64;
+    c.block_size = 4;
+    return c;
+  }
+
+  rollout_actor spawn(models::llama_model m) {
+    auto r = spawn_rollout(sys, std::move(m), small_engine());
+    EXPECT_TRUE(r) << describe(r.error());
+    return *r;
+  }
+
+  expected<std::vector<request_output>> generate(const rollout_actor& r,
+                                                 std::vector<generate_request> reqs) {
+    caf::scoped_actor self{sys};
+    expected<std::vector<request_output>> out = make_error(errc::timeout, "no answer");
+    self->request(r, kTimeout, generate_atom::value, std::move(reqs))
+        .receive([&](std::vector<request_output>& o) { out = std::move(o); },
+                 [&](caf::error& e) { out = std::move(e); });
+    return out;
+  }
+};
+
+std::vector<generate_request> batch(const std::string& prefix, int count, uint64_t seed) {
+  std::vector<generate_request> out;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int64_t> prompt;
+    for (int t = 0; t < 3 + i; ++t)
+      prompt.push_back((7 * t + 3 * i + static_cast<int>(seed)) % 50);
+    out.push_back({prefix + std::to_string(i), prompt,
+                   random_sampling(6 + i, seed + static_cast<uint64_t>(i))});
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> tokens_of(const std::vector<request_output>& outs) {
+  std::vector<std::vector<int64_t>> t;
+  for (const auto& o : outs)
+    t.push_back(o.samples.at(0).tokens);
+  return t;
+}
+
+} // namespace
+
+TEST_F(rollout_fixture, concurrent_callers_share_steps_and_get_their_own_outputs) {
+  auto m = tiny_model();
+  auto a = batch("a", 3, 100), b = batch("b", 4, 200);
+  // References: each call alone on a plain engine, and its step count.
+  auto alone_a = make_engine(m, small_engine());
+  auto ref_a = alone_a->generate(a);
+  auto alone_b = make_engine(m, small_engine());
+  auto ref_b = alone_b->generate(b);
+  ASSERT_TRUE(ref_a && ref_b);
+
+  auto rollout = spawn(tiny_model());
+  caf::scoped_actor self{sys};
+  // Both calls are queued before the rollout finishes the first: they join
+  // one running batch. Answers come back as ordinary messages.
+  self->send(rollout, generate_atom::value, a);
+  self->send(rollout, generate_atom::value, b);
+  std::map<std::string, std::vector<request_output>> got;
+  for (int i = 0; i < 2; ++i)
+    self->receive([&](std::vector<request_output>& outs) { got[outs.at(0).id] = std::move(outs); },
+                  [&](caf::error& e) { FAIL() << sys.render(e); },
+                  caf::after(kTimeout) >> [&] { FAIL() << "rollout did not answer"; });
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(tokens_of(got["a0"]), tokens_of(*ref_a));
+  EXPECT_EQ(tokens_of(got["b0"]), tokens_of(*ref_b));
+  for (size_t i = 0; i < got["b0"].size(); ++i)
+    EXPECT_EQ(got["b0"][i].id, b[i].id) << "outputs in request order";
+
+  engine_metrics metrics;
+  self->request(rollout, kTimeout, metrics_atom::value)
+      .receive([&](engine_metrics& mm) { metrics = mm; },
+               [&](caf::error& e) { FAIL() << sys.render(e); });
+  EXPECT_LT(metrics.steps, alone_a->metrics().steps + alone_b->metrics().steps)
+      << "the two calls ran in shared steps";
+  EXPECT_EQ(metrics.finished_requests, 7);
+  auto named = rollout_metrics(metrics);
+  ASSERT_FALSE(named.empty());
+  EXPECT_EQ(named.front().first, "rollout/tokens_per_s");
+  EXPECT_GT(named.front().second, 0.0);
+  self->send_exit(rollout, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(rollout_fixture, a_bad_call_is_rejected_whole_and_the_rollout_keeps_serving) {
+  auto m = tiny_model();
+  auto rollout = spawn(m);
+  auto reqs = batch("x", 3, 5);
+  reqs[1].prompt.clear();
+  auto bad = generate(rollout, reqs);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("request 'x1': prompt: empty prompt"), std::string::npos)
+      << describe(bad.error());
+  // Nothing of the bad call was queued: the same ids are free again.
+  auto good = generate(rollout, batch("x", 3, 5));
+  ASSERT_TRUE(good) << describe(good.error());
+  auto ref = make_engine(tiny_model(), small_engine())->generate(batch("x", 3, 5));
+  ASSERT_TRUE(ref);
+  EXPECT_EQ(tokens_of(*good), tokens_of(*ref));
+  caf::anon_send_exit(rollout, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(rollout_fixture, weight_updates_between_calls_match_a_fresh_engine) {
+  auto rollout = spawn(tiny_model(1));
+  auto before = generate(rollout, batch("w", 2, 9));
+  ASSERT_TRUE(before);
+  EXPECT_EQ(before->at(0).weight_version, 0);
+  auto next = tiny_model(2);
+  auto weights = std::make_shared<const std::map<std::string, at::Tensor>>(
+      models::export_hf_weights(next));
+  caf::scoped_actor self{sys};
+  int64_t answered = -1;
+  self->request(rollout, kTimeout, load_weights_atom::value, int64_t{3}, shared_weights{weights})
+      .receive([&](int64_t v) { answered = v; }, [&](caf::error& e) { FAIL() << sys.render(e); });
+  EXPECT_EQ(answered, 3);
+  auto after = generate(rollout, batch("w", 2, 9));
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->at(0).weight_version, 3);
+  auto fresh = make_engine(tiny_model(2), small_engine())->generate(batch("w", 2, 9));
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ(tokens_of(*after), tokens_of(*fresh));
+  // A stale version is refused and changes nothing.
+  caf::error stale;
+  self->request(rollout, kTimeout, load_weights_atom::value, int64_t{2}, shared_weights{weights})
+      .receive([&](int64_t) {}, [&](caf::error& e) { stale = e; });
+  EXPECT_TRUE(stale);
+  caf::anon_send_exit(rollout, caf::exit_reason::user_shutdown);
+}
+
+TEST_F(rollout_fixture, a_failing_step_fails_open_calls_and_the_actor_exits_with_the_error) {
+  auto m = tiny_model();
+  auto rollout = spawn(m);
+  // Inject a fault: the model (shared with the actor, idle now) gets a weight
+  // of the wrong shape, so the next forward throws inside the engine.
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : m->named_parameters())
+      if (p.key() == "layers.0.attention.wq.weight")
+        p.value().set_data(torch::zeros({3, 3}));
+  }
+  caf::scoped_actor self{sys};
+  self->monitor(rollout);
+  auto failed = generate(rollout, batch("f", 2, 1));
+  ASSERT_FALSE(failed);
+  EXPECT_NE(describe(failed.error()).find("rollout step"), std::string::npos)
+      << describe(failed.error());
+  bool down = false;
+  self->receive([&](caf::down_msg& d) { down = d.reason == failed.error(); },
+                caf::after(kTimeout) >> [] {});
+  EXPECT_TRUE(down) << "the rollout exits with the step's error";
+}

@@ -1,0 +1,60 @@
+#pragma once
+// A tiny Llama and engine for the inference engine and rollout actor tests.
+
+#include "actors/inference/engine.hpp"
+#include "models/llama.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+
+namespace troupe::actors::inference::testing {
+
+inline models::llama_config tiny_config() {
+  models::llama_config c;
+  c.vocab_size = 50;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 96;
+  return c;
+}
+
+inline models::llama_model tiny_model(uint64_t seed = 1) {
+  torch::manual_seed(seed);
+  auto m = models::make_llama(tiny_config(), models::head_kind::lm);
+  EXPECT_TRUE(m) << describe(m.error());
+  (*m)->eval();
+  return *m;
+}
+
+inline std::unique_ptr<engine> make_engine(models::llama_model m, engine_config c = {}) {
+  if (c.num_blocks == 0)
+    c.num_blocks = 64;
+  if (c.block_size == 16)
+    c.block_size = 4;
+  auto e = engine::make(std::move(m), c);
+  EXPECT_TRUE(e) << describe(e.error());
+  return std::move(*e);
+}
+
+inline sampling_params greedy(int64_t max_tokens) {
+  sampling_params p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+inline sampling_params random_sampling(int64_t max_tokens, uint64_t seed) {
+  sampling_params p;
+  p.temperature = 0.9;
+  p.top_p = 0.95;
+  p.max_tokens = max_tokens;
+  p.seed = seed;
+  return p;
+}
+
+} // namespace troupe::actors::inference::testing
