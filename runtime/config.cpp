@@ -1,0 +1,543 @@
+#include "runtime/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace troupe::runtime {
+
+// ---- document -----------------------------------------------------------------
+
+struct yaml_document::impl {
+  std::string name;
+  YAML::Node root;
+  /// Override text by dotted path ("ppo.lr" → "--set ppo.lr=1e-5").
+  std::map<std::string, std::string> overrides;
+};
+
+namespace {
+
+std::string where(const std::string& file, const YAML::Mark& m) {
+  if (m.is_null() || m.line < 0)
+    return file;
+  return file + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+std::string join(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string{key} : path + "." + std::string{key};
+}
+
+std::string kind_of(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Scalar: return "'" + n.Scalar() + "'";
+    default: return "nothing";
+  }
+}
+
+expected<yaml_document> parse(const std::string& text, const std::string& name) {
+  yaml_document doc;
+  doc.impl_ = std::make_shared<yaml_document::impl>();
+  doc.impl_->name = name;
+  try {
+    doc.impl_->root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return make_error(errc::parse_error, where(name, e.mark) + ": " + e.msg);
+  }
+  if (doc.impl_->root.IsNull())
+    doc.impl_->root = YAML::Node(YAML::NodeType::Map);
+  if (!doc.impl_->root.IsMap())
+    return make_error(errc::parse_error,
+                      name + ": the top level must be a mapping of keys, found " +
+                        kind_of(doc.impl_->root));
+  return doc;
+}
+
+} // namespace
+
+expected<yaml_document> yaml_document::from_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return make_error(errc::io_error, path + ": cannot open the config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse(ss.str(), path);
+}
+
+expected<yaml_document> yaml_document::from_text(const std::string& text, const std::string& name) {
+  return parse(text, name);
+}
+
+const std::string& yaml_document::name() const {
+  return impl_->name;
+}
+
+expected<void> yaml_document::set(std::string_view assignment) {
+  const std::string what = "--set " + std::string{assignment};
+  auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0)
+    return make_error(errc::invalid_argument, what + ": expected KEY.PATH=VALUE");
+  std::string path{assignment.substr(0, eq)};
+  std::string text{assignment.substr(eq + 1)};
+  std::vector<std::string> keys;
+  for (size_t start = 0;;) {
+    auto dot = path.find('.', start);
+    auto key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (key.empty())
+      return make_error(errc::invalid_argument, what + ": empty key in '" + path + "'");
+    keys.push_back(key);
+    if (dot == std::string::npos)
+      break;
+    start = dot + 1;
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return make_error(errc::parse_error, what + ": value is not valid YAML: " + e.msg);
+  }
+  // Walk with node handles (YAML::Node assignment rebinds, so keep copies).
+  YAML::Node cur = impl_->root;
+  std::string walked;
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    walked = join(walked, keys[i]);
+    YAML::Node next = cur[keys[i]];
+    if (!next.IsDefined() || next.IsNull()) {
+      next = YAML::Node(YAML::NodeType::Map);
+      cur[keys[i]] = next;
+    } else if (!next.IsMap()) {
+      return make_error(errc::invalid_argument,
+                        what + ": '" + walked + "' is " + kind_of(next) + ", not a mapping");
+    }
+    cur.reset(next);
+  }
+  cur[keys.back()] = value;
+  impl_->overrides[path] = what;
+  return caf::unit;
+}
+
+// ---- errors -------------------------------------------------------------------
+
+void config_errors::add(std::string where_, std::string path, std::string message) {
+  lines_.push_back(where_ + ": " + (path.empty() ? "" : path + ": ") + message);
+}
+
+caf::error config_errors::error() const {
+  return make_error_list(errc::invalid_config, lines_);
+}
+
+// ---- reader -------------------------------------------------------------------
+
+struct config_reader::node {
+  YAML::Node yaml;      // a mapping (or undefined for an absent section)
+  std::string path;     // dotted YAML path of this mapping ("" at the root)
+  std::set<std::string> read; // keys a field consumed
+};
+
+config_reader::config_reader(const yaml_document& doc, config_errors& errors,
+                             location_map& locations)
+  : node_(std::make_shared<node>(node{doc.impl_->root, "", {}})), doc_(doc), errors_(&errors),
+    locations_(&locations) {}
+
+config_reader::config_reader(std::shared_ptr<node> n, const yaml_document& doc,
+                             config_errors& errors, location_map& locations)
+  : node_(std::move(n)), doc_(doc), errors_(&errors), locations_(&locations) {}
+
+namespace {
+
+struct located {
+  YAML::Node value;
+  std::string path;
+  std::string where;
+};
+
+} // namespace
+
+bool config_reader::present(std::string_view key) {
+  node_->read.insert(std::string{key});
+  if (!node_->yaml.IsMap())
+    return false;
+  auto v = node_->yaml[std::string{key}];
+  return v.IsDefined() && !v.IsNull();
+}
+
+namespace {
+
+// The node at `key` of `n`, marked read; nullopt when absent or null.
+std::optional<located> lookup(config_reader::node& n, std::string_view key,
+                              const yaml_document& doc, location_map& locations,
+                              const std::map<std::string, std::string>& overrides) {
+  std::string k{key};
+  n.read.insert(k);
+  auto path = join(n.path, key);
+  std::string w;
+  if (auto o = overrides.find(path); o != overrides.end())
+    w = o->second;
+  if (!n.yaml.IsMap())
+    return std::nullopt;
+  YAML::Node v = n.yaml[k];
+  if (!v.IsDefined() || v.IsNull())
+    return std::nullopt;
+  if (w.empty())
+    w = where(doc.name(), v.Mark());
+  locations[path] = w;
+  return located{v, path, w};
+}
+
+template <class T>
+bool convert_scalar(const YAML::Node& v, T& out) {
+  if (!v.IsScalar())
+    return false;
+  try {
+    out = v.as<T>();
+    return true;
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+}
+
+} // namespace
+
+#define TROUPE_LOOKUP(key)                                                                 \
+  auto hit = lookup(*node_, key, doc_, *locations_, doc_.impl_->overrides);                \
+  if (!hit)                                                                                \
+    return;                                                                                \
+  auto fail = [&](const std::string& expected_what) {                                      \
+    errors_->add(hit->where, hit->path,                                                    \
+                 "expected " + expected_what + ", got " + kind_of(hit->value));            \
+  }
+
+void config_reader::read_value(std::string_view key, bool& v) {
+  TROUPE_LOOKUP(key);
+  // YAML 1.2 booleans only: yaml-cpp also takes yes/no/on/off, which surprise.
+  if (hit->value.IsScalar() && (hit->value.Scalar() == "true" || hit->value.Scalar() == "false")) {
+    v = hit->value.Scalar() == "true";
+    return;
+  }
+  fail("true or false");
+}
+
+void config_reader::read_value(std::string_view key, int64_t& v) {
+  TROUPE_LOOKUP(key);
+  int64_t x = 0;
+  if (convert_scalar(hit->value, x)) {
+    v = x;
+    return;
+  }
+  fail("an integer");
+}
+
+void config_reader::read_value(std::string_view key, int32_t& v) {
+  TROUPE_LOOKUP(key);
+  int64_t x = 0;
+  if (convert_scalar(hit->value, x) && x >= std::numeric_limits<int32_t>::min() &&
+      x <= std::numeric_limits<int32_t>::max()) {
+    v = static_cast<int32_t>(x);
+    return;
+  }
+  fail("a 32-bit integer");
+}
+
+void config_reader::read_value(std::string_view key, double& v) {
+  TROUPE_LOOKUP(key);
+  double x = 0;
+  if (convert_scalar(hit->value, x) && std::isfinite(x)) {
+    v = x;
+    return;
+  }
+  fail("a finite number");
+}
+
+void config_reader::read_value(std::string_view key, std::string& v) {
+  TROUPE_LOOKUP(key);
+  if (hit->value.IsScalar()) {
+    v = hit->value.Scalar();
+    return;
+  }
+  fail("a string");
+}
+
+namespace {
+
+template <class T>
+void read_list(const located& hit, std::vector<T>& v, config_errors& errors,
+               const std::string& what) {
+  if (!hit.value.IsSequence()) {
+    errors.add(hit.where, hit.path, "expected a list of " + what + ", got " + kind_of(hit.value));
+    return;
+  }
+  std::vector<T> out;
+  for (size_t i = 0; i < hit.value.size(); ++i) {
+    T x{};
+    if (!convert_scalar(hit.value[i], x)) {
+      errors.add(where(hit.where.substr(0, hit.where.find(':')), hit.value[i].Mark()),
+                 hit.path + "[" + std::to_string(i) + "]",
+                 "expected " + what + ", got " + kind_of(hit.value[i]));
+      return;
+    }
+    out.push_back(x);
+  }
+  v = std::move(out);
+}
+
+} // namespace
+
+void config_reader::read_value(std::string_view key, std::vector<int64_t>& v) {
+  TROUPE_LOOKUP(key);
+  (void)fail;
+  read_list(*hit, v, *errors_, "integers");
+}
+
+void config_reader::read_value(std::string_view key, std::vector<double>& v) {
+  TROUPE_LOOKUP(key);
+  (void)fail;
+  read_list(*hit, v, *errors_, "numbers");
+}
+
+void config_reader::read_value(std::string_view key, std::vector<std::string>& v) {
+  TROUPE_LOOKUP(key);
+  (void)fail;
+  read_list(*hit, v, *errors_, "strings");
+}
+
+void config_reader::choice(std::string_view key, std::string& value,
+                           std::initializer_list<std::string_view> allowed, std::string_view) {
+  TROUPE_LOOKUP(key);
+  std::string names;
+  for (auto a : allowed)
+    names += (names.empty() ? "" : ", ") + std::string{a};
+  if (hit->value.IsScalar() &&
+      std::find(allowed.begin(), allowed.end(), hit->value.Scalar()) != allowed.end()) {
+    value = hit->value.Scalar();
+    return;
+  }
+  fail("one of " + names);
+}
+
+#undef TROUPE_LOOKUP
+
+std::optional<config_reader> config_reader::enter(std::string_view key) {
+  auto hit = lookup(*node_, key, doc_, *locations_, doc_.impl_->overrides);
+  if (!hit)
+    return std::nullopt;
+  if (!hit->value.IsMap()) {
+    errors_->add(hit->where, hit->path, "expected a mapping of keys, got " + kind_of(hit->value));
+    return std::nullopt;
+  }
+  return config_reader{std::make_shared<node>(node{hit->value, hit->path, {}}), doc_, *errors_,
+                       *locations_};
+}
+
+std::optional<size_t> config_reader::sequence_size(std::string_view key) {
+  auto hit = lookup(*node_, key, doc_, *locations_, doc_.impl_->overrides);
+  if (!hit)
+    return std::nullopt;
+  if (!hit->value.IsSequence()) {
+    errors_->add(hit->where, hit->path, "expected a list, got " + kind_of(hit->value));
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < hit->value.size(); ++i)
+    if (!hit->value[i].IsMap()) {
+      errors_->add(where(doc_.name(), hit->value[i].Mark()),
+                   hit->path + "[" + std::to_string(i) + "]",
+                   "expected a mapping of keys, got " + kind_of(hit->value[i]));
+      return std::nullopt;
+    }
+  return hit->value.size();
+}
+
+config_reader config_reader::element(std::string_view key, size_t i) {
+  auto path = join(node_->path, key) + "[" + std::to_string(i) + "]";
+  YAML::Node item = node_->yaml[std::string{key}][i];
+  (*locations_)[path] = where(doc_.name(), item.Mark());
+  return config_reader{std::make_shared<node>(node{item, path, {}}), doc_, *errors_, *locations_};
+}
+
+void config_reader::finish() {
+  if (!node_->yaml.IsMap())
+    return;
+  for (const auto& kv : node_->yaml) {
+    auto key = kv.first.Scalar();
+    if (node_->read.count(key) != 0)
+      continue;
+    std::string known;
+    for (const auto& k : node_->read)
+      known += (known.empty() ? "" : ", ") + k;
+    auto path = join(node_->path, key);
+    auto w = where(doc_.name(), kv.first.Mark());
+    if (auto o = doc_.impl_->overrides.find(path); o != doc_.impl_->overrides.end())
+      w = o->second;
+    errors_->add(w, path, "unknown key '" + key + "'" +
+                            (known.empty() ? "" : " (known here: " + known + ")"));
+  }
+}
+
+// ---- writer -------------------------------------------------------------------
+
+namespace {
+
+bool plain_safe(const std::string& s) {
+  if (s.empty())
+    return false;
+  static const std::string specials = ":#{}[],&*!|>'\"%@`";
+  if (s.find_first_of(specials) != std::string::npos || s.front() == ' ' || s.back() == ' ' ||
+      s.front() == '-' || s.front() == '?')
+    return false;
+  // Would it read back as something other than a string?
+  for (const char* word : {"true", "false", "null", "~", "yes", "no", "on", "off"})
+    if (s == word)
+      return false;
+  try {
+    (void)YAML::Node(s).as<double>();
+    return false; // looks like a number
+  } catch (const YAML::Exception&) {
+    return true;
+  }
+}
+
+std::string quote(const std::string& s) {
+  if (plain_safe(s))
+    return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+template <class T, class F>
+std::string render_list(const std::vector<T>& v, F one) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i)
+    out += (i ? ", " : "") + one(v[i]);
+  return out + "]";
+}
+
+} // namespace
+
+std::string config_writer::render(bool v) {
+  return v ? "true" : "false";
+}
+std::string config_writer::render(int64_t v) {
+  return std::to_string(v);
+}
+std::string config_writer::render(int32_t v) {
+  return std::to_string(v);
+}
+std::string config_writer::render(double v) {
+  std::ostringstream os;
+  os << std::setprecision(17) << v;
+  auto s = os.str();
+  // Shortest form that reads back exactly.
+  for (int p = 1; p <= 17; ++p) {
+    std::ostringstream t;
+    t << std::setprecision(p) << v;
+    if (std::stod(t.str()) == v) {
+      s = t.str();
+      break;
+    }
+  }
+  if (s.find_first_of(".eEn") == std::string::npos)
+    s += ".0";
+  return s;
+}
+std::string config_writer::render(const std::string& v) {
+  return quote(v);
+}
+std::string config_writer::render(const std::vector<int64_t>& v) {
+  return render_list(v, [](int64_t x) { return std::to_string(x); });
+}
+std::string config_writer::render(const std::vector<double>& v) {
+  return render_list(v, [](double x) { return render(x); });
+}
+std::string config_writer::render(const std::vector<std::string>& v) {
+  return render_list(v, [](const std::string& x) { return quote(x); });
+}
+
+std::string config_writer::indent() const {
+  return std::string(static_cast<size_t>(depth_) * 2, ' ');
+}
+
+void config_writer::comment(std::string_view doc) {
+  if (!comments || doc.empty())
+    return;
+  size_t start = 0;
+  while (start <= doc.size()) {
+    auto nl = doc.find('\n', start);
+    auto line = doc.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
+    out_ += indent() + "# " + std::string{line} + "\n";
+    if (nl == std::string_view::npos)
+      break;
+    start = nl + 1;
+  }
+}
+
+void config_writer::emit(std::string_view key, const std::string& value, std::string_view doc) {
+  comment(doc);
+  out_ += indent() + std::string{key} + ": " + value + "\n";
+}
+
+void config_writer::choice(std::string_view key, const std::string& value,
+                           std::initializer_list<std::string_view> allowed, std::string_view doc) {
+  std::string d{doc};
+  std::string names;
+  for (auto a : allowed)
+    names += (names.empty() ? "" : ", ") + std::string{a};
+  d += (d.empty() ? "" : " ") + std::string{"("} + names + ")";
+  emit(key, quote(value), d);
+}
+
+void config_writer::open(std::string_view key, std::string_view doc) {
+  comment(doc);
+  out_ += indent() + std::string{key} + ":\n";
+  ++depth_;
+  item_open_.push_back(false);
+}
+
+void config_writer::open_list(std::string_view key, std::string_view doc, size_t n) {
+  comment(doc);
+  out_ += indent() + std::string{key} + ":" + (n == 0 ? " []" : "") + "\n";
+  ++depth_;
+  item_open_.push_back(false);
+}
+
+void config_writer::next_item() {
+  // "-" on its own line, the item's mapping indented under it.
+  if (item_open_.back())
+    --depth_;
+  out_ += indent() + "-\n";
+  ++depth_;
+  item_open_.back() = true;
+}
+
+void config_writer::close() {
+  if (item_open_.back())
+    --depth_;
+  item_open_.pop_back();
+  --depth_;
+}
+
+// ---- checks -------------------------------------------------------------------
+
+void config_checks::require(bool ok, const std::string& path, const std::string& message) {
+  if (ok)
+    return;
+  auto it = locations_->find(path);
+  errors_->add(it != locations_->end() ? it->second : file_ + " (default)", path, message);
+}
+
+} // namespace troupe::runtime
