@@ -33,6 +33,17 @@ std::string join(const std::string& path, std::string_view key) {
   return path.empty() ? std::string{key} : path + "." + std::string{key};
 }
 
+// Where the node at `path` came from: the `--set` that wrote it or one of
+// its ancestors (marks inside an override's value point into the override
+// text, not the file), else file:line:col.
+std::string locate(const yaml_document& doc, const std::string& path, const YAML::Mark& m) {
+  for (const auto& [key, text] : doc.impl_->overrides)
+    if (path == key || (path.size() > key.size() && path.compare(0, key.size(), key) == 0 &&
+                        (path[key.size()] == '.' || path[key.size()] == '[')))
+      return text;
+  return where(doc.name(), m);
+}
+
 std::string kind_of(const YAML::Node& n) {
   switch (n.Type()) {
     case YAML::NodeType::Map: return "a mapping";
@@ -173,21 +184,16 @@ namespace {
 
 // The node at `key` of `n`, marked read; nullopt when absent or null.
 std::optional<located> lookup(config_reader::node& n, std::string_view key,
-                              const yaml_document& doc, location_map& locations,
-                              const std::map<std::string, std::string>& overrides) {
+                              const yaml_document& doc, location_map& locations) {
   std::string k{key};
   n.read.insert(k);
   auto path = join(n.path, key);
-  std::string w;
-  if (auto o = overrides.find(path); o != overrides.end())
-    w = o->second;
   if (!n.yaml.IsMap())
     return std::nullopt;
   YAML::Node v = n.yaml[k];
   if (!v.IsDefined() || v.IsNull())
     return std::nullopt;
-  if (w.empty())
-    w = where(doc.name(), v.Mark());
+  auto w = locate(doc, path, v.Mark());
   locations[path] = w;
   return located{v, path, w};
 }
@@ -207,7 +213,7 @@ bool convert_scalar(const YAML::Node& v, T& out) {
 } // namespace
 
 #define TROUPE_LOOKUP(key)                                                                 \
-  auto hit = lookup(*node_, key, doc_, *locations_, doc_.impl_->overrides);                \
+  auto hit = lookup(*node_, key, doc_, *locations_);                \
   if (!hit)                                                                                \
     return;                                                                                \
   auto fail = [&](const std::string& expected_what) {                                      \
@@ -268,8 +274,8 @@ void config_reader::read_value(std::string_view key, std::string& v) {
 namespace {
 
 template <class T>
-void read_list(const located& hit, std::vector<T>& v, config_errors& errors,
-               const std::string& what) {
+void read_list(const yaml_document& doc, const located& hit, std::vector<T>& v,
+               config_errors& errors, const std::string& what) {
   if (!hit.value.IsSequence()) {
     errors.add(hit.where, hit.path, "expected a list of " + what + ", got " + kind_of(hit.value));
     return;
@@ -278,8 +284,8 @@ void read_list(const located& hit, std::vector<T>& v, config_errors& errors,
   for (size_t i = 0; i < hit.value.size(); ++i) {
     T x{};
     if (!convert_scalar(hit.value[i], x)) {
-      errors.add(where(hit.where.substr(0, hit.where.find(':')), hit.value[i].Mark()),
-                 hit.path + "[" + std::to_string(i) + "]",
+      auto path = hit.path + "[" + std::to_string(i) + "]";
+      errors.add(locate(doc, path, hit.value[i].Mark()), path,
                  "expected " + what + ", got " + kind_of(hit.value[i]));
       return;
     }
@@ -293,19 +299,19 @@ void read_list(const located& hit, std::vector<T>& v, config_errors& errors,
 void config_reader::read_value(std::string_view key, std::vector<int64_t>& v) {
   TROUPE_LOOKUP(key);
   (void)fail;
-  read_list(*hit, v, *errors_, "integers");
+  read_list(doc_, *hit, v, *errors_, "integers");
 }
 
 void config_reader::read_value(std::string_view key, std::vector<double>& v) {
   TROUPE_LOOKUP(key);
   (void)fail;
-  read_list(*hit, v, *errors_, "numbers");
+  read_list(doc_, *hit, v, *errors_, "numbers");
 }
 
 void config_reader::read_value(std::string_view key, std::vector<std::string>& v) {
   TROUPE_LOOKUP(key);
   (void)fail;
-  read_list(*hit, v, *errors_, "strings");
+  read_list(doc_, *hit, v, *errors_, "strings");
 }
 
 void config_reader::choice(std::string_view key, std::string& value,
@@ -325,7 +331,7 @@ void config_reader::choice(std::string_view key, std::string& value,
 #undef TROUPE_LOOKUP
 
 std::optional<config_reader> config_reader::enter(std::string_view key) {
-  auto hit = lookup(*node_, key, doc_, *locations_, doc_.impl_->overrides);
+  auto hit = lookup(*node_, key, doc_, *locations_);
   if (!hit)
     return std::nullopt;
   if (!hit->value.IsMap()) {
@@ -337,7 +343,7 @@ std::optional<config_reader> config_reader::enter(std::string_view key) {
 }
 
 std::optional<size_t> config_reader::sequence_size(std::string_view key) {
-  auto hit = lookup(*node_, key, doc_, *locations_, doc_.impl_->overrides);
+  auto hit = lookup(*node_, key, doc_, *locations_);
   if (!hit)
     return std::nullopt;
   if (!hit->value.IsSequence()) {
@@ -346,8 +352,8 @@ std::optional<size_t> config_reader::sequence_size(std::string_view key) {
   }
   for (size_t i = 0; i < hit->value.size(); ++i)
     if (!hit->value[i].IsMap()) {
-      errors_->add(where(doc_.name(), hit->value[i].Mark()),
-                   hit->path + "[" + std::to_string(i) + "]",
+      auto path = hit->path + "[" + std::to_string(i) + "]";
+      errors_->add(locate(doc_, path, hit->value[i].Mark()), path,
                    "expected a mapping of keys, got " + kind_of(hit->value[i]));
       return std::nullopt;
     }
@@ -357,7 +363,7 @@ std::optional<size_t> config_reader::sequence_size(std::string_view key) {
 config_reader config_reader::element(std::string_view key, size_t i) {
   auto path = join(node_->path, key) + "[" + std::to_string(i) + "]";
   YAML::Node item = node_->yaml[std::string{key}][i];
-  (*locations_)[path] = where(doc_.name(), item.Mark());
+  (*locations_)[path] = locate(doc_, path, item.Mark());
   return config_reader{std::make_shared<node>(node{item, path, {}}), doc_, *errors_, *locations_};
 }
 
@@ -372,10 +378,7 @@ void config_reader::finish() {
     for (const auto& k : node_->read)
       known += (known.empty() ? "" : ", ") + k;
     auto path = join(node_->path, key);
-    auto w = where(doc_.name(), kv.first.Mark());
-    if (auto o = doc_.impl_->overrides.find(path); o != doc_.impl_->overrides.end())
-      w = o->second;
-    errors_->add(w, path, "unknown key '" + key + "'" +
+    errors_->add(locate(doc_, path, kv.first.Mark()), path, "unknown key '" + key + "'" +
                             (known.empty() ? "" : " (known here: " + known + ")"));
   }
 }

@@ -182,6 +182,14 @@ TEST(Config, OverridesApplyInOrderAndAreNamedInErrors) {
   auto typo = error_of(load("", {"optim.lrate=1"}));
   EXPECT_NE(typo.find("--set optim.lrate=1: optim.lrate: unknown key 'lrate'"), std::string::npos)
       << typo;
+  // Errors inside an overridden value name the override, not a file line.
+  auto nested = error_of(load("", {"stages=[{kind: sft, stepz: 1}]", "stop_ids=[1, x]"}));
+  EXPECT_NE(nested.find("--set stages=[{kind: sft, stepz: 1}]: stages[0].stepz: unknown key"),
+            std::string::npos)
+      << nested;
+  EXPECT_NE(nested.find("--set stop_ids=[1, x]: stop_ids[1]: expected integers, got 'x'"),
+            std::string::npos)
+      << nested;
   auto doc = yaml_document::from_text("name: x\n", "j.yaml");
   ASSERT_TRUE(doc);
   EXPECT_FALSE(doc->set("no_equals_sign"));
