@@ -222,7 +222,7 @@ at::Tensor cpu_paged_decode(const at::Tensor& q, const at::Tensor& k_pool, const
   auto out = at::empty_like(qc);
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t block_size = k_pool.size(1), n_kv = k_pool.size(2);
-  auto tables = meta.block_tables.contiguous();
+  const auto& tables = meta.block_tables; // host int64, contiguous (host_long)
   const detail::paged_decode_shape shape{H, n_kv, D, block_size, tables.size(1)};
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "cpu_paged_decode", [&] {
     at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {

@@ -442,17 +442,14 @@ std::string config_writer::render(int32_t v) {
   return std::to_string(v);
 }
 std::string config_writer::render(double v) {
-  std::ostringstream os;
-  os << std::setprecision(17) << v;
-  auto s = os.str();
-  // Shortest form that reads back exactly.
+  // Shortest form that reads back exactly (17 significant digits always do).
+  std::string s;
   for (int p = 1; p <= 17; ++p) {
     std::ostringstream t;
     t << std::setprecision(p) << v;
-    if (std::stod(t.str()) == v) {
-      s = t.str();
+    s = t.str();
+    if (std::stod(s) == v)
       break;
-    }
   }
   if (s.find_first_of(".eEn") == std::string::npos)
     s += ".0";

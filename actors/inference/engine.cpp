@@ -177,6 +177,32 @@ struct engine::impl {
     return caf::unit;
   }
 
+  // ---- queueing (after check_request) -----------------------------------------
+
+  void enqueue(generate_request request) {
+    auto state = std::make_unique<request_state>();
+    state->arrived = clock_type::now();
+    auto seed = request.sampling.seed ? *request.sampling.seed
+                                      : config.seed * 0x9e3779b97f4a7c15ULL + seed_counter++;
+    auto n = request.sampling.n;
+    state->request = std::move(request);
+    state->remaining = n;
+    state->forked = n == 1;
+    for (int32_t i = 0; i < n; ++i) {
+      auto s = std::make_unique<sequence>();
+      s->id = next_seq_id++;
+      s->req = state.get();
+      s->sample_index = i;
+      s->rng = rng_stream::make(seed, static_cast<uint64_t>(i));
+      if (i == 0)
+        s->tokens = state->request.prompt;
+      state->samples.push_back(std::move(s));
+    }
+    waiting.push_back(state->samples[0].get());
+    auto id = state->request.id;
+    requests.emplace(id, std::move(state));
+  }
+
   // ---- finishing -------------------------------------------------------------
 
   void finish_sequence(sequence& s, std::string reason) {
@@ -528,30 +554,9 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
 }
 
 expected<void> engine::add_request(generate_request request) {
-  auto& d = *impl_;
-  if (auto ok = d.check_request(request); !ok)
+  if (auto ok = impl_->check_request(request); !ok)
     return ok;
-  auto state = std::make_unique<request_state>();
-  state->arrived = clock_type::now();
-  auto seed = request.sampling.seed ? *request.sampling.seed
-                                    : d.config.seed * 0x9e3779b97f4a7c15ULL + d.seed_counter++;
-  auto n = request.sampling.n;
-  state->request = std::move(request);
-  state->remaining = n;
-  state->forked = n == 1;
-  for (int32_t i = 0; i < n; ++i) {
-    auto s = std::make_unique<sequence>();
-    s->id = d.next_seq_id++;
-    s->req = state.get();
-    s->sample_index = i;
-    s->rng = rng_stream::make(seed, static_cast<uint64_t>(i));
-    if (i == 0)
-      s->tokens = state->request.prompt;
-    state->samples.push_back(std::move(s));
-  }
-  d.waiting.push_back(state->samples[0].get());
-  auto id = state->request.id;
-  d.requests.emplace(id, std::move(state));
+  impl_->enqueue(std::move(request));
   return caf::unit;
 }
 
@@ -588,8 +593,7 @@ expected<void> engine::add_requests(std::vector<generate_request> requests) {
                         "request '" + r.id + "': id appears twice in one batch");
   }
   for (auto& r : requests)
-    if (auto ok = add_request(std::move(r)); !ok)
-      return ok; // unreachable: every request was checked above
+    impl_->enqueue(std::move(r));
   return caf::unit;
 }
 
