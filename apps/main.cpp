@@ -1,6 +1,7 @@
 // troupe: the command-line entry point. Thin: parse, validate, run.
 #include "actors/actor_system.hpp"
 #include "apps/generate.hpp"
+#include "apps/run.hpp"
 #include "cluster/env.hpp"
 #include "cluster/local_launcher.hpp"
 #include "runtime/compute.hpp"
@@ -96,6 +97,22 @@ int main(int argc, char** argv) {
   gen->add_option("--threads", gen_threads, "CPU compute threads (0 = one per core)")
       ->check(CLI::NonNegativeNumber);
 
+  auto* run = app.add_subcommand("run", "Run an RLHF job (sft → rm → rl) from a YAML config");
+  troupe::apps::run_command_options ro;
+  run->add_option("config", ro.config_path, "Job YAML file")->required();
+  run->add_option("--set", ro.overrides, "Override a key: --set rl.iterations=10 (repeatable)");
+  run->add_flag("--resume", ro.resume, "Continue the run in run.dir from its checkpoints");
+
+  auto* config = app.add_subcommand("config", "Inspect job configs");
+  config->require_subcommand(1);
+  auto* show = config->add_subcommand("show", "Print the resolved config (defaults, overrides)");
+  std::string show_path;
+  std::vector<std::string> show_sets;
+  bool no_comments = false;
+  show->add_option("config", show_path, "Job YAML file")->required();
+  show->add_option("--set", show_sets, "Override a key (repeatable)");
+  show->add_flag("--no-comments", no_comments, "Leave out the key descriptions");
+
   // Hidden: the rank side of the gloo smoke test, spawned by `troupe env`.
   auto* smoke = app.add_subcommand("_gloo-smoke", "")->group("");
   int rank = 0;
@@ -118,6 +135,10 @@ int main(int argc, char** argv) {
     troupe::runtime::set_compute_threads(gen_threads);
     return troupe::apps::run_generate(go);
   }
+  if (run->parsed())
+    return troupe::apps::run_job_command(ro);
+  if (show->parsed())
+    return troupe::apps::config_show_command(show_path, show_sets, !no_comments);
   if (smoke->parsed())
     return troupe::cluster::gloo_smoke_rank(rank, smoke_world, static_cast<uint16_t>(port),
                                             smoke_timeout);

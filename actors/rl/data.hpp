@@ -1,0 +1,61 @@
+#pragma once
+// The data of a job: the built-in task's splits or JSONL files, the order in
+// which batches draw from them, and collation of token sequences into the
+// tensor batches of NOTE [sequence batches] (actors/train/train_engine.hpp).
+
+#include "actors/rl/job_config.hpp"
+#include "actors/rl/tasks.hpp"
+#include "runtime/tensor_batch.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace troupe::models {
+class tokenizer;
+} // namespace troupe::models
+
+namespace troupe::actors::rl {
+
+struct job_data {
+  std::vector<example> train;
+  std::vector<example> eval;
+  std::vector<demonstration> sft;
+  std::vector<preference_pair> preferences;
+  /// Held-out pairs (from the eval examples) for the reward model's accuracy.
+  std::vector<preference_pair> eval_preferences;
+};
+
+/// Builds every split the job's stages need from `c` (files win over the task).
+expected<job_data> load_job_data(const data_config& c);
+
+/// Rows start .. start+count-1 of an endless stream over [0, n): epoch e is a
+/// permutation of [0, n) drawn from (seed, e). A pure function, so a data
+/// position is just a row count.
+std::vector<int64_t> batch_indices(int64_t n, uint64_t seed, int64_t start, int64_t count);
+
+/// A deterministic 64-bit mix of several integers (seeds per request, stream).
+uint64_t mix_seed(std::initializer_list<uint64_t> parts);
+
+/// BOS (when the tokenizer has one) + the prompt's tokens.
+std::vector<int64_t> encode_prompt(const models::tokenizer& tok, const std::string& prompt);
+/// The response's tokens + EOS (when the tokenizer has one).
+std::vector<int64_t> encode_response(const models::tokenizer& tok, const std::string& response);
+
+/// Prompt + response rows, right-padded with `pad`: input_ids, attention_mask
+/// [B, L] and response_mask [B, L-1] (fp32). Every prompt must be non-empty.
+expected<runtime::tensor_batch> collate_sequences(const std::vector<std::vector<int64_t>>& prompts,
+                                                  const std::vector<std::vector<int64_t>>& responses,
+                                                  int64_t pad);
+
+/// Per-response-token values (e.g. the engine's log-probs) placed into the
+/// shifted [B, L-1] layout of collate_sequences (0 elsewhere).
+at::Tensor scatter_response_values(const std::vector<std::vector<int64_t>>& prompts,
+                                   const std::vector<std::vector<float>>& values, int64_t length);
+
+/// Preference pairs: chosen_ids/chosen_mask/rejected_ids/rejected_mask [B, L]
+/// padded to one length.
+expected<runtime::tensor_batch> collate_pairs(const std::vector<std::vector<int64_t>>& chosen,
+                                              const std::vector<std::vector<int64_t>>& rejected,
+                                              int64_t pad);
+
+} // namespace troupe::actors::rl

@@ -1,0 +1,204 @@
+#include "actors/rl/job_config.hpp"
+
+#include <algorithm>
+#include <set>
+
+namespace troupe::actors::rl {
+
+namespace {
+
+std::string num(double x) {
+  auto s = std::to_string(x);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.')
+    s.pop_back();
+  return s;
+}
+
+void check_optim(const optim_config& o, const std::string& at, runtime::config_checks& checks) {
+  checks.require(o.lr > 0, at + ".lr", "must be > 0, got " + num(o.lr));
+  checks.require(o.weight_decay >= 0, at + ".weight_decay", "must be >= 0");
+  checks.require(o.beta1 >= 0 && o.beta1 < 1, at + ".beta1", "must be in [0, 1)");
+  checks.require(o.beta2 >= 0 && o.beta2 < 1, at + ".beta2", "must be in [0, 1)");
+  checks.require(o.eps > 0, at + ".eps", "must be > 0");
+  checks.require(o.grad_clip >= 0, at + ".grad_clip", "must be >= 0 (0 = off)");
+  checks.require(o.warmup_steps >= 0, at + ".warmup_steps", "must be >= 0");
+}
+
+bool has_stage(const job_config& c, const std::string& name) {
+  return std::find(c.stages.begin(), c.stages.end(), name) != c.stages.end();
+}
+
+} // namespace
+
+std::string resolved_advantage(const rl_config& c) {
+  if (c.advantage != "auto")
+    return c.advantage;
+  return c.algorithm == "grpo" ? "grpo" : "gae";
+}
+
+bool kl_in_loss(const rl_config& c) {
+  if (c.kl.placement == "auto")
+    return c.algorithm == "grpo";
+  return c.kl.placement == "loss";
+}
+
+bool uses_critic(const rl_config& c) { return resolved_advantage(c) == "gae"; }
+
+bool uses_reward_model(const reward_config& c) { return c.kind != "rule"; }
+
+int64_t max_task_prompt_len(const data_config& c) {
+  // "sort:" + digits + "=" ; "add:" + a + "+" + b + "="
+  return c.task == "add" ? 4 + 2 * c.max_digits + 2 : 5 + c.max_digits + 1;
+}
+
+void check(const job_config& c, runtime::config_checks& checks) {
+  // run
+  checks.require(!c.run.dir.empty(), "run.dir", "must not be empty");
+  checks.require(c.run.threads >= 0, "run.threads", "must be >= 0 (0 = one per core)");
+  checks.require(c.run.request_timeout_s > 0, "run.request_timeout_s", "must be > 0");
+
+  // stages: known, unique, in dependency order
+  static const std::vector<std::string> order = {"sft", "rm", "rl"};
+  checks.require(!c.stages.empty(), "stages", "must name at least one stage");
+  std::set<std::string> seen;
+  int last = -1;
+  for (size_t i = 0; i < c.stages.size(); ++i) {
+    const auto& s = c.stages[i];
+    auto at = "stages[" + std::to_string(i) + "]";
+    auto it = std::find(order.begin(), order.end(), s);
+    if (it == order.end()) {
+      checks.require(false, at, "unknown stage '" + s + "' (stages: sft, rm, rl)");
+      continue;
+    }
+    checks.require(seen.insert(s).second, at, "stage '" + s + "' appears twice");
+    int pos = static_cast<int>(it - order.begin());
+    checks.require(pos > last, at, "stage '" + s + "' must come before the stages it feeds (order: sft, rm, rl)");
+    last = std::max(last, pos);
+  }
+
+  // data
+  const auto& d = c.data;
+  checks.require(d.min_digits >= 1 && d.min_digits <= 32, "data.min_digits", "must be in [1, 32]");
+  checks.require(d.max_digits >= d.min_digits && d.max_digits <= 32, "data.max_digits",
+                 "must be in [min_digits, 32]");
+  checks.require(d.train_size >= 1, "data.train_size", "must be >= 1");
+  checks.require(d.eval_size >= 1, "data.eval_size", "must be >= 1");
+
+  // model
+  const auto& m = c.model;
+  if (m.path.empty()) {
+    checks.require(m.hidden_size >= 1, "model.hidden_size", "must be >= 1");
+    checks.require(m.intermediate_size >= 1, "model.intermediate_size", "must be >= 1");
+    checks.require(m.num_layers >= 1, "model.num_layers", "must be >= 1");
+    checks.require(m.num_heads >= 1, "model.num_heads", "must be >= 1");
+    checks.require(m.num_kv_heads >= 1, "model.num_kv_heads", "must be >= 1");
+    if (m.num_heads >= 1) {
+      checks.require(m.hidden_size % m.num_heads == 0, "model.num_heads",
+                     "hidden_size " + std::to_string(m.hidden_size) + " is not divisible by " +
+                         std::to_string(m.num_heads) + " heads");
+      checks.require((m.hidden_size / m.num_heads) % 2 == 0, "model.num_heads",
+                     "head_dim hidden_size/num_heads must be even (rotary embeddings)");
+    }
+    if (m.num_kv_heads >= 1)
+      checks.require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+                     "num_heads " + std::to_string(m.num_heads) + " is not divisible by " +
+                         std::to_string(m.num_kv_heads) + " kv heads");
+    checks.require(m.rope_theta > 0, "model.rope_theta", "must be > 0");
+    if (d.train_file.empty() && d.max_digits >= d.min_digits) {
+      auto need = max_task_prompt_len(d) + c.rl.generation.max_tokens;
+      checks.require(m.max_position_embeddings >= need, "model.max_position_embeddings",
+                     "must hold the longest " + d.task + " prompt (" +
+                         std::to_string(max_task_prompt_len(d)) + " tokens) plus " +
+                         "rl.generation.max_tokens (" + std::to_string(c.rl.generation.max_tokens) +
+                         "): at least " + std::to_string(need));
+    }
+  }
+
+  // sft
+  checks.require(c.sft.steps >= 1, "sft.steps", "must be >= 1");
+  checks.require(c.sft.batch_size >= 1, "sft.batch_size", "must be >= 1");
+  checks.require(c.sft.eval_every >= 0, "sft.eval_every", "must be >= 0");
+  check_optim(c.sft.optim, "sft.optim", checks);
+
+  // rm
+  checks.require(c.rm.steps >= 1, "rm.steps", "must be >= 1");
+  checks.require(c.rm.batch_size >= 1, "rm.batch_size", "must be >= 1");
+  checks.require(c.rm.eval_every >= 0, "rm.eval_every", "must be >= 0");
+  check_optim(c.rm.optim, "rm.optim", checks);
+  if (has_stage(c, "rm"))
+    checks.require(c.rm.init != "sft" || has_stage(c, "sft"), "rm.init",
+                   "'sft' needs the sft stage in stages; use 'base' to start from the base model");
+
+  // rl
+  const auto& r = c.rl;
+  checks.require(r.iterations >= 1, "rl.iterations", "must be >= 1");
+  checks.require(r.prompts_per_iteration >= 1, "rl.prompts_per_iteration", "must be >= 1");
+  checks.require(r.samples_per_prompt >= 1, "rl.samples_per_prompt", "must be >= 1");
+  checks.require(r.epochs >= 1, "rl.epochs", "must be >= 1");
+  checks.require(r.minibatches >= 1, "rl.minibatches", "must be >= 1");
+  if (r.minibatches >= 1 && r.prompts_per_iteration >= 1 && r.samples_per_prompt >= 1) {
+    auto rows = r.prompts_per_iteration * r.samples_per_prompt;
+    checks.require(rows % r.minibatches == 0, "rl.minibatches",
+                   "the batch of " + std::to_string(rows) + " responses (prompts_per_iteration " +
+                       std::to_string(r.prompts_per_iteration) + " × samples_per_prompt " +
+                       std::to_string(r.samples_per_prompt) + ") is not divisible by " +
+                       std::to_string(r.minibatches) + " minibatches");
+  }
+  auto adv = resolved_advantage(r);
+  if (adv == "grpo" || adv == "rloo" || adv == "reinforce_pp_baseline")
+    checks.require(r.samples_per_prompt >= 2, "rl.samples_per_prompt",
+                   "advantage '" + adv + "' compares samples of a group: needs >= 2");
+  if (r.algorithm == "grpo")
+    checks.require(adv != "gae", "rl.advantage", "grpo has no critic: gae is not available");
+  checks.require(r.clip_ratio > 0 && r.clip_ratio < 1, "rl.clip_ratio", "must be in (0, 1)");
+  checks.require(r.entropy_coef >= 0, "rl.entropy_coef", "must be >= 0");
+  checks.require(r.gamma >= 0 && r.gamma <= 1, "rl.gamma", "must be in [0, 1]");
+  checks.require(r.lam >= 0 && r.lam <= 1, "rl.lam", "must be in [0, 1]");
+  checks.require(r.eval_every >= 0, "rl.eval_every", "must be >= 0");
+  checks.require(r.checkpoint_every >= 0, "rl.checkpoint_every", "must be >= 0");
+  check_optim(r.actor_optim, "rl.actor_optim", checks);
+  if (uses_critic(r)) {
+    check_optim(r.critic.optim, "rl.critic.optim", checks);
+    checks.require(r.critic.value_clip >= 0, "rl.critic.value_clip", "must be >= 0 (0 = off)");
+    if (has_stage(c, "rl")) {
+      checks.require(r.critic.init != "rm" || has_stage(c, "rm"), "rl.critic.init",
+                     "'rm' needs the rm stage in stages");
+      checks.require(r.critic.init != "sft" || has_stage(c, "sft"), "rl.critic.init",
+                     "'sft' needs the sft stage in stages");
+    }
+  }
+  checks.require(r.reward.rule_weight >= 0, "rl.reward.rule_weight", "must be >= 0");
+  checks.require(r.reward.model_weight >= 0, "rl.reward.model_weight", "must be >= 0");
+  if (has_stage(c, "rl") && uses_reward_model(r.reward))
+    checks.require(!r.reward.model_path.empty() || has_stage(c, "rm"), "rl.reward.kind",
+                   "'" + r.reward.kind + "' needs a reward model: add the rm stage or set " +
+                       "rl.reward.model_path");
+  checks.require(r.kl.coef >= 0, "rl.kl.coef", "must be >= 0");
+  checks.require(r.kl.target > 0, "rl.kl.target", "must be > 0");
+  checks.require(r.kl.horizon >= 1, "rl.kl.horizon", "must be >= 1");
+  const auto& g = r.generation;
+  checks.require(g.temperature > 0, "rl.generation.temperature",
+                 "must be > 0 for RL sampling (greedy responses give no exploration)");
+  checks.require(g.top_k >= 0, "rl.generation.top_k", "must be >= 0 (0 = off)");
+  checks.require(g.top_p > 0 && g.top_p <= 1, "rl.generation.top_p", "must be in (0, 1]");
+  checks.require(g.max_tokens >= 1, "rl.generation.max_tokens", "must be >= 1");
+  const auto& e = r.rollout;
+  checks.require(e.block_size >= 1, "rl.rollout.block_size", "must be >= 1");
+  checks.require(e.num_blocks >= 0, "rl.rollout.num_blocks", "must be >= 0 (0 = from kv_cache_mb)");
+  checks.require(e.kv_cache_mb > 0, "rl.rollout.kv_cache_mb", "must be > 0");
+  checks.require(e.max_num_seqs >= 1, "rl.rollout.max_num_seqs", "must be >= 1");
+  checks.require(e.max_batched_tokens >= 1, "rl.rollout.max_batched_tokens", "must be >= 1");
+
+  // debug
+  static const std::set<std::string> roles = {"", "policy", "critic", "reward", "reference", "rollout"};
+  checks.require(roles.count(c.debug.fail_role) != 0, "debug.fail_role",
+                 "expected one of policy, critic, reward, reference, rollout, got '" +
+                     c.debug.fail_role + "'");
+}
+
+expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides) {
+  return runtime::load_config_file<job_config>(path, overrides);
+}
+
+} // namespace troupe::actors::rl

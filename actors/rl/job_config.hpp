@@ -1,0 +1,339 @@
+#pragma once
+// The job spec of `troupe run`: one YAML file → these structs (NOTE [config
+// visitors] in runtime/config.hpp). Every key has a default; configs/
+// reference.yaml is this file's visitors printed with their comments (a
+// test keeps the two in sync).
+//
+// A job runs `stages` in order; each starts from the previous one's output:
+//   sft  trains the base model on demonstrations      → <run>/sft/model
+//   rm   trains a reward model on preference pairs     → <run>/rm/model
+//   rl   PPO / GRPO with the five roles (policy, critic, reward, reference,
+//        rollout) as actors                            → <run>/rl/model
+
+#include "actors/train/optimizer_options.hpp"
+#include "runtime/config.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::actors::rl {
+
+struct run_config {
+  std::string name = "troupe";
+  /// Run directory (metrics.jsonl, stage outputs, checkpoints); relative
+  /// paths are relative to the working directory.
+  std::string dir = "runs/troupe";
+  int64_t seed = 1;
+  /// Compute threads (LibTorch intra-op); 0 = one per core.
+  int64_t threads = 0;
+  /// Longest wait for any request to a role actor.
+  double request_timeout_s = 600;
+  /// Terminal output: auto (a bar on a terminal, lines otherwise), bar,
+  /// lines, none.
+  std::string progress = "auto";
+};
+template <class V>
+void visit(V& v, run_config& c) {
+  v.field("name", c.name, "Run name (shown in logs and metrics)");
+  v.field("dir", c.dir, "Run directory: metrics.jsonl, stage outputs, checkpoints");
+  v.field("seed", c.seed, "Seed of every random choice (data order, init, sampling)");
+  v.field("threads", c.threads, "Compute threads; 0 = one per core");
+  v.field("request_timeout_s", c.request_timeout_s,
+          "Longest wait for any request to a role actor, in seconds");
+  v.choice("progress", c.progress, {"auto", "bar", "lines", "none"},
+           "Terminal output: auto = a bar on a terminal, one line per iteration otherwise");
+}
+
+/// Where prompts and data come from: a built-in task, or JSONL files.
+struct data_config {
+  /// Built-in task: sort | add; JSONL files below replace its splits.
+  std::string task = "sort";
+  int64_t min_digits = 3;
+  int64_t max_digits = 6;
+  int64_t seed = 1234;
+  int64_t train_size = 4000;
+  int64_t eval_size = 200;
+  /// JSONL {prompt, answer}: RL prompts / held-out evaluation ("" = task).
+  std::string train_file;
+  std::string eval_file;
+  /// JSONL {prompt, response}: SFT demonstrations ("" = the task's answers).
+  std::string sft_file;
+  /// JSONL {prompt, chosen, rejected} ("" = answers vs. wrong answers).
+  std::string preference_file;
+};
+template <class V>
+void visit(V& v, data_config& c) {
+  v.choice("task", c.task, {"sort", "add"}, "Built-in task: sort (digit sorting) or add (addition)");
+  v.field("min_digits", c.min_digits, "Fewest digits per number");
+  v.field("max_digits", c.max_digits, "Most digits per number");
+  v.field("seed", c.seed, "Seed of the generated examples");
+  v.field("train_size", c.train_size, "Generated training examples");
+  v.field("eval_size", c.eval_size, "Generated held-out examples (disjoint from training)");
+  v.field("train_file", c.train_file, "JSONL {prompt, answer} for RL prompts; \"\" = the task");
+  v.field("eval_file", c.eval_file, "JSONL {prompt, answer} held-out set; \"\" = the task");
+  v.field("sft_file", c.sft_file, "JSONL {prompt, response} for SFT; \"\" = the task's answers");
+  v.field("preference_file", c.preference_file,
+          "JSONL {prompt, chosen, rejected} for RM; \"\" = answers vs. wrong answers");
+}
+
+/// The base model: a fresh random decoder of this shape, or a checkpoint.
+struct model_config {
+  /// "" = random init with the shape below; else a HF-format directory.
+  std::string path;
+  int64_t hidden_size = 128;
+  int64_t intermediate_size = 384;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 4;
+  int64_t max_position_embeddings = 64;
+  double rope_theta = 10000;
+};
+template <class V>
+void visit(V& v, model_config& c) {
+  v.field("path", c.path, "HF-format model directory; \"\" = random init with the shape below");
+  v.field("hidden_size", c.hidden_size);
+  v.field("intermediate_size", c.intermediate_size);
+  v.field("num_layers", c.num_layers);
+  v.field("num_heads", c.num_heads);
+  v.field("num_kv_heads", c.num_kv_heads, "Key/value heads (grouped-query attention)");
+  v.field("max_position_embeddings", c.max_position_embeddings, "Context length in tokens");
+  v.field("rope_theta", c.rope_theta);
+}
+
+using optim_config = train::optimizer_options;
+
+struct sft_config {
+  int64_t steps = 300;
+  int64_t batch_size = 32;
+  optim_config optim;
+  /// Held-out evaluation (greedy score) every N steps; 0 = only at the end.
+  int64_t eval_every = 100;
+};
+template <class V>
+void visit(V& v, sft_config& c) {
+  v.field("steps", c.steps, "Optimizer steps");
+  v.field("batch_size", c.batch_size, "Demonstrations per step");
+  v.section("optim", c.optim);
+  v.field("eval_every", c.eval_every, "Held-out score every N steps; 0 = at the end only");
+}
+
+struct rm_config {
+  int64_t steps = 200;
+  int64_t batch_size = 32;
+  optim_config optim;
+  /// Initial weights: the sft stage's model or the base model.
+  std::string init = "sft";
+  /// Held-out pairwise accuracy every N steps; 0 = only at the end.
+  int64_t eval_every = 100;
+};
+template <class V>
+void visit(V& v, rm_config& c) {
+  v.field("steps", c.steps, "Optimizer steps");
+  v.field("batch_size", c.batch_size, "Preference pairs per step");
+  v.section("optim", c.optim);
+  v.choice("init", c.init, {"sft", "base"}, "Start from the sft stage's model or the base model");
+  v.field("eval_every", c.eval_every, "Held-out pairwise accuracy every N steps; 0 = at the end");
+}
+
+struct generation_config {
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  int64_t max_tokens = 16;
+};
+template <class V>
+void visit(V& v, generation_config& c) {
+  v.field("temperature", c.temperature, "0 = greedy");
+  v.field("top_k", c.top_k, "0 = off");
+  v.field("top_p", c.top_p, "1 = off");
+  v.field("max_tokens", c.max_tokens, "Generated tokens per response at most");
+}
+
+struct kl_config {
+  /// β: in the reward (PPO) or the loss coefficient (use_kl_loss).
+  double coef = 0.05;
+  std::string estimator = "k1";
+  /// fixed | adaptive (Ziegler et al.: β follows the KL towards `target`).
+  std::string controller = "fixed";
+  double target = 6.0;
+  int64_t horizon = 10000;
+  /// KL as a loss term (GRPO) instead of a reward penalty (PPO); auto =
+  /// by algorithm.
+  std::string placement = "auto";
+};
+template <class V>
+void visit(V& v, kl_config& c) {
+  v.field("coef", c.coef, "β: reward penalty (PPO) or loss coefficient (GRPO); 0 = no reference");
+  v.choice("estimator", c.estimator, {"k1", "abs", "k2", "k3", "kl", "mse", "low_var_kl"},
+           "Per-token KL estimator");
+  v.choice("controller", c.controller, {"fixed", "adaptive"}, "Fixed β, or adaptive towards target");
+  v.field("target", c.target, "Adaptive controller: target KL per sequence");
+  v.field("horizon", c.horizon, "Adaptive controller: horizon in samples");
+  v.choice("placement", c.placement, {"auto", "reward", "loss"},
+           "KL in the reward or as a loss term; auto = reward for ppo, loss for grpo");
+}
+
+struct reward_config {
+  /// rule | model | mixed (rule_weight·rule + model_weight·model).
+  std::string kind = "rule";
+  std::string rule = "positional";
+  double rule_weight = 1.0;
+  double model_weight = 1.0;
+  /// Reward model: the rm stage's output, or a HF directory.
+  std::string model_path;
+};
+template <class V>
+void visit(V& v, reward_config& c) {
+  v.choice("kind", c.kind, {"rule", "model", "mixed"},
+           "rule, a reward model, or mixed = rule_weight·rule + model_weight·model");
+  v.choice("rule", c.rule, {"positional", "exact"},
+           "positional: partial credit per correct character; exact: 1 or 0");
+  v.field("rule_weight", c.rule_weight);
+  v.field("model_weight", c.model_weight);
+  v.field("model_path", c.model_path, "Reward model directory; \"\" = the rm stage's output");
+}
+
+struct critic_config {
+  /// Initial weights: rm (the reward model's trunk), sft, or base.
+  std::string init = "sft";
+  optim_config optim;
+  double value_clip = 0.2;
+};
+template <class V>
+void visit(V& v, critic_config& c) {
+  v.choice("init", c.init, {"rm", "sft", "base"}, "Initial critic trunk (the value head is fresh)");
+  v.section("optim", c.optim);
+  v.field("value_clip", c.value_clip, "Clip values to old ± this; 0 = off");
+}
+
+/// The rollout engine (actors/inference/engine.hpp).
+struct rollout_config {
+  int64_t block_size = 16;
+  int64_t num_blocks = 0;
+  double kv_cache_mb = 64;
+  int64_t max_num_seqs = 256;
+  int64_t max_batched_tokens = 4096;
+  bool enable_prefix_caching = true;
+};
+template <class V>
+void visit(V& v, rollout_config& c) {
+  v.field("block_size", c.block_size, "Tokens per KV block");
+  v.field("num_blocks", c.num_blocks, "KV blocks; 0 = as many as fit in kv_cache_mb");
+  v.field("kv_cache_mb", c.kv_cache_mb);
+  v.field("max_num_seqs", c.max_num_seqs, "Running sequences at most");
+  v.field("max_batched_tokens", c.max_batched_tokens, "Tokens per engine step at most");
+  v.field("enable_prefix_caching", c.enable_prefix_caching, "Share prompt KV between samples");
+}
+
+struct rl_config {
+  std::string algorithm = "ppo";
+  /// auto = gae for ppo, grpo for grpo.
+  std::string advantage = "auto";
+  int64_t iterations = 100;
+  int64_t prompts_per_iteration = 64;
+  int64_t samples_per_prompt = 1;
+  int64_t epochs = 1;
+  int64_t minibatches = 2;
+  double clip_ratio = 0.2;
+  double entropy_coef = 0.0;
+  double gamma = 1.0;
+  double lam = 0.95;
+  std::string loss_agg = "token-mean";
+  /// policy: recompute old log-probs with the policy; engine: the rollout's.
+  std::string old_logprobs = "policy";
+  optim_config actor_optim;
+  critic_config critic;
+  reward_config reward;
+  kl_config kl;
+  generation_config generation;
+  /// Evaluation: held-out greedy score every N iterations (and at the end).
+  int64_t eval_every = 10;
+  /// Checkpoint every N iterations (and at the end); 0 = only at the end.
+  int64_t checkpoint_every = 10;
+  rollout_config rollout;
+};
+template <class V>
+void visit(V& v, rl_config& c) {
+  v.choice("algorithm", c.algorithm, {"ppo", "grpo"}, "ppo (critic + GAE) or grpo (groups, no critic)");
+  v.choice("advantage", c.advantage,
+           {"auto", "gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"},
+           "Advantage estimator; auto = gae for ppo, grpo for grpo");
+  v.field("iterations", c.iterations, "RL iterations (generate → score → update → sync)");
+  v.field("prompts_per_iteration", c.prompts_per_iteration);
+  v.field("samples_per_prompt", c.samples_per_prompt, "n responses per prompt (a GRPO group)");
+  v.field("epochs", c.epochs, "Passes over each iteration's batch");
+  v.field("minibatches", c.minibatches, "Optimizer steps per epoch");
+  v.field("clip_ratio", c.clip_ratio, "PPO ratio clip ε");
+  v.field("entropy_coef", c.entropy_coef, "Entropy bonus coefficient");
+  v.field("gamma", c.gamma, "Discount");
+  v.field("lam", c.lam, "GAE λ");
+  v.choice("loss_agg", c.loss_agg, {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"},
+           "How per-token losses become a scalar");
+  v.choice("old_logprobs", c.old_logprobs, {"policy", "engine"},
+           "Old log-probs from the policy's forward, or the rollout engine's");
+  v.section("actor_optim", c.actor_optim, "Policy optimizer");
+  v.section("critic", c.critic, "Critic (ppo / gae only)");
+  v.section("reward", c.reward);
+  v.section("kl", c.kl, "KL to the reference (the initial policy)");
+  v.section("generation", c.generation, "Rollout sampling");
+  v.field("eval_every", c.eval_every, "Held-out greedy score every N iterations; 0 = end only");
+  v.field("checkpoint_every", c.checkpoint_every, "Checkpoint every N iterations; 0 = end only");
+  v.section("rollout", c.rollout, "Inference engine of the rollout role");
+}
+
+/// Fault injection for tests of failure handling: the role fails (an error
+/// from its actor) when asked to do `phase` in iteration `iteration`.
+struct debug_config {
+  std::string fail_role;
+  std::string fail_phase;
+  int64_t fail_iteration = 0;
+};
+template <class V>
+void visit(V& v, debug_config& c) {
+  v.field("fail_role", c.fail_role, "Testing only: role that fails (\"\" = none)");
+  v.field("fail_phase", c.fail_phase, "Testing only: phase in which it fails");
+  v.field("fail_iteration", c.fail_iteration, "Testing only: iteration in which it fails");
+}
+
+struct job_config {
+  run_config run;
+  std::vector<std::string> stages = {"sft", "rm", "rl"};
+  data_config data;
+  model_config model;
+  sft_config sft;
+  rm_config rm;
+  rl_config rl;
+  debug_config debug;
+};
+template <class V>
+void visit(V& v, job_config& c) {
+  v.section("run", c.run);
+  v.field("stages", c.stages, "Stages in order, from: sft, rm, rl");
+  v.section("data", c.data, "Prompts, demonstrations and preference pairs");
+  v.section("model", c.model, "The base model");
+  v.section("sft", c.sft, "Supervised fine-tuning on demonstrations");
+  v.section("rm", c.rm, "Reward-model training on preference pairs (Bradley–Terry)");
+  v.section("rl", c.rl, "Reinforcement learning (PPO or GRPO)");
+  v.section("debug", c.debug);
+}
+
+/// Cross-field rules (found by ADL from load_config).
+void check(const job_config& c, runtime::config_checks& checks);
+
+/// The effective advantage estimator ("gae", "grpo", ...) of `c`.
+std::string resolved_advantage(const rl_config& c);
+/// Whether the KL term goes into the loss (true) or the reward (false).
+bool kl_in_loss(const rl_config& c);
+/// Whether the job uses a critic (gae).
+bool uses_critic(const rl_config& c);
+/// Whether the reward needs a reward model.
+bool uses_reward_model(const reward_config& c);
+
+/// Longest prompt of the built-in task, in characters (= byte tokens).
+int64_t max_task_prompt_len(const data_config& c);
+
+/// Loads and checks a job file with `--set` overrides.
+expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides);
+
+} // namespace troupe::actors::rl

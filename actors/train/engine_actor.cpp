@@ -1,0 +1,118 @@
+#include "actors/train/engine_actor.hpp"
+
+#include "runtime/torch_guard.hpp"
+
+#include <caf/all.hpp>
+
+#include <stdexcept>
+
+namespace troupe::actors::train {
+
+namespace {
+
+struct engine_state {
+  std::shared_ptr<train_engine> eng;
+  std::string role;
+  bool fail_next = false;
+  static inline const char* name = "train_engine";
+};
+
+using self_ptr = engine_actor::stateful_pointer<engine_state>;
+
+// Runs one request: the injected failure throws (ending the actor, as a crash
+// would); errors get the role and request as prefix.
+template <class T, class F>
+caf::result<T> serve(self_ptr self, const char* request, F&& f) {
+  auto& st = self->state;
+  if (st.fail_next) {
+    st.fail_next = false;
+    throw std::runtime_error(st.role + ": " + request + ": injected failure");
+  }
+  expected<T> r = f(*st.eng);
+  if (!r)
+    return with_prefix(r.error(), st.role + ": " + request);
+  return std::move(*r);
+}
+
+engine_actor::behavior_type behavior(self_ptr self, std::string role,
+                                     std::shared_ptr<train_engine> eng) {
+  self->state.eng = std::move(eng);
+  self->state.role = std::move(role);
+  // A throwing handler ends the actor with an error that names the role.
+  self->set_exception_handler([self](std::exception_ptr& ep) -> caf::error {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      return make_error(errc::internal, e.what());
+    } catch (...) {
+      return make_error(errc::internal, self->state.role + ": unknown exception");
+    }
+  });
+  using runtime::tensor_batch;
+  return {
+      [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
+        return serve<tensor_batch>(self, "log_probs",
+                                   [&](train_engine& e) { return e.log_probs(b, temperature, entropy); });
+      },
+      [=](values_atom, const tensor_batch& b) {
+        return serve<tensor_batch>(self, "values", [&](train_engine& e) { return e.values(b); });
+      },
+      [=](scores_atom, const tensor_batch& b) {
+        return serve<tensor_batch>(self, "scores", [&](train_engine& e) { return e.scores(b); });
+      },
+      [=](update_policy_atom, const tensor_batch& b, const policy_update_options& o) {
+        return serve<metric_map>(self, "update_policy",
+                                 [&](train_engine& e) { return e.update_policy(b, o); });
+      },
+      [=](update_critic_atom, const tensor_batch& b, const critic_update_options& o) {
+        return serve<metric_map>(self, "update_critic",
+                                 [&](train_engine& e) { return e.update_critic(b, o); });
+      },
+      [=](sft_step_atom, const tensor_batch& b) {
+        return serve<metric_map>(self, "sft_step", [&](train_engine& e) { return e.sft_step(b); });
+      },
+      [=](rm_step_atom, const tensor_batch& b) {
+        return serve<metric_map>(self, "rm_step", [&](train_engine& e) { return e.rm_step(b); });
+      },
+      [=](rm_eval_atom, const tensor_batch& b) {
+        return serve<metric_map>(self, "rm_eval", [&](train_engine& e) { return e.rm_eval(b); });
+      },
+      [=](export_atom) {
+        return serve<inference::shared_weights>(
+            self, "export_weights", [&](train_engine& e) -> expected<inference::shared_weights> {
+              return guarded("export_weights", [&] {
+                return inference::shared_weights{
+                    std::make_shared<const std::map<std::string, at::Tensor>>(e.export_weights())};
+              });
+            });
+      },
+      [=](save_model_atom, const std::string& dir) {
+        return serve<std::string>(self, "save_model", [&](train_engine& e) -> expected<std::string> {
+          if (auto ok = e.save_pretrained(dir); !ok)
+            return ok.error();
+          return dir;
+        });
+      },
+      [=](save_state_atom) {
+        return serve<std::string>(self, "save_state", [&](train_engine& e) { return e.save_state(); });
+      },
+      [=](load_state_atom, const std::string& bytes) {
+        return serve<int64_t>(self, "load_state", [&](train_engine& e) -> expected<int64_t> {
+          if (auto ok = e.load_state(bytes); !ok)
+            return ok.error();
+          return e.steps();
+        });
+      },
+      [=](inject_failure_atom) { self->state.fail_next = true; },
+  };
+}
+
+} // namespace
+
+engine_actor spawn_engine_actor(caf::actor_system& sys, std::string role,
+                                std::unique_ptr<train_engine> engine) {
+  std::shared_ptr<train_engine> shared{std::move(engine)};
+  return sys.spawn<caf::detached>(behavior, std::move(role), std::move(shared));
+}
+
+} // namespace troupe::actors::train

@@ -1,0 +1,65 @@
+#pragma once
+// A training engine as a detached CAF actor (its work is blocking LibTorch
+// compute): the policy, critic, reference and reward-model roles are each one
+// of these. Every failure comes back to the caller as an error prefixed with
+// the role's name and the request ("critic: update_critic: ..."); a handler
+// that throws ends the actor, and callers see that error or, at worst, their
+// own timeout — never a hang.
+
+#include "actors/inference/rollout.hpp"
+#include "actors/train/train_engine.hpp"
+
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/atom.hpp>
+#include <caf/fwd.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <memory>
+#include <string>
+
+namespace troupe::actors::train {
+
+using log_probs_atom = caf::atom_constant<caf::atom("logprobs")>;
+using values_atom = caf::atom_constant<caf::atom("values")>;
+using scores_atom = caf::atom_constant<caf::atom("scores")>;
+using update_policy_atom = caf::atom_constant<caf::atom("updpolicy")>;
+using update_critic_atom = caf::atom_constant<caf::atom("updcritic")>;
+using sft_step_atom = caf::atom_constant<caf::atom("sftstep")>;
+using rm_step_atom = caf::atom_constant<caf::atom("rmstep")>;
+using rm_eval_atom = caf::atom_constant<caf::atom("rmeval")>;
+using export_atom = caf::atom_constant<caf::atom("export")>;
+using save_model_atom = caf::atom_constant<caf::atom("savemodel")>;
+using save_state_atom = caf::atom_constant<caf::atom("savestate")>;
+using load_state_atom = caf::atom_constant<caf::atom("loadstate")>;
+/// Testing: the next request of any kind fails by throwing (an actor crash).
+using inject_failure_atom = caf::atom_constant<caf::atom("injfail")>;
+
+using engine_actor = caf::typed_actor<
+    caf::replies_to<log_probs_atom, runtime::tensor_batch, double, bool>::with<runtime::tensor_batch>,
+    caf::replies_to<values_atom, runtime::tensor_batch>::with<runtime::tensor_batch>,
+    caf::replies_to<scores_atom, runtime::tensor_batch>::with<runtime::tensor_batch>,
+    caf::replies_to<update_policy_atom, runtime::tensor_batch, policy_update_options>::with<metric_map>,
+    caf::replies_to<update_critic_atom, runtime::tensor_batch, critic_update_options>::with<metric_map>,
+    caf::replies_to<sft_step_atom, runtime::tensor_batch>::with<metric_map>,
+    caf::replies_to<rm_step_atom, runtime::tensor_batch>::with<metric_map>,
+    caf::replies_to<rm_eval_atom, runtime::tensor_batch>::with<metric_map>,
+    /// The weights under HF names (for the rollout's load_weights).
+    caf::replies_to<export_atom>::with<inference::shared_weights>,
+    /// Writes the model as a HF directory; answers the directory.
+    caf::replies_to<save_model_atom, std::string>::with<std::string>,
+    /// Training state as bytes, and back.
+    caf::replies_to<save_state_atom>::with<std::string>,
+    caf::replies_to<load_state_atom, std::string>::with<int64_t>,
+    caf::reacts_to<inject_failure_atom>>;
+
+/// Spawns `engine` as the detached actor of role `role`.
+engine_actor spawn_engine_actor(caf::actor_system& sys, std::string role,
+                                std::unique_ptr<train_engine> engine);
+
+} // namespace troupe::actors::train
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::runtime::tensor_batch)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::train::metric_map)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::train::policy_update_options)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::train::critic_update_options)

@@ -1,0 +1,418 @@
+#include "actors/train/train_engine.hpp"
+
+#include "kernels/kl.hpp"
+#include "kernels/logprobs.hpp"
+#include "kernels/losses.hpp"
+#include "kernels/masked.hpp"
+#include "models/llama.hpp"
+#include "runtime/torch_guard.hpp"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+namespace troupe::actors::train {
+
+namespace {
+
+// splitmix64: the minibatch shuffle is a pure function of the seed.
+uint64_t mix(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), 0);
+  uint64_t state = seed;
+  for (int64_t i = n - 1; i > 0; --i) {
+    auto j = static_cast<int64_t>(mix(state) % static_cast<uint64_t>(i + 1));
+    std::swap(p[static_cast<size_t>(i)], p[static_cast<size_t>(j)]);
+  }
+  return p;
+}
+
+template <class T>
+T value_or_throw(expected<T> r) {
+  if (!r)
+    throw std::runtime_error(describe(r.error()));
+  return std::move(*r);
+}
+
+at::Tensor need(const runtime::tensor_batch& b, const std::string& name) {
+  return value_or_throw(b.get(name));
+}
+
+// Sums metrics over optimizer steps; mean() divides by the count.
+struct metric_sum {
+  metric_map sum;
+  int64_t n = 0;
+  void add(const metric_map& m) {
+    for (const auto& [k, v] : m)
+      sum[k] += v;
+    ++n;
+  }
+  metric_map mean() const {
+    metric_map out;
+    for (const auto& [k, v] : sum)
+      out[k] = n ? v / static_cast<double>(n) : 0.0;
+    return out;
+  }
+};
+
+double item(const at::Tensor& t) { return t.detach().to(at::kDouble).item<double>(); }
+
+} // namespace
+
+struct train_engine::impl {
+  models::llama_model model{nullptr};
+  std::optional<optimizer_options> opts;
+  std::unique_ptr<torch::optim::AdamW> optim;
+  int64_t steps = 0;
+
+  expected<void> require_trainable(const char* what) const {
+    if (!optim)
+      return make_error(errc::invalid_argument,
+                        std::string{what} + ": this engine has no optimizer (a frozen model)");
+    return {};
+  }
+
+  // Logits of the next tokens [B, L-1, V], with gradient when enabled.
+  at::Tensor shifted_logits(const runtime::tensor_batch& b) {
+    auto ids = need(b, "input_ids");
+    auto mask = need(b, "attention_mask");
+    auto logits = model->forward(ids, mask);
+    return logits.narrow(1, 0, logits.size(1) - 1);
+  }
+
+  at::Tensor next_tokens(const runtime::tensor_batch& b) {
+    auto ids = need(b, "input_ids");
+    return ids.narrow(1, 1, ids.size(1) - 1);
+  }
+
+  // Learning rate of the next step (linear warm-up), set on the optimizer.
+  double apply_lr() {
+    double lr = opts->lr;
+    if (opts->warmup_steps > 0)
+      lr *= std::min(1.0, static_cast<double>(steps + 1) / static_cast<double>(opts->warmup_steps));
+    for (auto& group : optim->param_groups())
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    return lr;
+  }
+
+  // Backward of `loss`, clip, step; returns {grad_norm, lr}.
+  std::pair<double, double> step(const at::Tensor& loss) {
+    optim->zero_grad();
+    loss.backward();
+    auto params = model->parameters();
+    double norm = 0;
+    if (opts->grad_clip > 0) {
+      norm = torch::nn::utils::clip_grad_norm_(params, opts->grad_clip);
+    } else {
+      double sq = 0;
+      for (const auto& p : params)
+        if (p.grad().defined())
+          sq += p.grad().pow(2).sum().item<double>();
+      norm = std::sqrt(sq);
+    }
+    double lr = apply_lr();
+    optim->step();
+    ++steps;
+    return {norm, lr};
+  }
+
+  // Minibatches of `batch` for `epochs` passes, shuffled per epoch.
+  std::vector<runtime::tensor_batch> minibatches(const runtime::tensor_batch& batch, int64_t epochs,
+                                                 int64_t parts, uint64_t seed) {
+    if (parts < 1 || parts > batch.size())
+      throw std::invalid_argument("minibatches " + std::to_string(parts) + " for a batch of " +
+                                  std::to_string(batch.size()));
+    std::vector<runtime::tensor_batch> out;
+    for (int64_t e = 0; e < epochs; ++e) {
+      auto perm = permutation(batch.size(), seed + static_cast<uint64_t>(e) * 0x51ED27ULL);
+      auto idx = torch::tensor(perm, torch::kLong);
+      auto shuffled = value_or_throw(batch.select(idx));
+      for (auto& mb : value_or_throw(shuffled.split(parts)))
+        out.push_back(std::move(mb));
+    }
+    return out;
+  }
+};
+
+train_engine::train_engine() : impl_(std::make_unique<impl>()) {}
+train_engine::~train_engine() = default;
+
+expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model model,
+                                                           std::optional<optimizer_options> optim) {
+  if (optim) {
+    if (!(optim->lr > 0) || optim->eps <= 0 || optim->grad_clip < 0 || optim->weight_decay < 0)
+      return make_error(errc::invalid_argument,
+                        "train_engine: optimizer needs lr > 0, eps > 0, grad_clip >= 0, "
+                        "weight_decay >= 0");
+  }
+  return guarded("train_engine::make", [&]() -> expected<std::unique_ptr<train_engine>> {
+    std::unique_ptr<train_engine> e{new train_engine()};
+    e->impl_->model = std::move(model);
+    e->impl_->opts = optim;
+    if (optim) {
+      e->impl_->model->train();
+      torch::optim::AdamWOptions o(optim->lr);
+      o.betas({optim->beta1, optim->beta2}).eps(optim->eps).weight_decay(optim->weight_decay);
+      e->impl_->optim = std::make_unique<torch::optim::AdamW>(e->impl_->model->parameters(), o);
+    } else {
+      e->impl_->model->eval();
+      for (auto& p : e->impl_->model->parameters())
+        p.set_requires_grad(false);
+    }
+    return e;
+  });
+}
+
+bool train_engine::trainable() const { return impl_->optim != nullptr; }
+int64_t train_engine::steps() const { return impl_->steps; }
+const models::llama_model& train_engine::model() const { return impl_->model; }
+
+expected<runtime::tensor_batch> train_engine::log_probs(const runtime::tensor_batch& batch,
+                                                        double temperature, bool with_entropy) {
+  if (impl_->model->head() != models::head_kind::lm)
+    return make_error(errc::invalid_argument, "log_probs: the model has no lm head");
+  return guarded("log_probs", [&]() -> expected<runtime::tensor_batch> {
+    torch::NoGradGuard no_grad;
+    auto logits = impl_->shifted_logits(batch);
+    kernels::logits_options lo;
+    lo.temperature = temperature;
+    runtime::tensor_batch out;
+    auto tokens = impl_->next_tokens(batch);
+    if (with_entropy) {
+      auto r = kernels::token_log_probs_and_entropy(logits, tokens, lo);
+      if (!r)
+        return r.error();
+      if (auto ok = out.set("entropy", r->entropy); !ok)
+        return ok.error();
+      if (auto ok = out.set("log_probs", r->log_probs); !ok)
+        return ok.error();
+    } else {
+      auto r = kernels::token_log_probs(logits, tokens, lo);
+      if (!r)
+        return r.error();
+      if (auto ok = out.set("log_probs", *r); !ok)
+        return ok.error();
+    }
+    return out;
+  });
+}
+
+expected<runtime::tensor_batch> train_engine::values(const runtime::tensor_batch& batch) {
+  if (impl_->model->head() != models::head_kind::value)
+    return make_error(errc::invalid_argument, "values: the model has no value head");
+  return guarded("values", [&]() -> expected<runtime::tensor_batch> {
+    torch::NoGradGuard no_grad;
+    auto v = impl_->model->forward(need(batch, "input_ids"), need(batch, "attention_mask"));
+    runtime::tensor_batch out;
+    if (auto ok = out.set("values", v.narrow(1, 0, v.size(1) - 1).contiguous()); !ok)
+      return ok.error();
+    return out;
+  });
+}
+
+expected<runtime::tensor_batch> train_engine::scores(const runtime::tensor_batch& batch) {
+  if (impl_->model->head() != models::head_kind::reward)
+    return make_error(errc::invalid_argument, "scores: the model has no reward head");
+  return guarded("scores", [&]() -> expected<runtime::tensor_batch> {
+    torch::NoGradGuard no_grad;
+    auto s = impl_->model->forward(need(batch, "input_ids"), need(batch, "attention_mask"));
+    runtime::tensor_batch out;
+    if (auto ok = out.set("scores", s.to(torch::kFloat)); !ok)
+      return ok.error();
+    return out;
+  });
+}
+
+expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& batch,
+                                                 const policy_update_options& o) {
+  if (auto ok = impl_->require_trainable("update_policy"); !ok)
+    return ok.error();
+  auto agg = kernels::parse_loss_agg_mode(o.loss_agg);
+  if (!agg)
+    return agg.error();
+  auto est = kernels::parse_kl_estimator(o.kl_estimator);
+  if (!est)
+    return est.error();
+  return guarded("update_policy", [&]() -> expected<metric_map> {
+    metric_sum sums;
+    kernels::ppo_loss_options po;
+    po.clip_low = o.clip_ratio;
+    po.clip_high = o.clip_ratio;
+    po.agg = *agg;
+    kernels::logits_options lo;
+    lo.temperature = o.temperature;
+    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed)) {
+      auto mask = need(mb, "response_mask");
+      auto logits = impl_->shifted_logits(mb);
+      auto lpe = value_or_throw(
+          kernels::token_log_probs_and_entropy(logits, impl_->next_tokens(mb), lo));
+      auto pl = value_or_throw(kernels::ppo_policy_loss(lpe.log_probs, need(mb, "old_log_probs"),
+                                                        need(mb, "advantages"), mask, po));
+      auto entropy = value_or_throw(kernels::entropy_bonus(lpe.entropy, mask, *agg));
+      auto loss = pl.loss - o.entropy_coef * entropy;
+      metric_map m;
+      if (o.kl_loss_coef > 0) {
+        auto kl = value_or_throw(
+            kernels::kl_loss(lpe.log_probs, need(mb, "ref_log_probs"), mask, *est, *agg));
+        loss = loss + o.kl_loss_coef * kl;
+        m["actor/kl_loss"] = item(kl);
+      }
+      auto [norm, lr] = impl_->step(loss);
+      m["actor/pg_loss"] = item(pl.loss);
+      m["actor/pg_clipfrac"] = item(pl.pg_clipfrac);
+      m["actor/pg_clipfrac_lower"] = item(pl.pg_clipfrac_lower);
+      m["actor/ppo_kl"] = item(pl.ppo_kl);
+      m["actor/entropy"] = item(entropy);
+      m["actor/grad_norm"] = norm;
+      m["actor/lr"] = lr;
+      sums.add(m);
+    }
+    return sums.mean();
+  });
+}
+
+expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& batch,
+                                                 const critic_update_options& o) {
+  if (auto ok = impl_->require_trainable("update_critic"); !ok)
+    return ok.error();
+  if (impl_->model->head() != models::head_kind::value)
+    return make_error(errc::invalid_argument, "update_critic: the model has no value head");
+  auto agg = kernels::parse_loss_agg_mode(o.loss_agg);
+  if (!agg)
+    return agg.error();
+  return guarded("update_critic", [&]() -> expected<metric_map> {
+    metric_sum sums;
+    kernels::value_loss_options vo;
+    vo.agg = *agg;
+    if (o.value_clip > 0)
+      vo.clip = o.value_clip;
+    else
+      vo.clip = std::nullopt;
+    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed)) {
+      auto v = impl_->model->forward(need(mb, "input_ids"), need(mb, "attention_mask"));
+      v = v.narrow(1, 0, v.size(1) - 1);
+      auto vl = value_or_throw(kernels::value_loss(v, need(mb, "values"), need(mb, "returns"),
+                                                   need(mb, "response_mask"), vo));
+      auto [norm, lr] = impl_->step(vl.loss);
+      sums.add({{"critic/vf_loss", item(vl.loss)},
+                {"critic/vf_clipfrac", item(vl.vf_clipfrac)},
+                {"critic/grad_norm", norm},
+                {"critic/lr", lr}});
+    }
+    return sums.mean();
+  });
+}
+
+expected<metric_map> train_engine::sft_step(const runtime::tensor_batch& batch) {
+  if (auto ok = impl_->require_trainable("sft_step"); !ok)
+    return ok.error();
+  return guarded("sft_step", [&]() -> expected<metric_map> {
+    auto logits = impl_->shifted_logits(batch);
+    auto lp = value_or_throw(kernels::token_log_probs(logits, impl_->next_tokens(batch)));
+    auto loss = -value_or_throw(kernels::masked_mean(lp, need(batch, "response_mask")));
+    auto [norm, lr] = impl_->step(loss);
+    return metric_map{{"sft/loss", item(loss)}, {"sft/grad_norm", norm}, {"sft/lr", lr}};
+  });
+}
+
+namespace {
+
+// Scores of chosen and rejected rows in one forward: [2B] → (r_c, r_r).
+std::pair<at::Tensor, at::Tensor> pair_scores(models::llama_model& model,
+                                              const runtime::tensor_batch& b) {
+  auto ci = need(b, "chosen_ids"), cm = need(b, "chosen_mask");
+  auto ri = need(b, "rejected_ids"), rm = need(b, "rejected_mask");
+  if (ci.size(1) != ri.size(1))
+    throw std::invalid_argument("chosen_ids and rejected_ids must have the same length");
+  auto s = model->forward(torch::cat({ci, ri}, 0), torch::cat({cm, rm}, 0)).to(torch::kFloat);
+  auto n = ci.size(0);
+  return {s.narrow(0, 0, n), s.narrow(0, n, n)};
+}
+
+} // namespace
+
+expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
+  if (auto ok = impl_->require_trainable("rm_step"); !ok)
+    return ok.error();
+  if (impl_->model->head() != models::head_kind::reward)
+    return make_error(errc::invalid_argument, "rm_step: the model has no reward head");
+  return guarded("rm_step", [&]() -> expected<metric_map> {
+    auto [rc, rr] = pair_scores(impl_->model, batch);
+    auto margin = rc - rr;
+    auto loss = -torch::log_sigmoid(margin).mean();
+    auto [norm, lr] = impl_->step(loss);
+    return metric_map{{"rm/loss", item(loss)},
+                      {"rm/accuracy", item((margin > 0).to(torch::kFloat).mean())},
+                      {"rm/margin", item(margin.mean())},
+                      {"rm/grad_norm", norm},
+                      {"rm/lr", lr}};
+  });
+}
+
+expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
+  if (impl_->model->head() != models::head_kind::reward)
+    return make_error(errc::invalid_argument, "rm_eval: the model has no reward head");
+  return guarded("rm_eval", [&]() -> expected<metric_map> {
+    torch::NoGradGuard no_grad;
+    auto [rc, rr] = pair_scores(impl_->model, batch);
+    auto margin = rc - rr;
+    return metric_map{{"rm/eval_loss", item(-torch::log_sigmoid(margin).mean())},
+                      {"rm/eval_accuracy", item((margin > 0).to(torch::kFloat).mean())}};
+  });
+}
+
+std::map<std::string, at::Tensor> train_engine::export_weights() const {
+  return models::export_hf_weights(impl_->model);
+}
+
+expected<void> train_engine::save_pretrained(const std::string& dir) const {
+  return models::save_pretrained(impl_->model, dir);
+}
+
+expected<std::string> train_engine::save_state() const {
+  return guarded("save_state", [&]() -> expected<std::string> {
+    torch::serialize::OutputArchive archive;
+    impl_->model->save(archive);
+    if (impl_->optim) {
+      torch::serialize::OutputArchive optim_archive;
+      impl_->optim->save(optim_archive);
+      archive.write("optimizer", optim_archive);
+    }
+    archive.write("steps", torch::tensor(impl_->steps, torch::kLong));
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
+  });
+}
+
+expected<void> train_engine::load_state(const std::string& bytes) {
+  return guarded("load_state", [&]() -> expected<void> {
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes.data(), bytes.size());
+    {
+      torch::NoGradGuard no_grad;
+      impl_->model->load(archive);
+    }
+    if (impl_->optim) {
+      torch::serialize::InputArchive optim_archive;
+      if (!archive.try_read("optimizer", optim_archive))
+        return make_error(errc::corrupted, "load_state: the state has no optimizer");
+      impl_->optim->load(optim_archive);
+    }
+    at::Tensor steps;
+    archive.read("steps", steps);
+    impl_->steps = steps.item<int64_t>();
+    return {};
+  });
+}
+
+} // namespace troupe::actors::train

@@ -1,0 +1,130 @@
+#pragma once
+// The training engine: one model (lm, value or reward head) with an optional
+// AdamW optimizer, and the forward passes and updates every trainable role
+// needs — policy (PPO / GRPO actor loss, SFT), critic (clipped value loss),
+// reward model (Bradley–Terry), reference (forward only). A plain class;
+// actors/train/engine_actor.hpp runs it in a detached actor. Not thread-safe.
+//
+// NOTE [sequence batches]: a batch of sequences is a runtime::tensor_batch
+// with "input_ids" [B, L] int64 (right-padded) and "attention_mask" [B, L];
+// per-token quantities live in the SHIFTED space [B, L-1]: column t refers to
+// token t+1, predicted from positions 0..t (logits[:, t] score input_ids[:,
+// t+1]; values[:, t] is the critic's value of the state before token t+1).
+// "response_mask" [B, L-1] marks the response tokens in that space. RL
+// batches add "old_log_probs", "ref_log_probs", "advantages", "returns",
+// "values" [B, L-1]; preference batches hold "chosen_ids", "chosen_mask",
+// "rejected_ids", "rejected_mask" [B, L].
+
+#include "actors/train/optimizer_options.hpp"
+#include "runtime/error.hpp"
+#include "runtime/tensor_batch.hpp"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace troupe::models {
+class llama_model;
+} // namespace troupe::models
+
+namespace troupe::actors::train {
+
+using metric_map = std::map<std::string, double>;
+
+
+/// Options of a PPO-style policy update.
+struct policy_update_options {
+  int64_t epochs = 1;
+  int64_t minibatches = 1;
+  double clip_ratio = 0.2;
+  double entropy_coef = 0.0;
+  /// Softmax temperature of the log-probs (the rollout's sampling temperature).
+  double temperature = 1.0;
+  /// KL-to-reference loss coefficient (0 = no KL loss; needs "ref_log_probs").
+  double kl_loss_coef = 0.0;
+  std::string kl_estimator = "k3";
+  std::string loss_agg = "token-mean";
+  /// Seed of the minibatch shuffle (same seed → same minibatches).
+  uint64_t shuffle_seed = 0;
+};
+
+/// Options of a critic update.
+struct critic_update_options {
+  int64_t epochs = 1;
+  int64_t minibatches = 1;
+  /// Clip values to old ± this; 0 = off.
+  double value_clip = 0.2;
+  std::string loss_agg = "token-mean";
+  uint64_t shuffle_seed = 0;
+};
+
+class train_engine {
+public:
+  /// Takes the model; with `optim` the engine is trainable.
+  static expected<std::unique_ptr<train_engine>> make(models::llama_model model,
+                                                      std::optional<optimizer_options> optim);
+  ~train_engine();
+  train_engine(const train_engine&) = delete;
+  train_engine& operator=(const train_engine&) = delete;
+
+  bool trainable() const;
+  /// Optimizer steps taken.
+  int64_t steps() const;
+
+  /// lm head: "log_probs" [B, L-1] of the next tokens under softmax(logits /
+  /// temperature), and "entropy" [B, L-1] when asked. No gradient.
+  expected<runtime::tensor_batch> log_probs(const runtime::tensor_batch& batch, double temperature,
+                                            bool with_entropy);
+
+  /// value head: "values" [B, L-1] (shifted). No gradient.
+  expected<runtime::tensor_batch> values(const runtime::tensor_batch& batch);
+
+  /// reward head: "scores" [B] at each row's last real token. No gradient.
+  expected<runtime::tensor_batch> scores(const runtime::tensor_batch& batch);
+
+  /// PPO clipped loss (+ entropy bonus, + KL loss) over epochs × minibatches
+  /// of an RL batch; metrics actor/* averaged over the optimizer steps.
+  expected<metric_map> update_policy(const runtime::tensor_batch& batch,
+                                     const policy_update_options& opts);
+
+  /// Clipped value loss over epochs × minibatches; metrics critic/*.
+  expected<metric_map> update_critic(const runtime::tensor_batch& batch,
+                                     const critic_update_options& opts);
+
+  /// One SFT step: mean negative log-likelihood of the response tokens;
+  /// metrics sft/loss, sft/grad_norm, sft/lr.
+  expected<metric_map> sft_step(const runtime::tensor_batch& batch);
+
+  /// One reward-model step on preference pairs: −log σ(r_chosen − r_rejected);
+  /// metrics rm/loss, rm/accuracy, rm/margin, rm/grad_norm, rm/lr.
+  expected<metric_map> rm_step(const runtime::tensor_batch& batch);
+
+  /// Pairwise accuracy and mean loss of preference pairs without training
+  /// (rm/eval_accuracy, rm/eval_loss).
+  expected<metric_map> rm_eval(const runtime::tensor_batch& batch);
+
+  /// The weights under HF names (what the rollout engine loads). Contiguous
+  /// CPU tensors that alias the parameters when already contiguous fp32 CPU:
+  /// valid until the next update.
+  std::map<std::string, at::Tensor> export_weights() const;
+
+  /// Writes the model as a HF directory (config.json + model.safetensors).
+  expected<void> save_pretrained(const std::string& dir) const;
+
+  /// Training state (parameters, optimizer moments, step count) as bytes,
+  /// and back. Restoring into an engine of another shape is an error.
+  expected<std::string> save_state() const;
+  expected<void> load_state(const std::string& bytes);
+
+  /// The model (for callers that need its config).
+  const models::llama_model& model() const;
+
+private:
+  train_engine();
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace troupe::actors::train

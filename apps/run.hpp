@@ -1,0 +1,23 @@
+#pragma once
+// `troupe run CONFIG` and `troupe config show CONFIG`.
+
+#include <string>
+#include <vector>
+
+namespace troupe::apps {
+
+struct run_command_options {
+  std::string config_path;
+  std::vector<std::string> overrides; ///< --set a.b=value
+  bool resume = false;
+};
+
+/// Loads, validates and runs a job; returns the exit status (0 done, 1 error,
+/// 130 stopped by a signal with a checkpoint written).
+int run_job_command(const run_command_options& options);
+
+/// Prints the resolved job config (defaults filled in, overrides applied).
+int config_show_command(const std::string& path, const std::vector<std::string>& overrides,
+                        bool comments);
+
+} // namespace troupe::apps
