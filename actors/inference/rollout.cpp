@@ -103,6 +103,10 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
         return version;
       },
       [=](metrics_atom) { return self->state.eng->metrics(); },
+      [=](clear_cache_atom) {
+        self->state.eng->clear_prefix_cache();
+        return self->state.eng->free_blocks();
+      },
       [=](step_atom) { on_step(self); },
   };
 }

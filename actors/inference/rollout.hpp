@@ -33,6 +33,7 @@ using generate_atom = caf::atom_constant<caf::atom("generate")>;
 using load_weights_atom = caf::atom_constant<caf::atom("loadweight")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
+using clear_cache_atom = caf::atom_constant<caf::atom("clearcache")>;
 
 /// Weights by HF name, shared read-only (the in-process alias transport:
 /// the sender must not modify the tensors until the update is answered).
@@ -45,6 +46,9 @@ using rollout_actor = caf::typed_actor<
     /// Loads weight version v between steps; answers v.
     caf::replies_to<load_weights_atom, int64_t, shared_weights>::with<int64_t>,
     caf::replies_to<metrics_atom>::with<engine_metrics>,
+    /// Drops the prefix cache (e.g. after an evaluation, so the next batch
+    /// computes exactly as it would have without it); answers free blocks.
+    caf::replies_to<clear_cache_atom>::with<int64_t>,
     /// Internal: runs one engine step.
     caf::reacts_to<step_atom>>;
 

@@ -190,6 +190,13 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
     sum += (*scores)[i];
     hits += (*exact)[i];
   }
+  // Evaluation prompts must not leave cached prefixes behind: the next
+  // training batch then computes the same whether or not an evaluation ran
+  // before it (a resumed run has not run it).
+  auto cleared = ask<int64_t>(self, rollout, ctx.timeout, "rollout: clear cache",
+                              inference::clear_cache_atom::value);
+  if (!cleared)
+    return cleared.error();
   auto n = static_cast<double>(std::max<size_t>(1, scores->size()));
   m["val/score/mean"] = sum / n;
   m["val/accuracy"] = hits / n;

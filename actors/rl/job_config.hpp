@@ -239,6 +239,7 @@ struct rl_config {
   double entropy_coef = 0.0;
   double gamma = 1.0;
   double lam = 0.95;
+  bool whiten_advantages = true;
   std::string loss_agg = "token-mean";
   /// policy: recompute old log-probs with the policy; engine: the rollout's.
   std::string old_logprobs = "policy";
@@ -268,6 +269,8 @@ void visit(V& v, rl_config& c) {
   v.field("entropy_coef", c.entropy_coef, "Entropy bonus coefficient");
   v.field("gamma", c.gamma, "Discount");
   v.field("lam", c.lam, "GAE λ");
+  v.field("whiten_advantages", c.whiten_advantages,
+          "gae: normalise advantages over the batch's response tokens");
   v.choice("loss_agg", c.loss_agg, {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"},
            "How per-token losses become a scalar");
   v.choice("old_logprobs", c.old_logprobs, {"policy", "engine"},

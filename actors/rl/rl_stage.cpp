@@ -189,7 +189,8 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
       return dir.error();
     }
   }
-  if (auto ok = ctx.log.truncate(cfg.stages, "rl", st.iteration); !ok)
+  // From iteration 0 the starting evaluation (step 0) runs again.
+  if (auto ok = ctx.log.truncate(cfg.stages, "rl", st.iteration == 0 ? -1 : st.iteration); !ok)
     return ok.error();
 
   // ---- spawn --------------------------------------------------------------------
@@ -422,8 +423,14 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
           auto rows = static_cast<int64_t>(responses.size());
           auto groups = take(kernels::contiguous_group_ids(rows, n));
           kernels::advantage_result a;
-          if (adv_kind == "gae")
+          if (adv_kind == "gae") {
             a = take(kernels::gae(tr.rewards, in.values, mask, r.gamma, r.lam));
+            // Returns stay raw (the critic's targets); advantages are whitened
+            // over the batch's response tokens, so a biased young critic does
+            // not push every sampled token down (or up) at once.
+            if (r.whiten_advantages)
+              a.advantages = take(kernels::masked_whiten(a.advantages, mask));
+          }
           else if (adv_kind == "grpo")
             a = take(kernels::grpo_advantages(in.scores, mask, groups));
           else if (adv_kind == "rloo")

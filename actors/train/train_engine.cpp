@@ -380,8 +380,10 @@ expected<void> train_engine::save_pretrained(const std::string& dir) const {
 
 expected<std::string> train_engine::save_state() const {
   return guarded("save_state", [&]() -> expected<std::string> {
+    // Parameters under flat names, so loading can check every shape first.
     torch::serialize::OutputArchive archive;
-    impl_->model->save(archive);
+    for (const auto& p : impl_->model->named_parameters())
+      archive.write("param/" + p.key(), p.value().detach());
     if (impl_->optim) {
       torch::serialize::OutputArchive optim_archive;
       impl_->optim->save(optim_archive);
@@ -398,14 +400,29 @@ expected<void> train_engine::load_state(const std::string& bytes) {
   return guarded("load_state", [&]() -> expected<void> {
     torch::serialize::InputArchive archive;
     archive.load_from(bytes.data(), bytes.size());
+    // Every parameter must be present with its shape and dtype before any is
+    // written: a state of another model is refused, the engine untouched.
+    std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+    for (const auto& p : impl_->model->named_parameters()) {
+      at::Tensor t;
+      if (!archive.try_read("param/" + p.key(), t))
+        return make_error(errc::corrupted, "load_state: the state has no parameter " + p.key());
+      if (t.sizes() != p.value().sizes() || t.scalar_type() != p.value().scalar_type())
+        return make_error(errc::shape_mismatch,
+                          "load_state: parameter " + p.key() + " has shape " +
+                              c10::str(t.sizes()) + " in the state, " +
+                              c10::str(p.value().sizes()) + " in the model");
+      copies.emplace_back(p.value(), t);
+    }
+    torch::serialize::InputArchive optim_archive;
+    if (impl_->optim && !archive.try_read("optimizer", optim_archive))
+      return make_error(errc::corrupted, "load_state: the state has no optimizer");
     {
       torch::NoGradGuard no_grad;
-      impl_->model->load(archive);
+      for (auto& [param, t] : copies)
+        param.copy_(t);
     }
     if (impl_->optim) {
-      torch::serialize::InputArchive optim_archive;
-      if (!archive.try_read("optimizer", optim_archive))
-        return make_error(errc::corrupted, "load_state: the state has no optimizer");
       impl_->optim->load(optim_archive);
     }
     at::Tensor steps;

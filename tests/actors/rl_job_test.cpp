@@ -1,0 +1,272 @@
+// End-to-end runs of tiny jobs through run_job: every stage, PPO and GRPO,
+// resume exactness, injected role failures, bad job specs.
+#include "actors/actor_system.hpp"
+#include "actors/rl/job.hpp"
+#include "runtime/checkpoint.hpp"
+#include "runtime/file_io.hpp"
+#include "tests/support/temp_dir.hpp"
+
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+using namespace troupe;
+using namespace troupe::actors::rl;
+
+namespace {
+
+// A job small enough for a unit test: 2-layer width-32 model, 3-digit sorting.
+std::string tiny_job(const std::string& dir, const std::string& extra = "") {
+  return "run: {dir: '" + dir + "', seed: 3, progress: none, request_timeout_s: 60}\n"
+         "data: {task: sort, min_digits: 2, max_digits: 3, train_size: 64, eval_size: 8}\n"
+         "model: {hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 2,\n"
+         "        num_kv_heads: 1, max_position_embeddings: 24}\n"
+         "sft: {steps: 3, batch_size: 8, eval_every: 0}\n"
+         "rm: {steps: 2, batch_size: 8, eval_every: 0}\n"
+         "rl:\n"
+         "  iterations: 3\n"
+         "  prompts_per_iteration: 4\n"
+         "  minibatches: 2\n"
+         "  eval_every: 2\n"
+         "  checkpoint_every: 1\n"
+         "  generation: {max_tokens: 5}\n"
+         "  rollout: {num_blocks: 64, block_size: 4}\n" +
+         extra;
+}
+
+expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
+  auto doc = runtime::yaml_document::from_text(yaml, "job.yaml");
+  if (!doc)
+    return doc.error();
+  for (const auto& s : sets)
+    if (auto ok = doc->set(s); !ok)
+      return ok.error();
+  return runtime::load_config<job_config>(*doc);
+}
+
+struct run_result {
+  expected<job_summary> summary = make_error(errc::internal, "not run");
+  std::vector<nlohmann::json> metrics;
+};
+
+run_result run(const job_config& cfg, run_options opts = {}) {
+  run_result out;
+  {
+    caf::actor_system_config sc;
+    actors::configure(sc);
+    caf::actor_system sys{sc};
+    out.summary = run_job(sys, cfg, opts);
+  }
+  std::ifstream in(std::filesystem::path{cfg.run.dir} / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line))
+    out.metrics.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::vector<nlohmann::json> stage_lines(const std::vector<nlohmann::json>& all, const std::string& stage) {
+  std::vector<nlohmann::json> out;
+  for (const auto& j : all)
+    if (j["stage"] == stage)
+      out.push_back(j);
+  return out;
+}
+
+// Metrics that must repeat exactly (wall-clock ones cannot).
+nlohmann::json deterministic_part(nlohmann::json j) {
+  for (auto it = j.begin(); it != j.end();) {
+    const auto& k = it.key();
+    if (k.rfind("timing_s/", 0) == 0 || k == "perf/throughput")
+      it = j.erase(it);
+    else
+      ++it;
+  }
+  return j;
+}
+
+} // namespace
+
+TEST(RlJob, PpoRunsEveryStageAndLogsVerlMetrics) {
+  test::temp_dir tmp;
+  auto cfg = parse(tiny_job(tmp.file("run"), "  reward: {kind: mixed}\n  critic: {init: rm}\n"));
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  std::vector<std::string> seen;
+  run_options opts;
+  opts.on_progress = [&](const progress_event& e) { seen.push_back(e.stage + std::to_string(e.step)); };
+  auto r = run(*cfg, opts);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  ASSERT_EQ(r.summary->stages.size(), 3u);
+  EXPECT_FALSE(r.summary->stopped);
+  for (const char* s : {"sft", "rm", "rl"}) {
+    EXPECT_TRUE(std::filesystem::exists(tmp.path() / "run" / s / "done")) << s;
+    EXPECT_TRUE(std::filesystem::exists(tmp.path() / "run" / s / "model" / "config.json")) << s;
+  }
+  EXPECT_EQ(stage_lines(r.metrics, "sft").size(), 3u);
+  EXPECT_EQ(stage_lines(r.metrics, "rm").size(), 2u);
+  auto rl = stage_lines(r.metrics, "rl");
+  ASSERT_EQ(rl.size(), 4u); // step 0 (the starting score) + 3 iterations
+  EXPECT_TRUE(rl[0].contains("val/score/mean"));
+  for (size_t i = 1; i < rl.size(); ++i) {
+    const auto& j = rl[i];
+    for (const char* key :
+         {"training/global_step", "critic/score/mean", "critic/rewards/mean",
+          "critic/advantages/mean", "critic/returns/mean", "critic/values/mean", "critic/vf_loss",
+          "critic/vf_clipfrac", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
+          "actor/entropy", "actor/grad_norm", "actor/lr", "response_length/mean", "timing_s/gen",
+          "timing_s/ref", "timing_s/values", "timing_s/reward", "timing_s/adv",
+          "timing_s/update_actor", "timing_s/update_critic", "timing_s/weight_sync",
+          "timing_s/step", "perf/throughput", "rollout/logprob_diff", "critic/model_score/mean",
+          "critic/rule_score/mean"})
+      EXPECT_TRUE(j.contains(key)) << "iteration " << i << ": " << key;
+    EXPECT_EQ(j["training/global_step"].get<double>(), static_cast<double>(i));
+    // The phases account for the step (within 2%).
+    double phases = 0;
+    for (const auto& [k, v] : j.items())
+      if (k.rfind("timing_s/", 0) == 0 && k != "timing_s/step" && k != "timing_s/testing")
+        phases += v.get<double>();
+    EXPECT_NEAR(phases, j["timing_s/step"].get<double>(), 0.02 * j["timing_s/step"].get<double>());
+    // The policy recomputes what the engine sampled: the two agree.
+    EXPECT_LT(j["rollout/logprob_diff"].get<double>(), 1e-4);
+  }
+  EXPECT_TRUE(rl[2].contains("val/score/mean"));  // eval_every 2
+  EXPECT_FALSE(rl[1].contains("val/score/mean"));
+  EXPECT_TRUE(rl[3].contains("val/score/mean"));  // and at the end
+  EXPECT_EQ(seen.back(), "rl3");
+  // A second run into the same directory without --resume is refused.
+  auto again = run(*cfg);
+  ASSERT_FALSE(again.summary);
+  EXPECT_NE(describe(again.summary.error()).find("--resume"), std::string::npos);
+}
+
+TEST(RlJob, GrpoRunsWithoutACritic) {
+  test::temp_dir tmp;
+  auto cfg = parse(tiny_job(tmp.file("run"),
+                            "  algorithm: grpo\n  samples_per_prompt: 4\n"
+                            "  kl: {coef: 0.01, estimator: low_var_kl}\n"),
+                   {"stages=[sft, rl]"});
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto r = run(*cfg);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  auto rl = stage_lines(r.metrics, "rl");
+  ASSERT_EQ(rl.size(), 4u);
+  for (size_t i = 1; i < rl.size(); ++i) {
+    EXPECT_FALSE(rl[i].contains("critic/vf_loss"));
+    EXPECT_FALSE(rl[i].contains("timing_s/values"));
+    EXPECT_TRUE(rl[i].contains("actor/kl_loss"));
+    EXPECT_EQ(rl[i]["actor/reward_kl_penalty_coeff"].get<double>(), 0.01);
+    // 4 prompts × 4 samples: group advantages are centred per group.
+    EXPECT_NEAR(rl[i]["critic/advantages/mean"].get<double>(), 0.0, 0.35);
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "run" / "rm"));
+}
+
+TEST(RlJob, CriticFreeEstimatorsRun) {
+  for (const char* adv : {"rloo", "reinforce_pp", "reinforce_pp_baseline"}) {
+    test::temp_dir tmp;
+    auto cfg = parse(tiny_job(tmp.file("run"), "  samples_per_prompt: 2\n"),
+                     {"stages=[sft, rl]", "rl.iterations=2", std::string{"rl.advantage="} + adv});
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto r = run(*cfg);
+    ASSERT_TRUE(r.summary) << adv << ": " << describe(r.summary.error());
+    auto rl = stage_lines(r.metrics, "rl");
+    ASSERT_EQ(rl.size(), 3u) << adv;
+    EXPECT_FALSE(rl[1].contains("critic/vf_loss")) << adv;
+  }
+}
+
+// 4 iterations straight vs 2, a stop (as SIGINT does), --resume, 2 more:
+// the same metrics and bit-identical weights.
+TEST(RlJob, ResumeContinuesExactly) {
+  test::temp_dir tmp;
+  auto straight = parse(tiny_job(tmp.file("a")), {"rl.iterations=4", "rl.checkpoint_every=0"});
+  auto split = parse(tiny_job(tmp.file("b")), {"rl.iterations=4", "rl.checkpoint_every=0"});
+  ASSERT_TRUE(straight && split);
+  auto a = run(*straight);
+  ASSERT_TRUE(a.summary) << describe(a.summary.error());
+
+  std::atomic<bool> stop{false};
+  run_options first;
+  first.stop = &stop;
+  first.on_progress = [&](const progress_event& e) {
+    if (e.stage == "rl" && e.step == 2)
+      stop = true;
+  };
+  auto b1 = run(*split, first);
+  ASSERT_TRUE(b1.summary) << describe(b1.summary.error());
+  EXPECT_TRUE(b1.summary->stopped);
+  EXPECT_EQ(stage_lines(b1.metrics, "rl").size(), 3u); // steps 0, 1, 2
+  run_options second;
+  second.resume = true;
+  auto b2 = run(*split, second);
+  ASSERT_TRUE(b2.summary) << describe(b2.summary.error());
+  EXPECT_FALSE(b2.summary->stopped);
+  EXPECT_TRUE(b2.summary->stages[0].skipped);
+  EXPECT_TRUE(b2.summary->stages[1].skipped);
+
+  ASSERT_EQ(a.metrics.size(), b2.metrics.size());
+  for (size_t i = 0; i < a.metrics.size(); ++i)
+    EXPECT_EQ(deterministic_part(a.metrics[i]), deterministic_part(b2.metrics[i])) << "line " << i;
+  auto wa = runtime::read_file((tmp.path() / "a" / "rl" / "model" / "model.safetensors").string());
+  auto wb = runtime::read_file((tmp.path() / "b" / "rl" / "model" / "model.safetensors").string());
+  ASSERT_TRUE(wa && wb);
+  EXPECT_TRUE(*wa == *wb) << "final weights differ";
+}
+
+TEST(RlJob, AStopBeforeAnyUpdateAbandonsTheIterationAndResumes) {
+  test::temp_dir tmp;
+  auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=2"});
+  ASSERT_TRUE(cfg);
+  std::atomic<bool> stop{false};
+  run_options first;
+  first.stop = &stop;
+  // Stop during the first RL iteration's generation: the step-0 evaluation
+  // is the last progress event before it.
+  first.on_progress = [&](const progress_event& e) {
+    if (e.stage == "rl" && e.step == 0)
+      stop = true;
+  };
+  auto r1 = run(*cfg, first);
+  ASSERT_TRUE(r1.summary) << describe(r1.summary.error());
+  EXPECT_TRUE(r1.summary->stopped);
+  EXPECT_EQ(r1.summary->stages.back().steps, 0);
+  auto latest = runtime::latest_checkpoint((tmp.path() / "run" / "rl" / "checkpoints").string());
+  ASSERT_TRUE(latest) << describe(latest.error());
+  EXPECT_TRUE(runtime::read_checkpoint(*latest));
+  run_options second;
+  second.resume = true;
+  auto r2 = run(*cfg, second);
+  ASSERT_TRUE(r2.summary) << describe(r2.summary.error());
+  EXPECT_EQ(stage_lines(r2.metrics, "rl").size(), 3u);
+}
+
+TEST(RlJob, AFailingRoleEndsTheJobWithItsNameAndPhase) {
+  struct fault {
+    const char* role;
+    const char* phase;
+  };
+  for (auto f : {fault{"critic", "update_critic"}, fault{"reward", "reward"},
+                 fault{"policy", "old_log_prob"}, fault{"reference", "ref"}}) {
+    test::temp_dir tmp;
+    auto cfg = parse(tiny_job(tmp.file("run")),
+                     {"stages=[sft, rl]", std::string{"debug.fail_role="} + f.role,
+                      std::string{"debug.fail_phase="} + f.phase, "debug.fail_iteration=2"});
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = run(*cfg);
+    auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_FALSE(r.summary) << f.role;
+    auto msg = describe(r.summary.error());
+    EXPECT_NE(msg.find("rl iteration 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string{f.role} + ": "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("injected failure"), std::string::npos) << msg;
+    EXPECT_LT(secs, 30.0) << "a failure must end the job promptly, not at the request timeout";
+    // Iteration 1 finished and was logged; nothing of iteration 2 was.
+    EXPECT_EQ(stage_lines(r.metrics, "rl").size(), 2u) << f.role;
+  }
+}

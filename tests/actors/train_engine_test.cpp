@@ -1,0 +1,247 @@
+#include "actors/rl/data.hpp"
+#include "actors/train/train_engine.hpp"
+#include "tests/actors/tiny_engine.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+using namespace troupe;
+using namespace troupe::actors;
+using troupe::actors::inference::testing::greedy;
+using troupe::actors::inference::testing::make_engine;
+using troupe::actors::inference::testing::random_sampling;
+using troupe::actors::inference::testing::tiny_config;
+using troupe::actors::inference::testing::tiny_model;
+
+namespace {
+
+std::unique_ptr<train::train_engine> trainer(models::llama_model m,
+                                             std::optional<train::optimizer_options> o = {}) {
+  auto e = train::train_engine::make(std::move(m), o);
+  EXPECT_TRUE(e) << describe(e.error());
+  return std::move(*e);
+}
+
+models::llama_model copy_of(const models::llama_model& m, models::head_kind head) {
+  torch::manual_seed(7);
+  auto out = models::make_llama(m->config(), head);
+  EXPECT_TRUE(out);
+  auto ok = models::assign_hf_weights(*out, models::export_hf_weights(m), true);
+  EXPECT_TRUE(ok) << describe(ok.error());
+  return *out;
+}
+
+// A fixed batch of prompt + response rows for the update tests.
+runtime::tensor_batch fixed_batch(int64_t rows, uint64_t seed) {
+  std::vector<std::vector<int64_t>> prompts, responses;
+  uint64_t s = seed;
+  auto next = [&](int64_t mod) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(mod));
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> p(static_cast<size_t>(2 + next(4))), q(static_cast<size_t>(1 + next(5)));
+    for (auto& t : p)
+      t = 1 + next(40);
+    for (auto& t : q)
+      t = 1 + next(40);
+    prompts.push_back(p);
+    responses.push_back(q);
+  }
+  auto b = actors::rl::collate_sequences(prompts, responses, 0);
+  EXPECT_TRUE(b) << describe(b.error());
+  return *b;
+}
+
+} // namespace
+
+// The engine's sampled-token log-probs (paged KV, continuous batching) and the
+// policy's teacher-forced forward over the same sequences agree: this is what
+// makes rollout/logprob_diff small and old log-probs interchangeable.
+TEST(TrainEngine, LogProbsMatchTheInferenceEngine) {
+  auto model = tiny_model(3);
+  auto eng = make_engine(copy_of(model, models::head_kind::lm));
+  std::vector<inference::generate_request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    inference::generate_request r;
+    r.id = std::to_string(i);
+    r.prompt = {1, 2 + i, 3, 4 + i};
+    r.sampling = random_sampling(8, 100 + static_cast<uint64_t>(i));
+    r.sampling.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  auto outs = eng->generate(reqs);
+  ASSERT_TRUE(outs) << describe(outs.error());
+  std::vector<std::vector<int64_t>> prompts, responses;
+  std::vector<std::vector<float>> lps;
+  for (auto& o : *outs) {
+    prompts.push_back(o.prompt);
+    responses.push_back(o.samples[0].tokens);
+    lps.push_back(o.samples[0].logprobs);
+  }
+  auto batch = actors::rl::collate_sequences(prompts, responses, 0);
+  ASSERT_TRUE(batch);
+  auto t = trainer(model);
+  auto lp = t->log_probs(*batch, 0.9, true);
+  ASSERT_TRUE(lp) << describe(lp.error());
+  auto mine = *lp->get("log_probs");
+  auto theirs = actors::rl::scatter_response_values(prompts, lps, mine.size(1) + 1);
+  auto mask = *batch->get("response_mask");
+  EXPECT_GT(mask.sum().item<double>(), 40);
+  auto diff = ((mine - theirs).abs() * mask).max().item<double>();
+  EXPECT_LT(diff, 1e-5);
+  EXPECT_TRUE(lp->contains("entropy"));
+  EXPECT_GT(((*lp->get("entropy")) * mask).sum().item<double>(), 0);
+}
+
+TEST(TrainEngine, SftReducesTheLossOnItsBatch) {
+  train::optimizer_options o;
+  o.lr = 3e-3;
+  auto t = trainer(tiny_model(4), o);
+  auto batch = fixed_batch(8, 1);
+  auto first = t->sft_step(batch);
+  ASSERT_TRUE(first) << describe(first.error());
+  double last = 0;
+  for (int i = 0; i < 30; ++i) {
+    auto m = t->sft_step(batch);
+    ASSERT_TRUE(m);
+    last = m->at("sft/loss");
+  }
+  EXPECT_LT(last, first->at("sft/loss") * 0.7);
+  EXPECT_EQ(t->steps(), 31);
+  EXPECT_GT(first->at("sft/grad_norm"), 0);
+}
+
+TEST(TrainEngine, WarmupRampsTheLearningRate) {
+  train::optimizer_options o;
+  o.lr = 1e-3;
+  o.warmup_steps = 4;
+  auto t = trainer(tiny_model(4), o);
+  auto batch = fixed_batch(4, 2);
+  std::vector<double> lrs;
+  for (int i = 0; i < 6; ++i)
+    lrs.push_back(t->sft_step(batch)->at("sft/lr"));
+  EXPECT_DOUBLE_EQ(lrs[0], 0.25e-3);
+  EXPECT_DOUBLE_EQ(lrs[1], 0.5e-3);
+  EXPECT_DOUBLE_EQ(lrs[3], 1e-3);
+  EXPECT_DOUBLE_EQ(lrs[5], 1e-3);
+}
+
+// With positive advantages on every response token, a PPO step makes those
+// tokens more likely (and the clip fraction starts at 0: ratio 1).
+TEST(TrainEngine, PolicyUpdateFollowsTheAdvantages) {
+  train::optimizer_options o;
+  o.lr = 1e-3;
+  auto t = trainer(tiny_model(5), o);
+  auto batch = fixed_batch(8, 3);
+  auto before = t->log_probs(batch, 1.0, false);
+  ASSERT_TRUE(before);
+  auto old = *before->get("log_probs");
+  auto mask = *batch.get("response_mask");
+  ASSERT_TRUE(batch.set("old_log_probs", old));
+  ASSERT_TRUE(batch.set("advantages", mask.clone()));
+  train::policy_update_options po;
+  po.minibatches = 2;
+  po.epochs = 2;
+  auto m = t->update_policy(batch, po);
+  ASSERT_TRUE(m) << describe(m.error());
+  EXPECT_EQ(t->steps(), 4);
+  for (const char* key : {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
+                          "actor/grad_norm", "actor/lr"})
+    EXPECT_TRUE(m->count(key)) << key;
+  auto after = *t->log_probs(batch, 1.0, false)->get("log_probs");
+  auto gain = ((after - old) * mask).sum() / mask.sum();
+  EXPECT_GT(gain.item<double>(), 0.0);
+  // A KL loss needs the reference's log-probs.
+  po.kl_loss_coef = 0.1;
+  auto no_ref = t->update_policy(batch, po);
+  ASSERT_FALSE(no_ref);
+  EXPECT_NE(describe(no_ref.error()).find("ref_log_probs"), std::string::npos)
+      << describe(no_ref.error());
+}
+
+TEST(TrainEngine, CriticMovesValuesTowardsReturns) {
+  train::optimizer_options o;
+  o.lr = 3e-3;
+  auto t = trainer(copy_of(tiny_model(6), models::head_kind::value), o);
+  auto batch = fixed_batch(8, 4);
+  auto mask = *batch.get("response_mask");
+  auto v0 = *t->values(batch)->get("values");
+  ASSERT_TRUE(batch.set("values", v0));
+  ASSERT_TRUE(batch.set("returns", mask * 0.5));
+  auto err = [&](const at::Tensor& v) {
+    return (((v - 0.5) * mask).pow(2).sum() / mask.sum()).item<double>();
+  };
+  train::critic_update_options co;
+  co.value_clip = 0; // unclipped: free to move
+  co.minibatches = 2;
+  for (int i = 0; i < 10; ++i)
+    ASSERT_TRUE(t->update_critic(batch, co));
+  auto v1 = *t->values(batch)->get("values");
+  EXPECT_LT(err(v1), err(v0) * 0.5);
+}
+
+TEST(TrainEngine, RewardModelLearnsPreferences) {
+  train::optimizer_options o;
+  o.lr = 3e-3;
+  auto t = trainer(copy_of(tiny_model(7), models::head_kind::reward), o);
+  // chosen rows end in token 5, rejected rows in token 9.
+  std::vector<std::vector<int64_t>> chosen, rejected;
+  for (int i = 0; i < 8; ++i) {
+    chosen.push_back({1, 2 + i, 3, 5});
+    rejected.push_back({1, 2 + i, 3, 9, 9});
+  }
+  auto b = actors::rl::collate_pairs(chosen, rejected, 0);
+  ASSERT_TRUE(b);
+  auto before = t->rm_eval(*b);
+  ASSERT_TRUE(before);
+  for (int i = 0; i < 20; ++i)
+    ASSERT_TRUE(t->rm_step(*b));
+  auto after = t->rm_eval(*b);
+  ASSERT_TRUE(after);
+  EXPECT_DOUBLE_EQ(after->at("rm/eval_accuracy"), 1.0);
+  EXPECT_LT(after->at("rm/eval_loss"), before->at("rm/eval_loss"));
+}
+
+TEST(TrainEngine, StateRoundTripsExactly) {
+  train::optimizer_options o;
+  auto a = trainer(tiny_model(8), o);
+  auto batch = fixed_batch(4, 5);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(a->sft_step(batch));
+  auto state = a->save_state();
+  ASSERT_TRUE(state) << describe(state.error());
+  auto b = trainer(tiny_model(9), o); // other weights, fresh optimizer
+  ASSERT_TRUE(b->load_state(*state));
+  EXPECT_EQ(b->steps(), 3);
+  // The next steps (Adam moments included) are bit-identical.
+  auto ma = a->sft_step(batch), mb = b->sft_step(batch);
+  ASSERT_TRUE(ma && mb);
+  EXPECT_EQ(ma->at("sft/loss"), mb->at("sft/loss"));
+  auto wa = a->export_weights(), wb = b->export_weights();
+  for (const auto& [name, w] : wa)
+    EXPECT_TRUE(torch::equal(w, wb.at(name))) << name;
+  // A state of another shape is refused.
+  auto cfg = tiny_config();
+  cfg.hidden_size = 64;
+  auto other = models::make_llama(cfg, models::head_kind::lm);
+  ASSERT_TRUE(other);
+  auto c = trainer(*other, o);
+  EXPECT_FALSE(c->load_state(*state));
+  EXPECT_FALSE(c->load_state("not a state"));
+}
+
+TEST(TrainEngine, FrozenEnginesRefuseUpdatesAndHeadsAreChecked) {
+  auto t = trainer(tiny_model(10));
+  auto batch = fixed_batch(4, 6);
+  auto r = t->sft_step(batch);
+  ASSERT_FALSE(r);
+  EXPECT_NE(describe(r.error()).find("no optimizer"), std::string::npos);
+  EXPECT_FALSE(t->values(batch));
+  EXPECT_FALSE(t->scores(batch));
+  runtime::tensor_batch missing;
+  ASSERT_TRUE(missing.set("input_ids", *batch.get("input_ids")));
+  auto m = t->log_probs(missing, 1.0, false);
+  ASSERT_FALSE(m);
+  EXPECT_NE(describe(m.error()).find("attention_mask"), std::string::npos) << describe(m.error());
+}
