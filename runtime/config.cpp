@@ -442,13 +442,15 @@ std::string config_writer::render(int32_t v) {
   return std::to_string(v);
 }
 std::string config_writer::render(double v) {
-  // Shortest form that reads back exactly (17 significant digits always do).
+  // Shortest form that reads back exactly (17 significant digits always do);
+  // plain notation for magnitudes people write plainly (600, not 6e+02).
   std::string s;
+  bool plain = std::fabs(v) >= 1e-4 && std::fabs(v) < 1e15;
   for (int p = 1; p <= 17; ++p) {
     std::ostringstream t;
     t << std::setprecision(p) << v;
     s = t.str();
-    if (std::stod(s) == v)
+    if (std::stod(s) == v && !(plain && s.find('e') != std::string::npos))
       break;
   }
   if (s.find_first_of(".eEn") == std::string::npos)

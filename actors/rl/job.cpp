@@ -149,8 +149,14 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx,
   return {};
 }
 
-expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
-                        const inference::rollout_actor& rollout, train::metric_map& m) {
+namespace {
+
+// One evaluation pass over the held-out prompts: `samples` responses per
+// prompt at `temperature` (0 = greedy), seeds fixed per prompt so every
+// evaluation of the same weights gives the same number.
+expected<void> evaluate_pass(caf::blocking_actor* self, job_context& ctx,
+                             const inference::rollout_actor& rollout, double temperature,
+                             int64_t samples, const std::string& prefix, train::metric_map& m) {
   const auto& eval = ctx.data.eval;
   std::vector<inference::generate_request> reqs;
   reqs.reserve(eval.size());
@@ -158,9 +164,10 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
     inference::generate_request r;
     r.id = "eval-" + std::to_string(i);
     r.prompt = encode_prompt(*ctx.tok, eval[i].prompt);
-    r.sampling.temperature = 0;
+    r.sampling.temperature = temperature;
+    r.sampling.n = static_cast<int32_t>(samples);
     r.sampling.max_tokens = ctx.cfg->rl.generation.max_tokens;
-    r.sampling.seed = 0;
+    r.sampling.seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), 71, i});
     reqs.push_back(std::move(r));
   }
   auto outs = ask<std::vector<inference::request_output>>(self, rollout, ctx.timeout,
@@ -171,11 +178,12 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
   std::vector<std::vector<int64_t>> responses;
   std::vector<std::string> answers;
   double length = 0;
-  for (size_t i = 0; i < outs->size(); ++i) {
-    responses.push_back((*outs)[i].samples.at(0).tokens);
-    answers.push_back(eval[i].answer);
-    length += static_cast<double>(responses.back().size());
-  }
+  for (size_t i = 0; i < outs->size(); ++i)
+    for (auto& s : (*outs)[i].samples) {
+      length += static_cast<double>(s.tokens.size());
+      responses.push_back(std::move(s.tokens));
+      answers.push_back(eval[i].answer);
+    }
   auto rule = parse_rule_kind(ctx.cfg->rl.reward.rule);
   if (!rule)
     return rule.error();
@@ -190,6 +198,28 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
     sum += (*scores)[i];
     hits += (*exact)[i];
   }
+  auto n = static_cast<double>(std::max<size_t>(1, scores->size()));
+  m[prefix + "score/mean"] = sum / n;
+  m[prefix + "accuracy"] = hits / n;
+  m[prefix + "response_length/mean"] = length / n;
+  return {};
+}
+
+} // namespace
+
+expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
+                        const inference::rollout_actor& rollout, train::metric_map& m) {
+  const auto& r = ctx.cfg->rl;
+  if (r.eval_temperature > 0) {
+    if (auto ok = evaluate_pass(self, ctx, rollout, r.eval_temperature, r.eval_samples, "val/", m);
+        !ok)
+      return ok;
+    if (auto ok = evaluate_pass(self, ctx, rollout, 0, 1, "val/greedy/", m); !ok)
+      return ok;
+  } else {
+    if (auto ok = evaluate_pass(self, ctx, rollout, 0, 1, "val/", m); !ok)
+      return ok;
+  }
   // Evaluation prompts must not leave cached prefixes behind: the next
   // training batch then computes the same whether or not an evaluation ran
   // before it (a resumed run has not run it).
@@ -197,10 +227,6 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
                               inference::clear_cache_atom::value);
   if (!cleared)
     return cleared.error();
-  auto n = static_cast<double>(std::max<size_t>(1, scores->size()));
-  m["val/score/mean"] = sum / n;
-  m["val/accuracy"] = hits / n;
-  m["val/response_length/mean"] = length / n;
   return {};
 }
 

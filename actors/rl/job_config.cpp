@@ -65,15 +65,18 @@ void check(const job_config& c, runtime::config_checks& checks) {
   int last = -1;
   for (size_t i = 0; i < c.stages.size(); ++i) {
     const auto& s = c.stages[i];
-    auto at = "stages[" + std::to_string(i) + "]";
+    // Located at the list (its items have no location of their own).
+    const std::string at = "stages";
+    auto item = "item " + std::to_string(i + 1) + ": ";
     auto it = std::find(order.begin(), order.end(), s);
     if (it == order.end()) {
-      checks.require(false, at, "unknown stage '" + s + "' (stages: sft, rm, rl)");
+      checks.require(false, at, item + "unknown stage '" + s + "' (stages: sft, rm, rl)");
       continue;
     }
-    checks.require(seen.insert(s).second, at, "stage '" + s + "' appears twice");
+    checks.require(seen.insert(s).second, at, item + "stage '" + s + "' appears twice");
     int pos = static_cast<int>(it - order.begin());
-    checks.require(pos > last, at, "stage '" + s + "' must come before the stages it feeds (order: sft, rm, rl)");
+    checks.require(pos > last, at,
+                   item + "stage '" + s + "' must come before the stages it feeds (order: sft, rm, rl)");
     last = std::max(last, pos);
   }
 
@@ -156,6 +159,9 @@ void check(const job_config& c, runtime::config_checks& checks) {
   checks.require(r.gamma >= 0 && r.gamma <= 1, "rl.gamma", "must be in [0, 1]");
   checks.require(r.lam >= 0 && r.lam <= 1, "rl.lam", "must be in [0, 1]");
   checks.require(r.eval_every >= 0, "rl.eval_every", "must be >= 0");
+  checks.require(r.eval_temperature >= 0, "rl.eval_temperature", "must be >= 0 (0 = greedy)");
+  checks.require(r.eval_samples >= 1 && r.eval_samples <= 64, "rl.eval_samples",
+                 "must be in [1, 64]");
   checks.require(r.checkpoint_every >= 0, "rl.checkpoint_every", "must be >= 0");
   check_optim(r.actor_optim, "rl.actor_optim", checks);
   if (uses_critic(r)) {

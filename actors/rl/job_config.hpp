@@ -248,8 +248,11 @@ struct rl_config {
   reward_config reward;
   kl_config kl;
   generation_config generation;
-  /// Evaluation: held-out greedy score every N iterations (and at the end).
+  /// Evaluation: held-out score every N iterations (and at the end).
   int64_t eval_every = 10;
+  /// Held-out sampling: temperature (0 = greedy only) and responses per prompt.
+  double eval_temperature = 1.0;
+  int64_t eval_samples = 4;
   /// Checkpoint every N iterations (and at the end); 0 = only at the end.
   int64_t checkpoint_every = 10;
   rollout_config rollout;
@@ -280,7 +283,11 @@ void visit(V& v, rl_config& c) {
   v.section("reward", c.reward);
   v.section("kl", c.kl, "KL to the reference (the initial policy)");
   v.section("generation", c.generation, "Rollout sampling");
-  v.field("eval_every", c.eval_every, "Held-out greedy score every N iterations; 0 = end only");
+  v.field("eval_every", c.eval_every, "Held-out score every N iterations; 0 = end only");
+  v.field("eval_temperature", c.eval_temperature,
+          "Held-out score: mean rule score of responses sampled at this temperature "
+          "(val/score/mean; the greedy score is val/greedy/score/mean); 0 = greedy only");
+  v.field("eval_samples", c.eval_samples, "Held-out responses per prompt when sampling");
   v.field("checkpoint_every", c.checkpoint_every, "Checkpoint every N iterations; 0 = end only");
   v.section("rollout", c.rollout, "Inference engine of the rollout role");
 }

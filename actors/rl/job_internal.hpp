@@ -87,9 +87,11 @@ struct stopwatch {
   }
 };
 
-/// Held-out score: the policy's weights (already in `rollout`) generate
-/// greedily for every eval prompt; the mean rule score. Adds val/score/mean
-/// and val/response_length/mean to `m`.
+/// Held-out score of the weights already in `rollout`: the mean rule score
+/// of rl.eval_samples responses per eval prompt sampled at
+/// rl.eval_temperature (val/score/mean, val/accuracy = exact-match rate),
+/// and of the greedy response (val/greedy/...; with eval_temperature 0 the
+/// greedy numbers are val/...).
 expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
                         const inference::rollout_actor& rollout, train::metric_map& m);
 

@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
+
 namespace troupe::actors::rl {
 
 expected<std::string> response_text(const models::tokenizer& tok,
@@ -49,6 +51,7 @@ struct reward_state {
   std::shared_ptr<const models::tokenizer> tok;
   std::shared_ptr<train::train_engine> model;
   bool fail_next = false;
+  double busy_s = 0;
   static inline const char* name = "reward";
 };
 
@@ -104,11 +107,14 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
           st.fail_next = false;
           throw std::runtime_error("reward: score: injected failure");
         }
+        auto t0 = std::chrono::steady_clock::now();
         auto r = guarded("score", [&] { return score(st, req); });
+        st.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (!r)
           return with_prefix(r.error(), "reward");
         return std::move(*r);
       },
+      [=](train::busy_atom) { return self->state.busy_s; },
       [=](train::inject_failure_atom) { self->state.fail_next = true; },
   };
 }

@@ -37,6 +37,7 @@ using reward_atom = caf::atom_constant<caf::atom("reward")>;
 /// Answers "scores" [B] (fp32), plus "rule_scores" and / or "model_scores".
 using reward_actor = caf::typed_actor<
     caf::replies_to<reward_atom, reward_request>::with<runtime::tensor_batch>,
+    caf::replies_to<train::busy_atom>::with<double>,
     caf::reacts_to<train::inject_failure_atom>>;
 
 /// The response text for the rule: tokens up to the first EOS (exclusive),

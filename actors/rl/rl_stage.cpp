@@ -74,6 +74,34 @@ struct rl_roles {
   inference::rollout_actor rollout;
 };
 
+// Seconds the roles have spent computing so far (handlers of the trainers and
+// the reward, engine steps of the rollout).
+expected<double> roles_busy(caf::blocking_actor* self, job_context& ctx, const rl_roles& roles) {
+  double total = 0;
+  auto add = [&](const auto& actor, const char* role) -> expected<void> {
+    auto b = ask<double>(self, actor, ctx.timeout, std::string{role} + ": busy", train::busy_atom::value);
+    if (!b)
+      return b.error();
+    total += *b;
+    return {};
+  };
+  if (auto ok = add(roles.policy, "policy"); !ok)
+    return ok.error();
+  if (roles.reference)
+    if (auto ok = add(*roles.reference, "reference"); !ok)
+      return ok.error();
+  if (roles.critic)
+    if (auto ok = add(*roles.critic, "critic"); !ok)
+      return ok.error();
+  if (auto ok = add(roles.reward, "reward"); !ok)
+    return ok.error();
+  auto em = ask<inference::engine_metrics>(self, roles.rollout, ctx.timeout, "rollout: metrics",
+                                           inference::metrics_atom::value);
+  if (!em)
+    return em.error();
+  return total + em->busy_seconds;
+}
+
 struct rl_state {
   int64_t iteration = 0; ///< iterations completed
   double beta = 0;       ///< KL coefficient (adaptive controller state)
@@ -257,6 +285,9 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
     }
 
     for (int64_t it = st.iteration; it < r.iterations; ++it) {
+      auto busy0 = roles_busy(self, ctx, roles);
+      if (!busy0)
+        return finish(busy0.error());
       stopwatch step_clock;
       train::metric_map m;
       bool updating = false;
@@ -526,6 +557,12 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         return finish(with_prefix(step_result.error(), "rl iteration " + std::to_string(it + 1)));
       }
       double step_s = step_clock.seconds();
+      auto busy1 = roles_busy(self, ctx, roles);
+      if (!busy1)
+        return finish(busy1.error());
+      // Time of the step not spent computing inside a role: messaging,
+      // batching, scheduling, copies and the driver's own arithmetic.
+      m["perf/orchestration_share"] = std::max(0.0, 1.0 - (*busy1 - *busy0) / step_s);
       st.iteration = it + 1;
       m["timing_s/step"] = step_s;
       m["training/global_step"] = static_cast<double>(it + 1);

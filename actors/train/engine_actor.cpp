@@ -4,6 +4,7 @@
 
 #include <caf/all.hpp>
 
+#include <chrono>
 #include <stdexcept>
 
 namespace troupe::actors::train {
@@ -14,6 +15,7 @@ struct engine_state {
   std::shared_ptr<train_engine> eng;
   std::string role;
   bool fail_next = false;
+  double busy_s = 0;
   static inline const char* name = "train_engine";
 };
 
@@ -28,7 +30,9 @@ caf::result<T> serve(self_ptr self, const char* request, F&& f) {
     st.fail_next = false;
     throw std::runtime_error(st.role + ": " + request + ": injected failure");
   }
+  auto t0 = std::chrono::steady_clock::now();
   expected<T> r = f(*st.eng);
+  st.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r)
     return with_prefix(r.error(), st.role + ": " + request);
   return std::move(*r);
@@ -103,6 +107,7 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
           return e.steps();
         });
       },
+      [=](busy_atom) { return self->state.busy_s; },
       [=](inject_failure_atom) { self->state.fail_next = true; },
   };
 }

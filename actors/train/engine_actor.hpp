@@ -32,6 +32,8 @@ using export_atom = caf::atom_constant<caf::atom("export")>;
 using save_model_atom = caf::atom_constant<caf::atom("savemodel")>;
 using save_state_atom = caf::atom_constant<caf::atom("savestate")>;
 using load_state_atom = caf::atom_constant<caf::atom("loadstate")>;
+/// Seconds spent serving requests so far (compute, for the orchestration share).
+using busy_atom = caf::atom_constant<caf::atom("busy")>;
 /// Testing: the next request of any kind fails by throwing (an actor crash).
 using inject_failure_atom = caf::atom_constant<caf::atom("injfail")>;
 
@@ -51,6 +53,7 @@ using engine_actor = caf::typed_actor<
     /// Training state as bytes, and back.
     caf::replies_to<save_state_atom>::with<std::string>,
     caf::replies_to<load_state_atom, std::string>::with<int64_t>,
+    caf::replies_to<busy_atom>::with<double>,
     caf::reacts_to<inject_failure_atom>>;
 
 /// Spawns `engine` as the detached actor of role `role`.

@@ -4,6 +4,7 @@
 #include "actors/rl/job.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/file_io.hpp"
+#include "tests/actors/job_yaml.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include <caf/all.hpp>
@@ -41,13 +42,7 @@ std::string tiny_job(const std::string& dir, const std::string& extra = "") {
 }
 
 expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
-  auto doc = runtime::yaml_document::from_text(yaml, "job.yaml");
-  if (!doc)
-    return doc.error();
-  for (const auto& s : sets)
-    if (auto ok = doc->set(s); !ok)
-      return ok.error();
-  return runtime::load_config<job_config>(*doc);
+  return testing::parse_job(yaml, std::move(sets));
 }
 
 struct run_result {
@@ -82,7 +77,7 @@ std::vector<nlohmann::json> stage_lines(const std::vector<nlohmann::json>& all, 
 nlohmann::json deterministic_part(nlohmann::json j) {
   for (auto it = j.begin(); it != j.end();) {
     const auto& k = it.key();
-    if (k.rfind("timing_s/", 0) == 0 || k == "perf/throughput")
+    if (k.rfind("timing_s/", 0) == 0 || k == "perf/throughput" || k == "perf/orchestration_share")
       it = j.erase(it);
     else
       ++it;
@@ -184,8 +179,8 @@ TEST(RlJob, CriticFreeEstimatorsRun) {
 // the same metrics and bit-identical weights.
 TEST(RlJob, ResumeContinuesExactly) {
   test::temp_dir tmp;
-  auto straight = parse(tiny_job(tmp.file("a")), {"rl.iterations=4", "rl.checkpoint_every=0"});
-  auto split = parse(tiny_job(tmp.file("b")), {"rl.iterations=4", "rl.checkpoint_every=0"});
+  auto straight = parse(tiny_job(tmp.file("a")), {"rl.iterations=4", "rl.checkpoint_every=0", "rl.rollout.enable_prefix_caching=false"});
+  auto split = parse(tiny_job(tmp.file("b")), {"rl.iterations=4", "rl.checkpoint_every=0", "rl.rollout.enable_prefix_caching=false"});
   ASSERT_TRUE(straight && split);
   auto a = run(*straight);
   ASSERT_TRUE(a.summary) << describe(a.summary.error());
