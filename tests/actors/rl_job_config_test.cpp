@@ -16,7 +16,7 @@ using namespace troupe::actors::rl;
 namespace {
 
 expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
-  return testing::parse_job(yaml, std::move(sets));
+  return troupe::actors::rl::testing::parse_job(yaml, std::move(sets));
 }
 
 std::filesystem::path source_dir() { return TROUPE_SOURCE_DIR; }

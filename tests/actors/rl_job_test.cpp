@@ -42,7 +42,7 @@ std::string tiny_job(const std::string& dir, const std::string& extra = "") {
 }
 
 expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
-  return testing::parse_job(yaml, std::move(sets));
+  return troupe::actors::rl::testing::parse_job(yaml, std::move(sets));
 }
 
 struct run_result {
