@@ -1,0 +1,146 @@
+// RLHF job benchmarks (issue 4), each against a baseline in the same run:
+//  1. in-process actor request round trip (CAF request/response between a
+//     blocking and an event-based actor) vs a bare thread ping-pong through a
+//     mutex and condition variable — the floor of any cross-thread handoff;
+//  2. orchestration share of PPO steps: per iteration, 1 − (time the roles
+//     spent computing) / (step wall time), on the quickstart's model shape.
+#include "actors/actor_system.hpp"
+#include "actors/rl/job.hpp"
+#include "runtime/config.hpp"
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
+using namespace troupe;
+
+namespace {
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+// Microseconds per round trip between two threads through a mutex + condvar.
+std::vector<double> thread_ping_pong(int count) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int turn = 0; // 0: main's turn to send, 1: echo's turn to reply
+  bool done = false;
+  std::thread echo([&] {
+    std::unique_lock lock(mu);
+    while (true) {
+      cv.wait(lock, [&] { return turn == 1 || done; });
+      if (done)
+        return;
+      turn = 0;
+      cv.notify_all();
+    }
+  });
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock lock(mu);
+    turn = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return turn == 0; });
+    out.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  {
+    std::lock_guard lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  echo.join();
+  return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  int iterations = argc > 1 ? std::atoi(argv[1]) : 12;
+  std::printf("machine: %ld cores online\n", sysconf(_SC_NPROCESSORS_ONLN));
+
+  // 1. round trip
+  {
+    caf::actor_system_config sc;
+    actors::configure(sc);
+    caf::actor_system sys{sc};
+    auto rt = actors::measure_round_trip(sys, 20000, 10000);
+    if (!rt) {
+      std::fprintf(stderr, "round trip: %s\n", describe(rt.error()).c_str());
+      return 1;
+    }
+    auto base = thread_ping_pong(20000);
+    double p50 = percentile(*rt, 0.5), b50 = percentile(base, 0.5);
+    std::printf("actor round trip:  p50 %.2f us  p99 %.2f us  (floor ≤ 5 us: %s)\n", p50,
+                percentile(*rt, 0.99), p50 <= 5.0 ? "met" : "NOT met");
+    std::printf("thread ping-pong:  p50 %.2f us  p99 %.2f us  → actor / bare handoff = %.2fx\n", b50,
+                percentile(base, 0.99), p50 / b50);
+  }
+
+  // 2. orchestration share of PPO steps (quickstart shape, stages: rl only)
+  auto dir = std::filesystem::temp_directory_path() / ("troupe_bench_job_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::string yaml = "run: {dir: '" + dir.string() +
+                     "', progress: none}\n"
+                     "stages: [rl]\n"
+                     "rl: {iterations: " +
+                     std::to_string(iterations) +
+                     ", prompts_per_iteration: 64, samples_per_prompt: 2, minibatches: 4,\n"
+                     "     eval_every: 0, checkpoint_every: 0, critic: {init: base},\n"
+                     "     generation: {max_tokens: 10}}\n";
+  auto doc = runtime::yaml_document::from_text(yaml, "bench.yaml");
+  auto cfg = runtime::load_config<actors::rl::job_config>(*doc);
+  if (!cfg) {
+    std::fprintf(stderr, "%s\n", describe(cfg.error()).c_str());
+    return 1;
+  }
+  {
+    caf::actor_system_config sc;
+    actors::configure(sc);
+    caf::actor_system sys{sc};
+    auto r = actors::rl::run_job(sys, *cfg, {});
+    if (!r) {
+      std::fprintf(stderr, "job: %s\n", describe(r.error()).c_str());
+      return 1;
+    }
+  }
+  std::ifstream in(dir / "metrics.jsonl");
+  std::vector<double> share, step, phases;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["stage"] != "rl" || j["step"].get<int>() < 2) // skip step 0 (eval) and warm-up step 1
+      continue;
+    share.push_back(j["perf/orchestration_share"].get<double>());
+    step.push_back(j["timing_s/step"].get<double>());
+    double sum = 0;
+    for (const auto& [k, v] : j.items())
+      if (k.rfind("timing_s/", 0) == 0 && k != "timing_s/step" && k != "timing_s/testing")
+        sum += v.get<double>();
+    phases.push_back(sum / j["timing_s/step"].get<double>());
+  }
+  std::filesystem::remove_all(dir);
+  if (share.empty()) {
+    std::fprintf(stderr, "no iterations measured\n");
+    return 1;
+  }
+  double med = percentile(share, 0.5);
+  std::printf("PPO step (quickstart shape, 128 responses): median %.3f s over %zu iterations\n",
+              percentile(step, 0.5), step.size());
+  std::printf("orchestration share: median %.2f%%  max %.2f%%  (floor ≤ 5%%: %s)\n", 100 * med,
+              100 * *std::max_element(share.begin(), share.end()), med <= 0.05 ? "met" : "NOT met");
+  std::printf("timed phases / step: median %.4f (must be within 2%% of 1)\n", percentile(phases, 0.5));
+  return 0;
+}
