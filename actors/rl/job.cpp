@@ -309,6 +309,21 @@ struct supervised_stage {
   train::optimizer_options optim;
 };
 
+// Preference pairs as chosen / rejected sequences (prompt + response + EOS).
+expected<runtime::tensor_batch> pair_batch(job_context& ctx, const std::vector<preference_pair>& rows) {
+  std::vector<std::vector<int64_t>> chosen, rejected;
+  for (const auto& p : rows) {
+    auto prompt = encode_prompt(*ctx.tok, p.prompt);
+    auto c = encode_response(*ctx.tok, p.chosen);
+    auto r = encode_response(*ctx.tok, p.rejected);
+    chosen.push_back(prompt);
+    chosen.back().insert(chosen.back().end(), c.begin(), c.end());
+    rejected.push_back(prompt);
+    rejected.back().insert(rejected.back().end(), r.begin(), r.end());
+  }
+  return collate_pairs(chosen, rejected, ctx.pad);
+}
+
 // One step's batch: demonstrations (sft) or preference pairs (rm).
 expected<runtime::tensor_batch> supervised_batch(job_context& ctx, const supervised_stage& st,
                                                  int64_t step) {
@@ -325,32 +340,15 @@ expected<runtime::tensor_batch> supervised_batch(job_context& ctx, const supervi
   }
   const auto& rows = ctx.data.preferences;
   auto idx = batch_indices(static_cast<int64_t>(rows.size()), seed, step * st.batch_size, st.batch_size);
-  std::vector<std::vector<int64_t>> chosen, rejected;
-  for (auto i : idx) {
-    const auto& p = rows[static_cast<size_t>(i)];
-    auto prompt = encode_prompt(*ctx.tok, p.prompt);
-    auto c = encode_response(*ctx.tok, p.chosen);
-    auto r = encode_response(*ctx.tok, p.rejected);
-    chosen.push_back(prompt);
-    chosen.back().insert(chosen.back().end(), c.begin(), c.end());
-    rejected.push_back(prompt);
-    rejected.back().insert(rejected.back().end(), r.begin(), r.end());
-  }
-  return collate_pairs(chosen, rejected, ctx.pad);
+  std::vector<preference_pair> picked;
+  picked.reserve(idx.size());
+  for (auto i : idx)
+    picked.push_back(rows[static_cast<size_t>(i)]);
+  return pair_batch(ctx, picked);
 }
 
 expected<runtime::tensor_batch> rm_eval_batch(job_context& ctx) {
-  std::vector<std::vector<int64_t>> chosen, rejected;
-  for (const auto& p : ctx.data.eval_preferences) {
-    auto prompt = encode_prompt(*ctx.tok, p.prompt);
-    auto c = encode_response(*ctx.tok, p.chosen);
-    auto r = encode_response(*ctx.tok, p.rejected);
-    chosen.push_back(prompt);
-    chosen.back().insert(chosen.back().end(), c.begin(), c.end());
-    rejected.push_back(prompt);
-    rejected.back().insert(rejected.back().end(), r.begin(), r.end());
-  }
-  return collate_pairs(chosen, rejected, ctx.pad);
+  return pair_batch(ctx, ctx.data.eval_preferences);
 }
 
 expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage& st) {
