@@ -6,30 +6,7 @@
 
 #include <torch/torch.h>
 
-#include <numeric>
-
 namespace troupe::actors::rl {
-
-namespace {
-
-uint64_t splitmix(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-} // namespace
-
-uint64_t mix_seed(std::initializer_list<uint64_t> parts) {
-  uint64_t state = 0x5EEDULL;
-  uint64_t out = 0;
-  for (auto p : parts) {
-    state ^= p;
-    out = splitmix(state);
-  }
-  return out;
-}
 
 std::vector<int64_t> batch_indices(int64_t n, uint64_t seed, int64_t start, int64_t count) {
   std::vector<int64_t> out;
@@ -42,13 +19,7 @@ std::vector<int64_t> batch_indices(int64_t n, uint64_t seed, int64_t start, int6
     auto e = r / n;
     if (e != epoch) {
       epoch = e;
-      perm.resize(static_cast<size_t>(n));
-      std::iota(perm.begin(), perm.end(), 0);
-      uint64_t state = mix_seed({seed, static_cast<uint64_t>(e)});
-      for (int64_t i = n - 1; i > 0; --i) {
-        auto j = static_cast<int64_t>(splitmix(state) % static_cast<uint64_t>(i + 1));
-        std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
-      }
+      perm = runtime::seeded_permutation(n, mix_seed({seed, static_cast<uint64_t>(e)}));
     }
     out.push_back(perm[static_cast<size_t>(r % n)]);
   }

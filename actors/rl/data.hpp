@@ -5,6 +5,7 @@
 
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/tasks.hpp"
+#include "runtime/seeded_random.hpp"
 #include "runtime/tensor_batch.hpp"
 
 #include <cstdint>
@@ -33,8 +34,8 @@ expected<job_data> load_job_data(const data_config& c);
 /// position is just a row count.
 std::vector<int64_t> batch_indices(int64_t n, uint64_t seed, int64_t start, int64_t count);
 
-/// A deterministic 64-bit mix of several integers (seeds per request, stream).
-uint64_t mix_seed(std::initializer_list<uint64_t> parts);
+/// Seeds per request and stream (runtime/seeded_random.hpp).
+using runtime::mix_seed;
 
 /// BOS (when the tokenizer has one) + the prompt's tokens.
 std::vector<int64_t> encode_prompt(const models::tokenizer& tok, const std::string& prompt);

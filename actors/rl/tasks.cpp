@@ -1,5 +1,7 @@
 #include "actors/rl/tasks.hpp"
 
+#include "runtime/seeded_random.hpp"
+
 #include <algorithm>
 #include <limits>
 #include <unordered_set>
@@ -23,13 +25,7 @@ enum stream_id : uint64_t {
 
 constexpr int64_t max_task_digits = 32;
 
-/// One step of splitmix64: advances `state` and returns the next output.
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using runtime::splitmix64;
 
 /// A bijective 64-bit mix (one splitmix64 output from state `x`).
 uint64_t mix(uint64_t x) {

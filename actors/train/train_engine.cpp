@@ -5,36 +5,17 @@
 #include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
 #include "models/llama.hpp"
+#include "runtime/seeded_random.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <torch/torch.h>
 
 #include <cmath>
-#include <numeric>
 #include <sstream>
 
 namespace troupe::actors::train {
 
 namespace {
-
-// splitmix64: the minibatch shuffle is a pure function of the seed.
-uint64_t mix(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
-  std::vector<int64_t> p(static_cast<size_t>(n));
-  std::iota(p.begin(), p.end(), 0);
-  uint64_t state = seed;
-  for (int64_t i = n - 1; i > 0; --i) {
-    auto j = static_cast<int64_t>(mix(state) % static_cast<uint64_t>(i + 1));
-    std::swap(p[static_cast<size_t>(i)], p[static_cast<size_t>(j)]);
-  }
-  return p;
-}
 
 template <class T>
 T value_or_throw(expected<T> r) {
@@ -133,7 +114,7 @@ struct train_engine::impl {
                                   std::to_string(batch.size()));
     std::vector<runtime::tensor_batch> out;
     for (int64_t e = 0; e < epochs; ++e) {
-      auto perm = permutation(batch.size(), seed + static_cast<uint64_t>(e) * 0x51ED27ULL);
+      auto perm = runtime::seeded_permutation(batch.size(), seed + static_cast<uint64_t>(e) * 0x51ED27ULL);
       auto idx = torch::tensor(perm, torch::kLong);
       auto shuffled = value_or_throw(batch.select(idx));
       for (auto& mb : value_or_throw(shuffled.split(parts)))
