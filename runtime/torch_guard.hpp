@@ -14,6 +14,27 @@
 
 namespace troupe {
 
+/// An error thrown through code that runs under guarded() (value_or_throw);
+/// guarded() returns it as it was, prefixed, keeping its code.
+struct error_exception : std::exception {
+  explicit error_exception(caf::error e) : err(std::move(e)) {}
+  const char* what() const noexcept override { return "troupe error"; }
+  caf::error err;
+};
+
+/// The value of `r`, or throws its error as error_exception: for long chains
+/// of fallible calls inside one guarded() block.
+template <class T>
+T value_or_throw(expected<T> r) {
+  if (!r)
+    throw error_exception(std::move(r.error()));
+  return std::move(*r);
+}
+inline void value_or_throw(expected<void> r) {
+  if (!r)
+    throw error_exception(std::move(r.error()));
+}
+
 namespace detail {
 template <class T>
 struct is_expected : std::false_type {};
@@ -38,6 +59,8 @@ auto guarded(std::string_view what, F&& f) {
     } else {
       return out_t{std::forward<F>(f)()};
     }
+  } catch (const error_exception& e) {
+    return out_t{with_prefix(e.err, what)};
   } catch (const c10::Error& e) {
     return fail(errc::internal, e.what_without_backtrace());
   } catch (const std::bad_alloc&) {

@@ -45,20 +45,8 @@ namespace troupe::actors::rl::detail {
 
 namespace {
 
-template <class T>
-T take(expected<T> r) {
-  if (!r)
-    throw std::runtime_error(describe(r.error()));
-  return std::move(*r);
-}
-
-void take(expected<void> r) {
-  if (!r)
-    throw std::runtime_error(describe(r.error()));
-}
-
 double masked_mean_of(const at::Tensor& x, const at::Tensor& mask) {
-  return take(kernels::masked_mean(x.to(torch::kFloat), mask)).item<double>();
+  return value_or_throw(kernels::masked_mean(x.to(torch::kFloat), mask)).item<double>();
 }
 
 // The tensors the driver computes between phases (NOTE [rl iteration]).
@@ -353,8 +341,8 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         return stop_here();
 
       auto step_result = guarded("rl iteration", [&]() -> expected<void> {
-        auto mask = take(batch.get("response_mask"));
-        auto length = take(batch.get("input_ids")).size(1);
+        auto mask = value_or_throw(batch.get("response_mask"));
+        auto length = value_or_throw(batch.get("input_ids")).size(1);
         auto eng_lp = scatter_response_values(prompts, engine_lp, length);
         advantage_inputs in;
         in.mask = mask;
@@ -371,7 +359,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
                                                batch, r.generation.temperature, false);
           if (!lp)
             return lp.error();
-          in.old_lp = take(lp->get("log_probs"));
+          in.old_lp = value_or_throw(lp->get("log_probs"));
           m["rollout/logprob_diff"] = masked_mean_of((in.old_lp - eng_lp).abs(), mask);
           m["rollout/logprob_diff_max"] =
               ((in.old_lp - eng_lp).abs() * mask).max().item<double>();
@@ -379,7 +367,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         });
         if (!old)
           return old.error();
-        take(batch.set("old_log_probs", in.old_lp));
+        value_or_throw(batch.set("old_log_probs", in.old_lp));
         if (stopped_before_update())
           return make_error(errc::cancelled, "stop");
 
@@ -392,12 +380,12 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
                                                  batch, r.generation.temperature, false);
             if (!lp)
               return lp.error();
-            in.ref_lp = take(lp->get("log_probs"));
+            in.ref_lp = value_or_throw(lp->get("log_probs"));
             return {};
           });
           if (!ref)
             return ref.error();
-          take(batch.set("ref_log_probs", in.ref_lp));
+          value_or_throw(batch.set("ref_log_probs", in.ref_lp));
         } else {
           in.ref_lp = in.old_lp;
         }
@@ -412,12 +400,12 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
                                                 train::values_atom::value, batch);
             if (!v)
               return v.error();
-            in.values = take(v->get("values"));
+            in.values = value_or_throw(v->get("values"));
             return {};
           });
           if (!val)
             return val.error();
-          take(batch.set("values", in.values));
+          value_or_throw(batch.set("values", in.values));
         }
         if (stopped_before_update())
           return make_error(errc::cancelled, "stop");
@@ -426,19 +414,19 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         auto rew = timed("reward", [&]() -> expected<void> {
           inject("reward", "reward", it);
           reward_request req;
-          take(req.batch.set("input_ids", take(batch.get("input_ids"))));
-          take(req.batch.set("attention_mask", take(batch.get("attention_mask"))));
+          value_or_throw(req.batch.set("input_ids", value_or_throw(batch.get("input_ids"))));
+          value_or_throw(req.batch.set("attention_mask", value_or_throw(batch.get("attention_mask"))));
           req.responses = responses;
           req.answers = answers;
           auto s = ask<runtime::tensor_batch>(self, roles.reward, ctx.timeout, "reward: score",
                                               reward_atom::value, req);
           if (!s)
             return s.error();
-          in.scores = take(s->get("scores"));
+          in.scores = value_or_throw(s->get("scores"));
           if (s->contains("rule_scores"))
-            m["critic/rule_score/mean"] = take(s->get("rule_scores")).mean().item<double>();
+            m["critic/rule_score/mean"] = value_or_throw(s->get("rule_scores")).mean().item<double>();
           if (s->contains("model_scores"))
-            m["critic/model_score/mean"] = take(s->get("model_scores")).mean().item<double>();
+            m["critic/model_score/mean"] = value_or_throw(s->get("model_scores")).mean().item<double>();
           return {};
         });
         if (!rew)
@@ -449,29 +437,29 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         // adv
         auto adv = timed("adv", [&]() -> expected<void> {
           double beta_reward = (use_ref && !in_loss) ? st.beta : 0.0;
-          auto tr = take(kernels::token_level_rewards(in.scores, in.old_lp, in.ref_lp, mask,
+          auto tr = value_or_throw(kernels::token_level_rewards(in.scores, in.old_lp, in.ref_lp, mask,
                                                       beta_reward, *estimator));
           auto rows = static_cast<int64_t>(responses.size());
-          auto groups = take(kernels::contiguous_group_ids(rows, n));
+          auto groups = value_or_throw(kernels::contiguous_group_ids(rows, n));
           kernels::advantage_result a;
           if (adv_kind == "gae") {
-            a = take(kernels::gae(tr.rewards, in.values, mask, r.gamma, r.lam));
+            a = value_or_throw(kernels::gae(tr.rewards, in.values, mask, r.gamma, r.lam));
             // Returns stay raw (the critic's targets); advantages are whitened
             // over the batch's response tokens, so a biased young critic does
             // not push every sampled token down (or up) at once.
             if (r.whiten_advantages)
-              a.advantages = take(kernels::masked_whiten(a.advantages, mask));
+              a.advantages = value_or_throw(kernels::masked_whiten(a.advantages, mask));
           }
           else if (adv_kind == "grpo")
-            a = take(kernels::grpo_advantages(in.scores, mask, groups));
+            a = value_or_throw(kernels::grpo_advantages(in.scores, mask, groups));
           else if (adv_kind == "rloo")
-            a = take(kernels::rloo_advantages(in.scores, mask, groups));
+            a = value_or_throw(kernels::rloo_advantages(in.scores, mask, groups));
           else if (adv_kind == "reinforce_pp")
-            a = take(kernels::reinforce_pp_advantages(tr.rewards, mask, r.gamma));
+            a = value_or_throw(kernels::reinforce_pp_advantages(tr.rewards, mask, r.gamma));
           else
-            a = take(kernels::reinforce_pp_baseline_advantages(in.scores, mask, groups));
-          take(batch.set("advantages", a.advantages.to(torch::kFloat)));
-          take(batch.set("returns", a.returns.to(torch::kFloat)));
+            a = value_or_throw(kernels::reinforce_pp_baseline_advantages(in.scores, mask, groups));
+          value_or_throw(batch.set("advantages", a.advantages.to(torch::kFloat)));
+          value_or_throw(batch.set("returns", a.returns.to(torch::kFloat)));
           // KL of the batch: per-sequence sum, averaged (the adaptive controller's input).
           auto kl_seq = (tr.kl * mask).sum(1);
           double kl_mean = kl_seq.mean().item<double>();
@@ -566,7 +554,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
       st.iteration = it + 1;
       m["timing_s/step"] = step_s;
       m["training/global_step"] = static_cast<double>(it + 1);
-      auto tokens = take(batch.get("attention_mask")).sum().item<double>();
+      auto tokens = value_or_throw(batch.get("attention_mask")).sum().item<double>();
       m["perf/throughput"] = tokens / std::max(step_s, 1e-9);
       m["perf/total_num_tokens"] = tokens;
 

@@ -17,13 +17,6 @@ namespace troupe::actors::train {
 
 namespace {
 
-template <class T>
-T value_or_throw(expected<T> r) {
-  if (!r)
-    throw std::runtime_error(describe(r.error()));
-  return std::move(*r);
-}
-
 at::Tensor need(const runtime::tensor_batch& b, const std::string& name) {
   return value_or_throw(b.get(name));
 }
@@ -110,8 +103,9 @@ struct train_engine::impl {
   std::vector<runtime::tensor_batch> minibatches(const runtime::tensor_batch& batch, int64_t epochs,
                                                  int64_t parts, uint64_t seed) {
     if (parts < 1 || parts > batch.size())
-      throw std::invalid_argument("minibatches " + std::to_string(parts) + " for a batch of " +
-                                  std::to_string(batch.size()));
+      throw error_exception(make_error(errc::invalid_argument,
+                                       "minibatches " + std::to_string(parts) + " for a batch of " +
+                                           std::to_string(batch.size())));
     std::vector<runtime::tensor_batch> out;
     for (int64_t e = 0; e < epochs; ++e) {
       auto perm = runtime::seeded_permutation(batch.size(), seed + static_cast<uint64_t>(e) * 0x51ED27ULL);
@@ -313,7 +307,8 @@ std::pair<at::Tensor, at::Tensor> pair_scores(models::llama_model& model,
   auto ci = need(b, "chosen_ids"), cm = need(b, "chosen_mask");
   auto ri = need(b, "rejected_ids"), rm = need(b, "rejected_mask");
   if (ci.size(1) != ri.size(1))
-    throw std::invalid_argument("chosen_ids and rejected_ids must have the same length");
+    throw error_exception(make_error(errc::shape_mismatch,
+                                     "chosen_ids and rejected_ids must have the same length"));
   auto s = model->forward(torch::cat({ci, ri}, 0), torch::cat({cm, rm}, 0)).to(torch::kFloat);
   auto n = ci.size(0);
   return {s.narrow(0, 0, n), s.narrow(0, n, n)};
