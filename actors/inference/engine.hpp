@@ -56,6 +56,19 @@ struct engine_config {
 /// Checks ranges; messages name the field ("engine.block_size: ...").
 expected<void> validate(const engine_config& c);
 
+/// The job-file keys of an engine (NOTE [config visitors] in
+/// runtime/config.hpp); `seed` is not one: jobs derive it from run.seed.
+template <class V>
+void visit(V& v, engine_config& c) {
+  v.field("block_size", c.block_size, "Tokens per KV block");
+  v.field("num_blocks", c.num_blocks, "KV blocks; 0 = as many as fit in kv_cache_mb");
+  v.field("kv_cache_mb", c.kv_cache_mb, "KV pool size when num_blocks is 0 (MiB)");
+  v.field("max_num_seqs", c.max_num_seqs, "Running sequences at most");
+  v.field("max_batched_tokens", c.max_batched_tokens, "Tokens per engine step at most");
+  v.field("max_model_len", c.max_model_len, "Prompt + generation limit; 0 = the model's context");
+  v.field("enable_prefix_caching", c.enable_prefix_caching, "Share prompt KV between samples");
+}
+
 struct generate_request {
   /// Caller's id, echoed in the output (must be unique among live requests).
   std::string id;

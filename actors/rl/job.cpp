@@ -123,14 +123,7 @@ caf::error request_error(const caf::error& err, const std::string& what, caf::ti
 }
 
 inference::engine_config engine_settings(const job_config& cfg) {
-  inference::engine_config e;
-  const auto& r = cfg.rl.rollout;
-  e.block_size = r.block_size;
-  e.num_blocks = r.num_blocks;
-  e.kv_cache_mb = r.kv_cache_mb;
-  e.max_num_seqs = r.max_num_seqs;
-  e.max_batched_tokens = r.max_batched_tokens;
-  e.enable_prefix_caching = r.enable_prefix_caching;
+  auto e = cfg.rl.rollout;
   e.seed = static_cast<uint64_t>(cfg.run.seed);
   return e;
 }

@@ -195,6 +195,7 @@ void check(const job_config& c, runtime::config_checks& checks) {
   checks.require(e.kv_cache_mb > 0, "rl.rollout.kv_cache_mb", "must be > 0");
   checks.require(e.max_num_seqs >= 1, "rl.rollout.max_num_seqs", "must be >= 1");
   checks.require(e.max_batched_tokens >= 1, "rl.rollout.max_batched_tokens", "must be >= 1");
+  checks.require(e.max_model_len >= 0, "rl.rollout.max_model_len", "must be >= 0 (0 = the model's)");
 
   // debug
   // The rollout's failures are covered by the rollout actor's own tests.

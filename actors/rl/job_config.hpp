@@ -10,6 +10,7 @@
 //   rl   PPO / GRPO with the five roles (policy, critic, reward, reference,
 //        rollout) as actors                            → <run>/rl/model
 
+#include "actors/inference/engine.hpp"
 #include "actors/train/optimizer_options.hpp"
 #include "runtime/config.hpp"
 
@@ -207,23 +208,14 @@ void visit(V& v, critic_config& c) {
   v.field("value_clip", c.value_clip, "Clip values to old ± this; 0 = off");
 }
 
-/// The rollout engine (actors/inference/engine.hpp).
-struct rollout_config {
-  int64_t block_size = 16;
-  int64_t num_blocks = 0;
-  double kv_cache_mb = 64;
-  int64_t max_num_seqs = 256;
-  int64_t max_batched_tokens = 4096;
-  bool enable_prefix_caching = true;
-};
-template <class V>
-void visit(V& v, rollout_config& c) {
-  v.field("block_size", c.block_size, "Tokens per KV block");
-  v.field("num_blocks", c.num_blocks, "KV blocks; 0 = as many as fit in kv_cache_mb");
-  v.field("kv_cache_mb", c.kv_cache_mb);
-  v.field("max_num_seqs", c.max_num_seqs, "Running sequences at most");
-  v.field("max_batched_tokens", c.max_batched_tokens, "Tokens per engine step at most");
-  v.field("enable_prefix_caching", c.enable_prefix_caching, "Share prompt KV between samples");
+/// The rollout engine's settings in a job: the engine's own defaults, with
+/// a smaller KV pool and a larger batch (RL batches are many short sequences).
+inline inference::engine_config default_rollout() {
+  inference::engine_config e;
+  e.kv_cache_mb = 64;
+  e.max_num_seqs = 256;
+  e.max_batched_tokens = 4096;
+  return e;
 }
 
 struct rl_config {
@@ -255,7 +247,7 @@ struct rl_config {
   int64_t eval_samples = 4;
   /// Checkpoint every N iterations (and at the end); 0 = only at the end.
   int64_t checkpoint_every = 10;
-  rollout_config rollout;
+  inference::engine_config rollout = default_rollout();
 };
 template <class V>
 void visit(V& v, rl_config& c) {
