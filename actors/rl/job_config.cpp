@@ -1,5 +1,7 @@
 #include "actors/rl/job_config.hpp"
 
+#include "actors/rl/tasks.hpp"
+
 #include <algorithm>
 #include <set>
 
@@ -47,9 +49,13 @@ bool uses_critic(const rl_config& c) { return resolved_advantage(c) == "gae"; }
 
 bool uses_reward_model(const reward_config& c) { return c.kind != "rule"; }
 
-int64_t max_task_prompt_len(const data_config& c) {
-  // "sort:" + digits + "=" ; "add:" + a + "+" + b + "="
-  return c.task == "add" ? 4 + 2 * c.max_digits + 2 : 5 + c.max_digits + 1;
+int64_t max_task_prompt_tokens(const data_config& c) {
+  task_options o;
+  o.name = c.task;
+  o.min_digits = c.min_digits;
+  o.max_digits = c.max_digits;
+  auto t = make_task(o);
+  return t ? (*t)->max_prompt_length() + 1 : 0;
 }
 
 void check(const job_config& c, runtime::config_checks& checks) {
@@ -108,11 +114,12 @@ void check(const job_config& c, runtime::config_checks& checks) {
                      "num_heads " + std::to_string(m.num_heads) + " is not divisible by " +
                          std::to_string(m.num_kv_heads) + " kv heads");
     checks.require(m.rope_theta > 0, "model.rope_theta", "must be > 0");
-    if (d.train_file.empty() && d.max_digits >= d.min_digits) {
-      auto need = max_task_prompt_len(d) + c.rl.generation.max_tokens;
+    auto prompt = max_task_prompt_tokens(d);
+    if (d.train_file.empty() && prompt > 0) {
+      auto need = prompt + c.rl.generation.max_tokens;
       checks.require(m.max_position_embeddings >= need, "model.max_position_embeddings",
-                     "must hold the longest " + d.task + " prompt (" +
-                         std::to_string(max_task_prompt_len(d)) + " tokens) plus " +
+                     "must hold the longest " + d.task + " prompt (" + std::to_string(prompt) +
+                         " tokens with BOS) plus " +
                          "rl.generation.max_tokens (" + std::to_string(c.rl.generation.max_tokens) +
                          "): at least " + std::to_string(need));
     }

@@ -332,8 +332,9 @@ bool uses_critic(const rl_config& c);
 /// Whether the reward needs a reward model.
 bool uses_reward_model(const reward_config& c);
 
-/// Longest prompt of the built-in task, in characters (= byte tokens).
-int64_t max_task_prompt_len(const data_config& c);
+/// Tokens of the built-in task's longest prompt with the byte tokenizer
+/// (its characters + BOS); 0 when the task settings are invalid.
+int64_t max_task_prompt_tokens(const data_config& c);
 
 /// Loads and checks a job file with `--set` overrides.
 expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides);

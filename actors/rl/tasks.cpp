@@ -134,6 +134,7 @@ public:
   using digit_task::digit_task;
 
   std::string_view name() const override { return "sort"; }
+  int64_t max_prompt_length() const override { return 6 + max_digits_; } // sort: ... =
 
   example make_example(uint64_t seed, int64_t index) const override {
     generator g{derive(seed, example_stream, static_cast<uint64_t>(index))};
@@ -191,6 +192,7 @@ public:
   using digit_task::digit_task;
 
   std::string_view name() const override { return "add"; }
+  int64_t max_prompt_length() const override { return 6 + 2 * max_digits_; } // add: ... + ... =
 
   example make_example(uint64_t seed, int64_t index) const override {
     generator g{derive(seed, example_stream, static_cast<uint64_t>(index))};

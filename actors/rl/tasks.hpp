@@ -80,6 +80,8 @@ public:
   virtual std::string_view name() const = 0;
   /// Example `index` of the stream `seed` (pure function of both).
   virtual example make_example(uint64_t seed, int64_t index) const = 0;
+  /// The longest prompt this task makes, in characters.
+  virtual int64_t max_prompt_length() const = 0;
   /// A plausible wrong answer for `ex` (for rejected responses), never equal
   /// to ex.answer; deterministic in (seed, index).
   virtual std::string wrong_answer(const example& ex, uint64_t seed, int64_t index) const = 0;

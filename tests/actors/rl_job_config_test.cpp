@@ -62,9 +62,9 @@ TEST(RlJobConfig, BadSpecsNameTheLineAndPath) {
        "job.yaml:3:18: rl.critic.init: 'rm' needs the rm stage"},
       {"rl:\n  generation:\n    temperature: 0\n",
        "job.yaml:3:18: rl.generation.temperature: must be > 0"},
-      {"model:\n  max_position_embeddings: 16\n",
-       "job.yaml:2:28: model.max_position_embeddings: must hold the longest sort prompt (12 "
-       "tokens) plus rl.generation.max_tokens (16): at least 28"},
+      {"model:\n  max_position_embeddings: 28\n",
+       "job.yaml:2:28: model.max_position_embeddings: must hold the longest sort prompt (13 "
+       "tokens with BOS) plus rl.generation.max_tokens (16): at least 29"},
       {"sft:\n  optim:\n    lr: -1\n", "job.yaml:3:9: sft.optim.lr: must be > 0"},
       {"rl:\n  kl:\n    estimator: k4\n", "job.yaml:3:16: rl.kl.estimator: expected one of"},
       {"rl:\n  iteratons: 5\n", "job.yaml:2:3: rl.iteratons: unknown key 'iteratons'"},

@@ -662,3 +662,20 @@ TEST(RlDatasets, SaveRefusesRowsThatWouldNotLoadBack) {
   }
   EXPECT_FALSE(std::filesystem::exists(path)); // nothing was written
 }
+
+// The bound a job checks its context length against is the longest prompt
+// the task actually makes (reached, never exceeded).
+TEST(RlTasks, MaxPromptLengthIsTheLongestPrompt) {
+  for (const char* name : {"sort", "add"}) {
+    task_options o;
+    o.name = name;
+    o.min_digits = 1;
+    o.max_digits = 3;
+    auto t = make_task(o);
+    ASSERT_TRUE(t) << describe(t.error());
+    size_t longest = 0;
+    for (int64_t i = 0; i < 2000; ++i)
+      longest = std::max(longest, (*t)->make_example(7, i).prompt.size());
+    EXPECT_EQ(static_cast<int64_t>(longest), (*t)->max_prompt_length()) << name;
+  }
+}
