@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -370,8 +371,19 @@ config_reader config_reader::element(std::string_view key, size_t i) {
 void config_reader::finish() {
   if (!node_->yaml.IsMap())
     return;
+  // yaml-cpp keeps every entry of a map with a repeated key but looks up
+  // only the first, so a later value would be silently ignored.
+  std::map<std::string, YAML::Mark> seen;
   for (const auto& kv : node_->yaml) {
     auto key = kv.first.Scalar();
+    auto [first, inserted] = seen.emplace(key, kv.first.Mark());
+    if (!inserted) {
+      auto path = join(node_->path, key);
+      errors_->add(locate(doc_, path, kv.first.Mark()), path,
+                   "duplicate key '" + key + "' (first given at line " +
+                       std::to_string(first->second.line + 1) + ")");
+      continue;
+    }
     if (node_->read.count(key) != 0)
       continue;
     std::string known;

@@ -177,10 +177,18 @@ TEST(RlJob, CriticFreeEstimatorsRun) {
 
 // 4 iterations straight vs 2, a stop (as SIGINT does), --resume, 2 more:
 // the same metrics and bit-identical weights.
-TEST(RlJob, ResumeContinuesExactly) {
+class RlJobResume : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RlJobResume, ContinuesExactly) {
   test::temp_dir tmp;
-  auto straight = parse(tiny_job(tmp.file("a")), {"rl.iterations=4", "rl.checkpoint_every=0", "rl.rollout.enable_prefix_caching=false"});
-  auto split = parse(tiny_job(tmp.file("b")), {"rl.iterations=4", "rl.checkpoint_every=0", "rl.rollout.enable_prefix_caching=false"});
+  // Two samples per prompt: with caching on, the second shares the first's
+  // prompt blocks, so the engine's history differs between the runs.
+  std::vector<std::string> sets{"rl.iterations=4", "rl.checkpoint_every=0",
+                                "rl.samples_per_prompt=2",
+                                std::string{"rl.rollout.enable_prefix_caching="} +
+                                    (GetParam() ? "true" : "false")};
+  auto straight = parse(tiny_job(tmp.file("a")), sets);
+  auto split = parse(tiny_job(tmp.file("b")), sets);
   ASSERT_TRUE(straight && split);
   auto a = run(*straight);
   ASSERT_TRUE(a.summary) << describe(a.summary.error());
@@ -212,6 +220,9 @@ TEST(RlJob, ResumeContinuesExactly) {
   ASSERT_TRUE(wa && wb);
   EXPECT_TRUE(*wa == *wb) << "final weights differ";
 }
+
+INSTANTIATE_TEST_SUITE_P(PrefixCaching, RlJobResume, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "On" : "Off"; });
 
 TEST(RlJob, AStopBeforeAnyUpdateAbandonsTheIterationAndResumes) {
   test::temp_dir tmp;

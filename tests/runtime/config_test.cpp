@@ -140,6 +140,21 @@ TEST(Config, ReportsEveryViolationWithLineColumnAndPath) {
       << msg;
 }
 
+TEST(Config, RefusesARepeatedKeyAtItsSecondOccurrence) {
+  // yaml-cpp would keep the first value and drop the second without a word.
+  auto msg = error_of(load("batch_size: 8\n"
+                           "optim:\n"
+                           "  lr: 1e-4\n"
+                           "  lr: 2e-4\n"
+                           "batch_size: 16\n"));
+  EXPECT_NE(msg.find("job.yaml:4:3: optim.lr: duplicate key 'lr' (first given at line 3)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("job.yaml:5:1: batch_size: duplicate key 'batch_size' (first given at line 1)"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(Config, CrossFieldChecksPointAtTheLineOfTheirPath) {
   auto msg = error_of(load("batch_size: 10\nmini_batches: 4\noptim:\n  lr: -1\n"));
   EXPECT_NE(msg.find("job.yaml:2:15: mini_batches: batch_size 10 is not divisible by 4 mini-batches"),
