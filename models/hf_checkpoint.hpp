@@ -8,13 +8,19 @@
 // Mapping HF names to troupe module names is the model's business.
 
 #include "models/config.hpp"
-#include "models/safetensors.hpp"
 #include "runtime/error.hpp"
+#include "runtime/safetensors.hpp"
 
 #include <cstdint>
 #include <string>
 
 namespace troupe::models {
+
+// The safetensors format lives in runtime/ (weight transports use it too).
+using runtime::load_safetensors;
+using runtime::save_safetensors;
+using runtime::string_map;
+using runtime::tensor_map;
 
 /// File names used inside a checkpoint directory.
 inline constexpr const char* hf_config_file = "config.json";

@@ -77,7 +77,7 @@ TEST(HfCheckpoint, SingleFileRoundTrip) {
   auto ckpt = dir.file("ckpt");
   ASSERT_TRUE(save_hf_checkpoint_dir(ckpt, tiny_config(), tiny_tensors()));
   EXPECT_EQ(files_in(ckpt), (std::set<std::string>{"config.json", "model.safetensors"}));
-  auto md = read_safetensors_metadata(ckpt + "/model.safetensors");
+  auto md = runtime::read_safetensors_metadata(ckpt + "/model.safetensors");
   ASSERT_TRUE(md);
   EXPECT_EQ(*md, (string_map{{"format", "pt"}}));
   auto back = load_hf_checkpoint_dir(ckpt);
@@ -111,7 +111,7 @@ TEST(HfCheckpoint, ShardedRoundTripWritesIndexAndShards) {
                 "model-00002-of-00005.safetensors", "model-00003-of-00005.safetensors",
                 "model-00004-of-00005.safetensors", "model-00005-of-00005.safetensors"}));
   for (int i = 1; i <= 5; ++i) {
-    auto md = read_safetensors_metadata(ckpt + "/model-0000" + std::to_string(i) +
+    auto md = runtime::read_safetensors_metadata(ckpt + "/model-0000" + std::to_string(i) +
                                         "-of-00005.safetensors");
     ASSERT_TRUE(md);
     EXPECT_EQ(md->at("format"), "pt");

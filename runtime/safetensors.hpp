@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace troupe::models {
+namespace troupe::runtime {
 
 /// Named tensors, ordered by name.
 using tensor_map = std::map<std::string, at::Tensor>;
@@ -76,4 +76,4 @@ expected<tensor_map> load_safetensors(const std::string& path);
 expected<void> save_safetensors(const std::string& path, const tensor_map& tensors,
                                 const string_map& metadata = {});
 
-} // namespace troupe::models
+} // namespace troupe::runtime

@@ -1,4 +1,4 @@
-#include "models/safetensors.hpp"
+#include "runtime/safetensors.hpp"
 
 #include "runtime/torch_guard.hpp"
 
@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace troupe::models {
+namespace troupe::runtime {
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; big-endian hosts need byte swaps");
@@ -551,4 +551,4 @@ expected<void> save_safetensors(const std::string& path, const tensor_map& tenso
   return caf::unit;
 }
 
-} // namespace troupe::models
+} // namespace troupe::runtime

@@ -1,4 +1,4 @@
-#include "models/safetensors.hpp"
+#include "runtime/safetensors.hpp"
 #include "runtime/error.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -12,7 +12,7 @@
 #include <sstream>
 
 using namespace troupe;
-using namespace troupe::models;
+using namespace troupe::runtime;
 
 namespace {
 
