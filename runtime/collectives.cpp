@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <future>
 
 namespace troupe::runtime {
 
@@ -161,6 +162,51 @@ expected<process_group> make_process_group(store& rendezvous, const group_option
     out.impl_->timeout = std::chrono::milliseconds(options.timeout_ms);
     return out;
   });
+}
+
+expected<local_groups> make_local_groups(int world, const group_options& options) {
+  if (world < 1)
+    return make_error(errc::invalid_argument,
+                      "make_local_groups: world " + std::to_string(world) + " < 1");
+  local_groups out;
+  store_options so;
+  so.is_server = true;
+  so.timeout_ms = options.timeout_ms;
+  auto server = make_tcp_store(so);
+  if (!server)
+    return server.error();
+  out.stores.push_back(std::move(*server));
+  for (int r = 1; r < world; ++r) {
+    store_options co;
+    co.port = out.stores.front().port();
+    co.timeout_ms = options.timeout_ms;
+    auto client = make_tcp_store(co);
+    if (!client)
+      return client.error();
+    out.stores.push_back(std::move(*client));
+  }
+  // Every rank must join at once: one thread per rank.
+  std::vector<std::future<expected<process_group>>> joins;
+  for (int r = 0; r < world; ++r)
+    joins.push_back(std::async(std::launch::async, [&out, &options, r, world] {
+      auto o = options;
+      o.rank = r;
+      o.world_size = world;
+      return make_process_group(out.stores[static_cast<size_t>(r)], o);
+    }));
+  caf::error first;
+  for (auto& j : joins) {
+    auto g = j.get();
+    if (!g) {
+      if (!first)
+        first = g.error();
+      continue;
+    }
+    out.groups.push_back(std::move(*g));
+  }
+  if (first)
+    return first;
+  return out;
 }
 
 std::vector<std::string> available_backends() {

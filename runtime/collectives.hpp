@@ -82,6 +82,17 @@ public:
 /// the same name, backend and world size.
 expected<process_group> make_process_group(store& rendezvous, const group_options& options);
 
+/// `world` ranks of one group inside this process (one store server plus a
+/// client per other rank), for tests, benchmarks and in-process data
+/// parallelism: rank r is groups[r]; use each from its own thread.
+struct local_groups {
+  std::vector<store> stores;
+  std::vector<process_group> groups;
+};
+
+/// Creates them concurrently; `options.rank` and `world_size` are ignored.
+expected<local_groups> make_local_groups(int world, const group_options& options);
+
 /// c10d backends this build can create ("gloo", and "nccl" with CUDA LibTorch).
 std::vector<std::string> available_backends();
 

@@ -439,6 +439,16 @@ expected<tensor_map> load_safetensors(const std::string& path) {
   return out;
 }
 
+std::string safetensors_dtype_name(at::ScalarType type) {
+  const auto* e = find_dtype(type);
+  return e != nullptr ? std::string{e->name} : std::string{};
+}
+
+std::optional<at::ScalarType> safetensors_scalar_type(const std::string& dtype) {
+  const auto* e = find_dtype(std::string_view{dtype});
+  return e != nullptr ? e->type : std::nullopt;
+}
+
 expected<void> save_safetensors(const std::string& path, const tensor_map& tensors,
                                 const string_map& metadata) {
   struct planned {

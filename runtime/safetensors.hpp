@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,12 @@ uint64_t safetensors_dtype_size(const std::string& dtype);
 
 /// Whether this build loads and saves tensors of the given safetensors dtype.
 bool safetensors_dtype_supported(const std::string& dtype);
+
+/// The safetensors dtype name of `type` ("F32"), or "" when it has none.
+std::string safetensors_dtype_name(at::ScalarType type);
+
+/// The scalar type of a safetensors dtype name this build loads, or nullopt.
+std::optional<at::ScalarType> safetensors_scalar_type(const std::string& dtype);
 
 /// Reads and validates the header only (the data is never read).
 expected<safetensors_header> read_safetensors_header(const std::string& path);

@@ -1,0 +1,94 @@
+#pragma once
+// Weight transports: how a trainer's weights reach an inference engine.
+//
+// One interface, `publish(version, tensors)` on the sending side and
+// `receive(version)` on the receiving side, over the channel that fits the
+// placement of the two roles:
+//
+//   alias      same process: the receiver gets the publisher's tensors
+//              (zero copy).
+//   shm        same host: POSIX shared memory the receiver maps read-only
+//              (the CPU analogue of CUDA IPC handles).
+//   broadcast  any placement with a c10d group between the two sides: the
+//              root broadcasts a table and then the bytes, in buckets.
+//   disk       a shared folder: safetensors + a manifest, renamed into place.
+//
+// NOTE [versioned transfers]: versions increase strictly on the publishing
+// side. Every transfer carries a table (name, dtype, shape, byte range and
+// hash64 of each tensor; see runtime/hash.hpp), and `receive(v)` returns the
+// weights of exactly version v or an error: version_mismatch when what is
+// there is older (stale) or newer (overwritten) than v, not_found when
+// nothing was published, corrupted when a size, bound or hash does not match
+// or a writer did not finish. A receiver never sees part of a version.
+//
+// Blocking calls (file I/O, collectives, lock waits): use them from detached
+// actors or worker threads.
+
+#include "runtime/error.hpp"
+#include "runtime/safetensors.hpp"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace troupe::runtime {
+
+class process_group;
+
+/// The transports this build offers, by name.
+std::vector<std::string> weight_transport_kinds();
+
+struct transport_options {
+  /// alias | shm | broadcast | disk.
+  std::string kind = "alias";
+  /// Names the pair of roles; both sides use the same name. Letters, digits
+  /// and . _ - only (it becomes a file or shared-memory name).
+  std::string channel = "weights";
+  /// disk: the folder holding <channel>/v<version>/ (shared by both sides).
+  std::string dir;
+  /// broadcast: the group both sides belong to, and the publishing rank.
+  process_group* group = nullptr;
+  int root = 0;
+  /// broadcast: the payload travels in flat buffers of at most this size.
+  int64_t bucket_bytes = int64_t{25} << 20;
+  /// shm / disk: published versions kept (older ones are removed); >= 1.
+  int keep = 2;
+  /// shm: how long publish waits for receivers still reading the slot it
+  /// reuses, and receive for a publisher still writing.
+  int64_t timeout_ms = 30000;
+};
+
+/// What receive() hands over.
+///
+/// `tensors` stay valid as long as this object (or a copy of a tensor) lives.
+/// shm: they are read-only views of the shared segment, and while any of
+/// them lives the publisher cannot reuse that slot (it waits, then fails with
+/// a timeout naming the channel); copy them into the model and drop them.
+struct received_weights {
+  int64_t version = -1;
+  tensor_map tensors;
+  /// Total bytes of tensor data.
+  uint64_t bytes = 0;
+};
+
+class weight_transport {
+public:
+  virtual ~weight_transport() = default;
+  /// "alias", "shm", "broadcast" or "disk".
+  virtual std::string kind() const = 0;
+  /// Makes `tensors` (CPU or not, any layout, dtypes safetensors knows)
+  /// available as `version`; fails with version_mismatch when `version` is
+  /// not above the last one published through this object.
+  virtual expected<void> publish(int64_t version, const tensor_map& tensors) = 0;
+  /// The weights of exactly `version` (see NOTE [versioned transfers]).
+  virtual expected<received_weights> receive(int64_t version) = 0;
+};
+
+/// A transport endpoint; the publishing and the receiving side each make one
+/// with the same options (broadcast: every rank of the group).
+expected<std::unique_ptr<weight_transport>> make_weight_transport(const transport_options& options);
+
+} // namespace troupe::runtime
