@@ -1,5 +1,7 @@
 #include "actors/actor_system.hpp"
 
+#include "actors/inference/rollout.hpp"
+
 #include <caf/all.hpp>
 
 #include <algorithm>
@@ -17,6 +19,8 @@ void configure(caf::actor_system_config& cfg) {
       out += ": " + ctx.get_as<std::string>(0);
     return out;
   });
+  // Serialisable messages (they may cross processes).
+  cfg.add_message_type<inference::weight_channel>("weight_channel");
 }
 
 namespace {

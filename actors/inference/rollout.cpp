@@ -22,6 +22,7 @@ struct rollout_state {
   std::map<std::string, uint64_t> call_of; ///< request id → call
   uint64_t next_call = 0;
   bool stepping = false;
+  transport_cache transports;
   static inline const char* name = "rollout";
 };
 
@@ -102,6 +103,23 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
           return ok.error();
         return version;
       },
+      [=](receive_weights_atom, int64_t version, const weight_channel& c)
+          -> caf::result<int64_t> {
+        auto t = open_channel(self->state.transports, c);
+        if (!t)
+          return with_prefix(t.error(), "rollout receive_weights");
+        int64_t bytes = 0;
+        {
+          // Dropped before answering: an shm slot is free again at once.
+          auto got = (*t)->receive(version);
+          if (!got)
+            return with_prefix(got.error(), "rollout receive_weights");
+          if (auto ok = self->state.eng->load_weights(version, got->tensors); !ok)
+            return ok.error();
+          bytes = static_cast<int64_t>(got->bytes);
+        }
+        return bytes;
+      },
       [=](metrics_atom) { return self->state.eng->metrics(); },
       [=](clear_cache_atom) {
         self->state.eng->clear_prefix_cache();
@@ -112,6 +130,28 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
 }
 
 } // namespace
+
+runtime::transport_options transport_options_of(const weight_channel& c) {
+  runtime::transport_options o;
+  o.kind = c.kind;
+  o.channel = c.channel;
+  o.dir = c.dir;
+  o.keep = static_cast<int>(c.keep);
+  o.timeout_ms = c.timeout_ms;
+  return o;
+}
+
+expected<runtime::weight_transport*> open_channel(transport_cache& cache, const weight_channel& c) {
+  auto key = c.kind + "/" + c.channel;
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    auto t = runtime::make_weight_transport(transport_options_of(c));
+    if (!t)
+      return t.error();
+    it = cache.emplace(key, std::move(*t)).first;
+  }
+  return it->second.get();
+}
 
 expected<rollout_actor> spawn_rollout(caf::actor_system& sys, models::llama_model model,
                                       const engine_config& config) {

@@ -14,10 +14,12 @@
 // dead engine.
 
 #include "actors/inference/engine.hpp"
+#include "runtime/weight_transport.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
@@ -34,6 +36,36 @@ using load_weights_atom = caf::atom_constant<caf::atom("loadweight")>;
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using clear_cache_atom = caf::atom_constant<caf::atom("clearcache")>;
+using receive_weights_atom = caf::atom_constant<caf::atom("recvweight")>;
+
+/// Where versions of a trainer's weights travel to a rollout: the transport
+/// (runtime/weight_transport.hpp) both sides open. Plain data, so it can be
+/// sent to roles in other processes.
+struct weight_channel {
+  /// alias | shm | disk (broadcast needs a process group: workers only).
+  std::string kind = "alias";
+  /// Unique per job and pair of roles.
+  std::string channel = "weights";
+  /// disk: the folder of the versions.
+  std::string dir;
+  int64_t keep = 2;
+  int64_t timeout_ms = 30000;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, weight_channel& x) {
+  return f(caf::meta::type_name("weight_channel"), x.kind, x.channel, x.dir, x.keep,
+           x.timeout_ms);
+}
+
+/// The transport options of `c` (runtime/weight_transport.hpp).
+runtime::transport_options transport_options_of(const weight_channel& c);
+
+/// The transports an actor has opened, by kind and channel.
+using transport_cache = std::map<std::string, std::unique_ptr<runtime::weight_transport>>;
+
+/// The transport for `c` in `cache`, opened on first use.
+expected<runtime::weight_transport*> open_channel(transport_cache& cache, const weight_channel& c);
 
 /// Weights by HF name, shared read-only (the in-process alias transport:
 /// the sender must not modify the tensors until the update is answered).
@@ -45,6 +77,10 @@ using rollout_actor = caf::typed_actor<
         std::vector<request_output>>,
     /// Loads weight version v between steps; answers v.
     caf::replies_to<load_weights_atom, int64_t, shared_weights>::with<int64_t>,
+    /// Receives version v from the channel (opened on first use and kept),
+    /// loads it between steps and lets go of the received buffers; answers
+    /// the bytes received.
+    caf::replies_to<receive_weights_atom, int64_t, weight_channel>::with<int64_t>,
     caf::replies_to<metrics_atom>::with<engine_metrics>,
     /// Drops the prefix cache (e.g. after an evaluation, so the next batch
     /// computes exactly as it would have without it); answers free blocks.

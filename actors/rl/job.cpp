@@ -13,7 +13,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <chrono>
+#include <csignal>
 #include <fstream>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace troupe::actors::rl {
 namespace detail {
@@ -128,17 +133,63 @@ inference::engine_config engine_settings(const job_config& cfg) {
   return e;
 }
 
-expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx,
+namespace {
+
+// Shared-memory channels of this job are named after its process; those of
+// processes that died without cleaning up (SIGKILL) are removed at start.
+constexpr const char* channel_prefix = "troupe-job-";
+
+void remove_orphaned_segments() {
+  std::error_code ec;
+  const std::string lead = std::string{"troupe."} + channel_prefix;
+  for (auto it = fs::directory_iterator("/dev/shm", ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    auto name = it->path().filename().string();
+    if (name.rfind(lead, 0) != 0)
+      continue;
+    auto pid = std::strtol(name.c_str() + lead.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      ::shm_unlink(("/" + name).c_str());
+  }
+}
+
+// The default folder of disk-transport versions (removed around each stage).
+void remove_default_weight_dir(const job_context& ctx, const std::string& stage) {
+  if (ctx.cfg->weight_sync.transport != "disk" || !ctx.cfg->weight_sync.dir.empty())
+    return;
+  std::error_code ec;
+  fs::remove_all(ctx.run_dir / stage / "weights", ec);
+}
+
+} // namespace
+
+inference::weight_channel weight_channel_for(const job_context& ctx, const std::string& stage) {
+  const auto& w = ctx.cfg->weight_sync;
+  inference::weight_channel c;
+  c.kind = w.transport == "auto" ? "alias" : w.transport;
+  c.channel = channel_prefix + std::to_string(::getpid()) + "-" + stage;
+  c.dir = w.dir.empty() ? (ctx.run_dir / stage / "weights").string() : w.dir;
+  c.keep = w.keep;
+  c.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.timeout).count();
+  return c;
+}
+
+expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const std::string& stage,
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version) {
-  auto w = ask<inference::shared_weights>(self, trainer, ctx.timeout, "policy: export weights",
-                                          train::export_atom::value);
-  if (!w)
-    return w.error();
-  auto v = ask<int64_t>(self, rollout, ctx.timeout, "rollout: load weights",
-                        inference::load_weights_atom::value, version, *w);
-  if (!v)
-    return v.error();
+  auto channel = weight_channel_for(ctx, stage);
+  auto sent = ask<int64_t>(self, trainer, ctx.timeout, "policy: publish weights",
+                           train::publish_atom::value, version, channel);
+  if (!sent)
+    return sent.error();
+  auto got = ask<int64_t>(self, rollout, ctx.timeout, "rollout: receive weights",
+                          inference::receive_weights_atom::value, version, channel);
+  if (!got)
+    return got.error();
+  if (*got != *sent)
+    return make_error(errc::corrupted, "weight sync " + std::to_string(version) + ": " +
+                                           std::to_string(*sent) + " bytes published, " +
+                                           std::to_string(*got) + " received");
   return {};
 }
 
@@ -407,7 +458,7 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
       bool last = step + 1 == st.steps;
       if (last || (st.eval_every > 0 && (step + 1) % st.eval_every == 0)) {
         if (is_sft) {
-          if (auto ok = sync_weights(self, ctx, trainer, *rollout, step + 1); !ok)
+          if (auto ok = sync_weights(self, ctx, st.name, trainer, *rollout, step + 1); !ok)
             return finish(ok.error());
           if (auto ok = evaluate(self, ctx, *rollout, *m); !ok)
             return finish(ok.error());
@@ -526,6 +577,7 @@ expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, con
       !ok)
     return ok.error();
 
+  remove_orphaned_segments();
   job_summary summary;
   summary.run_dir = ctx.run_dir.string();
   for (const auto& stage : cfg.stages) {
@@ -536,6 +588,7 @@ expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, con
       summary.stages.push_back(std::move(*s));
       continue;
     }
+    remove_default_weight_dir(ctx, stage);
     expected<stage_summary> s = make_error(errc::internal, "unknown stage " + stage);
     if (stage == "sft" || stage == "rm") {
       supervised_stage st;
@@ -558,6 +611,7 @@ expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, con
     } else if (stage == "rl") {
       s = run_rl_stage(ctx);
     }
+    remove_default_weight_dir(ctx, stage);
     if (!s)
       return s.error();
     summary.stages.push_back(*s);

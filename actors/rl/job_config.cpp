@@ -204,6 +204,10 @@ void check(const job_config& c, runtime::config_checks& checks) {
   checks.require(e.max_batched_tokens >= 1, "rl.rollout.max_batched_tokens", "must be >= 1");
   checks.require(e.max_model_len >= 0, "rl.rollout.max_model_len", "must be >= 0 (0 = the model's)");
 
+  // weight_sync
+  checks.require(c.weight_sync.keep >= 1 && c.weight_sync.keep <= 16, "weight_sync.keep",
+                 "must be in [1, 16]");
+
   // debug
   // The rollout's failures are covered by the rollout actor's own tests.
   static const std::set<std::string> roles = {"", "policy", "critic", "reward", "reference"};

@@ -284,6 +284,25 @@ void visit(V& v, rl_config& c) {
   v.section("rollout", c.rollout, "Inference engine of the rollout role");
 }
 
+/// How the trainer's weights reach the rollout engine after each update
+/// (runtime/weight_transport.hpp).
+struct weight_sync_config {
+  /// auto = the channel that fits the placement (in one process: alias).
+  std::string transport = "auto";
+  /// disk: folder of the versions; "" = <run dir>/<stage>/weights.
+  std::string dir;
+  /// Versions kept by shm and disk.
+  int64_t keep = 2;
+};
+template <class V>
+void visit(V& v, weight_sync_config& c) {
+  v.choice("transport", c.transport, {"auto", "alias", "shm", "disk"},
+           "auto (in one process: alias, zero copy), alias, shm (shared memory), or disk "
+           "(safetensors + manifest)");
+  v.field("dir", c.dir, "disk: folder of the published versions; \"\" = <run dir>/<stage>/weights");
+  v.field("keep", c.keep, "shm and disk: published versions kept");
+}
+
 /// Fault injection for tests of failure handling: the role fails (an error
 /// from its actor) when asked to do `phase` in iteration `iteration`.
 struct debug_config {
@@ -306,6 +325,7 @@ struct job_config {
   sft_config sft;
   rm_config rm;
   rl_config rl;
+  weight_sync_config weight_sync;
   debug_config debug;
 };
 template <class V>
@@ -317,6 +337,7 @@ void visit(V& v, job_config& c) {
   v.section("sft", c.sft, "Supervised fine-tuning on demonstrations");
   v.section("rm", c.rm, "Reward-model training on preference pairs (Bradley–Terry)");
   v.section("rl", c.rl, "Reinforcement learning (PPO or GRPO)");
+  v.section("weight_sync", c.weight_sync, "Trainer → rollout weight transfer");
   v.section("debug", c.debug);
 }
 

@@ -95,8 +95,12 @@ struct stopwatch {
 expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
                         const inference::rollout_actor& rollout, train::metric_map& m);
 
-/// Exports the trainer's weights and loads them into the rollout as `version`.
-expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx,
+/// The trainer → rollout channel of `stage` (weight_sync in the job file).
+inference::weight_channel weight_channel_for(const job_context& ctx, const std::string& stage);
+
+/// The trainer publishes its weights as `version` on the stage's channel and
+/// the rollout receives and loads them.
+expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const std::string& stage,
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version);
 

@@ -259,7 +259,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
     };
 
     if (st.iteration > 0) {
-      if (auto ok = sync_weights(self, ctx, roles.policy, roles.rollout, st.iteration); !ok)
+      if (auto ok = sync_weights(self, ctx, "rl", roles.policy, roles.rollout, st.iteration); !ok)
         return finish(ok.error());
     } else {
       // The starting point's held-out score (the SFT checkpoint's).
@@ -533,7 +533,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
           return ua.error();
         auto ws = timed("weight_sync", [&]() -> expected<void> {
           inject("policy", "weight_sync", it);
-          return sync_weights(self, ctx, roles.policy, roles.rollout, it + 1);
+          return sync_weights(self, ctx, "rl", roles.policy, roles.rollout, it + 1);
         });
         if (!ws)
           return ws.error();

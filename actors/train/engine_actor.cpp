@@ -16,6 +16,7 @@ struct engine_state {
   std::string role;
   bool fail_next = false;
   double busy_s = 0;
+  inference::transport_cache transports;
   static inline const char* name = "train_engine";
 };
 
@@ -89,6 +90,22 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
                     std::make_shared<const std::map<std::string, at::Tensor>>(e.export_weights())};
               });
             });
+      },
+      [=](publish_atom, int64_t version, const inference::weight_channel& c) {
+        return serve<int64_t>(self, "publish_weights", [&](train_engine& e) -> expected<int64_t> {
+          auto t = inference::open_channel(self->state.transports, c);
+          if (!t)
+            return t.error();
+          auto w = guarded("export_weights", [&] { return e.export_weights(); });
+          if (!w)
+            return w.error();
+          if (auto ok = (*t)->publish(version, *w); !ok)
+            return ok.error();
+          int64_t bytes = 0;
+          for (const auto& [name, x] : *w)
+            bytes += x.numel() * static_cast<int64_t>(x.element_size());
+          return bytes;
+        });
       },
       [=](save_model_atom, const std::string& dir) {
         return serve<std::string>(self, "save_model", [&](train_engine& e) -> expected<std::string> {

@@ -29,6 +29,7 @@ using sft_step_atom = caf::atom_constant<caf::atom("sftstep")>;
 using rm_step_atom = caf::atom_constant<caf::atom("rmstep")>;
 using rm_eval_atom = caf::atom_constant<caf::atom("rmeval")>;
 using export_atom = caf::atom_constant<caf::atom("export")>;
+using publish_atom = caf::atom_constant<caf::atom("publish")>;
 using save_model_atom = caf::atom_constant<caf::atom("savemodel")>;
 using save_state_atom = caf::atom_constant<caf::atom("savestate")>;
 using load_state_atom = caf::atom_constant<caf::atom("loadstate")>;
@@ -48,6 +49,9 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<rm_eval_atom, runtime::tensor_batch>::with<metric_map>,
     /// The weights under HF names (for the rollout's load_weights).
     caf::replies_to<export_atom>::with<inference::shared_weights>,
+    /// Publishes the model's weights (HF names) as version v on the channel
+    /// (opened on first use and kept); answers the bytes published.
+    caf::replies_to<publish_atom, int64_t, inference::weight_channel>::with<int64_t>,
     /// Writes the model as a HF directory; answers the directory.
     caf::replies_to<save_model_atom, std::string>::with<std::string>,
     /// Training state as bytes, and back.
