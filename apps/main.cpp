@@ -4,6 +4,7 @@
 #include "apps/run.hpp"
 #include "cluster/env.hpp"
 #include "cluster/local_launcher.hpp"
+#include "cluster/workers.hpp"
 #include "runtime/compute.hpp"
 
 #include <CLI/CLI.hpp>
@@ -113,6 +114,16 @@ int main(int argc, char** argv) {
   show->add_option("--set", show_sets, "Override a key (repeatable)");
   show->add_flag("--no-comments", no_comments, "Leave out the key descriptions");
 
+  auto* worker = app.add_subcommand(
+      "worker", "Host rank actors for a driver (started by troupe's launchers, not by hand)");
+  troupe::cluster::worker_options wo;
+  std::string driver_address;
+  worker->add_option("--driver", driver_address, "The driver's registrar, HOST:PORT")->required();
+  worker->add_option("--rank", wo.rank, "This worker's rank")->required()->check(CLI::NonNegativeNumber);
+  worker->add_option("--world", wo.world, "Number of workers")->required()->check(CLI::PositiveNumber);
+  worker->add_option("--role", wo.role, "Role hosted (for messages)");
+  worker->add_option("--timeout-ms", wo.timeout_ms, "Bound on registering")->check(CLI::PositiveNumber);
+
   // Hidden: the rank side of the gloo smoke test, spawned by `troupe env`.
   auto* smoke = app.add_subcommand("_gloo-smoke", "")->group("");
   int rank = 0;
@@ -139,6 +150,29 @@ int main(int argc, char** argv) {
     return troupe::apps::run_job_command(ro);
   if (show->parsed())
     return troupe::apps::config_show_command(show_path, show_sets, !no_comments);
+  if (worker->parsed()) {
+    auto colon = driver_address.rfind(':');
+    int driver_port = 0;
+    if (colon != std::string::npos) {
+      try {
+        driver_port = std::stoi(driver_address.substr(colon + 1));
+      } catch (const std::exception&) {
+        driver_port = 0;
+      }
+    }
+    if (colon == std::string::npos || colon == 0 || driver_port < 1 || driver_port > 65535) {
+      std::fprintf(stderr, "troupe worker: --driver '%s': expected HOST:PORT\n",
+                   driver_address.c_str());
+      return 2;
+    }
+    wo.driver_host = driver_address.substr(0, colon);
+    wo.driver_port = static_cast<uint16_t>(driver_port);
+    if (wo.rank >= wo.world) {
+      std::fprintf(stderr, "troupe worker: --rank %d outside --world %d\n", wo.rank, wo.world);
+      return 2;
+    }
+    return troupe::cluster::run_worker(wo);
+  }
   if (smoke->parsed())
     return troupe::cluster::gloo_smoke_rank(rank, smoke_world, static_cast<uint16_t>(port),
                                             smoke_timeout);

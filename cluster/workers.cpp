@@ -1,0 +1,321 @@
+#include "cluster/workers.hpp"
+
+#include "actors/actor_system.hpp"
+#include "cluster/local_launcher.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+
+#include <unistd.h>
+
+namespace troupe::cluster {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// What the registrar learns, shared with the launcher's thread.
+struct registry {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::optional<worker_info>> slots;
+  /// (rank, "worker r (...) lost its connection: reason")
+  std::vector<std::pair<size_t, std::string>> lost;
+  bool shutting_down = false;
+};
+
+std::string describe_worker(const worker_info& w) {
+  return "worker " + std::to_string(w.rank) + " (role " + w.role + ", pid " +
+         std::to_string(w.pid) + ")";
+}
+
+caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> reg,
+                        std::vector<std::string> roles) {
+  self->set_down_handler([=](caf::down_msg& dm) {
+    std::lock_guard lock{reg->mu};
+    if (reg->shutting_down)
+      return;
+    for (const auto& s : reg->slots)
+      if (s && s->handle.address() == dm.source) {
+        reg->lost.emplace_back(static_cast<size_t>(s->rank),
+                               describe_worker(*s) + " lost its connection: " +
+                                   self->system().render(dm.reason));
+        reg->cv.notify_all();
+      }
+  });
+  return {
+      [=](register_atom, int32_t rank, int64_t pid, const caf::actor& who) -> caf::result<bool> {
+        std::lock_guard lock{reg->mu};
+        if (rank < 0 || static_cast<size_t>(rank) >= reg->slots.size())
+          return make_error(errc::invalid_argument,
+                            "register: rank " + std::to_string(rank) + " outside a world of " +
+                                std::to_string(reg->slots.size()));
+        if (reg->slots[static_cast<size_t>(rank)])
+          return make_error(errc::invalid_argument,
+                            "register: rank " + std::to_string(rank) + " is already registered");
+        self->monitor(who);
+        reg->slots[static_cast<size_t>(rank)] =
+            worker_info{rank, roles[static_cast<size_t>(rank)], pid, who};
+        reg->cv.notify_all();
+        return true;
+      },
+  };
+}
+
+} // namespace
+
+void configure_network(caf::actor_system_config& cfg) {
+  cfg.load<caf::io::middleman>();
+  // A peer that stops answering is dropped after the connection timeout:
+  // its actors go down, and monitors fire.
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
+  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(5)});
+}
+
+// ---- the worker process ------------------------------------------------------------
+
+int run_worker(const worker_options& o) {
+  caf::actor_system_config cfg;
+  actors::configure(cfg);
+  configure_network(cfg);
+  caf::actor_system sys{cfg};
+  auto where = "worker " + std::to_string(o.rank) + " (role " + o.role + ")";
+  auto driver = sys.middleman().remote_actor(o.driver_host, o.driver_port);
+  if (!driver) {
+    std::fprintf(stderr, "%s: cannot reach the driver at %s:%u: %s\n", where.c_str(),
+                 o.driver_host.c_str(), static_cast<unsigned>(o.driver_port),
+                 sys.render(driver.error()).c_str());
+    return 1;
+  }
+  auto exit_code = std::make_shared<std::atomic<int>>(0);
+  auto rank = static_cast<int32_t>(o.rank);
+  auto d = *driver;
+  auto self_actor = sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {
+    self->monitor(d);
+    self->set_down_handler([=](caf::down_msg&) {
+      *exit_code = worker_exit_driver_lost;
+      self->quit();
+    });
+    return {
+        [=](worker_ping_atom, int64_t x) { return std::make_tuple(x, rank); },
+        [=](shutdown_atom) { self->quit(); },
+    };
+  });
+  bool registered = false;
+  {
+    caf::scoped_actor s{sys};
+    s->request(d, std::chrono::milliseconds(o.timeout_ms), register_atom::value, rank,
+               static_cast<int64_t>(::getpid()), self_actor)
+        .receive([&](bool) { registered = true; },
+                 [&](caf::error& e) {
+                   std::fprintf(stderr, "%s: registration failed: %s\n", where.c_str(),
+                                sys.render(e).c_str());
+                 });
+  }
+  if (!registered) {
+    caf::anon_send_exit(self_actor, caf::exit_reason::user_shutdown);
+    return 1;
+  }
+  sys.await_all_actors_done();
+  if (*exit_code == worker_exit_driver_lost)
+    std::fprintf(stderr, "%s: the driver went away; exiting\n", where.c_str());
+  return *exit_code;
+}
+
+// ---- the launcher --------------------------------------------------------------------
+
+struct local_workers::impl {
+  caf::actor_system* sys = nullptr;
+  std::shared_ptr<registry> reg;
+  caf::actor registrar;
+  std::vector<std::string> roles;
+  std::vector<local_process> procs;
+  std::vector<worker_info> infos;
+  std::vector<std::string> logs;
+
+  ~impl() {
+    {
+      std::lock_guard lock{reg->mu};
+      reg->shutting_down = true;
+    }
+    procs.clear(); // SIGKILL + reap whatever still runs
+    if (registrar) {
+      [[maybe_unused]] auto ok = sys->middleman().unpublish(registrar, 0);
+      caf::anon_send_exit(registrar, caf::exit_reason::user_shutdown);
+    }
+  }
+
+  std::string name(size_t r) const {
+    return "worker " + std::to_string(r) + " (role " + roles[r] + ", pid " +
+           std::to_string(procs[r].pid()) + ")";
+  }
+
+  std::string log_hint(size_t r) const {
+    return logs[r].empty() ? "" : " (output: " + logs[r] + ")";
+  }
+
+  // A process that ended, or a lost connection; empty when all are well.
+  caf::error first_failure() {
+    for (size_t r = 0; r < procs.size(); ++r)
+      if (auto st = procs[r].poll())
+        return make_error(errc::process_failed, name(r) + " " + st->describe() + log_hint(r));
+    std::optional<std::pair<size_t, std::string>> lost;
+    {
+      std::lock_guard lock{reg->mu};
+      if (!reg->lost.empty())
+        lost = reg->lost.front();
+    }
+    if (!lost)
+      return {};
+    // A dead process usually drops its connection first: give it a moment
+    // to be reaped, so the error says how it ended.
+    if (auto st = procs[lost->first].wait_for(1000))
+      return make_error(errc::process_failed,
+                        name(lost->first) + " " + st->describe() + log_hint(lost->first));
+    return make_error(errc::unavailable, lost->second);
+  }
+};
+
+local_workers::local_workers() = default;
+local_workers::~local_workers() = default;
+local_workers::local_workers(local_workers&&) noexcept = default;
+local_workers& local_workers::operator=(local_workers&&) noexcept = default;
+
+expected<local_workers> local_workers::launch(caf::actor_system& sys, const launch_options& o) {
+  if (o.roles.empty())
+    return make_error(errc::invalid_argument, "launch workers: no roles");
+  if (o.timeout_ms <= 0)
+    return make_error(errc::invalid_argument, "launch workers: timeout_ms must be positive");
+  auto n = o.roles.size();
+  local_workers out;
+  out.impl_ = std::make_unique<impl>();
+  auto& d = *out.impl_;
+  d.sys = &sys;
+  d.roles = o.roles;
+  d.reg = std::make_shared<registry>();
+  d.reg->slots.resize(n);
+  d.registrar = sys.spawn(registrar, d.reg, o.roles);
+  auto port = sys.middleman().publish(d.registrar, 0, "127.0.0.1");
+  if (!port)
+    return make_error(errc::io_error, "launch workers: cannot publish the registrar: " +
+                                          sys.render(port.error()));
+  if (!o.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.log_dir, ec);
+  }
+  for (size_t r = 0; r < n; ++r) {
+    process_spec spec;
+    spec.name = "worker " + std::to_string(r);
+    spec.argv = {o.executable,
+                 "worker",
+                 "--driver",
+                 "127.0.0.1:" + std::to_string(*port),
+                 "--rank",
+                 std::to_string(r),
+                 "--world",
+                 std::to_string(n),
+                 "--role",
+                 o.roles[r],
+                 "--timeout-ms",
+                 std::to_string(o.timeout_ms)};
+    if (!o.log_dir.empty())
+      spec.output_path = (std::filesystem::path{o.log_dir} / ("worker-" + std::to_string(r) + ".log")).string();
+    d.logs.push_back(spec.output_path);
+    auto p = local_process::spawn(spec);
+    if (!p)
+      return with_prefix(p.error(), "launch workers: rank " + std::to_string(r));
+    d.procs.push_back(std::move(*p));
+  }
+  // Wait for every registration, watching the processes meanwhile.
+  auto deadline = clock_type::now() + std::chrono::milliseconds(o.timeout_ms);
+  while (true) {
+    {
+      std::unique_lock lock{d.reg->mu};
+      d.reg->cv.wait_for(lock, std::chrono::milliseconds(20));
+      if (std::all_of(d.reg->slots.begin(), d.reg->slots.end(), [](const auto& s) { return s.has_value(); }))
+        break;
+    }
+    if (auto err = d.first_failure())
+      return with_prefix(err, "launch workers: before registering");
+    if (clock_type::now() >= deadline) {
+      std::string missing;
+      std::lock_guard lock{d.reg->mu};
+      for (size_t r = 0; r < n; ++r)
+        if (!d.reg->slots[r])
+          missing += (missing.empty() ? "" : ", ") + d.name(r) + d.log_hint(r);
+      return make_error(errc::timeout, "launch workers: not registered after " +
+                                           std::to_string(o.timeout_ms) + " ms: " + missing);
+    }
+  }
+  std::lock_guard lock{d.reg->mu};
+  for (auto& s : d.reg->slots)
+    d.infos.push_back(*s);
+  return out;
+}
+
+const std::vector<worker_info>& local_workers::workers() const {
+  static const std::vector<worker_info> none;
+  return impl_ ? impl_->infos : none;
+}
+
+caf::error local_workers::check() {
+  if (!impl_)
+    return {};
+  return impl_->first_failure();
+}
+
+caf::error local_workers::wait_for_failure(int64_t timeout_ms) {
+  if (!impl_)
+    return {};
+  auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    if (auto err = impl_->first_failure())
+      return err;
+    auto now = clock_type::now();
+    if (now >= deadline)
+      return {};
+    std::unique_lock lock{impl_->reg->mu};
+    impl_->reg->cv.wait_for(lock, std::min<clock_type::duration>(std::chrono::milliseconds(20),
+                                                                 deadline - now));
+  }
+}
+
+expected<void> local_workers::shutdown(int64_t timeout_ms) {
+  if (!impl_)
+    return {};
+  auto& d = *impl_;
+  {
+    std::lock_guard lock{d.reg->mu};
+    d.reg->shutting_down = true;
+  }
+  for (const auto& w : d.infos)
+    caf::anon_send(w.handle, shutdown_atom::value);
+  std::string failures;
+  auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+  for (size_t r = 0; r < d.procs.size(); ++r) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    auto st = d.procs[r].wait_for(std::max<int64_t>(1, left.count()));
+    if (!st) {
+      d.procs[r].kill(SIGKILL);
+      failures += (failures.empty() ? "" : "; ") + d.name(r) + " did not exit within " +
+                  std::to_string(timeout_ms) + " ms (killed)";
+    } else if (!st->ok()) {
+      failures += (failures.empty() ? "" : "; ") + d.name(r) + " " + st->describe() + d.log_hint(r);
+    }
+  }
+  if (!failures.empty())
+    return make_error(errc::process_failed, "shutdown: " + failures);
+  return {};
+}
+
+} // namespace troupe::cluster
