@@ -1,6 +1,7 @@
 #include "actors/actor_system.hpp"
 
 #include "actors/inference/rollout.hpp"
+#include "runtime/tensor_batch.hpp"
 
 #include <caf/all.hpp>
 
@@ -21,6 +22,7 @@ void configure(caf::actor_system_config& cfg) {
   });
   // Serialisable messages (they may cross processes).
   cfg.add_message_type<inference::weight_channel>("weight_channel");
+  cfg.add_message_type<runtime::tensor_batch>("tensor_batch");
 }
 
 namespace {

@@ -1,8 +1,11 @@
 #include "runtime/tensor_batch.hpp"
 
+#include "runtime/safetensors.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <ATen/ATen.h>
+
+#include <cstring>
 
 namespace troupe::runtime {
 
@@ -119,6 +122,71 @@ expected<tensor_batch> tensor_batch::concat(const std::vector<tensor_batch>& par
                               names_of(parts.front().tensors_));
     return out;
   });
+}
+
+} // namespace troupe::runtime
+
+namespace troupe::runtime {
+
+expected<tensor_batch_wire> to_wire(const tensor_batch& b) {
+  tensor_batch_wire w;
+  for (const auto& [name, t] : b.tensors()) {
+    auto dtype = safetensors_dtype_name(t.scalar_type());
+    if (dtype.empty())
+      return make_error(errc::unsupported, "tensor_batch: tensor '" + name + "' has dtype " +
+                                               std::string{c10::toString(t.scalar_type())} +
+                                               ", which cannot be sent");
+    auto cpu = guarded("tensor_batch: tensor '" + name + "'",
+                       [&] { return t.detach().to(at::kCPU).contiguous(); });
+    if (!cpu)
+      return cpu.error();
+    w.names.push_back(name);
+    w.dtypes.push_back(dtype);
+    w.shapes.emplace_back(cpu->sizes().begin(), cpu->sizes().end());
+    w.data.emplace_back(static_cast<const char*>(cpu->data_ptr()),
+                        static_cast<size_t>(cpu->numel()) * cpu->element_size());
+  }
+  return w;
+}
+
+expected<tensor_batch> from_wire(const tensor_batch_wire& w) {
+  auto n = w.names.size();
+  if (w.dtypes.size() != n || w.shapes.size() != n || w.data.size() != n)
+    return make_error(errc::corrupted, "tensor_batch: wire form has " + std::to_string(n) +
+                                           " names but " + std::to_string(w.dtypes.size()) +
+                                           " dtypes, " + std::to_string(w.shapes.size()) +
+                                           " shapes and " + std::to_string(w.data.size()) +
+                                           " buffers");
+  tensor_batch b;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& name = w.names[i];
+    auto type = safetensors_scalar_type(w.dtypes[i]);
+    if (!type)
+      return make_error(errc::corrupted,
+                        "tensor_batch: tensor '" + name + "': unknown dtype '" + w.dtypes[i] + "'");
+    uint64_t numel = 1;
+    for (auto d : w.shapes[i]) {
+      if (d < 0)
+        return make_error(errc::corrupted, "tensor_batch: tensor '" + name + "': negative dimension");
+      numel *= static_cast<uint64_t>(d);
+    }
+    auto bytes = numel * safetensors_dtype_size(w.dtypes[i]);
+    if (bytes != w.data[i].size())
+      return make_error(errc::corrupted, "tensor_batch: tensor '" + name + "': " +
+                                             std::to_string(w.data[i].size()) + " bytes for a " +
+                                             std::to_string(bytes) + "-byte shape");
+    auto t = guarded("tensor_batch: tensor '" + name + "'", [&] {
+      auto out = at::empty(w.shapes[i], at::TensorOptions().dtype(*type));
+      if (bytes > 0)
+        std::memcpy(out.data_ptr(), w.data[i].data(), bytes);
+      return out;
+    });
+    if (!t)
+      return t.error();
+    if (auto ok = b.set(name, std::move(*t)); !ok)
+      return with_prefix(ok.error(), "tensor_batch: wire form");
+  }
+  return b;
 }
 
 } // namespace troupe::runtime

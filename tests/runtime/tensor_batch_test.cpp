@@ -70,3 +70,39 @@ TEST(TorchGuard, ErrorsThrownInsideKeepTheirCode) {
   EXPECT_EQ(describe(r.error()), "not_found: outer: inner");
   EXPECT_EQ(*guarded("ok", [] { return value_or_throw(expected<int>{5}); }), 5);
 }
+
+TEST(TensorBatchWire, RoundTripsEveryDtypeAndRefusesBadForms) {
+  tensor_batch b;
+  ASSERT_TRUE(b.set("ids", torch::arange(12, torch::kLong).view({4, 3})));
+  ASSERT_TRUE(b.set("mask", torch::tensor({true, false, true, true})));
+  ASSERT_TRUE(b.set("logp", torch::randn({4, 3}).to(torch::kBFloat16)));
+  ASSERT_TRUE(b.set("values", torch::randn({6, 4}).t())); // non-contiguous [4, 6]
+  ASSERT_TRUE(b.set("none", torch::empty({4, 0})));
+  auto w = runtime::to_wire(b);
+  ASSERT_TRUE(w) << describe(w.error());
+  auto back = runtime::from_wire(*w);
+  ASSERT_TRUE(back) << describe(back.error());
+  EXPECT_EQ(back->size(), 4);
+  for (const auto& [name, t] : b.tensors()) {
+    auto got = back->get(name);
+    ASSERT_TRUE(got) << name;
+    EXPECT_EQ(got->scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(*got, t)) << name;
+  }
+
+  auto short_data = *w;
+  short_data.data[0].pop_back();
+  auto bad = runtime::from_wire(short_data);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("bytes for a"), std::string::npos) << describe(bad.error());
+  auto bad_dtype = *w;
+  bad_dtype.dtypes[1] = "F128";
+  EXPECT_FALSE(runtime::from_wire(bad_dtype));
+  auto ragged = *w;
+  ragged.shapes.pop_back();
+  EXPECT_FALSE(runtime::from_wire(ragged));
+  auto rows = *w;
+  rows.shapes[0] = {2, 6}; // same bytes, a different batch size
+  auto mismatch = runtime::from_wire(rows);
+  EXPECT_FALSE(mismatch) << "rows that disagree must be refused";
+}
