@@ -1,6 +1,8 @@
 #include "actors/actor_system.hpp"
 
 #include "actors/inference/rollout.hpp"
+#include "actors/rl/reward.hpp"
+#include "actors/train/engine_actor.hpp"
 #include "runtime/tensor_batch.hpp"
 
 #include <caf/all.hpp>
@@ -23,6 +25,15 @@ void configure(caf::actor_system_config& cfg) {
   // Serialisable messages (they may cross processes).
   cfg.add_message_type<inference::weight_channel>("weight_channel");
   cfg.add_message_type<runtime::tensor_batch>("tensor_batch");
+  cfg.add_message_type<std::map<std::string, double>>("metric_map");
+  cfg.add_message_type<train::policy_update_options>("policy_update_options");
+  cfg.add_message_type<train::critic_update_options>("critic_update_options");
+  cfg.add_message_type<rl::reward_request>("reward_request");
+  cfg.add_message_type<inference::generate_request>("generate_request");
+  cfg.add_message_type<std::vector<inference::generate_request>>("std::vector<generate_request>");
+  cfg.add_message_type<inference::request_output>("request_output");
+  cfg.add_message_type<std::vector<inference::request_output>>("std::vector<request_output>");
+  cfg.add_message_type<inference::engine_metrics>("engine_metrics");
 }
 
 namespace {

@@ -76,6 +76,11 @@ struct generate_request {
   sampling_params sampling;
 };
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
+  return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.sampling);
+}
+
 struct sample_output {
   std::vector<int64_t> tokens;
   /// Log-prob of each token under the temperature-scaled distribution.
@@ -83,6 +88,11 @@ struct sample_output {
   /// "stop" (a stop token or EOS) or "length" (max_tokens or context).
   std::string finish_reason;
 };
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sample_output& x) {
+  return f(caf::meta::type_name("sample_output"), x.tokens, x.logprobs, x.finish_reason);
+}
 
 struct request_output {
   std::string id;
@@ -98,6 +108,12 @@ struct request_output {
   double ttft_ms = 0;
   double latency_ms = 0;
 };
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, request_output& x) {
+  return f(caf::meta::type_name("request_output"), x.id, x.prompt, x.samples, x.weight_version,
+           x.first_weight_version, x.ttft_ms, x.latency_ms);
+}
 
 /// Cumulative counters and current gauges.
 struct engine_metrics {
@@ -121,6 +137,14 @@ struct engine_metrics {
   double mean_ttft_ms() const;
   double mean_itl_ms() const;
 };
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_metrics& x) {
+  return f(caf::meta::type_name("engine_metrics"), x.steps, x.prompt_tokens,
+           x.prefill_tokens_computed, x.generated_tokens, x.preemptions, x.finished_requests,
+           x.busy_seconds, x.ttft_ms_sum, x.itl_ms_sum, x.itl_count, x.prefix_hit_rate,
+           x.kv_utilization, x.running, x.waiting, x.num_blocks);
+}
 
 class engine {
 public:

@@ -6,6 +6,9 @@
 
 #include "runtime/error.hpp"
 
+#include <caf/meta/load_callback.hpp>
+#include <caf/meta/type_name.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -37,6 +40,19 @@ struct sampling_params {
   /// Unset: the engine draws one from its own seed sequence.
   std::optional<uint64_t> seed;
 };
+
+/// CAF serialisation (requests may cross processes); every field.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  bool has_seed = x.seed.has_value();
+  uint64_t seed = x.seed.value_or(0);
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    x.seed = has_seed ? std::optional<uint64_t>{seed} : std::nullopt;
+    return caf::error{};
+  });
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.n,
+           x.max_tokens, x.stop_token_ids, x.ignore_eos, has_seed, seed, load);
+}
 
 /// Checks ranges; the message names the field ("sampling.top_p: expected a
 /// number in (0, 1], got 1.5"). `vocab_size` bounds stop token ids.

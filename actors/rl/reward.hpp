@@ -24,6 +24,11 @@ struct reward_request {
   std::vector<std::string> answers;
 };
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, reward_request& x) {
+  return f(caf::meta::type_name("reward_request"), x.batch, x.responses, x.answers);
+}
+
 struct reward_spec {
   /// rule | model | mixed.
   std::string kind = "rule";
@@ -57,4 +62,3 @@ expected<reward_actor> spawn_reward(caf::actor_system& sys, const reward_spec& s
 
 } // namespace troupe::actors::rl
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::rl::reward_request)

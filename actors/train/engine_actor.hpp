@@ -66,6 +66,3 @@ engine_actor spawn_engine_actor(caf::actor_system& sys, std::string role,
 
 } // namespace troupe::actors::train
 
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::train::metric_map)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::train::policy_update_options)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::train::critic_update_options)

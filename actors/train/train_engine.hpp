@@ -50,6 +50,13 @@ struct policy_update_options {
   uint64_t shuffle_seed = 0;
 };
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, policy_update_options& x) {
+  return f(caf::meta::type_name("policy_update_options"), x.epochs, x.minibatches, x.clip_ratio,
+           x.entropy_coef, x.temperature, x.kl_loss_coef, x.kl_estimator, x.loss_agg,
+           x.shuffle_seed);
+}
+
 /// Options of a critic update.
 struct critic_update_options {
   int64_t epochs = 1;
@@ -59,6 +66,12 @@ struct critic_update_options {
   std::string loss_agg = "token-mean";
   uint64_t shuffle_seed = 0;
 };
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, critic_update_options& x) {
+  return f(caf::meta::type_name("critic_update_options"), x.epochs, x.minibatches, x.value_clip,
+           x.loss_agg, x.shuffle_seed);
+}
 
 class train_engine {
 public:

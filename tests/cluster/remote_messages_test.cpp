@@ -3,6 +3,8 @@
 // loopback TCP, rebuilt) and come back equal.
 #include "actors/actor_system.hpp"
 #include "actors/inference/rollout.hpp"
+#include "actors/rl/reward.hpp"
+#include "actors/train/engine_actor.hpp"
 #include "cluster/workers.hpp"
 #include "runtime/tensor_batch.hpp"
 
@@ -27,13 +29,20 @@ struct node {
 
 } // namespace
 
-TEST(RemoteMessages, TensorBatchesAndChannelsCrossTheMiddleman) {
+TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
   node server;
   node client;
   auto echo = server.sys->spawn([](caf::event_based_actor*) -> caf::behavior {
     return {
         [](const runtime::tensor_batch& b) { return b; },
         [](const actors::inference::weight_channel& c) { return c; },
+        [](const std::vector<actors::inference::generate_request>& r) { return r; },
+        [](const std::vector<actors::inference::request_output>& r) { return r; },
+        [](const actors::inference::engine_metrics& m) { return m; },
+        [](const actors::train::metric_map& m) { return m; },
+        [](const actors::train::policy_update_options& o) { return o; },
+        [](const actors::train::critic_update_options& o) { return o; },
+        [](const actors::rl::reward_request& r) { return r; },
     };
   });
   // The systems wait for their actors when destroyed: stop the echo actor
@@ -80,4 +89,136 @@ TEST(RemoteMessages, TensorBatchesAndChannelsCrossTheMiddleman) {
             EXPECT_EQ(got.keep, 3);
           },
           [&](caf::error& e) { ADD_FAILURE() << client.sys->render(e); });
+
+  // Every request and reply type of the role actors, each field set to a
+  // non-default value, comes back equal.
+  auto round_trip = [&](const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    T got{};
+    bool ok = false;
+    self->request(*remote, std::chrono::seconds(10), value)
+        .receive(
+            [&](const T& x) {
+              got = x;
+              ok = true;
+            },
+            [&](caf::error& e) { ADD_FAILURE() << client.sys->render(e); });
+    EXPECT_TRUE(ok);
+    return got;
+  };
+  namespace inf = actors::inference;
+  inf::generate_request req;
+  req.id = "p-3";
+  req.prompt = {1, 5, 9};
+  req.sampling.temperature = 0.7;
+  req.sampling.top_k = 5;
+  req.sampling.top_p = 0.9;
+  req.sampling.n = 4;
+  req.sampling.max_tokens = 12;
+  req.sampling.stop_token_ids = {2, 3};
+  req.sampling.ignore_eos = true;
+  req.sampling.seed = 123456789012345ULL;
+  auto unseeded = req;
+  unseeded.sampling.seed.reset();
+  auto reqs = round_trip(std::vector<inf::generate_request>{req, unseeded});
+  ASSERT_EQ(reqs.size(), 2u);
+  EXPECT_EQ(reqs[0].id, "p-3");
+  EXPECT_EQ(reqs[0].prompt, req.prompt);
+  EXPECT_EQ(reqs[0].sampling.temperature, 0.7);
+  EXPECT_EQ(reqs[0].sampling.top_k, 5);
+  EXPECT_EQ(reqs[0].sampling.top_p, 0.9);
+  EXPECT_EQ(reqs[0].sampling.n, 4);
+  EXPECT_EQ(reqs[0].sampling.max_tokens, 12);
+  EXPECT_EQ(reqs[0].sampling.stop_token_ids, req.sampling.stop_token_ids);
+  EXPECT_TRUE(reqs[0].sampling.ignore_eos);
+  EXPECT_EQ(reqs[0].sampling.seed, req.sampling.seed);
+  EXPECT_FALSE(reqs[1].sampling.seed.has_value());
+
+  inf::request_output out;
+  out.id = "p-3";
+  out.prompt = {1, 5};
+  out.samples = {{{7, 8}, {-0.5f, -1.25f}, "stop"}, {{9}, {-2.0f}, "length"}};
+  out.weight_version = 6;
+  out.first_weight_version = 5;
+  out.ttft_ms = 1.5;
+  out.latency_ms = 9.25;
+  auto outs = round_trip(std::vector<inf::request_output>{out});
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_EQ(outs[0].id, out.id);
+  EXPECT_EQ(outs[0].prompt, out.prompt);
+  ASSERT_EQ(outs[0].samples.size(), 2u);
+  EXPECT_EQ(outs[0].samples[0].tokens, out.samples[0].tokens);
+  EXPECT_EQ(outs[0].samples[0].logprobs, out.samples[0].logprobs);
+  EXPECT_EQ(outs[0].samples[1].finish_reason, "length");
+  EXPECT_EQ(outs[0].weight_version, 6);
+  EXPECT_EQ(outs[0].first_weight_version, 5);
+  EXPECT_EQ(outs[0].ttft_ms, 1.5);
+  EXPECT_EQ(outs[0].latency_ms, 9.25);
+
+  inf::engine_metrics m;
+  m.steps = 1;
+  m.prompt_tokens = 2;
+  m.prefill_tokens_computed = 3;
+  m.generated_tokens = 4;
+  m.preemptions = 5;
+  m.finished_requests = 6;
+  m.busy_seconds = 7.5;
+  m.ttft_ms_sum = 8.5;
+  m.itl_ms_sum = 9.5;
+  m.itl_count = 10;
+  m.prefix_hit_rate = 0.25;
+  m.kv_utilization = 0.75;
+  m.running = 11;
+  m.waiting = 12;
+  m.num_blocks = 13;
+  auto mm = round_trip(m);
+  EXPECT_EQ(std::tie(mm.steps, mm.prompt_tokens, mm.prefill_tokens_computed, mm.generated_tokens,
+                     mm.preemptions, mm.finished_requests, mm.itl_count, mm.running, mm.waiting,
+                     mm.num_blocks),
+            std::tie(m.steps, m.prompt_tokens, m.prefill_tokens_computed, m.generated_tokens,
+                     m.preemptions, m.finished_requests, m.itl_count, m.running, m.waiting,
+                     m.num_blocks));
+  EXPECT_EQ(std::tie(mm.busy_seconds, mm.ttft_ms_sum, mm.itl_ms_sum, mm.prefix_hit_rate,
+                     mm.kv_utilization),
+            std::tie(m.busy_seconds, m.ttft_ms_sum, m.itl_ms_sum, m.prefix_hit_rate,
+                     m.kv_utilization));
+
+  actors::train::metric_map metrics{{"actor/pg_loss", -0.5}, {"critic/vf_loss", 2.0}};
+  EXPECT_EQ(round_trip(metrics), metrics);
+
+  actors::train::policy_update_options po;
+  po.epochs = 2;
+  po.minibatches = 4;
+  po.clip_ratio = 0.3;
+  po.entropy_coef = 0.01;
+  po.temperature = 0.8;
+  po.kl_loss_coef = 0.05;
+  po.kl_estimator = "low_var_kl";
+  po.loss_agg = "seq-mean-token-sum";
+  po.shuffle_seed = 99;
+  auto pg = round_trip(po);
+  EXPECT_EQ(std::tie(pg.epochs, pg.minibatches, pg.clip_ratio, pg.entropy_coef, pg.temperature,
+                     pg.kl_loss_coef, pg.kl_estimator, pg.loss_agg, pg.shuffle_seed),
+            std::tie(po.epochs, po.minibatches, po.clip_ratio, po.entropy_coef, po.temperature,
+                     po.kl_loss_coef, po.kl_estimator, po.loss_agg, po.shuffle_seed));
+
+  actors::train::critic_update_options co;
+  co.epochs = 3;
+  co.minibatches = 2;
+  co.value_clip = 0.5;
+  co.loss_agg = "seq-mean-token-mean";
+  co.shuffle_seed = 7;
+  auto cg = round_trip(co);
+  EXPECT_EQ(std::tie(cg.epochs, cg.minibatches, cg.value_clip, cg.loss_agg, cg.shuffle_seed),
+            std::tie(co.epochs, co.minibatches, co.value_clip, co.loss_agg, co.shuffle_seed));
+
+  actors::rl::reward_request rr;
+  rr.batch = b;
+  rr.responses = {{4, 5}, {6}};
+  rr.answers = {"45", "6"};
+  auto rg = round_trip(rr);
+  EXPECT_EQ(rg.responses, rr.responses);
+  EXPECT_EQ(rg.answers, rr.answers);
+  ASSERT_TRUE(rg.batch.get("tokens"));
+  EXPECT_TRUE(torch::equal(*rg.batch.get("tokens"), *b.get("tokens")));
 }
