@@ -7,6 +7,7 @@
 #include "actors/train/engine_actor.hpp"
 #include "cluster/workers.hpp"
 #include "runtime/tensor_batch.hpp"
+#include "tests/cluster/networked_system.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -15,23 +16,9 @@
 
 using namespace troupe;
 
-namespace {
-
-struct node {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  node() {
-    actors::configure(cfg);
-    cluster::configure_network(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-  }
-};
-
-} // namespace
-
 TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
-  node server;
-  node client;
+  test::networked_system server;
+  test::networked_system client;
   auto echo = server.sys->spawn([](caf::event_based_actor*) -> caf::behavior {
     return {
         [](const runtime::tensor_batch& b) { return b; },

@@ -5,6 +5,7 @@
 #include "actors/actor_system.hpp"
 #include "cluster/local_launcher.hpp"
 #include "cluster/workers.hpp"
+#include "tests/cluster/networked_system.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include <caf/all.hpp>
@@ -23,16 +24,6 @@ using namespace troupe::cluster;
 
 namespace {
 
-struct networked_system {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  networked_system() {
-    actors::configure(cfg);
-    configure_network(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-  }
-};
-
 launch_options two_workers(const test::temp_dir& tmp) {
   launch_options o;
   o.executable = TROUPE_BINARY_PATH;
@@ -50,7 +41,7 @@ bool process_gone(int64_t pid) {
 
 TEST(Workers, StartAnswerAndShutDown) {
   test::temp_dir tmp;
-  networked_system net;
+  test::networked_system net;
   auto w = local_workers::launch(*net.sys, two_workers(tmp));
   ASSERT_TRUE(w) << describe(w.error());
   ASSERT_EQ(w->workers().size(), 2u);
@@ -79,7 +70,7 @@ TEST(Workers, StartAnswerAndShutDown) {
 
 TEST(Workers, AKilledWorkerFailsTheJobNamingItWithinTenSeconds) {
   test::temp_dir tmp;
-  networked_system net;
+  test::networked_system net;
   int64_t survivor = 0;
   {
     auto w = local_workers::launch(*net.sys, two_workers(tmp));
@@ -104,7 +95,7 @@ TEST(Workers, AKilledWorkerFailsTheJobNamingItWithinTenSeconds) {
 
 TEST(Workers, AWorkerExitsWhenItsDriverGoesAway) {
   test::temp_dir tmp;
-  networked_system net;
+  test::networked_system net;
   std::promise<void> registered;
   auto fake_driver = net.sys->spawn([&](caf::event_based_actor*) -> caf::behavior {
     return {[&](register_atom, int32_t, int64_t, const caf::actor&) {
