@@ -2,6 +2,7 @@
 
 #include "actors/inference/rollout.hpp"
 #include "actors/rl/reward.hpp"
+#include "actors/rl/roles.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "runtime/tensor_batch.hpp"
 
@@ -29,6 +30,7 @@ void configure(caf::actor_system_config& cfg) {
   cfg.add_message_type<train::policy_update_options>("policy_update_options");
   cfg.add_message_type<train::critic_update_options>("critic_update_options");
   cfg.add_message_type<rl::reward_request>("reward_request");
+  cfg.add_message_type<rl::role_spec>("role_spec");
   cfg.add_message_type<inference::generate_request>("generate_request");
   cfg.add_message_type<std::vector<inference::generate_request>>("std::vector<generate_request>");
   cfg.add_message_type<inference::request_output>("request_output");

@@ -2,6 +2,7 @@
 
 #include "actors/actor_system.hpp"
 #include "actors/rl/job.hpp"
+#include "cluster/role_host.hpp"
 
 #include <caf/all.hpp>
 
@@ -146,8 +147,11 @@ int run_job_command(const run_command_options& o) {
   {
     caf::actor_system_config sys_cfg;
     actors::configure(sys_cfg);
+    cluster::configure_network(sys_cfg);
     caf::actor_system sys{sys_cfg};
-    summary = actors::rl::run_job(sys, *cfg, ro);
+    cluster::launch_options lo;
+    lo.timeout_ms = static_cast<int64_t>(cfg->run.request_timeout_s * 1000);
+    summary = cluster::run_placed_job(sys, *cfg, ro, lo);
   }
   if (!summary) {
     printer.end_line();

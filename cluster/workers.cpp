@@ -1,6 +1,7 @@
 #include "cluster/workers.hpp"
 
 #include "actors/actor_system.hpp"
+#include "actors/rl/roles.hpp"
 #include "cluster/local_launcher.hpp"
 
 #include <caf/all.hpp>
@@ -12,6 +13,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <optional>
@@ -100,14 +102,30 @@ int run_worker(const worker_options& o) {
   auto exit_code = std::make_shared<std::atomic<int>>(0);
   auto rank = static_cast<int32_t>(o.rank);
   auto d = *driver;
-  auto self_actor = sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {
+  // Detached: building a role loads a model and may wait in a DP
+  // rendezvous. The roles it built end with it.
+  auto self_actor = sys.spawn<caf::detached>([=](caf::event_based_actor* self) -> caf::behavior {
+    auto roles = std::make_shared<std::vector<caf::actor>>();
+    self->attach_functor([roles](const caf::error&) {
+      for (const auto& r : *roles)
+        caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+    });
     self->monitor(d);
-    self->set_down_handler([=](caf::down_msg&) {
+    self->set_down_handler([=](caf::down_msg& dm) {
+      if (dm.source != d.address())
+        return;
       *exit_code = worker_exit_driver_lost;
       self->quit();
     });
     return {
         [=](worker_ping_atom, int64_t x) { return std::make_tuple(x, rank); },
+        [=](spawn_role_atom, const actors::rl::role_spec& spec) -> caf::result<caf::actor> {
+          auto a = actors::rl::spawn_role(self->system(), spec);
+          if (!a)
+            return with_prefix(a.error(), where);
+          roles->push_back(*a);
+          return *a;
+        },
         [=](shutdown_atom) { self->quit(); },
     };
   });
@@ -129,7 +147,13 @@ int run_worker(const worker_options& o) {
   sys.await_all_actors_done();
   if (*exit_code == worker_exit_driver_lost)
     std::fprintf(stderr, "%s: the driver went away; exiting\n", where.c_str());
-  return *exit_code;
+  // Every actor is done, but CAF 0.17's actor_system destructor can wait
+  // forever for a detached actor's thread when the driver's side still
+  // held a reference to it as the connection closed. Nothing is left to
+  // flush but the standard streams: end here.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(*exit_code);
 }
 
 // ---- the launcher --------------------------------------------------------------------

@@ -29,6 +29,8 @@ namespace troupe::cluster {
 using register_atom = caf::atom_constant<caf::atom("register")>;
 using worker_ping_atom = caf::atom_constant<caf::atom("wping")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+/// Driver → worker: build a role (actors::rl::role_spec) here; answers its actor.
+using spawn_role_atom = caf::atom_constant<caf::atom("spawnrole")>;
 
 /// Exit status of a worker whose driver went away.
 inline constexpr int worker_exit_driver_lost = 3;
@@ -44,7 +46,8 @@ struct worker_options {
 
 /// The process side (`troupe worker`): connects, registers, serves until
 /// told to shut down (0) or until the driver goes away
-/// (worker_exit_driver_lost). Errors go to stderr; returns the exit code.
+/// (worker_exit_driver_lost). Errors go to stderr; returns the exit code
+/// when it could not start, and otherwise ends the process with it.
 int run_worker(const worker_options& options);
 
 /// Loads CAF's middleman and sets its heartbeat so a silent peer is noticed

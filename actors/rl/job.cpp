@@ -1,6 +1,7 @@
 #include "actors/rl/job_internal.hpp"
 
 #include "actors/rl/reward.hpp"
+#include "actors/train/engine_group.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/compute.hpp"
 #include "runtime/file_io.hpp"
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <csignal>
 #include <fstream>
+#include <mutex>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -110,6 +112,8 @@ std::string job_context::model_dir(const std::string& stage) const {
 
 expected<models::llama_model> load_model(const std::string& dir, models::head_kind head,
                                          bool allow_missing_head, uint64_t seed) {
+  static std::mutex rng;
+  std::lock_guard lock{rng};
   torch::manual_seed(seed);
   return models::load_pretrained(dir, head, allow_missing_head);
 }
@@ -163,10 +167,56 @@ void remove_default_weight_dir(const job_context& ctx, const std::string& stage)
 
 } // namespace
 
+expected<std::vector<caf::actor>> spawn_cast(job_context& ctx, const std::string& stage,
+                                             const std::string& role, const std::string& model_dir) {
+  role_spec spec;
+  spec.stage = stage;
+  spec.role = role;
+  spec.job_yaml = ctx.job_yaml;
+  spec.model_dir = model_dir;
+  spec.dp_size = static_cast<int32_t>(ctx.plan.dp_of(stage, role));
+  spec.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.timeout).count();
+  auto ranks = ctx.host->spawn(*ctx.sys, spec);
+  if (!ranks)
+    return with_prefix(ranks.error(), stage + ": spawning " + role);
+  return ranks;
+}
+
+expected<train::engine_actor> spawn_trainer(job_context& ctx, const std::string& stage,
+                                            const std::string& role, const std::string& model_dir) {
+  auto ranks = spawn_cast(ctx, stage, role, model_dir);
+  if (!ranks)
+    return ranks.error();
+  if (ranks->size() == 1)
+    return caf::actor_cast<train::engine_actor>(ranks->front());
+  std::vector<train::engine_actor> typed;
+  for (auto& a : *ranks)
+    typed.push_back(caf::actor_cast<train::engine_actor>(a));
+  return train::spawn_engine_group(*ctx.sys, role, std::move(typed));
+}
+
+expected<inference::rollout_actor> spawn_rollout_role(job_context& ctx, const std::string& stage,
+                                                      const std::string& model_dir) {
+  auto ranks = spawn_cast(ctx, stage, "rollout", model_dir);
+  if (!ranks)
+    return ranks.error();
+  return caf::actor_cast<inference::rollout_actor>(ranks->front());
+}
+
+expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& model_dir) {
+  auto ranks = spawn_cast(ctx, "rl", "reward", model_dir);
+  if (!ranks)
+    return ranks.error();
+  return caf::actor_cast<reward_actor>(ranks->front());
+}
+
 inference::weight_channel weight_channel_for(const job_context& ctx, const std::string& stage) {
   const auto& w = ctx.cfg->weight_sync;
   inference::weight_channel c;
-  c.kind = w.transport == "auto" ? "alias" : w.transport;
+  // auto: by reference in one process, through shared memory between two.
+  c.kind = w.transport != "auto" ? w.transport
+           : ctx.host->process_of("policy") == ctx.host->process_of("rollout") ? "alias"
+                                                                              : "shm";
   c.channel = channel_prefix + std::to_string(::getpid()) + "-" + stage;
   c.dir = w.dir.empty() ? (ctx.run_dir / stage / "weights").string() : w.dir;
   c.keep = w.keep;
@@ -294,25 +344,30 @@ expected<void> save_stage_checkpoint(caf::blocking_actor* self, job_context& ctx
 }
 
 /// Restores the latest checkpoint of `stage` into `engine`; returns its step (0 without one).
-expected<int64_t> restore_stage(job_context& ctx, const std::string& stage,
-                                train::train_engine& engine) {
+// Where a supervised stage resumes: its step, and the training state to
+// load (none for a fresh start).
+struct stage_start {
+  int64_t step = 0;
+  std::optional<std::string> state;
+  std::string dir;
+};
+
+expected<stage_start> restore_stage(job_context& ctx, const std::string& stage) {
   if (!ctx.opts->resume)
-    return int64_t{0};
+    return stage_start{};
   auto dir = runtime::latest_checkpoint((ctx.run_dir / stage / "checkpoints").string());
   if (!dir)
-    return code_of(dir.error()) == errc::not_found ? expected<int64_t>{int64_t{0}}
-                                                    : expected<int64_t>{dir.error()};
+    return code_of(dir.error()) == errc::not_found ? expected<stage_start>{stage_start{}}
+                                                    : expected<stage_start>{dir.error()};
   auto files = runtime::read_checkpoint(*dir);
   if (!files)
     return files.error();
   if (!files->count("model.state") || !files->count("driver.json"))
     return make_error(errc::corrupted, *dir + ": not a " + stage + " checkpoint");
-  if (auto ok = engine.load_state(files->at("model.state")); !ok)
-    return with_prefix(ok.error(), *dir);
   auto j = nlohmann::json::parse(files->at("driver.json"), nullptr, false);
   if (j.is_discarded() || !j.contains("step"))
     return make_error(errc::corrupted, *dir + ": driver.json is malformed");
-  return j["step"].get<int64_t>();
+  return stage_start{j["step"].get<int64_t>(), files->at("model.state"), *dir};
 }
 
 expected<void> mark_done(job_context& ctx, const stage_summary& s) {
@@ -397,28 +452,23 @@ expected<runtime::tensor_batch> rm_eval_batch(job_context& ctx) {
 
 expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage& st) {
   stopwatch clock;
-  auto seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), 21, st.name == "sft" ? 1u : 2u});
-  auto model = load_model(st.init_dir, st.head, st.head != models::head_kind::lm, seed);
-  if (!model)
-    return with_prefix(model.error(), st.name + ": loading " + st.init_dir);
-  auto engine = train::train_engine::make(*model, st.optim);
-  if (!engine)
-    return engine.error();
-  auto start = restore_stage(ctx, st.name, **engine);
+  auto start = restore_stage(ctx, st.name);
   if (!start)
     return start.error();
-  if (auto ok = ctx.log.truncate(ctx.cfg->stages, st.name, *start); !ok)
+  if (auto ok = ctx.log.truncate(ctx.cfg->stages, st.name, start->step); !ok)
     return ok.error();
   bool is_sft = st.name == "sft";
-  auto trainer = train::spawn_engine_actor(*ctx.sys, is_sft ? "policy" : "reward", std::move(*engine));
+  auto trainer_or = spawn_trainer(ctx, st.name, is_sft ? "policy" : "reward", st.init_dir);
+  if (!trainer_or)
+    return trainer_or.error();
+  auto trainer = *trainer_or;
   std::optional<inference::rollout_actor> rollout;
   if (is_sft) {
-    auto rmodel = load_model(st.init_dir, models::head_kind::lm, false, seed);
-    if (!rmodel)
-      return rmodel.error();
-    auto r = inference::spawn_rollout(*ctx.sys, *rmodel, engine_settings(*ctx.cfg));
-    if (!r)
-      return with_prefix(r.error(), "rollout");
+    auto r = spawn_rollout_role(ctx, st.name, st.init_dir);
+    if (!r) {
+      caf::anon_send_exit(trainer, caf::exit_reason::user_shutdown);
+      return r.error();
+    }
     rollout = *r;
   }
   std::optional<runtime::tensor_batch> eval_pairs;
@@ -438,7 +488,13 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
         self->send_exit(*rollout, caf::exit_reason::user_shutdown);
       return r;
     };
-    for (int64_t step = *start; step < st.steps; ++step) {
+    if (start->state) {
+      auto loaded = ask<int64_t>(self, trainer, ctx.timeout, start->dir + ": load state",
+                                 train::load_state_atom::value, *start->state);
+      if (!loaded)
+        return finish(loaded.error());
+    }
+    for (int64_t step = start->step; step < st.steps; ++step) {
       if (ctx.stop_requested()) {
         if (auto ok = save_stage_checkpoint(self, ctx, st.name, trainer, step); !ok)
           return finish(ok.error());
@@ -495,28 +551,15 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
 
 expected<void> prepare_base(job_context& ctx) {
   const auto& m = ctx.cfg->model;
+  auto tok = job_tokenizer(m);
+  if (!tok)
+    return tok.error();
+  ctx.tok = tok->tok;
+  ctx.pad = tok->pad;
   if (!m.path.empty()) {
     ctx.base_dir = m.path;
-    auto tok = models::load_tokenizer(m.path);
-    if (!tok)
-      return with_prefix(tok.error(), "model.path: tokenizer");
-    auto pad = (*tok)->pad_id() ? (*tok)->pad_id() : (*tok)->eos_id();
-    if (!pad)
-      return make_error(errc::invalid_config,
-                        "model.path: the tokenizer has neither a pad nor an eos token");
-    ctx.pad = *pad;
-    ctx.tok = std::shared_ptr<const models::tokenizer>(std::move(*tok));
     return {};
   }
-  auto tok = std::make_shared<models::byte_tokenizer>();
-  models::special_token_ids ids;
-  ids.bos = models::byte_tokenizer::bos_token;
-  ids.eos = models::byte_tokenizer::eos_token;
-  ids.pad = models::byte_tokenizer::pad_token;
-  if (auto ok = tok->set_special_ids(ids); !ok)
-    return ok;
-  ctx.tok = tok;
-  ctx.pad = models::byte_tokenizer::pad_token;
   ctx.base_dir = (ctx.run_dir / "base" / "model").string();
   if (fs::exists(fs::path{ctx.base_dir} / "config.json"))
     return {}; // a resumed run keeps its base model
@@ -552,6 +595,18 @@ expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, con
   ctx.opts = &opts;
   ctx.timeout = std::chrono::duration_cast<caf::timespan>(
       std::chrono::duration<double>(cfg.run.request_timeout_s));
+  auto plan = make_plan(cfg);
+  if (!plan)
+    return plan.error();
+  ctx.plan = std::move(*plan);
+  ctx.job_yaml = runtime::to_yaml(cfg, false);
+  in_process_host local_host;
+  ctx.host = opts.host ? opts.host : &local_host;
+  if (ctx.plan.uses_workers() && !opts.host)
+    return make_error(errc::invalid_argument,
+                      "placement.mode " + cfg.placement.mode +
+                          " needs worker processes: run the job with `troupe run` (it launches them)");
+
   std::error_code ec;
   ctx.run_dir = fs::absolute(cfg.run.dir, ec);
   auto metrics_path = ctx.run_dir / "metrics.jsonl";
@@ -572,8 +627,7 @@ expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, con
     return ok.error();
   if (auto ok = prepare_base(ctx); !ok)
     return ok.error();
-  if (auto ok = runtime::write_file_atomic((ctx.run_dir / "config.yaml").string(),
-                                           runtime::to_yaml(cfg, false));
+  if (auto ok = runtime::write_file_atomic((ctx.run_dir / "config.yaml").string(), ctx.job_yaml);
       !ok)
     return ok.error();
 

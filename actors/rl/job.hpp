@@ -22,6 +22,8 @@
 
 namespace troupe::actors::rl {
 
+class role_host;
+
 /// One step of a stage, for progress displays.
 struct progress_event {
   std::string stage;
@@ -39,6 +41,9 @@ struct run_options {
   std::function<void(const progress_event&)> on_progress;
   /// Set (e.g. by SIGINT) to stop after the current phase with a checkpoint.
   const std::atomic<bool>* stop = nullptr;
+  /// Where the roles run (e.g. cluster::worker_host for worker processes);
+  /// null = every role in this process.
+  role_host* host = nullptr;
 };
 
 struct stage_summary {

@@ -1,6 +1,8 @@
 #include "actors/rl/job_config.hpp"
 
+#include "actors/rl/placement.hpp"
 #include "actors/rl/tasks.hpp"
+#include "runtime/config.hpp"
 
 #include <algorithm>
 #include <set>
@@ -207,6 +209,8 @@ void check(const job_config& c, runtime::config_checks& checks) {
   // weight_sync
   checks.require(c.weight_sync.keep >= 1 && c.weight_sync.keep <= 16, "weight_sync.keep",
                  "must be in [1, 16]");
+
+  check_placement(c, checks);
 
   // debug
   // The rollout's failures are covered by the rollout actor's own tests.

@@ -303,6 +303,72 @@ void visit(V& v, weight_sync_config& c) {
   v.field("keep", c.keep, "shm and disk: published versions kept");
 }
 
+/// The machines a job may use: nodes × devices per node. A device is one
+/// worker process (on CPU) or one GPU.
+struct resources_config {
+  int64_t nodes = 1;
+  /// 0 = as many as the placement's pools need.
+  int64_t devices_per_node = 0;
+  /// Memory of one device for the planner's check, GiB; 0 = this machine's
+  /// memory divided by the devices.
+  double device_memory_gb = 0;
+};
+template <class V>
+void visit(V& v, resources_config& c) {
+  v.field("nodes", c.nodes, "Nodes (the local launcher runs one)");
+  v.field("devices_per_node", c.devices_per_node,
+          "Devices (worker processes on cpu) per node; 0 = what the pools need");
+  v.field("device_memory_gb", c.device_memory_gb,
+          "Memory per device for the planner's estimate check; 0 = host memory / devices");
+}
+
+/// A pool: a set of devices (worker processes) that host roles together.
+struct pool_config {
+  std::string name;
+  int64_t devices = 1;
+};
+template <class V>
+void visit(V& v, pool_config& c) {
+  v.field("name", c.name, "Pool name");
+  v.field("devices", c.devices, "Devices (worker processes) of the pool");
+}
+
+/// Where one role runs: its pool and its data-parallel size (DP ranks on
+/// the pool's first dp devices).
+struct role_placement_config {
+  std::string role;
+  std::string pool;
+  int64_t dp = 1;
+  /// DP gradient buckets, MiB.
+  double bucket_mb = 25;
+};
+template <class V>
+void visit(V& v, role_placement_config& c) {
+  v.field("role", c.role, "policy | critic | reference | reward | rollout");
+  v.field("pool", c.pool, "The pool that hosts it");
+  v.field("dp", c.dp, "Data-parallel ranks (trained roles: policy, critic, the rm stage's reward)");
+  v.field("bucket_mb", c.bucket_mb, "DP gradient all-reduce bucket size, MiB (reverse parameter order)");
+}
+
+/// NOTE [placement modes]: in_process runs every role in the driver's
+/// process (no workers). colocated puts every role in one pool, so roles
+/// share devices and take turns. disaggregated separates generation
+/// (rollout) from training (policy, critic) in different pools. hybrid is
+/// any mapping. Roles not listed go to the first pool.
+struct placement_config {
+  std::string mode = "in_process";
+  std::vector<pool_config> pools;
+  std::vector<role_placement_config> roles;
+};
+template <class V>
+void visit(V& v, placement_config& c) {
+  v.choice("mode", c.mode, {"in_process", "colocated", "disaggregated", "hybrid"},
+           "in_process (no workers), colocated (one pool), disaggregated (rollout apart from "
+           "the trainers) or hybrid (any mapping)");
+  v.list("pools", c.pools, "Device pools (colocated default: one pool of one device)");
+  v.list("roles", c.roles, "Role → pool and dp; roles not listed go to the first pool");
+}
+
 /// Fault injection for tests of failure handling: the role fails (an error
 /// from its actor) when asked to do `phase` in iteration `iteration`.
 struct debug_config {
@@ -326,6 +392,8 @@ struct job_config {
   rm_config rm;
   rl_config rl;
   weight_sync_config weight_sync;
+  resources_config resources;
+  placement_config placement;
   debug_config debug;
 };
 template <class V>
@@ -338,6 +406,8 @@ void visit(V& v, job_config& c) {
   v.section("rm", c.rm, "Reward-model training on preference pairs (Bradley–Terry)");
   v.section("rl", c.rl, "Reinforcement learning (PPO or GRPO)");
   v.section("weight_sync", c.weight_sync, "Trainer → rollout weight transfer");
+  v.section("resources", c.resources, "Nodes and devices the job may use");
+  v.section("placement", c.placement, "Which processes host which roles (troupe plan shows it)");
   v.section("debug", c.debug);
 }
 

@@ -5,6 +5,9 @@
 #include "actors/inference/rollout.hpp"
 #include "actors/rl/data.hpp"
 #include "actors/rl/job.hpp"
+#include "actors/rl/placement.hpp"
+#include "actors/rl/reward.hpp"
+#include "actors/rl/roles.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "models/llama.hpp"
 #include "models/tokenizer.hpp"
@@ -50,6 +53,12 @@ struct job_context {
   /// HF directory of the base model.
   std::string base_dir;
   metrics_log log;
+  /// Where roles run: run_options::host, or this process.
+  role_host* host = nullptr;
+  /// The placement's plan (dp sizes of the roles).
+  placement_plan plan;
+  /// The resolved job, for role specs.
+  std::string job_yaml;
 
   bool stop_requested() const { return opts->stop && opts->stop->load(); }
   /// Reports one step to the log and the progress callback.
@@ -59,8 +68,15 @@ struct job_context {
   std::string model_dir(const std::string& stage) const;
 };
 
+/// The job's tokenizer (model.path's, or the byte tokenizer) and pad id.
+struct job_tokenizer_info {
+  std::shared_ptr<const models::tokenizer> tok;
+  int64_t pad = 0;
+};
+expected<job_tokenizer_info> job_tokenizer(const model_config& m);
+
 /// Loads a model from a HF directory with torch's RNG seeded first (fresh
-/// heads are then deterministic).
+/// heads are then deterministic). Serialised: the RNG is process-global.
 expected<models::llama_model> load_model(const std::string& dir, models::head_kind head,
                                          bool allow_missing_head, uint64_t seed);
 
@@ -103,6 +119,15 @@ inference::weight_channel weight_channel_for(const job_context& ctx, const std::
 expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const std::string& stage,
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version);
+
+/// Spawns `role` of `stage` with its model from `model_dir` on the job's
+/// host: one engine actor, or the engine group of its DP ranks.
+expected<train::engine_actor> spawn_trainer(job_context& ctx, const std::string& stage,
+                                            const std::string& role, const std::string& model_dir);
+expected<inference::rollout_actor> spawn_rollout_role(job_context& ctx, const std::string& stage,
+                                                      const std::string& model_dir);
+/// The rl stage's reward role; `model_dir` "" for a rule-only reward.
+expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& model_dir);
 
 /// The rollout engine settings of the job.
 inference::engine_config engine_settings(const job_config& cfg);

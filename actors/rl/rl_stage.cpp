@@ -138,50 +138,11 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
   const bool in_loss = kl_in_loss(r);
   const bool use_ref = r.kl.coef > 0;
 
-  // ---- build the cast ---------------------------------------------------------
-  auto pmodel = load_model(policy_dir, models::head_kind::lm, false, mix_seed({seed, 41}));
-  if (!pmodel)
-    return with_prefix(pmodel.error(), "policy: loading " + policy_dir);
-  auto policy_engine = train::train_engine::make(*pmodel, r.actor_optim);
-  if (!policy_engine)
-    return with_prefix(policy_engine.error(), "policy");
-  std::unique_ptr<train::train_engine> critic_engine, reference_engine, rm_engine;
-  if (uses_critic(r)) {
-    auto dir = ctx.model_dir(r.critic.init == "base" ? "base" : r.critic.init);
-    auto cm = load_model(dir, models::head_kind::value, true, mix_seed({seed, 42}));
-    if (!cm)
-      return with_prefix(cm.error(), "critic: loading " + dir);
-    auto ce = train::train_engine::make(*cm, r.critic.optim);
-    if (!ce)
-      return with_prefix(ce.error(), "critic");
-    critic_engine = std::move(*ce);
-  }
-  if (use_ref) {
-    auto rm = load_model(policy_dir, models::head_kind::lm, false, mix_seed({seed, 43}));
-    if (!rm)
-      return with_prefix(rm.error(), "reference: loading " + policy_dir);
-    auto re = train::train_engine::make(*rm, std::nullopt);
-    if (!re)
-      return with_prefix(re.error(), "reference");
-    reference_engine = std::move(*re);
-  }
-  if (uses_reward_model(r.reward)) {
-    auto dir = r.reward.model_path.empty() ? ctx.model_dir("rm") : r.reward.model_path;
-    auto m = load_model(dir, models::head_kind::reward, false, mix_seed({seed, 44}));
-    if (!m)
-      return with_prefix(m.error(), "reward: loading " + dir);
-    auto e = train::train_engine::make(*m, std::nullopt);
-    if (!e)
-      return with_prefix(e.error(), "reward");
-    rm_engine = std::move(*e);
-  }
-  auto rollout_model = load_model(policy_dir, models::head_kind::lm, false, mix_seed({seed, 45}));
-  if (!rollout_model)
-    return with_prefix(rollout_model.error(), "rollout: loading " + policy_dir);
-
   // ---- resume -------------------------------------------------------------------
   rl_state st;
   st.beta = r.kl.coef;
+  std::optional<runtime::checkpoint_files> resume_files;
+  std::string resume_dir;
   if (ctx.opts->resume) {
     auto dir = runtime::latest_checkpoint((ctx.run_dir / "rl" / "checkpoints").string());
     if (dir) {
@@ -189,18 +150,15 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
       if (!files)
         return files.error();
       if (!files->count("policy.state") || !files->count("driver.json") ||
-          (critic_engine && !files->count("critic.state")))
+          (uses_critic(r) && !files->count("critic.state")))
         return make_error(errc::corrupted, *dir + ": not a checkpoint of this job's rl stage");
-      if (auto ok = (*policy_engine)->load_state(files->at("policy.state")); !ok)
-        return with_prefix(ok.error(), *dir + ": policy");
-      if (critic_engine)
-        if (auto ok = critic_engine->load_state(files->at("critic.state")); !ok)
-          return with_prefix(ok.error(), *dir + ": critic");
       auto j = nlohmann::json::parse(files->at("driver.json"), nullptr, false);
       if (j.is_discarded() || !j.contains("iteration") || !j.contains("kl_coef"))
         return make_error(errc::corrupted, *dir + ": driver.json is malformed");
       st.iteration = j["iteration"].get<int64_t>();
       st.beta = j["kl_coef"].get<double>();
+      resume_files = std::move(*files);
+      resume_dir = *dir;
     } else if (code_of(dir.error()) != errc::not_found) {
       return dir.error();
     }
@@ -209,24 +167,42 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
   if (auto ok = ctx.log.truncate(cfg.stages, "rl", st.iteration == 0 ? -1 : st.iteration); !ok)
     return ok.error();
 
-  // ---- spawn --------------------------------------------------------------------
-  reward_spec rs;
-  rs.kind = r.reward.kind;
-  rs.rule = *rule;
-  rs.rule_weight = r.reward.rule_weight;
-  rs.model_weight = r.reward.model_weight;
-  auto reward = spawn_reward(*ctx.sys, rs, ctx.tok, std::move(rm_engine));
+  // ---- the cast (NOTE [role hosting] in roles.hpp) --------------------------------
+  std::vector<caf::actor> spawned; // ended if building the rest fails
+  auto stop_spawned = [&] {
+    for (auto& a : spawned)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  };
+  auto policy = spawn_trainer(ctx, "rl", "policy", policy_dir);
+  if (!policy)
+    return policy.error();
+  spawned.push_back(caf::actor_cast<caf::actor>(*policy));
+  std::optional<train::engine_actor> critic, reference;
+  if (uses_critic(r)) {
+    auto c = spawn_trainer(ctx, "rl", "critic", ctx.model_dir(r.critic.init == "base" ? "base" : r.critic.init));
+    if (!c)
+      return stop_spawned(), c.error();
+    critic = *c;
+    spawned.push_back(caf::actor_cast<caf::actor>(*c));
+  }
+  if (use_ref) {
+    auto c = spawn_trainer(ctx, "rl", "reference", policy_dir);
+    if (!c)
+      return stop_spawned(), c.error();
+    reference = *c;
+    spawned.push_back(caf::actor_cast<caf::actor>(*c));
+  }
+  auto reward = spawn_reward_role(
+      ctx, uses_reward_model(r.reward)
+               ? (r.reward.model_path.empty() ? ctx.model_dir("rm") : r.reward.model_path)
+               : std::string{});
   if (!reward)
-    return reward.error();
-  auto rollout = inference::spawn_rollout(*ctx.sys, *rollout_model, engine_settings(cfg));
+    return stop_spawned(), reward.error();
+  spawned.push_back(caf::actor_cast<caf::actor>(*reward));
+  auto rollout = spawn_rollout_role(ctx, "rl", policy_dir);
   if (!rollout)
-    return with_prefix(rollout.error(), "rollout");
-  rl_roles roles{train::spawn_engine_actor(*ctx.sys, "policy", std::move(*policy_engine)),
-                 std::nullopt, std::nullopt, *reward, *rollout};
-  if (reference_engine)
-    roles.reference = train::spawn_engine_actor(*ctx.sys, "reference", std::move(reference_engine));
-  if (critic_engine)
-    roles.critic = train::spawn_engine_actor(*ctx.sys, "critic", std::move(critic_engine));
+    return stop_spawned(), rollout.error();
+  rl_roles roles{*policy, reference, critic, *reward, *rollout};
 
   auto body = [&](caf::blocking_actor* self) -> expected<stage_summary> {
     stage_summary sum;
@@ -258,6 +234,18 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         self->send(roles.reward, train::inject_failure_atom::value);
     };
 
+    if (resume_files) {
+      auto p = ask<int64_t>(self, roles.policy, ctx.timeout, resume_dir + ": policy: load state",
+                            train::load_state_atom::value, resume_files->at("policy.state"));
+      if (!p)
+        return finish(p.error());
+      if (roles.critic) {
+        auto c = ask<int64_t>(self, *roles.critic, ctx.timeout, resume_dir + ": critic: load state",
+                              train::load_state_atom::value, resume_files->at("critic.state"));
+        if (!c)
+          return finish(c.error());
+      }
+    }
     if (st.iteration > 0) {
       if (auto ok = sync_weights(self, ctx, "rl", roles.policy, roles.rollout, st.iteration); !ok)
         return finish(ok.error());

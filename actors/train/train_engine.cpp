@@ -5,6 +5,7 @@
 #include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
 #include "models/llama.hpp"
+#include "runtime/gradient_reducer.hpp"
 #include "runtime/seeded_random.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -78,10 +79,41 @@ struct train_engine::impl {
     return lr;
   }
 
-  // Backward of `loss`, clip, step; returns {grad_norm, lr}.
-  std::pair<double, double> step(const at::Tensor& loss) {
+  // The group's value of per-rank metrics: each weighted by the rank's
+  // share (shares sum to 1, so values equal on every rank pass unchanged).
+  metric_map group_metrics(metric_map m, double share) {
+    if (!dp)
+      return m;
+    std::vector<double> v;
+    for (const auto& [k, x] : m)
+      v.push_back(x * share);
+    auto t = torch::tensor(v, torch::kDouble);
+    value_or_throw(dp->group.all_reduce_sum(t));
+    size_t i = 0;
+    for (auto& [k, x] : m)
+      x = t[static_cast<int64_t>(i++)].item<double>();
+    return m;
+  }
+
+  struct step_result {
+    double grad_norm = 0;
+    double lr = 0;
+    /// This rank's share of the minibatch's loss units (1 without DP).
+    double share = 1;
+  };
+
+  // Backward of `loss` (over `units` loss units: tokens or rows), the DP
+  // gradient sum, clip, step.
+  step_result step(const at::Tensor& loss, double units) {
     optim->zero_grad();
-    loss.backward();
+    double share = 1;
+    if (dp) {
+      share = dp_scale(units);
+      (loss * share).backward();
+      value_or_throw(reducer->all_reduce(1.0));
+    } else {
+      loss.backward();
+    }
     auto params = model->parameters();
     double norm = 0;
     if (opts->grad_clip > 0) {
@@ -96,27 +128,73 @@ struct train_engine::impl {
     double lr = apply_lr();
     optim->step();
     ++steps;
-    return {norm, lr};
+    return {norm, lr, share};
   }
 
-  // Minibatches of `batch` for `epochs` passes, shuffled per epoch.
+  // NOTE [data-parallel training]: a DP rank holds a whole replica. Its
+  // loss over its share of a minibatch is weighted by (local units / the
+  // group's units) — units being tokens for token-mean, rows for the
+  // sequence-mean modes — so the summed gradients are the gradients of the
+  // whole minibatch's loss, and every rank clips and steps identically.
+  std::shared_ptr<data_parallel_group> dp;
+  std::optional<runtime::gradient_reducer> reducer;
+
+  // The loss scale of a rank holding `units` of the minibatch's units.
+  double dp_scale(double units) {
+    if (!dp)
+      return 1.0;
+    auto t = torch::tensor({units}, torch::kDouble);
+    value_or_throw(dp->group.all_reduce_sum(t));
+    auto total = t.item<double>();
+    return total > 0 ? units / total : 0.0;
+  }
+
   std::vector<runtime::tensor_batch> minibatches(const runtime::tensor_batch& batch, int64_t epochs,
-                                                 int64_t parts, uint64_t seed) {
-    if (parts < 1 || parts > batch.size())
-      throw error_exception(make_error(errc::invalid_argument,
-                                       "minibatches " + std::to_string(parts) + " for a batch of " +
-                                           std::to_string(batch.size())));
+                                                 int64_t parts, uint64_t seed, bool shuffle) {
+    return value_or_throw(make_minibatches(batch, epochs, parts, seed, shuffle));
+  }
+};
+
+expected<std::vector<runtime::tensor_batch>> make_minibatches(const runtime::tensor_batch& batch,
+                                                              int64_t epochs, int64_t parts,
+                                                              uint64_t seed, bool shuffle) {
+  if (parts < 1 || parts > batch.size())
+    return make_error(errc::invalid_argument, "minibatches " + std::to_string(parts) +
+                                                  " for a batch of " + std::to_string(batch.size()));
+  if (epochs < 1)
+    return make_error(errc::invalid_argument, "epochs must be >= 1, got " + std::to_string(epochs));
+  return guarded("minibatches", [&]() -> expected<std::vector<runtime::tensor_batch>> {
     std::vector<runtime::tensor_batch> out;
     for (int64_t e = 0; e < epochs; ++e) {
-      auto perm = runtime::seeded_permutation(batch.size(), seed + static_cast<uint64_t>(e) * 0x51ED27ULL);
-      auto idx = torch::tensor(perm, torch::kLong);
-      auto shuffled = value_or_throw(batch.select(idx));
-      for (auto& mb : value_or_throw(shuffled.split(parts)))
+      auto shuffled = batch;
+      if (shuffle) {
+        auto perm = runtime::seeded_permutation(batch.size(), seed + static_cast<uint64_t>(e) * 0x51ED27ULL);
+        auto s = batch.select(torch::tensor(perm, torch::kLong));
+        if (!s)
+          return s.error();
+        shuffled = std::move(*s);
+      }
+      auto mbs = shuffled.split(parts);
+      if (!mbs)
+        return mbs.error();
+      for (auto& mb : *mbs)
         out.push_back(std::move(mb));
     }
     return out;
-  }
-};
+  });
+}
+
+namespace {
+
+// Loss units of a minibatch under `agg`: valid tokens (token-mean) or rows
+// with a valid token (the sequence-mean modes).
+double loss_units(const at::Tensor& mask, kernels::loss_agg_mode agg) {
+  if (agg == kernels::loss_agg_mode::token_mean)
+    return mask.to(torch::kDouble).sum().item<double>();
+  return (mask.to(torch::kDouble).sum(1) > 0).to(torch::kDouble).sum().item<double>();
+}
+
+} // namespace
 
 train_engine::train_engine() : impl_(std::make_unique<impl>()) {}
 train_engine::~train_engine() = default;
@@ -148,6 +226,33 @@ expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model m
 }
 
 bool train_engine::trainable() const { return impl_->optim != nullptr; }
+
+expected<void> train_engine::join_data_parallel(std::shared_ptr<data_parallel_group> group,
+                                                double bucket_mb) {
+  if (!group)
+    return make_error(errc::invalid_argument, "join_data_parallel: no group");
+  if (impl_->dp)
+    return make_error(errc::invalid_argument, "join_data_parallel: already in a group");
+  if (!(bucket_mb > 0))
+    return make_error(errc::invalid_argument, "join_data_parallel: bucket_mb must be > 0");
+  return guarded("join_data_parallel", [&]() -> expected<void> {
+    auto params = impl_->model->parameters();
+    if (auto ok = runtime::broadcast_parameters(params, group->group, 0); !ok)
+      return with_prefix(ok.error(), "broadcasting the parameters from rank 0");
+    if (impl_->optim) {
+      runtime::reducer_options ro;
+      ro.bucket_bytes = static_cast<int64_t>(bucket_mb * 1024 * 1024);
+      auto r = runtime::gradient_reducer::make(params, group->group, ro);
+      if (!r)
+        return r.error();
+      impl_->reducer.emplace(std::move(*r));
+    }
+    impl_->dp = std::move(group);
+    return {};
+  });
+}
+
+int train_engine::data_parallel_size() const { return impl_->dp ? impl_->dp->group.size() : 1; }
 int64_t train_engine::steps() const { return impl_->steps; }
 const models::llama_model& train_engine::model() const { return impl_->model; }
 
@@ -225,7 +330,7 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
     po.agg = *agg;
     kernels::logits_options lo;
     lo.temperature = o.temperature;
-    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed)) {
+    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
       auto mask = need(mb, "response_mask");
       auto logits = impl_->shifted_logits(mb);
       auto lpe = value_or_throw(
@@ -241,15 +346,15 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
         loss = loss + o.kl_loss_coef * kl;
         m["actor/kl_loss"] = item(kl);
       }
-      auto [norm, lr] = impl_->step(loss);
+      auto r = impl_->step(loss, loss_units(mask, *agg));
       m["actor/pg_loss"] = item(pl.loss);
       m["actor/pg_clipfrac"] = item(pl.pg_clipfrac);
       m["actor/pg_clipfrac_lower"] = item(pl.pg_clipfrac_lower);
       m["actor/ppo_kl"] = item(pl.ppo_kl);
       m["actor/entropy"] = item(entropy);
-      m["actor/grad_norm"] = norm;
-      m["actor/lr"] = lr;
-      sums.add(m);
+      m["actor/grad_norm"] = r.grad_norm;
+      m["actor/lr"] = r.lr;
+      sums.add(impl_->group_metrics(std::move(m), r.share));
     }
     return sums.mean();
   });
@@ -272,16 +377,17 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
       vo.clip = o.value_clip;
     else
       vo.clip = std::nullopt;
-    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed)) {
+    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
       auto v = impl_->model->forward(need(mb, "input_ids"), need(mb, "attention_mask"));
       v = v.narrow(1, 0, v.size(1) - 1);
       auto vl = value_or_throw(kernels::value_loss(v, need(mb, "values"), need(mb, "returns"),
                                                    need(mb, "response_mask"), vo));
-      auto [norm, lr] = impl_->step(vl.loss);
-      sums.add({{"critic/vf_loss", item(vl.loss)},
-                {"critic/vf_clipfrac", item(vl.vf_clipfrac)},
-                {"critic/grad_norm", norm},
-                {"critic/lr", lr}});
+      auto r = impl_->step(vl.loss, loss_units(need(mb, "response_mask"), *agg));
+      sums.add(impl_->group_metrics({{"critic/vf_loss", item(vl.loss)},
+                                     {"critic/vf_clipfrac", item(vl.vf_clipfrac)},
+                                     {"critic/grad_norm", r.grad_norm},
+                                     {"critic/lr", r.lr}},
+                                    r.share));
     }
     return sums.mean();
   });
@@ -293,9 +399,11 @@ expected<metric_map> train_engine::sft_step(const runtime::tensor_batch& batch) 
   return guarded("sft_step", [&]() -> expected<metric_map> {
     auto logits = impl_->shifted_logits(batch);
     auto lp = value_or_throw(kernels::token_log_probs(logits, impl_->next_tokens(batch)));
-    auto loss = -value_or_throw(kernels::masked_mean(lp, need(batch, "response_mask")));
-    auto [norm, lr] = impl_->step(loss);
-    return metric_map{{"sft/loss", item(loss)}, {"sft/grad_norm", norm}, {"sft/lr", lr}};
+    auto mask = need(batch, "response_mask");
+    auto loss = -value_or_throw(kernels::masked_mean(lp, mask));
+    auto r = impl_->step(loss, loss_units(mask, kernels::loss_agg_mode::token_mean));
+    return impl_->group_metrics({{"sft/loss", item(loss)}, {"sft/grad_norm", r.grad_norm}, {"sft/lr", r.lr}},
+                                r.share);
   });
 }
 
@@ -325,12 +433,13 @@ expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
     auto [rc, rr] = pair_scores(impl_->model, batch);
     auto margin = rc - rr;
     auto loss = -torch::log_sigmoid(margin).mean();
-    auto [norm, lr] = impl_->step(loss);
-    return metric_map{{"rm/loss", item(loss)},
-                      {"rm/accuracy", item((margin > 0).to(torch::kFloat).mean())},
-                      {"rm/margin", item(margin.mean())},
-                      {"rm/grad_norm", norm},
-                      {"rm/lr", lr}};
+    auto r = impl_->step(loss, static_cast<double>(margin.size(0)));
+    return impl_->group_metrics({{"rm/loss", item(loss)},
+                                 {"rm/accuracy", item((margin > 0).to(torch::kFloat).mean())},
+                                 {"rm/margin", item(margin.mean())},
+                                 {"rm/grad_norm", r.grad_norm},
+                                 {"rm/lr", r.lr}},
+                                r.share);
   });
 }
 

@@ -16,6 +16,7 @@
 // "rejected_ids", "rejected_mask" [B, L].
 
 #include "actors/train/optimizer_options.hpp"
+#include "runtime/collectives.hpp"
 #include "runtime/error.hpp"
 #include "runtime/tensor_batch.hpp"
 
@@ -48,13 +49,16 @@ struct policy_update_options {
   std::string loss_agg = "token-mean";
   /// Seed of the minibatch shuffle (same seed → same minibatches).
   uint64_t shuffle_seed = 0;
+  /// false: the batch is already arranged (a DP rank's share of every
+  /// minibatch, in order): consecutive slices, no shuffle.
+  bool shuffle = true;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, policy_update_options& x) {
   return f(caf::meta::type_name("policy_update_options"), x.epochs, x.minibatches, x.clip_ratio,
            x.entropy_coef, x.temperature, x.kl_loss_coef, x.kl_estimator, x.loss_agg,
-           x.shuffle_seed);
+           x.shuffle_seed, x.shuffle);
 }
 
 /// Options of a critic update.
@@ -65,13 +69,30 @@ struct critic_update_options {
   double value_clip = 0.2;
   std::string loss_agg = "token-mean";
   uint64_t shuffle_seed = 0;
+  /// As policy_update_options::shuffle.
+  bool shuffle = true;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, critic_update_options& x) {
   return f(caf::meta::type_name("critic_update_options"), x.epochs, x.minibatches, x.value_clip,
-           x.loss_agg, x.shuffle_seed);
+           x.loss_agg, x.shuffle_seed, x.shuffle);
 }
+
+/// The minibatches of `epochs` passes over `batch`, `parts` per pass: each
+/// pass a seeded shuffle (seed + pass) split into consecutive slices; with
+/// shuffle false, the batch's own order. The engine and the DP group's
+/// dispatcher both use this, so DP ranks see exactly the single-rank
+/// minibatches.
+expected<std::vector<runtime::tensor_batch>> make_minibatches(const runtime::tensor_batch& batch,
+                                                              int64_t epochs, int64_t parts,
+                                                              uint64_t seed, bool shuffle = true);
+
+/// A data-parallel rank's group: the rendezvous store and the c10d group.
+struct data_parallel_group {
+  runtime::store store;
+  runtime::process_group group;
+};
 
 class train_engine {
 public:
@@ -130,6 +151,16 @@ public:
   /// and back. Restoring into an engine of another shape is an error.
   expected<std::string> save_state() const;
   expected<void> load_state(const std::string& bytes);
+
+  /// Joins a data-parallel group (NOTE [data-parallel training]): the
+  /// parameters are broadcast from rank 0, and every optimizer step from now
+  /// on weights the local loss by its share of the group's loss units and
+  /// sums the gradients over the group in buckets (bucket_mb, reverse
+  /// parameter order) before clipping and stepping.
+  expected<void> join_data_parallel(std::shared_ptr<data_parallel_group> group,
+                                    double bucket_mb = 25);
+  /// DP size (1 without a group).
+  int data_parallel_size() const;
 
   /// The model (for callers that need its config).
   const models::llama_model& model() const;

@@ -1,0 +1,351 @@
+#include "actors/rl/placement.hpp"
+
+#include "actors/rl/roles.hpp"
+#include "models/config.hpp"
+#include "runtime/config.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <unistd.h>
+
+namespace troupe::actors::rl {
+
+namespace {
+
+const std::set<std::string> known_roles = {"policy", "critic", "reference", "reward", "rollout"};
+const std::set<std::string> dp_roles = {"policy", "critic", "reward"};
+
+// The pools of a placement, with the colocated default.
+std::vector<pool_config> pools_of(const placement_config& p) {
+  if (p.pools.empty() && p.mode == "colocated")
+    return {pool_config{"all", 1}};
+  return p.pools;
+}
+
+// The pool and dp of `role` (the first pool when not listed).
+role_placement_config placement_of(const placement_config& p, const std::string& role) {
+  for (const auto& r : p.roles)
+    if (r.role == role)
+      return r;
+  auto pools = pools_of(p);
+  return {role, pools.empty() ? std::string{} : pools.front().name, 1, 25};
+}
+
+// Rows each DP rank of `role` splits (0 = the role is not trained here).
+std::vector<std::pair<std::string, int64_t>> split_rows(const job_config& c, const std::string& role) {
+  auto has = [&](const char* s) {
+    return std::find(c.stages.begin(), c.stages.end(), s) != c.stages.end();
+  };
+  std::vector<std::pair<std::string, int64_t>> out;
+  const auto& r = c.rl;
+  int64_t rl_mb = r.minibatches > 0 ? r.prompts_per_iteration * r.samples_per_prompt / r.minibatches : 0;
+  if (role == "policy") {
+    if (has("sft"))
+      out.emplace_back("sft.batch_size", c.sft.batch_size);
+    if (has("rl"))
+      out.emplace_back("rl minibatch (prompts_per_iteration × samples_per_prompt / minibatches)", rl_mb);
+  } else if (role == "critic") {
+    if (has("rl") && uses_critic(r))
+      out.emplace_back("rl minibatch (prompts_per_iteration × samples_per_prompt / minibatches)", rl_mb);
+  } else if (role == "reward") {
+    if (has("rm"))
+      out.emplace_back("rm.batch_size", c.rm.batch_size);
+  }
+  return out;
+}
+
+int64_t parameters(const models::llama_config& c, bool lm_head) {
+  auto H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  auto hd = c.resolved_head_dim();
+  auto q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
+  int64_t layer = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
+  if (c.qkv_bias)
+    layer += q + 2 * kv;
+  if (c.o_bias)
+    layer += H;
+  if (c.mlp_bias)
+    layer += 2 * I + H;
+  int64_t out = V * H + c.num_hidden_layers * layer + H;
+  if (lm_head && !c.tie_word_embeddings)
+    out += V * H;
+  if (!lm_head)
+    out += H + 1;
+  return out;
+}
+
+expected<models::llama_config> model_shape(const job_config& cfg) {
+  if (!cfg.model.path.empty())
+    return models::load_hf_config(cfg.model.path + "/config.json");
+  models::llama_config c;
+  c.vocab_size = 259; // the byte tokenizer (256 bytes + BOS, EOS, PAD)
+  c.hidden_size = cfg.model.hidden_size;
+  c.intermediate_size = cfg.model.intermediate_size;
+  c.num_hidden_layers = cfg.model.num_layers;
+  c.num_attention_heads = cfg.model.num_heads;
+  c.num_key_value_heads = cfg.model.num_kv_heads;
+  c.max_position_embeddings = cfg.model.max_position_embeddings;
+  return c;
+}
+
+// Estimated bytes of one rank of `role` in `stage` (NOTE [memory estimate]).
+double role_bytes(const job_config& cfg, const models::llama_config& m, const std::string& stage,
+                  const std::string& role) {
+  auto lm = static_cast<double>(parameters(m, true));
+  auto scalar = static_cast<double>(parameters(m, false));
+  if (role == "rollout") {
+    const auto& e = cfg.rl.rollout;
+    double kv = e.num_blocks > 0 ? static_cast<double>(e.num_blocks * e.block_size * m.num_hidden_layers *
+                                                       2 * m.num_key_value_heads * m.resolved_head_dim() * 4)
+                                 : e.kv_cache_mb * 1024.0 * 1024.0;
+    return 4 * lm + kv;
+  }
+  if (role == "policy")
+    return 16 * lm;
+  if (role == "critic")
+    return 16 * scalar;
+  if (role == "reference")
+    return 4 * lm;
+  if (role == "reward")
+    return stage == "rm" ? 16 * scalar : (uses_reward_model(cfg.rl.reward) ? 4 * scalar : 0);
+  return 0;
+}
+
+std::string gib(double bytes) {
+  char b[32];
+  if (bytes >= 1024.0 * 1024 * 1024)
+    std::snprintf(b, sizeof b, "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  else
+    std::snprintf(b, sizeof b, "%.1f MiB", bytes / (1024.0 * 1024));
+  return b;
+}
+
+double host_memory_bytes() {
+  auto pages = ::sysconf(_SC_PHYS_PAGES);
+  auto size = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? static_cast<double>(pages) * static_cast<double>(size) : 0;
+}
+
+// Roles of each stage of the job.
+std::vector<std::pair<std::string, std::vector<std::string>>> job_stage_roles(const job_config& c) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (const auto& s : c.stages)
+    out.emplace_back(s, stage_roles(s, uses_critic(c.rl), c.rl.kl.coef > 0));
+  return out;
+}
+
+} // namespace
+
+void check_placement(const job_config& c, runtime::config_checks& checks) {
+  const auto& p = c.placement;
+  const auto& res = c.resources;
+  checks.require(res.nodes >= 1, "resources.nodes", "must be >= 1");
+  checks.require(res.nodes == 1 || p.mode == "in_process", "resources.nodes",
+                 "the local launcher runs one node; nodes > 1 needs a cluster launcher");
+  checks.require(res.devices_per_node >= 0, "resources.devices_per_node", "must be >= 0");
+  checks.require(res.device_memory_gb >= 0, "resources.device_memory_gb", "must be >= 0 (0 = host memory / devices)");
+  if (p.mode == "in_process") {
+    checks.require(p.pools.empty(), "placement.pools", "in_process runs no workers: give a mode "
+                                                       "(colocated, disaggregated, hybrid) to use pools");
+    checks.require(p.roles.empty(), "placement.roles", "in_process runs no workers: give a mode "
+                                                       "(colocated, disaggregated, hybrid) to place roles");
+    return;
+  }
+  auto pools = pools_of(p);
+  checks.require(!pools.empty(), "placement.pools", "mode " + p.mode + " needs at least one pool");
+  std::map<std::string, int64_t> pool_devices;
+  int64_t total = 0;
+  for (size_t i = 0; i < p.pools.size(); ++i) {
+    auto at = "placement.pools[" + std::to_string(i) + "]";
+    const auto& pool = p.pools[i];
+    checks.require(!pool.name.empty(), at + ".name", "must not be empty");
+    checks.require(!pool_devices.count(pool.name), at + ".name", "pool '" + pool.name + "' is given twice");
+    checks.require(pool.devices >= 1, at + ".devices", "must be >= 1");
+  }
+  for (const auto& pool : pools) {
+    pool_devices[pool.name] = pool.devices;
+    total += std::max<int64_t>(pool.devices, 0);
+  }
+  if (p.mode == "colocated")
+    checks.require(pools.size() == 1, "placement.pools",
+                   "colocated places every role in one pool, got " + std::to_string(pools.size()));
+  checks.require(res.devices_per_node == 0 || total <= res.nodes * res.devices_per_node,
+                 "placement.pools",
+                 "the pools need " + std::to_string(total) + " devices, resources give " +
+                     std::to_string(res.nodes * res.devices_per_node));
+  std::set<std::string> seen;
+  for (size_t i = 0; i < p.roles.size(); ++i) {
+    auto at = "placement.roles[" + std::to_string(i) + "]";
+    const auto& r = p.roles[i];
+    checks.require(known_roles.count(r.role) != 0, at + ".role",
+                   "expected one of policy, critic, reference, reward, rollout, got '" + r.role + "'");
+    checks.require(seen.insert(r.role).second, at + ".role", "role '" + r.role + "' is placed twice");
+    checks.require(pool_devices.count(r.pool) != 0, at + ".pool", "no pool named '" + r.pool + "'");
+    checks.require(r.dp >= 1, at + ".dp", "must be >= 1");
+    checks.require(r.bucket_mb > 0, at + ".bucket_mb", "must be > 0");
+    if (r.dp > 1)
+      checks.require(dp_roles.count(r.role) != 0, at + ".dp",
+                     "data parallelism is for trained roles (policy, critic, reward); " + r.role +
+                         " has one rank");
+    if (pool_devices.count(r.pool) && r.dp >= 1) {
+      auto n = pool_devices[r.pool];
+      checks.require(r.dp <= n && n % r.dp == 0, at + ".dp",
+                     "dp " + std::to_string(r.dp) + " must divide the " + std::to_string(n) +
+                         " devices of pool '" + r.pool + "'");
+    }
+    if (r.dp > 1)
+      for (const auto& [what, rows] : split_rows(c, r.role))
+        checks.require(rows % r.dp == 0, at + ".dp",
+                       "dp " + std::to_string(r.dp) + " must divide the " + what + " (" +
+                           std::to_string(rows) + ")");
+  }
+  if (p.mode == "disaggregated") {
+    auto gen = placement_of(p, "rollout").pool;
+    for (const char* t : {"policy", "critic"})
+      checks.require(placement_of(p, t).pool != gen, "placement.roles",
+                     std::string{"disaggregated: "} + t + " and rollout share pool '" + gen +
+                         "' (use hybrid for any mapping)");
+  }
+}
+
+const role_assignment* placement_plan::find(const std::string& role) const {
+  for (const auto& r : roles)
+    if (r.role == role)
+      return &r;
+  return nullptr;
+}
+
+int64_t placement_plan::dp_of(const std::string& stage, const std::string& role) const {
+  auto* r = find(role);
+  if (!r)
+    return 1;
+  bool trained = role == "policy" || role == "critic" || (role == "reward" && stage == "rm");
+  return trained ? r->dp : 1;
+}
+
+std::vector<std::string> placement_plan::worker_labels() const {
+  std::vector<std::string> out;
+  for (const auto& d : devices) {
+    std::string roles_here;
+    for (const auto& r : roles)
+      if (std::find(r.devices.begin(), r.devices.end(), d.index) != r.devices.end())
+        roles_here += (roles_here.empty() ? "" : "+") + r.role;
+    out.push_back(d.pool + ":" + (roles_here.empty() ? "idle" : roles_here));
+  }
+  return out;
+}
+
+std::string placement_plan::render() const {
+  std::string out = "placement: " + mode + "\n";
+  out += "model: " + std::to_string(parameters) + " parameters (policy)\n";
+  if (!uses_workers()) {
+    out += "every role runs in the driver's process; estimated peak " + gib(driver_peak_bytes) +
+           " (NOTE [memory estimate]: weights, gradients, optimizer state, KV pool)\n";
+    return out;
+  }
+  out += "devices: " + std::to_string(devices.size()) + " worker processes, " +
+         gib(device_memory_bytes) + " each\n";
+  for (const auto& d : devices) {
+    std::string ranks;
+    for (const auto& r : d.ranks)
+      ranks += (ranks.empty() ? "" : ", ") + r;
+    out += "  device " + std::to_string(d.index) + " (pool " + d.pool + "): " +
+           (ranks.empty() ? "idle" : ranks) + "; peak " + gib(d.peak_bytes) +
+           (d.peak_stage.empty() ? "" : " in " + d.peak_stage) + "\n";
+  }
+  out += "roles:\n";
+  for (const auto& r : roles) {
+    std::string devs;
+    for (auto d : r.devices)
+      devs += (devs.empty() ? "" : ", ") + std::to_string(d);
+    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.dp) + ", devices [" +
+           devs + "]\n";
+  }
+  return out;
+}
+
+expected<placement_plan> make_plan(const job_config& cfg) {
+  placement_plan plan;
+  const auto& p = cfg.placement;
+  plan.mode = p.mode;
+  auto shape = model_shape(cfg);
+  if (!shape)
+    return with_prefix(shape.error(), "planning the placement");
+  plan.parameters = parameters(*shape, true);
+  auto stages = job_stage_roles(cfg);
+  std::set<std::string> used;
+  for (const auto& [stage, roles] : stages)
+    used.insert(roles.begin(), roles.end());
+
+  if (p.mode == "in_process") {
+    for (const auto& [stage, roles] : stages) {
+      double total = 0;
+      for (const auto& r : roles)
+        total += role_bytes(cfg, *shape, stage, r);
+      plan.driver_peak_bytes = std::max(plan.driver_peak_bytes, total);
+    }
+    for (const auto& r : used)
+      plan.roles.push_back({r, "", 1, {}});
+    return plan;
+  }
+
+  // Devices: pools laid out in order.
+  std::map<std::string, int64_t> first;
+  for (const auto& pool : pools_of(p)) {
+    first[pool.name] = static_cast<int64_t>(plan.devices.size());
+    for (int64_t i = 0; i < pool.devices; ++i) {
+      device_plan d;
+      d.index = static_cast<int64_t>(plan.devices.size());
+      d.pool = pool.name;
+      plan.devices.push_back(d);
+    }
+  }
+  for (const auto& role : {"policy", "critic", "reference", "reward", "rollout"}) {
+    if (!used.count(role))
+      continue;
+    auto rp = placement_of(p, role);
+    role_assignment a{role, rp.pool, rp.dp, {}};
+    for (int64_t r = 0; r < rp.dp; ++r)
+      a.devices.push_back(first.at(rp.pool) + r);
+    plan.roles.push_back(a);
+  }
+  for (auto& d : plan.devices) {
+    for (const auto& a : plan.roles)
+      for (size_t r = 0; r < a.devices.size(); ++r)
+        if (a.devices[r] == d.index)
+          d.ranks.push_back(a.dp > 1 ? a.role + "[dp " + std::to_string(r) + "]" : a.role);
+    for (const auto& [stage, roles] : stages) {
+      double total = 0;
+      for (const auto& role : roles) {
+        auto* a = plan.find(role);
+        auto dp = plan.dp_of(stage, role);
+        for (int64_t r = 0; r < dp; ++r)
+          if (a->devices[static_cast<size_t>(r)] == d.index)
+            total += role_bytes(cfg, *shape, stage, role);
+      }
+      if (total > d.peak_bytes) {
+        d.peak_bytes = total;
+        d.peak_stage = stage;
+      }
+    }
+  }
+  plan.device_memory_bytes = cfg.resources.device_memory_gb > 0
+                                 ? cfg.resources.device_memory_gb * 1024.0 * 1024 * 1024
+                                 : host_memory_bytes() / static_cast<double>(plan.devices.size());
+  for (const auto& d : plan.devices)
+    if (plan.device_memory_bytes > 0 && d.peak_bytes > plan.device_memory_bytes) {
+      std::string ranks;
+      for (const auto& r : d.ranks)
+        ranks += (ranks.empty() ? "" : ", ") + r;
+      return make_error(errc::invalid_config,
+                        "placement: device " + std::to_string(d.index) + " (pool " + d.pool + ": " +
+                            ranks + ") needs an estimated " + gib(d.peak_bytes) + " in stage " +
+                            d.peak_stage + ", more than its " + gib(plan.device_memory_bytes) +
+                            " (resources.device_memory_gb); spread the roles over more devices");
+    }
+  return plan;
+}
+
+} // namespace troupe::actors::rl

@@ -1,0 +1,73 @@
+#pragma once
+// The placement planner: which worker process (device) hosts which rank of
+// which role, checked before anything starts (NOTE [placement modes] in
+// job_config.hpp), with an estimate of each device's memory. `troupe plan`
+// prints it; `troupe run` launches the workers it names.
+//
+// NOTE [memory estimate]: fp32 bytes per parameter — 16 for a trained role
+// (weights, gradients, AdamW's two moments), 4 for a frozen one (reference,
+// reward model, rollout) — plus the rollout's KV pool. Every DP rank holds a
+// whole replica. Stages run one after another and release their roles, so a
+// device's peak is the largest stage total. Activations are not included.
+
+#include "actors/rl/job_config.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::runtime {
+class config_checks;
+} // namespace troupe::runtime
+
+namespace troupe::actors::rl {
+
+struct role_assignment {
+  std::string role;
+  std::string pool;
+  int64_t dp = 1;
+  /// Global device (worker) index of each DP rank.
+  std::vector<int64_t> devices;
+};
+
+struct device_plan {
+  int64_t index = 0;
+  std::string pool;
+  /// Role names with their ranks, e.g. "policy[dp 0]".
+  std::vector<std::string> ranks;
+  /// Estimated peak bytes (the largest stage).
+  double peak_bytes = 0;
+  /// The stage of the peak.
+  std::string peak_stage;
+};
+
+struct placement_plan {
+  std::string mode = "in_process";
+  std::vector<role_assignment> roles;
+  /// Empty for in_process (the driver's process only).
+  std::vector<device_plan> devices;
+  /// In-process: the driver's estimate.
+  double driver_peak_bytes = 0;
+  double device_memory_bytes = 0;
+  /// Parameters of the policy model.
+  int64_t parameters = 0;
+
+  bool uses_workers() const { return !devices.empty(); }
+  /// The assignment of `role` (every role of the job has one).
+  const role_assignment* find(const std::string& role) const;
+  /// DP size of `role` in `stage` (frozen roles have one rank).
+  int64_t dp_of(const std::string& stage, const std::string& role) const;
+  /// A worker label per device ("pool:role+role").
+  std::vector<std::string> worker_labels() const;
+  /// Human-readable: devices, their ranks and memory estimates.
+  std::string render() const;
+};
+
+/// Placement rules (pools, roles, divisibility) found by job_config's check.
+void check_placement(const job_config& c, runtime::config_checks& checks);
+
+/// The plan of a checked job, or an error when a device's estimate exceeds
+/// its memory (naming the device, its ranks and both numbers).
+expected<placement_plan> make_plan(const job_config& cfg);
+
+} // namespace troupe::actors::rl

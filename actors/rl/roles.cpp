@@ -1,0 +1,289 @@
+#include "actors/rl/roles.hpp"
+
+#include "actors/inference/rollout.hpp"
+#include "actors/rl/job_config.hpp"
+#include "actors/rl/job_internal.hpp"
+#include "actors/rl/reward.hpp"
+#include "actors/train/engine_actor.hpp"
+#include "runtime/collectives.hpp"
+#include "runtime/compute.hpp"
+#include "runtime/config.hpp"
+
+#include <caf/all.hpp>
+
+#include <thread>
+
+namespace troupe::actors::rl {
+
+std::vector<std::string> stage_roles(const std::string& stage, bool critic, bool reference) {
+  if (stage == "sft")
+    return {"policy", "rollout"};
+  if (stage == "rm")
+    return {"reward"};
+  std::vector<std::string> out{"policy"};
+  if (critic)
+    out.push_back("critic");
+  if (reference)
+    out.push_back("reference");
+  out.push_back("reward");
+  out.push_back("rollout");
+  return out;
+}
+
+namespace {
+
+// The model a role starts from, and how: head, whether a missing head is
+// initialised fresh, and the seed of torch's RNG while loading (fresh heads
+// are then the same in every process).
+struct model_recipe {
+  models::head_kind head = models::head_kind::lm;
+  bool allow_missing_head = false;
+  uint64_t seed = 0;
+  std::optional<train::optimizer_options> optim;
+};
+
+expected<model_recipe> recipe_of(const job_config& cfg, const role_spec& s) {
+  auto seed = static_cast<uint64_t>(cfg.run.seed);
+  model_recipe r;
+  if (s.stage == "sft" && (s.role == "policy" || s.role == "rollout")) {
+    r.seed = mix_seed({seed, 21, 1});
+    if (s.role == "policy")
+      r.optim = cfg.sft.optim;
+    return r;
+  }
+  if (s.stage == "rm" && s.role == "reward") {
+    r.head = models::head_kind::reward;
+    r.allow_missing_head = true;
+    r.seed = mix_seed({seed, 21, 2});
+    r.optim = cfg.rm.optim;
+    return r;
+  }
+  if (s.stage == "rl") {
+    if (s.role == "policy") {
+      r.seed = mix_seed({seed, 41});
+      r.optim = cfg.rl.actor_optim;
+      return r;
+    }
+    if (s.role == "critic") {
+      r.head = models::head_kind::value;
+      r.allow_missing_head = true;
+      r.seed = mix_seed({seed, 42});
+      r.optim = cfg.rl.critic.optim;
+      return r;
+    }
+    if (s.role == "reference") {
+      r.seed = mix_seed({seed, 43});
+      return r;
+    }
+    if (s.role == "reward") {
+      r.head = models::head_kind::reward;
+      r.seed = mix_seed({seed, 44});
+      return r;
+    }
+    if (s.role == "rollout") {
+      r.seed = mix_seed({seed, 45});
+      return r;
+    }
+  }
+  return make_error(errc::invalid_argument,
+                    "no role '" + s.role + "' in stage '" + s.stage + "'");
+}
+
+// The DP group of a trainer rank: the store client and the gloo group.
+expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec& s) {
+  auto colon = s.dp_store.rfind(':');
+  if (colon == std::string::npos)
+    return make_error(errc::invalid_argument, "dp_store '" + s.dp_store + "' is not host:port");
+  runtime::store_options so;
+  so.host = s.dp_store.substr(0, colon);
+  so.port = static_cast<uint16_t>(std::stoi(s.dp_store.substr(colon + 1)));
+  so.timeout_ms = s.timeout_ms;
+  auto st = runtime::make_tcp_store(so);
+  if (!st)
+    return with_prefix(st.error(), "joining the DP group");
+  auto out = std::make_shared<train::data_parallel_group>();
+  out->store = std::move(*st);
+  runtime::group_options go;
+  go.rank = s.dp_rank;
+  go.world_size = s.dp_size;
+  go.name = s.dp_group;
+  go.timeout_ms = s.timeout_ms;
+  auto g = runtime::make_process_group(out->store, go);
+  if (!g)
+    return with_prefix(g.error(), "joining the DP group");
+  out->group = std::move(*g);
+  return out;
+}
+
+expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const role_spec& s) {
+  auto recipe = recipe_of(cfg, s);
+  if (!recipe)
+    return recipe.error();
+  if (s.dp_size < 1 || s.dp_rank < 0 || s.dp_rank >= s.dp_size)
+    return make_error(errc::invalid_argument, "dp rank " + std::to_string(s.dp_rank) +
+                                                  " of " + std::to_string(s.dp_size));
+  bool trainer = s.role == "policy" || s.role == "critic" || s.role == "reference" ||
+                 (s.role == "reward" && s.stage == "rm");
+  if (s.dp_size > 1 && !(trainer && recipe->optim))
+    return make_error(errc::invalid_argument,
+                      "data parallelism (dp " + std::to_string(s.dp_size) +
+                          ") is for trained roles (policy, critic, the rm stage's reward)");
+  runtime::set_compute_threads(static_cast<int>(cfg.run.threads));
+
+  if (s.role == "reward" && s.stage == "rl") {
+    reward_spec rs;
+    auto rule = parse_rule_kind(cfg.rl.reward.rule);
+    if (!rule)
+      return rule.error();
+    rs.kind = cfg.rl.reward.kind;
+    rs.rule = *rule;
+    rs.rule_weight = cfg.rl.reward.rule_weight;
+    rs.model_weight = cfg.rl.reward.model_weight;
+    auto tok = detail::job_tokenizer(cfg.model);
+    if (!tok)
+      return tok.error();
+    std::unique_ptr<train::train_engine> engine;
+    if (uses_reward_model(cfg.rl.reward)) {
+      auto m = detail::load_model(s.model_dir, recipe->head, false, recipe->seed);
+      if (!m)
+        return with_prefix(m.error(), "loading " + s.model_dir);
+      auto e = train::train_engine::make(*m, std::nullopt);
+      if (!e)
+        return e.error();
+      engine = std::move(*e);
+    }
+    auto a = spawn_reward(sys, rs, tok->tok, std::move(engine));
+    if (!a)
+      return a.error();
+    return caf::actor_cast<caf::actor>(*a);
+  }
+
+  auto model = detail::load_model(s.model_dir, recipe->head, recipe->allow_missing_head, recipe->seed);
+  if (!model)
+    return with_prefix(model.error(), "loading " + s.model_dir);
+  if (s.role == "rollout") {
+    auto a = inference::spawn_rollout(sys, *model, detail::engine_settings(cfg));
+    if (!a)
+      return a.error();
+    return caf::actor_cast<caf::actor>(*a);
+  }
+  auto engine = train::train_engine::make(*model, recipe->optim);
+  if (!engine)
+    return engine.error();
+  if (s.dp_size > 1) {
+    auto g = join_group(s);
+    if (!g)
+      return g.error();
+    double bucket_mb = 25;
+    for (const auto& rp : cfg.placement.roles)
+      if (rp.role == s.role)
+        bucket_mb = rp.bucket_mb;
+    if (auto ok = (*engine)->join_data_parallel(*g, bucket_mb); !ok)
+      return ok.error();
+  }
+  auto name = s.dp_size > 1 ? s.role + "[dp " + std::to_string(s.dp_rank) + "]" : s.role;
+  return caf::actor_cast<caf::actor>(train::spawn_engine_actor(sys, name, std::move(*engine)));
+}
+
+} // namespace
+
+namespace detail {
+
+expected<job_tokenizer_info> job_tokenizer(const model_config& m) {
+  job_tokenizer_info out;
+  if (!m.path.empty()) {
+    auto tok = models::load_tokenizer(m.path);
+    if (!tok)
+      return with_prefix(tok.error(), "model.path: tokenizer");
+    auto pad = (*tok)->pad_id() ? (*tok)->pad_id() : (*tok)->eos_id();
+    if (!pad)
+      return make_error(errc::invalid_config,
+                        "model.path: the tokenizer has neither a pad nor an eos token");
+    out.pad = *pad;
+    out.tok = std::shared_ptr<const models::tokenizer>(std::move(*tok));
+    return out;
+  }
+  auto tok = std::make_shared<models::byte_tokenizer>();
+  models::special_token_ids ids;
+  ids.bos = models::byte_tokenizer::bos_token;
+  ids.eos = models::byte_tokenizer::eos_token;
+  ids.pad = models::byte_tokenizer::pad_token;
+  if (auto ok = tok->set_special_ids(ids); !ok)
+    return ok.error();
+  out.tok = tok;
+  out.pad = models::byte_tokenizer::pad_token;
+  return out;
+}
+
+} // namespace detail
+
+expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec) {
+  auto where = spec.stage + " " + spec.role;
+  auto doc = runtime::yaml_document::from_text(spec.job_yaml, "role spec (" + where + ")");
+  if (!doc)
+    return with_prefix(doc.error(), spec.role);
+  auto cfg = runtime::load_config<job_config>(*doc);
+  if (!cfg)
+    return with_prefix(cfg.error(), spec.role);
+  auto a = build(sys, *cfg, spec);
+  if (!a)
+    return with_prefix(a.error(), spec.role);
+  return a;
+}
+
+expected<std::vector<caf::actor>> spawn_ranks(
+    const role_spec& spec, std::vector<std::shared_ptr<void>>& stores,
+    const std::function<expected<caf::actor>(const role_spec&)>& spawn_one) {
+  auto dp = spec.dp_size;
+  if (dp < 1)
+    return make_error(errc::invalid_argument, spec.role + ": dp " + std::to_string(dp));
+  if (dp == 1) {
+    auto a = spawn_one(spec);
+    if (!a)
+      return a.error();
+    return std::vector<caf::actor>{*a};
+  }
+  runtime::store_options so;
+  so.is_server = true;
+  so.timeout_ms = spec.timeout_ms;
+  auto st = runtime::make_tcp_store(so);
+  if (!st)
+    return with_prefix(st.error(), spec.role + ": the DP group's store");
+  auto server = std::make_shared<runtime::store>(std::move(*st));
+  auto addr = so.host + ":" + std::to_string(server->port());
+  stores.push_back(server);
+  std::vector<expected<caf::actor>> got(static_cast<size_t>(dp), make_error(errc::internal, "not built"));
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < dp; ++r)
+    threads.emplace_back([&, r] {
+      auto s = spec;
+      s.dp_rank = r;
+      s.dp_store = addr;
+      if (s.dp_group.empty())
+        s.dp_group = spec.stage + "/" + spec.role;
+      got[static_cast<size_t>(r)] = spawn_one(s);
+    });
+  for (auto& t : threads)
+    t.join();
+  std::vector<caf::actor> out;
+  caf::error first;
+  for (size_t r = 0; r < got.size(); ++r) {
+    if (got[r])
+      out.push_back(*got[r]);
+    else if (!first)
+      first = with_prefix(got[r].error(), "dp rank " + std::to_string(r));
+  }
+  if (first) {
+    for (auto& a : out)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    return first;
+  }
+  return out;
+}
+
+expected<std::vector<caf::actor>> in_process_host::spawn(caf::actor_system& sys,
+                                                          const role_spec& spec) {
+  return spawn_ranks(spec, stores_, [&](const role_spec& s) { return spawn_role(sys, s); });
+}
+
+} // namespace troupe::actors::rl

@@ -1,0 +1,95 @@
+#pragma once
+// The cast of a job as specs any process can build, and the role hosts that
+// build them: in the driver's process, or in worker processes
+// (cluster/role_host.hpp).
+//
+// NOTE [role hosting]: a role_spec names a role of a stage and carries the
+// resolved job (the same YAML as <run>/config.yaml) plus the directory its
+// model starts from, so the driver and a worker run the very same
+// construction code (spawn_role) with the very same seeds: a job gives the
+// same metrics whichever process hosts its roles. A role with dp > 1 is
+// built once per data-parallel rank; the ranks join one c10d group through
+// the TCPStore named in the spec, and the driver talks to them through one
+// engine group actor (train/engine_group.hpp).
+
+#include "runtime/error.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace troupe::actors::rl {
+
+struct role_spec {
+  /// sft | rm | rl.
+  std::string stage;
+  /// policy | critic | reference | reward | rollout.
+  std::string role;
+  /// The resolved job (runtime::to_yaml of the job_config).
+  std::string job_yaml;
+  /// The HF directory the role's model starts from ("" for a rule-only reward).
+  std::string model_dir;
+  /// Data-parallel rank and size of this instance.
+  int32_t dp_rank = 0;
+  int32_t dp_size = 1;
+  /// "host:port" of the TCPStore of the role's DP group (dp_size > 1).
+  std::string dp_store;
+  /// Key prefix of the group in the store (unique per stage and role).
+  std::string dp_group;
+  /// Bound on the group's rendezvous and collectives.
+  int64_t timeout_ms = 60000;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, role_spec& x) {
+  return f(caf::meta::type_name("role_spec"), x.stage, x.role, x.job_yaml, x.model_dir, x.dp_rank,
+           x.dp_size, x.dp_store, x.dp_group, x.timeout_ms);
+}
+
+/// The roles a stage uses, in spawn order.
+std::vector<std::string> stage_roles(const std::string& stage, bool critic, bool reference);
+
+/// Builds the role's actor in this process (a train engine actor, the
+/// rollout actor or the reward actor, by role). Errors name the role.
+expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec);
+
+/// Builds every DP rank of `spec` (spec.dp_size of them) with `spawn_one`,
+/// concurrently (the ranks meet in the group's rendezvous): opens the
+/// group's TCPStore on loopback first (kept in `stores` for the job's
+/// lifetime) and fills in each rank's dp fields. One rank: just spawn_one.
+/// On failure the ranks already built are stopped.
+expected<std::vector<caf::actor>> spawn_ranks(
+    const role_spec& spec, std::vector<std::shared_ptr<void>>& stores,
+    const std::function<expected<caf::actor>(const role_spec&)>& spawn_one);
+
+/// Where role actors run.
+class role_host {
+public:
+  virtual ~role_host() = default;
+  /// Spawns the role, every DP rank of it (spec.dp_size), and answers one
+  /// actor per rank.
+  virtual expected<std::vector<caf::actor>> spawn(caf::actor_system& sys, const role_spec& spec) = 0;
+  /// An id of the process that hosts rank 0 of `role` (equal ids = the same
+  /// process, so weights can be aliased).
+  virtual int process_of(const std::string& role) const = 0;
+  /// The first failure of the processes hosting roles; empty when none.
+  virtual caf::error check() { return {}; }
+};
+
+/// Every role in the calling process, with one rank each.
+class in_process_host final : public role_host {
+public:
+  expected<std::vector<caf::actor>> spawn(caf::actor_system& sys, const role_spec& spec) override;
+  int process_of(const std::string&) const override { return -1; }
+
+private:
+  std::vector<std::shared_ptr<void>> stores_;
+};
+
+} // namespace troupe::actors::rl

@@ -1,0 +1,84 @@
+#include "actors/role_proxy.hpp"
+
+#include "actors/inference/engine.hpp"
+#include "runtime/error.hpp"
+#include "runtime/tensor_batch.hpp"
+
+#include <caf/all.hpp>
+
+#include <map>
+
+namespace troupe::actors {
+
+namespace {
+
+using proxy_idle_atom = caf::atom_constant<caf::atom("pxidle")>;
+
+struct proxy_state {
+  caf::actor target;
+  std::string label;
+  uint64_t next = 0;
+  std::map<uint64_t, caf::response_promise> open;
+  static inline const char* name = "role_proxy";
+};
+
+caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, std::string name) {
+  self->state.target = target;
+  self->state.label = std::move(name);
+  self->monitor(target);
+  self->attach_functor([target](const caf::error&) {
+    caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
+  });
+  self->set_down_handler([self](caf::down_msg& dm) {
+    if (dm.source != self->state.target.address())
+      return;
+    auto err = make_error(errc::unavailable, self->state.label + " went down: " +
+                                                 self->system().render(dm.reason));
+    for (auto& [id, rp] : self->state.open)
+      rp.deliver(err);
+    self->state.open.clear();
+    self->quit(err);
+  });
+  self->set_default_handler([self](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
+    auto msg = x.move_content_to_message();
+    if (!self->current_message_id().is_request()) {
+      self->send(self->state.target, std::move(msg));
+      return caf::delegated<caf::message>{};
+    }
+    auto id = self->state.next++;
+    self->state.open.emplace(id, self->make_response_promise());
+    auto h = self->request(self->state.target, caf::infinite, std::move(msg));
+    // The answer types of the role interfaces (a new one must be added
+    // here: an answer of another type fails the request, never hangs it).
+    auto relay = [self, id](auto& reply) {
+      auto it = self->state.open.find(id);
+      if (it == self->state.open.end())
+        return;
+      it->second.deliver(std::move(reply));
+      self->state.open.erase(it);
+    };
+    self->add_multiplexed_response_handler(
+        h.id(), caf::behavior{
+                    [relay](runtime::tensor_batch& x) { relay(x); },
+                    [relay](std::map<std::string, double>& x) { relay(x); },
+                    [relay](std::vector<inference::request_output>& x) { relay(x); },
+                    [relay](inference::engine_metrics& x) { relay(x); },
+                    [relay](std::string& x) { relay(x); },
+                    [relay](int64_t& x) { relay(x); },
+                    [relay](double& x) { relay(x); },
+                    [relay](bool& x) { relay(x); },
+                    [relay](caf::error& x) { relay(x); },
+                });
+    return caf::delegated<caf::message>{};
+  });
+  // Every message goes to the default handler; this one never arrives.
+  return {[](proxy_idle_atom) {}};
+}
+
+} // namespace
+
+caf::actor spawn_role_proxy(caf::actor_system& sys, caf::actor target, std::string name) {
+  return sys.spawn(proxy, std::move(target), std::move(name));
+}
+
+} // namespace troupe::actors

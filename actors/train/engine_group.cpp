@@ -1,0 +1,247 @@
+#include "actors/train/engine_group.hpp"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+
+namespace troupe::actors::train {
+
+namespace {
+
+using runtime::tensor_batch;
+
+struct group_state {
+  std::vector<engine_actor> ranks;
+  std::string role;
+  static inline const char* name = "engine_group";
+};
+
+using self_ptr = engine_actor::stateful_pointer<group_state>;
+
+template <class R>
+struct gathering {
+  std::vector<R> parts;
+  size_t left = 0;
+  bool done = false;
+};
+
+// Sends one request per rank (send(r) → the response handle) and answers
+// combine(replies in rank order), or the first error.
+template <class R, class Out, class Send, class Combine>
+caf::typed_response_promise<Out> fan_out(self_ptr self, size_t n, Send send, Combine combine) {
+  auto rp = self->template make_response_promise<Out>();
+  auto g = std::make_shared<gathering<R>>();
+  g->parts.resize(n);
+  g->left = n;
+  for (size_t r = 0; r < n; ++r)
+    send(r).then(
+        [=](R& x) mutable {
+          if (g->done)
+            return;
+          g->parts[r] = std::move(x);
+          if (--g->left > 0)
+            return;
+          g->done = true;
+          expected<Out> c = combine(g->parts);
+          if (c)
+            rp.deliver(std::move(*c));
+          else
+            rp.deliver(c.error());
+        },
+        [=](caf::error& e) mutable {
+          if (g->done)
+            return;
+          g->done = true;
+          rp.deliver(std::move(e));
+        });
+  return rp;
+}
+
+// Training metrics come back already reduced over the group
+// (train_engine's group_metrics): every rank answers the same values.
+expected<metric_map> group_metrics(const std::vector<metric_map>& parts) {
+  return parts.front();
+}
+
+expected<tensor_batch> concat_rows(const std::vector<tensor_batch>& parts) {
+  return tensor_batch::concat(parts);
+}
+
+// The rows of `b` divided over at most `n` ranks (fewer when b is smaller).
+expected<std::vector<tensor_batch>> split_rows(const tensor_batch& b, size_t n) {
+  auto parts = static_cast<int64_t>(std::min<size_t>(n, static_cast<size_t>(std::max<int64_t>(b.size(), 1))));
+  return b.split(parts);
+}
+
+// Rank r's share of every minibatch of the update, in order.
+expected<std::vector<tensor_batch>> minibatch_shares(const tensor_batch& b, int64_t epochs,
+                                                     int64_t minibatches, uint64_t seed,
+                                                     bool shuffle, size_t n) {
+  auto mbs = make_minibatches(b, epochs, minibatches, seed, shuffle);
+  if (!mbs)
+    return mbs.error();
+  std::vector<std::vector<tensor_batch>> per_rank(n);
+  for (const auto& mb : *mbs) {
+    if (mb.size() % static_cast<int64_t>(n) != 0)
+      return make_error(errc::invalid_argument,
+                        "a minibatch of " + std::to_string(mb.size()) + " rows does not divide over " +
+                            std::to_string(n) + " DP ranks");
+    auto parts = mb.split(static_cast<int64_t>(n));
+    if (!parts)
+      return parts.error();
+    for (size_t r = 0; r < n; ++r)
+      per_rank[r].push_back(std::move((*parts)[r]));
+  }
+  std::vector<tensor_batch> out;
+  for (auto& p : per_rank) {
+    auto c = tensor_batch::concat(p);
+    if (!c)
+      return c.error();
+    out.push_back(std::move(*c));
+  }
+  return out;
+}
+
+engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
+                                           std::vector<engine_actor> ranks) {
+  self->state.role = std::move(role);
+  self->state.ranks = std::move(ranks);
+  // Ending the group ends its ranks; a rank that goes down ends the group.
+  auto members = self->state.ranks;
+  self->attach_functor([members](const caf::error&) {
+    for (const auto& r : members)
+      caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  });
+  for (const auto& r : self->state.ranks)
+    self->monitor(r);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    for (size_t r = 0; r < self->state.ranks.size(); ++r)
+      if (self->state.ranks[r].address() == dm.source)
+        self->quit(dm.reason ? dm.reason
+                             : make_error(errc::unavailable, self->state.role + ": DP rank " +
+                                                                 std::to_string(r) + " ended"));
+  });
+  auto n = [self] { return self->state.ranks.size(); };
+  auto rank = [self](size_t r) { return self->state.ranks[r]; };
+  auto prefixed = [self](const caf::error& e, const char* what) {
+    return with_prefix(e, self->state.role + ": " + what);
+  };
+
+  // split: rows over ranks, tensors back concatenated.
+  auto split_forward = [=](const tensor_batch& b, const char* what, auto send)
+      -> caf::result<tensor_batch> {
+    auto parts = split_rows(b, n());
+    if (!parts)
+      return prefixed(parts.error(), what);
+    auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*parts));
+    return fan_out<tensor_batch, tensor_batch>(
+        self, shared->size(), [=](size_t r) { return send(rank(r), (*shared)[r]); }, concat_rows);
+  };
+  auto split_metrics = [=](const tensor_batch& b, const char* what, auto send)
+      -> caf::result<metric_map> {
+    auto parts = split_rows(b, n());
+    if (!parts)
+      return prefixed(parts.error(), what);
+    auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*parts));
+    return fan_out<metric_map, metric_map>(
+        self, shared->size(), [=](size_t r) { return send(rank(r), (*shared)[r]); }, group_metrics);
+  };
+  // minibatch: rank r steps through its slice of every minibatch, unshuffled.
+  auto minibatch_update = [=](auto atom, const tensor_batch& b, const auto& o,
+                              const char* what) -> caf::result<metric_map> {
+    auto shares = minibatch_shares(b, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle, n());
+    if (!shares)
+      return prefixed(shares.error(), what);
+    auto local = o;
+    local.epochs = 1;
+    local.minibatches = o.epochs * o.minibatches;
+    local.shuffle = false;
+    auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*shares));
+    return fan_out<metric_map, metric_map>(
+        self, n(), [=](size_t r) { return self->request(rank(r), caf::infinite, atom, (*shared)[r], local); },
+        group_metrics);
+  };
+  auto first = [](const auto& parts) -> expected<std::decay_t<decltype(parts[0])>> { return parts[0]; };
+
+  return {
+      [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
+        return split_forward(b, "log_probs", [=](const engine_actor& a, const tensor_batch& p) {
+          return self->request(a, caf::infinite, log_probs_atom::value, p, temperature, entropy);
+        });
+      },
+      [=](values_atom, const tensor_batch& b) {
+        return split_forward(b, "values", [=](const engine_actor& a, const tensor_batch& p) {
+          return self->request(a, caf::infinite, values_atom::value, p);
+        });
+      },
+      [=](scores_atom, const tensor_batch& b) {
+        return split_forward(b, "scores", [=](const engine_actor& a, const tensor_batch& p) {
+          return self->request(a, caf::infinite, scores_atom::value, p);
+        });
+      },
+      [=](update_policy_atom a, const tensor_batch& b, const policy_update_options& o) {
+        return minibatch_update(a, b, o, "update_policy");
+      },
+      [=](update_critic_atom a, const tensor_batch& b, const critic_update_options& o) {
+        return minibatch_update(a, b, o, "update_critic");
+      },
+      [=](sft_step_atom, const tensor_batch& b) {
+        if (b.size() % static_cast<int64_t>(n()) != 0)
+          return caf::result<metric_map>{prefixed(
+              make_error(errc::invalid_argument, "a batch of " + std::to_string(b.size()) +
+                                                     " rows does not divide over " +
+                                                     std::to_string(n()) + " DP ranks"),
+              "sft_step")};
+        return split_metrics(b, "sft_step", [=](const engine_actor& a, const tensor_batch& p) {
+          return self->request(a, caf::infinite, sft_step_atom::value, p);
+        });
+      },
+      [=](rm_step_atom, const tensor_batch& b) {
+        if (b.size() % static_cast<int64_t>(n()) != 0)
+          return caf::result<metric_map>{prefixed(
+              make_error(errc::invalid_argument, "a batch of " + std::to_string(b.size()) +
+                                                     " pairs does not divide over " +
+                                                     std::to_string(n()) + " DP ranks"),
+              "rm_step")};
+        return split_metrics(b, "rm_step", [=](const engine_actor& a, const tensor_batch& p) {
+          return self->request(a, caf::infinite, rm_step_atom::value, p);
+        });
+      },
+      [=](rm_eval_atom, const tensor_batch& b) {
+        // Evaluation needs no group: rank 0 scores every pair.
+        return self->delegate(rank(0), rm_eval_atom::value, b);
+      },
+      [=](export_atom) { return self->delegate(rank(0), export_atom::value); },
+      [=](publish_atom, int64_t v, const inference::weight_channel& c) {
+        return self->delegate(rank(0), publish_atom::value, v, c);
+      },
+      [=](save_model_atom, const std::string& dir) {
+        return self->delegate(rank(0), save_model_atom::value, dir);
+      },
+      [=](save_state_atom) { return self->delegate(rank(0), save_state_atom::value); },
+      [=](load_state_atom, const std::string& bytes) {
+        return fan_out<int64_t, int64_t>(
+            self, n(),
+            [=](size_t r) { return self->request(rank(r), caf::infinite, load_state_atom::value, bytes); },
+            first);
+      },
+      [=](busy_atom) {
+        // The ranks compute side by side: the group is busy as long as its busiest rank.
+        return fan_out<double, double>(
+            self, n(), [=](size_t r) { return self->request(rank(r), caf::infinite, busy_atom::value); },
+            [](const std::vector<double>& xs) -> expected<double> {
+              return *std::max_element(xs.begin(), xs.end());
+            });
+      },
+      [=](inject_failure_atom) { self->send(rank(0), inject_failure_atom::value); },
+  };
+}
+
+} // namespace
+
+engine_actor spawn_engine_group(caf::actor_system& sys, std::string role,
+                                std::vector<engine_actor> ranks) {
+  return sys.spawn(group_behavior, std::move(role), std::move(ranks));
+}
+
+} // namespace troupe::actors::train

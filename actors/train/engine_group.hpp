@@ -1,0 +1,33 @@
+#pragma once
+// The driver's handle on a data-parallel role: one actor with the engine
+// actor's interface in front of the role's DP ranks (each an engine actor
+// in a group built by train_engine::join_data_parallel).
+//
+// NOTE [dispatch modes]: each request goes to the ranks in one of three ways:
+//   split      the batch's rows are divided over the ranks and the answers
+//              gathered (log_probs, values, scores: concatenated in rank
+//              order; sft_step, rm_step: the metrics, which the ranks
+//              reduce among themselves);
+//   minibatch  update_policy / update_critic: the group draws the same
+//              minibatches a single engine would (make_minibatches), gives
+//              rank r the r-th slice of each one in order and asks it to
+//              step through them unshuffled;
+//   all        load_state goes to every rank;
+//   rank 0     rm_eval, export, publish, save_model, save_state and
+//              injected failures (the ranks' weights and states are
+//              identical).
+// The first error of any rank is the answer; a rank that goes down ends the
+// group with it. Ending the group ends its ranks.
+
+#include "actors/train/engine_actor.hpp"
+
+#include <string>
+#include <vector>
+
+namespace troupe::actors::train {
+
+/// Spawns the group actor of `ranks` (at least one) for role `role`.
+engine_actor spawn_engine_group(caf::actor_system& sys, std::string role,
+                                std::vector<engine_actor> ranks);
+
+} // namespace troupe::actors::train

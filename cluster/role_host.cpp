@@ -1,0 +1,102 @@
+#include "cluster/role_host.hpp"
+
+#include "actors/role_proxy.hpp"
+
+#include "cluster/local_launcher.hpp"
+
+#include <caf/all.hpp>
+
+#include <filesystem>
+
+namespace troupe::cluster {
+
+expected<std::unique_ptr<worker_host>> worker_host::launch(caf::actor_system& sys,
+                                                           const actors::rl::placement_plan& plan,
+                                                           launch_options options) {
+  if (!plan.uses_workers())
+    return make_error(errc::invalid_argument, "worker host: the placement runs no workers");
+  options.roles = plan.worker_labels();
+  auto w = local_workers::launch(sys, options);
+  if (!w)
+    return w.error();
+  std::unique_ptr<worker_host> out{new worker_host()};
+  out->workers_ = std::move(*w);
+  out->plan_ = plan;
+  out->timeout_ms_ = options.timeout_ms;
+  return out;
+}
+
+expected<std::vector<caf::actor>> worker_host::spawn(caf::actor_system& sys,
+                                                     const actors::rl::role_spec& spec) {
+  const auto* a = plan_.find(spec.role);
+  if (!a)
+    return make_error(errc::invalid_argument, "the placement has no role '" + spec.role + "'");
+  if (spec.dp_size > static_cast<int32_t>(a->devices.size()))
+    return make_error(errc::invalid_argument, spec.role + ": dp " + std::to_string(spec.dp_size) +
+                                                  " but " + std::to_string(a->devices.size()) +
+                                                  " devices placed");
+  return actors::rl::spawn_ranks(spec, stores_, [&](const actors::rl::role_spec& s) -> expected<caf::actor> {
+    auto device = a->devices[static_cast<size_t>(s.dp_rank)];
+    const auto& w = workers_.workers()[static_cast<size_t>(device)];
+    auto name = (s.dp_size > 1 ? s.role + "[dp " + std::to_string(s.dp_rank) + "]" : s.role) +
+                " (worker " + std::to_string(w.rank) + ", pid " + std::to_string(w.pid) + ")";
+    expected<caf::actor> out = make_error(errc::internal, name + ": no answer");
+    // Building loads a model (and may wait for the other DP ranks).
+    auto bound = std::max<int64_t>(timeout_ms_, s.timeout_ms) * 2;
+    caf::scoped_actor self{sys};
+    self->request(w.handle, std::chrono::milliseconds(bound), spawn_role_atom::value, s)
+        .receive([&](caf::actor& x) { out = actors::spawn_role_proxy(sys, std::move(x), name); },
+                 [&](caf::error& e) {
+                   out = e.category() == error_category() ? with_prefix(e, "spawning " + name)
+                                                          : make_error(errc::unavailable,
+                                                                       "spawning " + name + ": " +
+                                                                           sys.render(e));
+                 });
+    return out;
+  });
+}
+
+int worker_host::process_of(const std::string& role) const {
+  const auto* a = plan_.find(role);
+  return a && !a->devices.empty() ? static_cast<int>(a->devices.front()) : -1;
+}
+
+caf::error worker_host::check() { return workers_.check(); }
+
+expected<void> worker_host::shutdown(int64_t timeout_ms) { return workers_.shutdown(timeout_ms); }
+
+expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
+                                                 const actors::rl::job_config& cfg,
+                                                 actors::rl::run_options opts,
+                                                 launch_options options) {
+  auto plan = actors::rl::make_plan(cfg);
+  if (!plan)
+    return plan.error();
+  if (!plan->uses_workers())
+    return actors::rl::run_job(sys, cfg, opts);
+  if (options.log_dir.empty())
+    options.log_dir = (std::filesystem::absolute(cfg.run.dir) / "workers").string();
+  if (options.executable.empty()) {
+    auto exe = self_executable();
+    if (!exe)
+      return exe.error();
+    options.executable = *exe;
+  }
+  auto host = worker_host::launch(sys, *plan, options);
+  if (!host)
+    return with_prefix(host.error(), "placement " + plan->mode);
+  opts.host = host->get();
+  auto summary = actors::rl::run_job(sys, cfg, opts);
+  if (!summary) {
+    // A dead worker explains the error best: say how it ended.
+    if (auto died = (*host)->check())
+      summary = with_prefix(died, describe(summary.error()));
+    [[maybe_unused]] auto ignored = (*host)->shutdown(5000);
+    return summary;
+  }
+  if (auto ok = (*host)->shutdown(options.timeout_ms); !ok)
+    return ok.error();
+  return summary;
+}
+
+} // namespace troupe::cluster

@@ -1,0 +1,56 @@
+#pragma once
+// Roles hosted in worker processes: the role host `troupe run` uses when
+// the job's placement names pools of devices (NOTE [role hosting] in
+// actors/rl/roles.hpp, NOTE [placement modes] in actors/rl/job_config.hpp).
+// One worker process per device of the plan; each role rank is built in
+// the worker of its device and reached through a role proxy (NOTE [role
+// proxy] in actors/role_proxy.hpp), so a worker that dies fails the
+// driver's open requests at once, naming the role and the worker.
+
+#include "actors/rl/job.hpp"
+#include "actors/rl/placement.hpp"
+#include "actors/rl/roles.hpp"
+#include "cluster/workers.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace troupe::cluster {
+
+class worker_host final : public actors::rl::role_host {
+public:
+  /// Starts one worker per device of `plan` (labelled with its pool and
+  /// roles) using `options`' executable, log folder and timeout.
+  static expected<std::unique_ptr<worker_host>> launch(caf::actor_system& sys,
+                                                       const actors::rl::placement_plan& plan,
+                                                       launch_options options);
+
+  expected<std::vector<caf::actor>> spawn(caf::actor_system& sys,
+                                          const actors::rl::role_spec& spec) override;
+  int process_of(const std::string& role) const override;
+  caf::error check() override;
+
+  /// Stops the workers (see local_workers::shutdown).
+  expected<void> shutdown(int64_t timeout_ms);
+  const std::vector<worker_info>& workers() const { return workers_.workers(); }
+
+private:
+  worker_host() = default;
+  local_workers workers_;
+  actors::rl::placement_plan plan_;
+  int64_t timeout_ms_ = 30000;
+  std::vector<std::shared_ptr<void>> stores_;
+};
+
+/// Runs a job where its placement says: in this process (in_process), or
+/// with worker processes launched for it (executable, log folder and
+/// timeout from `options`; logs default to <run dir>/workers) and stopped
+/// afterwards. A job that fails because a worker died says how it died.
+/// `sys` must be configured with configure_network when workers are used.
+expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
+                                                 const actors::rl::job_config& cfg,
+                                                 actors::rl::run_options opts,
+                                                 launch_options options);
+
+} // namespace troupe::cluster
