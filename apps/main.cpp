@@ -104,6 +104,13 @@ int main(int argc, char** argv) {
   run->add_option("--set", ro.overrides, "Override a key: --set rl.iterations=10 (repeatable)");
   run->add_flag("--resume", ro.resume, "Continue the run in run.dir from its checkpoints");
 
+  auto* plan = app.add_subcommand(
+      "plan", "Check a job's placement and print which worker hosts what, with memory estimates");
+  std::string plan_path;
+  std::vector<std::string> plan_sets;
+  plan->add_option("config", plan_path, "Job YAML file")->required();
+  plan->add_option("--set", plan_sets, "Override a key (repeatable)");
+
   auto* config = app.add_subcommand("config", "Inspect job configs");
   config->require_subcommand(1);
   auto* show = config->add_subcommand("show", "Print the resolved config (defaults, overrides)");
@@ -150,6 +157,8 @@ int main(int argc, char** argv) {
     return troupe::apps::run_job_command(ro);
   if (show->parsed())
     return troupe::apps::config_show_command(show_path, show_sets, !no_comments);
+  if (plan->parsed())
+    return troupe::apps::plan_command(plan_path, plan_sets);
   if (worker->parsed()) {
     auto colon = driver_address.rfind(':');
     int driver_port = 0;

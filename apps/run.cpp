@@ -2,6 +2,7 @@
 
 #include "actors/actor_system.hpp"
 #include "actors/rl/job.hpp"
+#include "actors/rl/placement.hpp"
 #include "cluster/role_host.hpp"
 
 #include <caf/all.hpp>
@@ -123,6 +124,21 @@ int config_show_command(const std::string& path, const std::vector<std::string>&
     return 1;
   }
   std::cout << runtime::to_yaml(*cfg, comments);
+  return 0;
+}
+
+int plan_command(const std::string& path, const std::vector<std::string>& overrides) {
+  auto cfg = actors::rl::load_job(path, overrides);
+  if (!cfg) {
+    std::fprintf(stderr, "troupe plan: %s\n", describe(cfg.error()).c_str());
+    return 1;
+  }
+  auto plan = actors::rl::make_plan(*cfg);
+  if (!plan) {
+    std::fprintf(stderr, "troupe plan: %s\n", describe(plan.error()).c_str());
+    return 1;
+  }
+  std::cout << plan->render();
   return 0;
 }
 

@@ -16,6 +16,9 @@ struct run_command_options {
 /// 130 stopped by a signal with a checkpoint written).
 int run_job_command(const run_command_options& options);
 
+/// `troupe plan`: checks the placement and prints the plan; 0 = it fits.
+int plan_command(const std::string& path, const std::vector<std::string>& overrides);
+
 /// Prints the resolved job config (defaults filled in, overrides applied).
 int config_show_command(const std::string& path, const std::vector<std::string>& overrides,
                         bool comments);

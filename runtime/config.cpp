@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <limits>
@@ -20,6 +21,8 @@ struct yaml_document::impl {
   YAML::Node root;
   /// Override text by dotted path ("ppo.lr" → "--set ppo.lr=1e-5").
   std::map<std::string, std::string> overrides;
+  /// The file of each path inherited through `base:` (NOTE [base files]).
+  std::map<std::string, std::string> origins;
 };
 
 namespace {
@@ -42,7 +45,17 @@ std::string locate(const yaml_document& doc, const std::string& path, const YAML
     if (path == key || (path.size() > key.size() && path.compare(0, key.size(), key) == 0 &&
                         (path[key.size()] == '.' || path[key.size()] == '[')))
       return text;
-  return where(doc.name(), m);
+  // The deepest inherited ancestor names the file the node came from.
+  const std::string* file = &doc.name();
+  size_t best = 0;
+  for (const auto& [key, origin] : doc.impl_->origins)
+    if ((path == key || (path.size() > key.size() && path.compare(0, key.size(), key) == 0 &&
+                         (path[key.size()] == '.' || path[key.size()] == '['))) &&
+        key.size() >= best) {
+      best = key.size();
+      file = &origin;
+    }
+  return where(*file, m);
 }
 
 std::string kind_of(const YAML::Node& n) {
@@ -75,13 +88,77 @@ expected<yaml_document> parse(const std::string& text, const std::string& name) 
 
 } // namespace
 
-expected<yaml_document> yaml_document::from_file(const std::string& path) {
+namespace {
+
+// NOTE [base files]: a job file may start from another with `base: FILE`
+// (relative to the file that names it): its mappings are merged key by key
+// over the base's, anything else replaces the base's value. Errors in
+// inherited keys name the base file's line (impl::origins).
+void merge_over(YAML::Node base, const YAML::Node& over, const std::string& path,
+                const std::string& file, std::map<std::string, std::string>& origins) {
+  for (const auto& kv : over) {
+    auto key = kv.first.Scalar();
+    auto sub = join(path, key);
+    YAML::Node existing = base[key];
+    if (existing.IsDefined() && existing.IsMap() && kv.second.IsMap()) {
+      merge_over(existing, kv.second, sub, file, origins);
+      continue;
+    }
+    base[key] = kv.second;
+    // Now this file's, below `sub` too.
+    for (auto it = origins.lower_bound(sub); it != origins.end() && it->first.compare(0, sub.size(), sub) == 0;) {
+      const auto& k = it->first;
+      if (k.size() == sub.size() || k[sub.size()] == '.' || k[sub.size()] == '[')
+        it = origins.erase(it);
+      else
+        ++it;
+    }
+    origins[sub] = file;
+  }
+}
+
+expected<yaml_document> load_file(const std::string& path, int depth) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     return make_error(errc::io_error, path + ": cannot open the config file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse(ss.str(), path);
+  auto doc = parse(ss.str(), path);
+  if (!doc)
+    return doc;
+  auto root = doc->impl_->root;
+  auto base_node = root["base"];
+  if (!base_node.IsDefined())
+    return doc;
+  if (!base_node.IsScalar() || base_node.Scalar().empty())
+    return make_error(errc::invalid_config,
+                      where(path, base_node.Mark()) + ": base: expected a file name, found " +
+                          kind_of(base_node));
+  if (depth >= 8)
+    return make_error(errc::invalid_config, where(path, base_node.Mark()) +
+                                                ": base: more than 8 levels of base files (a cycle?)");
+  auto base_path = (std::filesystem::path{path}.parent_path() / base_node.Scalar()).lexically_normal();
+  auto base = load_file(base_path.string(), depth + 1);
+  if (!base)
+    return with_prefix(base.error(), where(path, base_node.Mark()) + ": base");
+  root.remove("base");
+  auto merged = YAML::Clone(base->impl_->root);
+  auto& origins = base->impl_->origins;
+  for (const auto& kv : merged) {
+    auto key = kv.first.Scalar();
+    if (!origins.count(key))
+      origins[key] = base->name();
+  }
+  merge_over(merged, root, "", path, origins);
+  doc->impl_->root = merged;
+  doc->impl_->origins = std::move(origins);
+  return doc;
+}
+
+} // namespace
+
+expected<yaml_document> yaml_document::from_file(const std::string& path) {
+  return load_file(path, 0);
 }
 
 expected<yaml_document> yaml_document::from_text(const std::string& text, const std::string& name) {

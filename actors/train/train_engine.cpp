@@ -79,36 +79,30 @@ struct train_engine::impl {
     return lr;
   }
 
+  struct step_result;
   // The group's value of per-rank metrics: each weighted by the rank's
-  // share (shares sum to 1, so values equal on every rank pass unchanged).
-  metric_map group_metrics(metric_map m, double share) {
-    if (!dp)
-      return m;
-    std::vector<double> v;
-    for (const auto& [k, x] : m)
-      v.push_back(x * share);
-    auto t = torch::tensor(v, torch::kDouble);
-    value_or_throw(dp->group.all_reduce_sum(t));
-    size_t i = 0;
-    for (auto& [k, x] : m)
-      x = t[static_cast<int64_t>(i++)].item<double>();
-    return m;
-  }
+  // share — of tokens for the token means in `token_keys` (clip fractions,
+  // ppo_kl), of loss units otherwise. Shares sum to 1, so values equal on
+  // every rank (grad_norm, lr) pass unchanged.
+  metric_map group_metrics(metric_map m, const step_result& r,
+                           std::initializer_list<const char*> token_keys = {});
 
   struct step_result {
     double grad_norm = 0;
     double lr = 0;
-    /// This rank's share of the minibatch's loss units (1 without DP).
+    /// This rank's share of the minibatch's loss units and of its tokens
+    /// (1 without DP).
     double share = 1;
+    double token_share = 1;
   };
 
-  // Backward of `loss` (over `units` loss units: tokens or rows), the DP
-  // gradient sum, clip, step.
-  step_result step(const at::Tensor& loss, double units) {
+  // Backward of `loss` (over `units` loss units: tokens or rows; `tokens`
+  // valid tokens), the DP gradient sum, clip, step.
+  step_result step(const at::Tensor& loss, double units, double tokens) {
     optim->zero_grad();
-    double share = 1;
+    double share = 1, token_share = 1;
     if (dp) {
-      share = dp_scale(units);
+      std::tie(share, token_share) = dp_shares(units, tokens);
       (loss * share).backward();
       value_or_throw(reducer->all_reduce(1.0));
     } else {
@@ -128,7 +122,7 @@ struct train_engine::impl {
     double lr = apply_lr();
     optim->step();
     ++steps;
-    return {norm, lr, share};
+    return {norm, lr, share, token_share};
   }
 
   // NOTE [data-parallel training]: a DP rank holds a whole replica. Its
@@ -139,14 +133,12 @@ struct train_engine::impl {
   std::shared_ptr<data_parallel_group> dp;
   std::optional<runtime::gradient_reducer> reducer;
 
-  // The loss scale of a rank holding `units` of the minibatch's units.
-  double dp_scale(double units) {
-    if (!dp)
-      return 1.0;
-    auto t = torch::tensor({units}, torch::kDouble);
+  // This rank's shares of the minibatch's loss units and of its tokens.
+  std::pair<double, double> dp_shares(double units, double tokens) {
+    auto t = torch::tensor({units, tokens}, torch::kDouble);
     value_or_throw(dp->group.all_reduce_sum(t));
-    auto total = t.item<double>();
-    return total > 0 ? units / total : 0.0;
+    auto u = t[0].item<double>(), n = t[1].item<double>();
+    return {u > 0 ? units / u : 0.0, n > 0 ? tokens / n : 0.0};
   }
 
   std::vector<runtime::tensor_batch> minibatches(const runtime::tensor_batch& batch, int64_t epochs,
@@ -154,6 +146,23 @@ struct train_engine::impl {
     return value_or_throw(make_minibatches(batch, epochs, parts, seed, shuffle));
   }
 };
+
+metric_map train_engine::impl::group_metrics(metric_map m, const step_result& r,
+                                             std::initializer_list<const char*> token_keys) {
+  if (!dp)
+    return m;
+  std::vector<double> v;
+  for (const auto& [k, x] : m) {
+    bool token = std::any_of(token_keys.begin(), token_keys.end(), [&](const char* t) { return k == t; });
+    v.push_back(x * (token ? r.token_share : r.share));
+  }
+  auto t = torch::tensor(v, torch::kDouble);
+  value_or_throw(dp->group.all_reduce_sum(t));
+  size_t i = 0;
+  for (auto& [k, x] : m)
+    x = t[static_cast<int64_t>(i++)].item<double>();
+  return m;
+}
 
 expected<std::vector<runtime::tensor_batch>> make_minibatches(const runtime::tensor_batch& batch,
                                                               int64_t epochs, int64_t parts,
@@ -188,9 +197,11 @@ namespace {
 
 // Loss units of a minibatch under `agg`: valid tokens (token-mean) or rows
 // with a valid token (the sequence-mean modes).
+double tokens_of(const at::Tensor& mask) { return mask.to(torch::kDouble).sum().item<double>(); }
+
 double loss_units(const at::Tensor& mask, kernels::loss_agg_mode agg) {
   if (agg == kernels::loss_agg_mode::token_mean)
-    return mask.to(torch::kDouble).sum().item<double>();
+    return tokens_of(mask);
   return (mask.to(torch::kDouble).sum(1) > 0).to(torch::kDouble).sum().item<double>();
 }
 
@@ -346,7 +357,7 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
         loss = loss + o.kl_loss_coef * kl;
         m["actor/kl_loss"] = item(kl);
       }
-      auto r = impl_->step(loss, loss_units(mask, *agg));
+      auto r = impl_->step(loss, loss_units(mask, *agg), tokens_of(mask));
       m["actor/pg_loss"] = item(pl.loss);
       m["actor/pg_clipfrac"] = item(pl.pg_clipfrac);
       m["actor/pg_clipfrac_lower"] = item(pl.pg_clipfrac_lower);
@@ -354,7 +365,8 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
       m["actor/entropy"] = item(entropy);
       m["actor/grad_norm"] = r.grad_norm;
       m["actor/lr"] = r.lr;
-      sums.add(impl_->group_metrics(std::move(m), r.share));
+      sums.add(impl_->group_metrics(std::move(m), r,
+                                    {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"}));
     }
     return sums.mean();
   });
@@ -382,12 +394,13 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
       v = v.narrow(1, 0, v.size(1) - 1);
       auto vl = value_or_throw(kernels::value_loss(v, need(mb, "values"), need(mb, "returns"),
                                                    need(mb, "response_mask"), vo));
-      auto r = impl_->step(vl.loss, loss_units(need(mb, "response_mask"), *agg));
+      auto mask = need(mb, "response_mask");
+      auto r = impl_->step(vl.loss, loss_units(mask, *agg), tokens_of(mask));
       sums.add(impl_->group_metrics({{"critic/vf_loss", item(vl.loss)},
                                      {"critic/vf_clipfrac", item(vl.vf_clipfrac)},
                                      {"critic/grad_norm", r.grad_norm},
                                      {"critic/lr", r.lr}},
-                                    r.share));
+                                    r, {"critic/vf_clipfrac"}));
     }
     return sums.mean();
   });
@@ -401,9 +414,8 @@ expected<metric_map> train_engine::sft_step(const runtime::tensor_batch& batch) 
     auto lp = value_or_throw(kernels::token_log_probs(logits, impl_->next_tokens(batch)));
     auto mask = need(batch, "response_mask");
     auto loss = -value_or_throw(kernels::masked_mean(lp, mask));
-    auto r = impl_->step(loss, loss_units(mask, kernels::loss_agg_mode::token_mean));
-    return impl_->group_metrics({{"sft/loss", item(loss)}, {"sft/grad_norm", r.grad_norm}, {"sft/lr", r.lr}},
-                                r.share);
+    auto r = impl_->step(loss, tokens_of(mask), tokens_of(mask));
+    return impl_->group_metrics({{"sft/loss", item(loss)}, {"sft/grad_norm", r.grad_norm}, {"sft/lr", r.lr}}, r);
   });
 }
 
@@ -433,13 +445,14 @@ expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
     auto [rc, rr] = pair_scores(impl_->model, batch);
     auto margin = rc - rr;
     auto loss = -torch::log_sigmoid(margin).mean();
-    auto r = impl_->step(loss, static_cast<double>(margin.size(0)));
+    auto rows = static_cast<double>(margin.size(0));
+    auto r = impl_->step(loss, rows, rows);
     return impl_->group_metrics({{"rm/loss", item(loss)},
                                  {"rm/accuracy", item((margin > 0).to(torch::kFloat).mean())},
                                  {"rm/margin", item(margin.mean())},
                                  {"rm/grad_norm", r.grad_norm},
                                  {"rm/lr", r.lr}},
-                                r.share);
+                                r);
   });
 }
 

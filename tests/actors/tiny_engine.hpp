@@ -2,6 +2,8 @@
 // A tiny Llama and engine for the inference engine and rollout actor tests.
 
 #include "actors/inference/engine.hpp"
+#include "actors/rl/data.hpp"
+#include "runtime/tensor_batch.hpp"
 #include "models/llama.hpp"
 
 #include <gtest/gtest.h>
@@ -56,5 +58,38 @@ inline sampling_params random_sampling(int64_t max_tokens, uint64_t seed) {
   p.seed = seed;
   return p;
 }
+
+/// A model with `m`'s weights and another head (fresh, seeded).
+inline models::llama_model copy_of(const models::llama_model& m, models::head_kind head) {
+  torch::manual_seed(7);
+  auto out = models::make_llama(m->config(), head);
+  EXPECT_TRUE(out);
+  auto ok = models::assign_hf_weights(*out, models::export_hf_weights(m), true);
+  EXPECT_TRUE(ok) << describe(ok.error());
+  return *out;
+}
+
+// A fixed batch of prompt + response rows for the update tests.
+inline runtime::tensor_batch fixed_batch(int64_t rows, uint64_t seed) {
+  std::vector<std::vector<int64_t>> prompts, responses;
+  uint64_t s = seed;
+  auto next = [&](int64_t mod) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(mod));
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> p(static_cast<size_t>(2 + next(4))), q(static_cast<size_t>(1 + next(5)));
+    for (auto& t : p)
+      t = 1 + next(40);
+    for (auto& t : q)
+      t = 1 + next(40);
+    prompts.push_back(p);
+    responses.push_back(q);
+  }
+  auto b = rl::collate_sequences(prompts, responses, 0);
+  EXPECT_TRUE(b) << describe(b.error());
+  return *b;
+}
+
 
 } // namespace troupe::actors::inference::testing

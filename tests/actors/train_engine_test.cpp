@@ -12,6 +12,8 @@ using troupe::actors::inference::testing::make_engine;
 using troupe::actors::inference::testing::random_sampling;
 using troupe::actors::inference::testing::tiny_config;
 using troupe::actors::inference::testing::tiny_model;
+using troupe::actors::inference::testing::copy_of;
+using troupe::actors::inference::testing::fixed_batch;
 
 namespace {
 
@@ -20,37 +22,6 @@ std::unique_ptr<train::train_engine> trainer(models::llama_model m,
   auto e = train::train_engine::make(std::move(m), o);
   EXPECT_TRUE(e) << describe(e.error());
   return std::move(*e);
-}
-
-models::llama_model copy_of(const models::llama_model& m, models::head_kind head) {
-  torch::manual_seed(7);
-  auto out = models::make_llama(m->config(), head);
-  EXPECT_TRUE(out);
-  auto ok = models::assign_hf_weights(*out, models::export_hf_weights(m), true);
-  EXPECT_TRUE(ok) << describe(ok.error());
-  return *out;
-}
-
-// A fixed batch of prompt + response rows for the update tests.
-runtime::tensor_batch fixed_batch(int64_t rows, uint64_t seed) {
-  std::vector<std::vector<int64_t>> prompts, responses;
-  uint64_t s = seed;
-  auto next = [&](int64_t mod) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(mod));
-  };
-  for (int64_t r = 0; r < rows; ++r) {
-    std::vector<int64_t> p(static_cast<size_t>(2 + next(4))), q(static_cast<size_t>(1 + next(5)));
-    for (auto& t : p)
-      t = 1 + next(40);
-    for (auto& t : q)
-      t = 1 + next(40);
-    prompts.push_back(p);
-    responses.push_back(q);
-  }
-  auto b = actors::rl::collate_sequences(prompts, responses, 0);
-  EXPECT_TRUE(b) << describe(b.error());
-  return *b;
 }
 
 } // namespace

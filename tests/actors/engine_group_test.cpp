@@ -1,0 +1,206 @@
+// Data-parallel training through the engine group: two DP ranks (gloo, in
+// this process) match one engine on the same global batch, for PPO updates
+// with epochs × minibatches under each loss aggregation, critic updates, SFT
+// and reward-model steps.
+#include "actors/actor_system.hpp"
+#include "actors/train/engine_group.hpp"
+#include "tests/actors/tiny_engine.hpp"
+
+#include <caf/all.hpp>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <future>
+
+using namespace troupe;
+using namespace troupe::actors;
+using troupe::actors::inference::testing::copy_of;
+using troupe::actors::inference::testing::fixed_batch;
+using troupe::actors::inference::testing::tiny_model;
+
+namespace {
+
+constexpr double tolerance = 1e-5;
+
+std::unique_ptr<train::train_engine> engine_of(models::llama_model m) {
+  train::optimizer_options o;
+  o.lr = 1e-3;
+  o.grad_clip = 0.5; // the clip sees the summed gradients: DP must not change it
+  auto e = train::train_engine::make(std::move(m), o);
+  EXPECT_TRUE(e) << describe(e.error());
+  return std::move(*e);
+}
+
+// One engine, and a group of two ranks, all from the same weights.
+struct setup {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  train::engine_actor single, group;
+
+  setup(models::head_kind head, const std::string& name, int64_t timeout_ms = 20000) {
+    actors::configure(cfg);
+    sys = std::make_unique<caf::actor_system>(cfg);
+    auto base = tiny_model(11);
+    single = train::spawn_engine_actor(*sys, "single", engine_of(copy_of(base, head)));
+    runtime::group_options go;
+    go.name = name;
+    go.timeout_ms = timeout_ms;
+    auto groups = runtime::make_local_groups(2, go);
+    EXPECT_TRUE(groups) << describe(groups.error());
+    std::vector<std::unique_ptr<train::train_engine>> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.push_back(engine_of(copy_of(base, head)));
+    // Joining broadcasts from rank 0: both ranks join at once.
+    auto join = [&](int r) {
+      auto g = std::make_shared<train::data_parallel_group>();
+      g->store = std::move(groups->stores[static_cast<size_t>(r)]);
+      g->group = std::move(groups->groups[static_cast<size_t>(r)]);
+      return ranks[static_cast<size_t>(r)]->join_data_parallel(g, 0.01); // tiny buckets: several
+    };
+    auto f1 = std::async(std::launch::async, join, 1);
+    auto ok0 = join(0);
+    auto ok1 = f1.get();
+    EXPECT_TRUE(ok0) << describe(ok0.error());
+    EXPECT_TRUE(ok1) << describe(ok1.error());
+    std::vector<train::engine_actor> members;
+    for (int r = 0; r < 2; ++r)
+      members.push_back(train::spawn_engine_actor(*sys, "policy[dp " + std::to_string(r) + "]",
+                                                  std::move(ranks[static_cast<size_t>(r)])));
+    group = train::spawn_engine_group(*sys, "policy", members);
+  }
+
+  ~setup() {
+    caf::anon_send_exit(single, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
+  }
+
+  template <class R, class... Ts>
+  expected<R> ask(const train::engine_actor& a, Ts&&... xs) {
+    expected<R> out = make_error(errc::internal, "no reply");
+    caf::scoped_actor self{*sys};
+    self->request(a, std::chrono::seconds(60), std::forward<Ts>(xs)...)
+        .receive([&](R& r) { out = std::move(r); }, [&](caf::error& e) { out = e; });
+    return out;
+  }
+
+  // The largest difference between the two models' weights.
+  double weight_gap() {
+    auto a = ask<inference::shared_weights>(single, train::export_atom::value);
+    auto b = ask<inference::shared_weights>(group, train::export_atom::value);
+    EXPECT_TRUE(a && b);
+    double gap = 0;
+    for (const auto& [name, t] : **a)
+      gap = std::max(gap, ((*b)->at(name) - t).abs().max().item<double>());
+    return gap;
+  }
+};
+
+void expect_same_metrics(const train::metric_map& a, const train::metric_map& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [k, v] : a)
+    EXPECT_NEAR(v, b.at(k), tolerance * std::max(1.0, std::abs(v))) << k;
+}
+
+runtime::tensor_batch rl_batch(int64_t rows, uint64_t seed) {
+  auto b = fixed_batch(rows, seed);
+  auto mask = b.get("response_mask").value();
+  torch::manual_seed(static_cast<int64_t>(seed));
+  auto shape = mask.sizes();
+  EXPECT_TRUE(b.set("old_log_probs", (-torch::rand(shape) * 3) * mask));
+  EXPECT_TRUE(b.set("ref_log_probs", (-torch::rand(shape) * 3) * mask));
+  EXPECT_TRUE(b.set("advantages", torch::randn(shape) * mask));
+  EXPECT_TRUE(b.set("returns", torch::randn(shape) * mask));
+  EXPECT_TRUE(b.set("values", torch::randn(shape) * 0.1 * mask));
+  return b;
+}
+
+class EngineGroupPolicy : public ::testing::TestWithParam<std::string> {};
+
+} // namespace
+
+// Five optimizer steps — an update of 2 epochs × 2 minibatches, then one of
+// a single minibatch — with an entropy bonus and a KL loss: the group's
+// weights and metrics match the single engine's.
+TEST_P(EngineGroupPolicy, TwoRanksMatchOneEngine) {
+  setup s{models::head_kind::lm, "policy-" + GetParam()};
+  train::policy_update_options o;
+  o.entropy_coef = 0.01;
+  o.kl_loss_coef = 0.1;
+  o.loss_agg = GetParam();
+  for (int step = 0; step < 2; ++step) {
+    o.epochs = step == 0 ? 2 : 1;
+    o.minibatches = step == 0 ? 2 : 1;
+    auto batch = rl_batch(8, 100 + static_cast<uint64_t>(step));
+    o.shuffle_seed = 7 + static_cast<uint64_t>(step);
+    auto a = s.ask<train::metric_map>(s.single, train::update_policy_atom::value, batch, o);
+    auto b = s.ask<train::metric_map>(s.group, train::update_policy_atom::value, batch, o);
+    ASSERT_TRUE(a) << describe(a.error());
+    ASSERT_TRUE(b) << describe(b.error());
+    expect_same_metrics(*a, *b);
+  }
+  EXPECT_LT(s.weight_gap(), tolerance);
+  // Forward passes split over the ranks give the single engine's answers.
+  auto batch = rl_batch(7, 999); // 7 rows: ranks get 4 and 3
+  auto a = s.ask<runtime::tensor_batch>(s.single, train::log_probs_atom::value, batch, 1.0, true);
+  auto b = s.ask<runtime::tensor_batch>(s.group, train::log_probs_atom::value, batch, 1.0, true);
+  ASSERT_TRUE(a && b);
+  EXPECT_LT((a->get("log_probs").value() - b->get("log_probs").value()).abs().max().item<double>(),
+            tolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(LossAggregation, EngineGroupPolicy,
+                         ::testing::Values("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+                         [](const auto& info) {
+                           auto n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
+TEST(EngineGroup, CriticAndSftMatchOneEngine) {
+  {
+    setup s{models::head_kind::value, "critic"};
+    train::critic_update_options o;
+    for (int step = 0; step < 2; ++step) {
+      o.epochs = step == 0 ? 2 : 1;
+      o.minibatches = step == 0 ? 2 : 1;
+      auto batch = rl_batch(8, 200 + static_cast<uint64_t>(step));
+      auto a = s.ask<train::metric_map>(s.single, train::update_critic_atom::value, batch, o);
+      auto b = s.ask<train::metric_map>(s.group, train::update_critic_atom::value, batch, o);
+      ASSERT_TRUE(a && b);
+      expect_same_metrics(*a, *b);
+    }
+    EXPECT_LT(s.weight_gap(), tolerance);
+  }
+  {
+    setup s{models::head_kind::lm, "sft"};
+    for (int step = 0; step < 5; ++step) {
+      auto batch = fixed_batch(6, 300 + static_cast<uint64_t>(step)); // uneven token counts per rank
+      auto a = s.ask<train::metric_map>(s.single, train::sft_step_atom::value, batch);
+      auto b = s.ask<train::metric_map>(s.group, train::sft_step_atom::value, batch);
+      ASSERT_TRUE(a && b);
+      expect_same_metrics(*a, *b);
+    }
+    EXPECT_LT(s.weight_gap(), tolerance);
+  }
+}
+
+TEST(EngineGroup, RefusesWhatDoesNotDivideAndNamesTheRole) {
+  // A failed rank leaves the other waiting in the all-reduce until the
+  // group's timeout: keep it short.
+  setup s{models::head_kind::lm, "refuse", 3000};
+  auto r = s.ask<train::metric_map>(s.group, train::sft_step_atom::value, fixed_batch(5, 1));
+  ASSERT_FALSE(r);
+  EXPECT_NE(describe(r.error()).find("policy: sft_step"), std::string::npos) << describe(r.error());
+  train::policy_update_options o;
+  o.minibatches = 2; // 6 rows → minibatches of 3: not divisible by 2 ranks
+  auto u = s.ask<train::metric_map>(s.group, train::update_policy_atom::value, rl_batch(6, 2), o);
+  ASSERT_FALSE(u);
+  EXPECT_NE(describe(u.error()).find("does not divide over 2 DP ranks"), std::string::npos)
+      << describe(u.error());
+  // A rank that fails fails the request, and the group with it.
+  caf::anon_send(s.group, train::inject_failure_atom::value);
+  auto f = s.ask<train::metric_map>(s.group, train::sft_step_atom::value, fixed_batch(6, 1));
+  ASSERT_FALSE(f);
+  EXPECT_NE(describe(f.error()).find("injected failure"), std::string::npos) << describe(f.error());
+}
