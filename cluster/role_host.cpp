@@ -90,7 +90,8 @@ expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
   if (!summary) {
     // A dead worker explains the error best: say how it ended.
     if (auto died = (*host)->check())
-      summary = with_prefix(died, describe(summary.error()));
+      summary = make_error(errc::process_failed,
+                           context_of(summary.error()) + "; " + context_of(died));
     [[maybe_unused]] auto ignored = (*host)->shutdown(5000);
     return summary;
   }

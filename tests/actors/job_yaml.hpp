@@ -1,6 +1,6 @@
 #pragma once
 // Loads a job spec from YAML text (named job.yaml in messages) with --set
-// overrides, for the job tests.
+// overrides, and a tiny job, for the job tests.
 
 #include "actors/rl/job_config.hpp"
 
@@ -17,6 +17,25 @@ inline expected<job_config> parse_job(const std::string& yaml, std::vector<std::
     if (auto ok = doc->set(s); !ok)
       return ok.error();
   return runtime::load_config<job_config>(*doc);
+}
+
+// A job small enough for a unit test: 2-layer width-32 model, 3-digit sorting.
+inline std::string tiny_job(const std::string& dir, const std::string& extra = "") {
+  return "run: {dir: '" + dir + "', seed: 3, progress: none, request_timeout_s: 60}\n"
+         "data: {task: sort, min_digits: 2, max_digits: 3, train_size: 64, eval_size: 8}\n"
+         "model: {hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 2,\n"
+         "        num_kv_heads: 1, max_position_embeddings: 24}\n"
+         "sft: {steps: 3, batch_size: 8, eval_every: 0}\n"
+         "rm: {steps: 2, batch_size: 8, eval_every: 0}\n"
+         "rl:\n"
+         "  iterations: 3\n"
+         "  prompts_per_iteration: 4\n"
+         "  minibatches: 2\n"
+         "  eval_every: 2\n"
+         "  checkpoint_every: 1\n"
+         "  generation: {max_tokens: 5}\n"
+         "  rollout: {num_blocks: 64, block_size: 4}\n" +
+         extra;
 }
 
 } // namespace troupe::actors::rl::testing

@@ -24,24 +24,7 @@ using namespace troupe::actors::rl;
 
 namespace {
 
-// A job small enough for a unit test: 2-layer width-32 model, 3-digit sorting.
-std::string tiny_job(const std::string& dir, const std::string& extra = "") {
-  return "run: {dir: '" + dir + "', seed: 3, progress: none, request_timeout_s: 60}\n"
-         "data: {task: sort, min_digits: 2, max_digits: 3, train_size: 64, eval_size: 8}\n"
-         "model: {hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 2,\n"
-         "        num_kv_heads: 1, max_position_embeddings: 24}\n"
-         "sft: {steps: 3, batch_size: 8, eval_every: 0}\n"
-         "rm: {steps: 2, batch_size: 8, eval_every: 0}\n"
-         "rl:\n"
-         "  iterations: 3\n"
-         "  prompts_per_iteration: 4\n"
-         "  minibatches: 2\n"
-         "  eval_every: 2\n"
-         "  checkpoint_every: 1\n"
-         "  generation: {max_tokens: 5}\n"
-         "  rollout: {num_blocks: 64, block_size: 4}\n" +
-         extra;
-}
+using troupe::actors::rl::testing::tiny_job;
 
 expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
   return troupe::actors::rl::testing::parse_job(yaml, std::move(sets));
