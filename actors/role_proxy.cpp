@@ -19,6 +19,8 @@ struct proxy_state {
   std::string label;
   uint64_t next = 0;
   std::map<uint64_t, caf::response_promise> open;
+  /// Set once the target went down: the answer to every later request.
+  caf::error down;
   static inline const char* name = "role_proxy";
 };
 
@@ -37,9 +39,11 @@ caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, s
     for (auto& [id, rp] : self->state.open)
       rp.deliver(err);
     self->state.open.clear();
-    self->quit(err);
+    self->state.down = err;
   });
   self->set_default_handler([self](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
+    if (self->state.down)
+      return self->state.down;
     auto msg = x.move_content_to_message();
     if (!self->current_message_id().is_request()) {
       self->send(self->state.target, std::move(msg));

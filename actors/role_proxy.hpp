@@ -7,8 +7,9 @@
 // message (requests as requests, with their answers relayed back: the
 // answer types of the role interfaces are listed in role_proxy.cpp), monitors
 // the remote actor and, when it goes down, fails every request still open
-// with an error naming the role and where it ran, then ends. Ending the
-// proxy (an exit message from the driver) ends the remote actor.
+// with an error naming the role and where it ran, and answers every later
+// request with it. Ending the proxy (an exit message from the driver) ends
+// the remote actor.
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
