@@ -142,7 +142,7 @@ expected<yaml_document> load_file(const std::string& path, int depth) {
   if (!base)
     return with_prefix(base.error(), where(path, base_node.Mark()) + ": base");
   root.remove("base");
-  auto merged = YAML::Clone(base->impl_->root);
+  auto merged = base->impl_->root; // the base document is ours alone: merge into it
   auto& origins = base->impl_->origins;
   for (const auto& kv : merged) {
     auto key = kv.first.Scalar();

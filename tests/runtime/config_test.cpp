@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -252,4 +253,43 @@ TEST(Config, LoadsFromAFile) {
   auto ok = load_config_file<job_cfg>(path, {"mini_batches=2"});
   ASSERT_TRUE(ok) << describe(ok.error());
   EXPECT_EQ(ok->mini_batches, 2);
+}
+
+// NOTE [base files]: mappings merge key by key over the base, lists and
+// scalars replace; errors name the file each key came from.
+TEST(Config, BaseFilesMergeAndErrorsNameTheirFile) {
+  test::temp_dir dir;
+  auto base = dir.write("base.yaml", "name: base\nbatch_size: 6\nmini_batches: 4\noptim: {lr: 0.5, beta1: 0.8}\n"
+                                     "stages: [{kind: rm}, {kind: ppo}]\n");
+  std::filesystem::create_directories(dir.file("sub"));
+  auto child = dir.write("sub/child.yaml", "base: ../base.yaml\nname: child\noptim: {lr: 0.25}\n"
+                                           "stages: [{kind: sft, steps: 3}]\n");
+  auto r = load_config_file<job_cfg>(child, {"mini_batches=3"});
+  ASSERT_TRUE(r) << describe(r.error());
+  EXPECT_EQ(r->name, "child");
+  EXPECT_EQ(r->batch_size, 6);        // inherited
+  EXPECT_EQ(r->optim.lr, 0.25);       // merged: this file's
+  EXPECT_EQ(r->optim.betas0, 0.8);    // merged: the base's
+  ASSERT_EQ(r->stages.size(), 1u);    // a list replaces
+  EXPECT_EQ(r->stages[0].kind, "sft");
+
+  // An inherited violation points into the base file, one of the child's into the child.
+  auto bad = load_config_file<job_cfg>(child);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find(dir.file("base.yaml") + ":3:15: mini_batches:"), std::string::npos)
+      << describe(bad.error());
+  auto own = dir.write("sub/own.yaml", "base: ../base.yaml\noptim: {lr: -1}\n");
+  auto bad2 = load_config_file<job_cfg>(own, {"mini_batches=3"});
+  ASSERT_FALSE(bad2);
+  EXPECT_NE(describe(bad2.error()).find(own + ":2:13: optim.lr:"), std::string::npos) << describe(bad2.error());
+
+  // Missing and cyclic bases are errors at the `base:` line.
+  auto missing = dir.write("missing.yaml", "name: x\nbase: nowhere.yaml\n");
+  auto m = load_config_file<job_cfg>(missing);
+  ASSERT_FALSE(m);
+  EXPECT_NE(describe(m.error()).find(missing + ":2:7: base"), std::string::npos) << describe(m.error());
+  auto loop = dir.write("loop.yaml", "base: loop.yaml\n");
+  auto l = load_config_file<job_cfg>(loop);
+  ASSERT_FALSE(l);
+  EXPECT_NE(describe(l.error()).find("more than 8 levels"), std::string::npos) << describe(l.error());
 }

@@ -1,0 +1,106 @@
+// The placement planner: devices, DP ranks and memory estimates of a job,
+// and every rule it checks before anything starts.
+#include "actors/rl/placement.hpp"
+#include "tests/actors/job_yaml.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace troupe;
+using namespace troupe::actors::rl;
+using troupe::actors::rl::testing::parse_job;
+using troupe::actors::rl::testing::tiny_job;
+
+namespace {
+
+std::string error_of(const std::string& extra, std::vector<std::string> sets = {}) {
+  auto c = parse_job(tiny_job("run", "") + extra, std::move(sets));
+  EXPECT_FALSE(c);
+  return c ? std::string{} : describe(c.error());
+}
+
+} // namespace
+
+TEST(Placement, InProcessByDefault) {
+  auto c = parse_job(tiny_job("run"));
+  ASSERT_TRUE(c) << describe(c.error());
+  auto p = make_plan(*c);
+  ASSERT_TRUE(p) << describe(p.error());
+  EXPECT_FALSE(p->uses_workers());
+  EXPECT_GT(p->driver_peak_bytes, 16.0 * static_cast<double>(p->parameters)); // at least the policy's state
+  EXPECT_EQ(p->dp_of("rl", "policy"), 1);
+}
+
+TEST(Placement, ColocatedPutsEveryRoleOnOneDevice) {
+  auto c = parse_job(tiny_job("run"), {"placement.mode=colocated"});
+  ASSERT_TRUE(c) << describe(c.error());
+  auto p = make_plan(*c);
+  ASSERT_TRUE(p) << describe(p.error());
+  ASSERT_EQ(p->devices.size(), 1u);
+  EXPECT_EQ(p->worker_labels(), std::vector<std::string>{"all:policy+critic+reference+reward+rollout"});
+  for (const auto& r : p->roles)
+    EXPECT_EQ(r.devices, std::vector<int64_t>{0}) << r.role;
+}
+
+TEST(Placement, DisaggregatedLaysPoolsOutInOrderWithDpRanks) {
+  auto c = parse_job(tiny_job("run") +
+                     "placement:\n  mode: disaggregated\n"
+                     "  pools: [{name: train, devices: 2}, {name: gen, devices: 1}]\n"
+                     "  roles: [{role: policy, pool: train, dp: 2}, {role: critic, pool: train},\n"
+                     "          {role: rollout, pool: gen}]\n");
+  ASSERT_TRUE(c) << describe(c.error());
+  auto p = make_plan(*c);
+  ASSERT_TRUE(p) << describe(p.error());
+  ASSERT_EQ(p->devices.size(), 3u);
+  EXPECT_EQ(p->find("policy")->devices, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(p->find("critic")->devices, std::vector<int64_t>{0});
+  EXPECT_EQ(p->find("rollout")->devices, std::vector<int64_t>{2});
+  EXPECT_EQ(p->find("reward")->pool, "train"); // not listed: the first pool
+  EXPECT_EQ(p->dp_of("rl", "policy"), 2);
+  EXPECT_EQ(p->dp_of("sft", "rollout"), 1);
+  // Device 0 holds policy rank 0, the critic, reference and reward: the most.
+  EXPECT_GT(p->devices[0].peak_bytes, p->devices[1].peak_bytes);
+  EXPECT_GT(p->devices[1].peak_bytes, 0.0);
+  auto text = p->render();
+  EXPECT_NE(text.find("device 1 (pool train): policy[dp 1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("policy: pool train, dp 2, devices [0, 1]"), std::string::npos) << text;
+}
+
+TEST(Placement, ChecksRolesPoolsAndDivisibility) {
+  const std::string pools = "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 2}, {name: b, devices: 1}]\n";
+  auto e = error_of(pools + "  roles: [{role: policy, pool: b, dp: 2}]\n");
+  EXPECT_NE(e.find("placement.roles[0].dp: dp 2 must divide the 1 devices of pool 'b'"), std::string::npos) << e;
+  e = error_of(pools + "  roles: [{role: critic, pool: a, dp: 2}]\n", {"rl.minibatches=4"}); // 4 rows / 4 = 1
+  EXPECT_NE(e.find("dp 2 must divide the rl minibatch"), std::string::npos) << e;
+  e = error_of(pools + "  roles: [{role: rollout, pool: a, dp: 2}]\n");
+  EXPECT_NE(e.find("rollout has one rank"), std::string::npos) << e;
+  e = error_of(pools + "  roles: [{role: actor, pool: c}]\n");
+  EXPECT_NE(e.find("placement.roles[0].role: expected one of"), std::string::npos) << e;
+  EXPECT_NE(e.find("placement.roles[0].pool: no pool named 'c'"), std::string::npos) << e;
+  e = error_of(pools + "  roles: [{role: policy, pool: a}, {role: policy, pool: b}]\n");
+  EXPECT_NE(e.find("role 'policy' is placed twice"), std::string::npos) << e;
+  e = error_of("", {"placement.mode=colocated", "placement.pools=[{name: a}, {name: b}]"});
+  EXPECT_NE(e.find("colocated places every role in one pool, got 2"), std::string::npos) << e;
+  e = error_of("", {"placement.mode=disaggregated", "placement.pools=[{name: a}, {name: b}]"});
+  EXPECT_NE(e.find("disaggregated: policy and rollout share pool 'a'"), std::string::npos) << e;
+  e = error_of("", {"placement.pools=[{name: a}]"});
+  EXPECT_NE(e.find("placement.pools: in_process runs no workers"), std::string::npos) << e;
+  e = error_of("", {"placement.mode=colocated", "resources.devices_per_node=0", "resources.nodes=2"});
+  EXPECT_NE(e.find("resources.nodes: the local launcher runs one node"), std::string::npos) << e;
+  e = error_of(pools, {"resources.devices_per_node=2"});
+  EXPECT_NE(e.find("the pools need 3 devices, resources give 2"), std::string::npos) << e;
+  // Errors point at the YAML line of the path.
+  e = error_of(pools + "  roles: [{role: policy, pool: b, dp: 2}]\n");
+  EXPECT_NE(e.find("job.yaml:"), std::string::npos) << e;
+}
+
+TEST(Placement, RefusesADeviceThatDoesNotFit) {
+  auto c = parse_job(tiny_job("run"), {"placement.mode=colocated", "resources.device_memory_gb=0.0001"});
+  ASSERT_TRUE(c) << describe(c.error());
+  auto p = make_plan(*c);
+  ASSERT_FALSE(p);
+  auto e = describe(p.error());
+  EXPECT_NE(e.find("device 0 (pool all: policy, critic, reference, reward, rollout) needs an estimated"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("resources.device_memory_gb"), std::string::npos) << e;
+}
