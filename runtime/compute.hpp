@@ -1,6 +1,8 @@
 #pragma once
 // Process-wide CPU compute settings for LibTorch.
 
+#include <cstdint>
+
 namespace troupe::runtime {
 
 /// Sets ATen's intra-op thread count (OpenMP): `requested` threads, or one
@@ -8,5 +10,16 @@ namespace troupe::runtime {
 /// OpenBLAS's OpenMP build (scripts/setup.sh) BLAS shares this pool; with its
 /// pthread build the two pools contend (see docs/benchmarks.md).
 int set_compute_threads(int requested);
+
+/// Hands freed heap memory back to the system (malloc_trim), so releasing
+/// large buffers lowers the resident set.
+void return_free_memory();
+
+/// This process's peak and current resident set, bytes (VmHWM, VmRSS).
+struct resident_memory {
+  int64_t peak = 0;
+  int64_t current = 0;
+};
+resident_memory resident_set();
 
 } // namespace troupe::runtime

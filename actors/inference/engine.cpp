@@ -284,7 +284,26 @@ struct engine::impl {
 
   // ---- the step ----------------------------------------------------------------
 
+  // The KV pool after release_kv_cache: allocated again before the next step.
+  bool kv_released = false;
+
+  expected<void> ensure_kv() {
+    if (!kv_released)
+      return caf::unit;
+    auto fresh = guarded("allocating the KV pool", [&] {
+      return model->make_paged_cache(kv.num_blocks, kv.block_size);
+    });
+    if (!fresh)
+      return fresh.error();
+    kv = std::move(*fresh);
+    kv_released = false;
+    return caf::unit;
+  }
+
   expected<std::vector<request_output>> step() {
+    if (!requests.empty())
+      if (auto ok = ensure_kv(); !ok)
+        return ok.error();
     auto t0 = clock_type::now();
     std::vector<sequence*> scheduled;
     std::vector<int64_t> counts;
@@ -662,5 +681,25 @@ void engine::clear_prefix_cache() {
   if (impl_->prefixes)
     impl_->prefixes->clear();
 }
+
+expected<int64_t> engine::release_kv_cache() {
+  auto& d = *impl_;
+  if (!d.requests.empty())
+    return make_error(errc::invalid_argument,
+                      "release_kv_cache: " + std::to_string(d.requests.size()) + " requests are running");
+  if (d.kv_released)
+    return int64_t{0};
+  clear_prefix_cache();
+  int64_t bytes = 0;
+  for (const auto* side : {&d.kv.k, &d.kv.v})
+    for (const auto& t : *side)
+      bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  d.kv.k.clear();
+  d.kv.v.clear();
+  d.kv_released = true;
+  return bytes;
+}
+
+bool engine::kv_cache_released() const { return impl_->kv_released; }
 
 } // namespace troupe::actors::inference

@@ -191,6 +191,12 @@ public:
   int64_t free_blocks() const;
   /// Drops the prefix cache's blocks.
   void clear_prefix_cache();
+  /// Frees the KV pool while idle (co-located offload: the memory goes to
+  /// the roles that train meanwhile); the next step allocates it again.
+  /// Answers the bytes freed (0 when already released); an error while
+  /// requests run.
+  expected<int64_t> release_kv_cache();
+  bool kv_cache_released() const;
 
 private:
   engine();

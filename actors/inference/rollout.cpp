@@ -1,5 +1,7 @@
 #include "actors/inference/rollout.hpp"
 
+#include "runtime/compute.hpp"
+
 #include "models/llama.hpp"
 
 #include <caf/all.hpp>
@@ -124,6 +126,13 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
       [=](clear_cache_atom) {
         self->state.eng->clear_prefix_cache();
         return self->state.eng->free_blocks();
+      },
+      [=](release_atom) -> caf::result<int64_t> {
+        auto bytes = self->state.eng->release_kv_cache();
+        if (!bytes)
+          return with_prefix(bytes.error(), "rollout release");
+        runtime::return_free_memory();
+        return *bytes;
       },
       [=](step_atom) { on_step(self); },
   };

@@ -37,6 +37,9 @@ using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using clear_cache_atom = caf::atom_constant<caf::atom("clearcache")>;
 using receive_weights_atom = caf::atom_constant<caf::atom("recvweight")>;
+/// Co-located offload: free what an idle role need not hold (the rollout's
+/// KV pool; a trainer's optimizer state and gradients, to disk).
+using release_atom = caf::atom_constant<caf::atom("release")>;
 
 /// Where versions of a trainer's weights travel to a rollout: the transport
 /// (runtime/weight_transport.hpp) both sides open. Plain data, so it can be
@@ -85,6 +88,9 @@ using rollout_actor = caf::typed_actor<
     /// Drops the prefix cache (e.g. after an evaluation, so the next batch
     /// computes exactly as it would have without it); answers free blocks.
     caf::replies_to<clear_cache_atom>::with<int64_t>,
+    /// Frees the KV pool until the next generate (co-located offload);
+    /// answers the bytes freed.
+    caf::replies_to<release_atom>::with<int64_t>,
     /// Internal: runs one engine step.
     caf::reacts_to<step_atom>>;
 

@@ -357,6 +357,8 @@ void visit(V& v, role_placement_config& c) {
 /// any mapping. Roles not listed go to the first pool.
 struct placement_config {
   std::string mode = "in_process";
+  /// Roles sharing a process free what they hold idle between phases.
+  bool offload = false;
   std::vector<pool_config> pools;
   std::vector<role_placement_config> roles;
 };
@@ -365,6 +367,9 @@ void visit(V& v, placement_config& c) {
   v.choice("mode", c.mode, {"in_process", "colocated", "disaggregated", "hybrid"},
            "in_process (no workers), colocated (one pool), disaggregated (rollout apart from "
            "the trainers) or hybrid (any mapping)");
+  v.field("offload", c.offload,
+          "Free idle state between phases: the rollout's KV pool after generation, the "
+          "trainers' optimizer states and gradients (to <run dir>/rl/offload) after their update");
   v.list("pools", c.pools, "Device pools (colocated default: one pool of one device)");
   v.list("roles", c.roles, "Role → pool and dp; roles not listed go to the first pool");
 }

@@ -14,6 +14,11 @@
 //                 when the KL is in the reward) and advantages
 //   update_critic / update_actor   epochs × minibatches inside the role
 //   weight_sync   policy weights → rollout, version = iteration
+//   offload       with placement.offload: the rollout's KV pool freed after
+//                 gen; a trainer's optimizer state and gradients written to
+//                 <run>/rl/offload once its update is done (the critic's
+//                 after update_critic, the policy's after weight_sync), read
+//                 back by its next update
 // Everything random is a pure function of (run.seed, iteration, index), so
 // a checkpoint needs only the models, optimizer states, the KL coefficient
 // and the iteration (the data position is iteration × prompts).
@@ -325,6 +330,15 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
       });
       if (!gen)
         return finish(gen.error());
+      // Co-located offload: the KV pool is not needed until the next gen.
+      if (cfg.placement.offload) {
+        auto freed = timed("offload", [&] {
+          return ask<int64_t>(self, roles.rollout, ctx.timeout, "rollout: release", inference::release_atom::value);
+        });
+        if (!freed)
+          return finish(freed.error());
+        m["perf/offloaded_bytes"] += static_cast<double>(*freed);
+      }
       if (stopped_before_update())
         return stop_here();
 
@@ -476,6 +490,20 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         if (stopped_before_update())
           return make_error(errc::cancelled, "stop");
 
+        // Co-located offload of a trainer once its update is done.
+        auto release = [&](const train::engine_actor& t, const char* what) -> expected<void> {
+          if (!cfg.placement.offload)
+            return {};
+          auto freed = timed("offload", [&] {
+            return ask<int64_t>(self, t, ctx.timeout, what, inference::release_atom::value,
+                                (ctx.run_dir / "rl" / "offload").string());
+          });
+          if (!freed)
+            return freed.error();
+          m["perf/offloaded_bytes"] += static_cast<double>(*freed);
+          return {};
+        };
+
         // update_critic, update_actor
         updating = true;
         if (roles.critic) {
@@ -497,6 +525,8 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
           });
           if (!uc)
             return uc.error();
+          if (auto ok = release(*roles.critic, "critic: release"); !ok)
+            return ok.error();
         }
         auto ua = timed("update_actor", [&]() -> expected<void> {
           inject("policy", "update_actor", it);
@@ -525,6 +555,9 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         });
         if (!ws)
           return ws.error();
+        // The policy's optimizer state is not needed until its next update.
+        if (auto ok = release(roles.policy, "policy: release"); !ok)
+          return ok.error();
         return {};
       });
       if (!step_result) {

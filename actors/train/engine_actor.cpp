@@ -1,10 +1,13 @@
 #include "actors/train/engine_actor.hpp"
 
+#include "runtime/compute.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <caf/all.hpp>
 
+#include <cctype>
 #include <chrono>
+#include <filesystem>
 #include <stdexcept>
 
 namespace troupe::actors::train {
@@ -125,6 +128,20 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
         });
       },
       [=](busy_atom) { return self->state.busy_s; },
+      [=](inference::release_atom, const std::string& dir) {
+        return serve<int64_t>(self, "release", [&](train_engine& e) -> expected<int64_t> {
+          std::string file;
+          for (char c : self->state.role)
+            file += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+          std::error_code ec;
+          std::filesystem::create_directories(dir, ec);
+          if (ec)
+            return make_error(errc::io_error, "cannot create " + dir + ": " + ec.message());
+          auto bytes = e.offload_optimizer((std::filesystem::path{dir} / (file + ".optim")).string());
+          runtime::return_free_memory();
+          return bytes;
+        });
+      },
       [=](inject_failure_atom) { self->state.fail_next = true; },
   };
 }

@@ -233,6 +233,17 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
               return *std::max_element(xs.begin(), xs.end());
             });
       },
+      [=](inference::release_atom, const std::string& dir) {
+        return fan_out<int64_t, int64_t>(
+            self, n(),
+            [=](size_t r) { return self->request(rank(r), caf::infinite, inference::release_atom::value, dir); },
+            [](const std::vector<int64_t>& xs) -> expected<int64_t> {
+              int64_t total = 0;
+              for (auto x : xs)
+                total += x;
+              return total;
+            });
+      },
       [=](inject_failure_atom) { self->send(rank(0), inject_failure_atom::value); },
   };
 }

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 namespace troupe::actors::train {
@@ -49,11 +50,31 @@ struct train_engine::impl {
   std::unique_ptr<torch::optim::AdamW> optim;
   int64_t steps = 0;
 
-  expected<void> require_trainable(const char* what) const {
+  /// The file of the offloaded optimizer state ("" = resident).
+  std::string offloaded;
+
+  // Reads an offloaded optimizer state back (and removes its file).
+  expected<void> reload_optimizer() {
+    if (offloaded.empty())
+      return {};
+    auto ok = guarded("reloading the offloaded optimizer state", [&]() -> expected<void> {
+      torch::serialize::InputArchive a;
+      a.load_from(offloaded);
+      optim->load(a);
+      return {};
+    });
+    if (!ok)
+      return with_prefix(ok.error(), offloaded);
+    std::remove(offloaded.c_str());
+    offloaded.clear();
+    return {};
+  }
+
+  expected<void> require_trainable(const char* what) {
     if (!optim)
       return make_error(errc::invalid_argument,
                         std::string{what} + ": this engine has no optimizer (a frozen model)");
-    return {};
+    return reload_optimizer();
   }
 
   // Logits of the next tokens [B, L-1, V], with gradient when enabled.
@@ -208,7 +229,10 @@ double loss_units(const at::Tensor& mask, kernels::loss_agg_mode agg) {
 } // namespace
 
 train_engine::train_engine() : impl_(std::make_unique<impl>()) {}
-train_engine::~train_engine() = default;
+train_engine::~train_engine() {
+  if (!impl_->offloaded.empty())
+    std::remove(impl_->offloaded.c_str());
+}
 
 expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model model,
                                                            std::optional<optimizer_options> optim) {
@@ -262,6 +286,36 @@ expected<void> train_engine::join_data_parallel(std::shared_ptr<data_parallel_gr
     return {};
   });
 }
+
+expected<int64_t> train_engine::offload_optimizer(const std::string& path) {
+  auto& d = *impl_;
+  if (!d.optim || !d.offloaded.empty())
+    return int64_t{0};
+  return guarded("offload_optimizer", [&]() -> expected<int64_t> {
+    int64_t bytes = 0;
+    for (const auto& [key, st] : d.optim->state()) {
+      const auto& a = static_cast<const torch::optim::AdamWParamState&>(*st);
+      for (const auto* t : {&a.exp_avg(), &a.exp_avg_sq(), &a.max_exp_avg_sq()})
+        if (t->defined())
+          bytes += t->numel() * static_cast<int64_t>(t->element_size());
+    }
+    if (!d.optim->state().empty()) {
+      torch::serialize::OutputArchive a;
+      d.optim->save(a);
+      a.save_to(path);
+      d.optim->state().clear();
+      d.offloaded = path;
+    }
+    for (auto& p : d.model->parameters())
+      if (p.grad().defined()) {
+        bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
+        p.mutable_grad() = at::Tensor();
+      }
+    return bytes;
+  });
+}
+
+bool train_engine::optimizer_offloaded() const { return !impl_->offloaded.empty(); }
 
 int train_engine::data_parallel_size() const { return impl_->dp ? impl_->dp->group.size() : 1; }
 int64_t train_engine::steps() const { return impl_->steps; }
@@ -477,6 +531,8 @@ expected<void> train_engine::save_pretrained(const std::string& dir) const {
 }
 
 expected<std::string> train_engine::save_state() const {
+  if (auto ok = impl_->reload_optimizer(); !ok)
+    return ok.error();
   return guarded("save_state", [&]() -> expected<std::string> {
     // Parameters under flat names, so loading can check every shape first.
     torch::serialize::OutputArchive archive;
@@ -495,6 +551,8 @@ expected<std::string> train_engine::save_state() const {
 }
 
 expected<void> train_engine::load_state(const std::string& bytes) {
+  if (auto ok = impl_->reload_optimizer(); !ok)
+    return ok.error();
   return guarded("load_state", [&]() -> expected<void> {
     torch::serialize::InputArchive archive;
     archive.load_from(bytes.data(), bytes.size());

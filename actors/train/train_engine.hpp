@@ -162,6 +162,13 @@ public:
   /// DP size (1 without a group).
   int data_parallel_size() const;
 
+  /// Co-located offload: writes the optimizer state to `path` and frees it
+  /// and the gradients; the next update (or save_state) reads it back and
+  /// removes the file, so training continues exactly. Answers the bytes
+  /// freed (0 for a frozen engine or one already offloaded).
+  expected<int64_t> offload_optimizer(const std::string& path);
+  bool optimizer_offloaded() const;
+
   /// The model (for callers that need its config).
   const models::llama_model& model() const;
 

@@ -240,6 +240,33 @@ TEST(RlJob, EveryWeightTransportGivesTheSameRun) {
         << "segment left behind: " << e.path();
 }
 
+TEST(RlJob, OffloadGivesTheSameRunAndLeavesNothingBehind) {
+  // placement.offload frees the KV pool after generation and writes the
+  // optimizer states to disk after each update: training continues
+  // exactly, and a resumed run (state saved while offloaded) too.
+  test::temp_dir tmp;
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (std::string offload : {"false", "true"}) {
+    auto cfg = parse(tiny_job(tmp.file(offload)), {"stages=[sft, rl]", "placement.offload=" + offload});
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto r = run(*cfg);
+    ASSERT_TRUE(r.summary) << describe(r.summary.error());
+    std::vector<nlohmann::json> lines;
+    for (auto j : r.metrics) {
+      if (j["stage"] == "rl" && j["step"] > 0 && offload == "true") {
+        EXPECT_GT(j.value("perf/offloaded_bytes", 0.0), 0.0) << j.dump();
+        j.erase("perf/offloaded_bytes");
+      }
+      lines.push_back(deterministic_part(j));
+    }
+    runs.push_back(std::move(lines));
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  auto offload_dir = tmp.path() / "true" / "rl" / "offload";
+  ASSERT_TRUE(std::filesystem::exists(offload_dir));
+  EXPECT_TRUE(std::filesystem::is_empty(offload_dir)) << "offloaded states left behind";
+}
+
 TEST(RlJob, AStopBeforeAnyUpdateAbandonsTheIterationAndResumes) {
   test::temp_dir tmp;
   auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=2"});

@@ -1,0 +1,146 @@
+// Placement benchmarks (issue 5), each against its baseline in the same run:
+//  1. co-located peak memory: the peak resident set (VmHWM) of the one
+//     worker that hosts every role over iterations 2..N (the peak is reset
+//     after iteration 1 and read at the last one, before the stage's final
+//     checkpoint and model save), with placement.offload (the rollout's KV
+//     pool freed after generation, optimizer states and gradients to disk
+//     after each update) vs every role's state resident;
+//  2. the step time each costs.
+// Usage: bench_placement [iterations=4] [hidden=512] [layers=6]
+#include "actors/actor_system.hpp"
+#include "actors/rl/job.hpp"
+#include "actors/rl/placement.hpp"
+#include "cluster/role_host.hpp"
+#include "cluster/workers.hpp"
+#include "runtime/config.hpp"
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
+
+using namespace troupe;
+
+namespace {
+
+int64_t peak_rss_of(int64_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0)
+      return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+struct outcome {
+  int64_t peak_rss = 0;
+  double step_s = 0;
+  double offloaded_mb = 0;
+};
+
+expected<outcome> run_once(const std::string& dir, int iterations, int hidden, int layers, bool offload) {
+  std::string yaml =
+      "run: {dir: '" + dir + "', seed: 5, progress: none, request_timeout_s: 600}\n"
+      "stages: [rl]\n"
+      "data: {task: sort, min_digits: 3, max_digits: 5, train_size: 256, eval_size: 8}\n"
+      "model: {hidden_size: " + std::to_string(hidden) + ", intermediate_size: " +
+      std::to_string(hidden * 8 / 3) + ", num_layers: " + std::to_string(layers) +
+      ", num_heads: 8, num_kv_heads: 8, max_position_embeddings: 64}\n"
+      "rl:\n"
+      "  iterations: " + std::to_string(iterations) + "\n"
+      "  prompts_per_iteration: 8\n"
+      "  samples_per_prompt: 2\n"
+      "  minibatches: 2\n"
+      "  eval_every: 0\n"
+      "  eval_samples: 1\n"
+      "  checkpoint_every: 0\n"
+      "  critic: {init: base}\n"
+      "  generation: {max_tokens: 8}\n"
+      "  rollout: {kv_cache_mb: 256}\n"
+      "placement: {mode: colocated, offload: " + std::string{offload ? "true" : "false"} + "}\n";
+  auto doc = runtime::yaml_document::from_text(yaml, "bench.yaml");
+  if (!doc)
+    return doc.error();
+  auto cfg = runtime::load_config<actors::rl::job_config>(*doc);
+  if (!cfg)
+    return cfg.error();
+  auto plan = actors::rl::make_plan(*cfg);
+  if (!plan)
+    return plan.error();
+  caf::actor_system_config sc;
+  actors::configure(sc);
+  cluster::configure_network(sc);
+  caf::actor_system sys{sc};
+  cluster::launch_options lo;
+  lo.executable = TROUPE_BINARY_PATH;
+  lo.log_dir = dir + "/workers";
+  lo.timeout_ms = 600000;
+  auto host = cluster::worker_host::launch(sys, *plan, lo);
+  if (!host)
+    return host.error();
+  auto pid = (*host)->workers().front().pid;
+  outcome out;
+  actors::rl::run_options ro;
+  ro.host = host->get();
+  ro.on_progress = [&](const actors::rl::progress_event& e) {
+    if (e.step == 1) // reset the peak: iterations 2..N are measured
+      std::ofstream("/proc/" + std::to_string(pid) + "/clear_refs") << "5";
+    if (e.step == e.total)
+      out.peak_rss = peak_rss_of(pid);
+  };
+  auto sum = actors::rl::run_job(sys, *cfg, ro);
+  if (!sum)
+    return sum.error();
+  if (auto ok = (*host)->shutdown(30000); !ok)
+    return ok.error();
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("training/global_step", 0.0) < 2) // the first iteration warms up
+      continue;
+    out.step_s += j.value("timing_s/step", 0.0);
+    out.offloaded_mb = j.value("perf/offloaded_bytes", 0.0) / (1024.0 * 1024.0);
+    ++n;
+  }
+  if (n > 0)
+    out.step_s /= n;
+  return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  int iterations = argc > 1 ? std::atoi(argv[1]) : 4;
+  int hidden = argc > 2 ? std::atoi(argv[2]) : 512;
+  int layers = argc > 3 ? std::atoi(argv[3]) : 6;
+  char tmpl[] = "/tmp/troupe-bench-placement-XXXXXX";
+  if (!::mkdtemp(tmpl))
+    return 1;
+  std::string root = tmpl;
+  std::printf("co-located PPO, one worker hosting policy, critic, reference, reward, rollout\n");
+  std::printf("model: hidden %d, %d layers; %d iterations of 8 prompts x 2 samples; KV pool 256 MiB\n",
+              hidden, layers, iterations);
+  auto resident = run_once(root + "/resident", iterations, hidden, layers, false);
+  auto offload = run_once(root + "/offload", iterations, hidden, layers, true);
+  std::filesystem::remove_all(root);
+  if (!resident || !offload) {
+    std::fprintf(stderr, "bench_placement: %s\n",
+                 describe(!resident ? resident.error() : offload.error()).c_str());
+    return 1;
+  }
+  auto mb = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  std::printf("%-22s %14s %12s %16s\n", "", "peak RSS MiB", "step s", "offloaded MiB");
+  std::printf("%-22s %14.1f %12.3f %16s\n", "all resident", mb(resident->peak_rss), resident->step_s, "-");
+  std::printf("%-22s %14.1f %12.3f %16.1f\n", "offload", mb(offload->peak_rss), offload->step_s,
+              offload->offloaded_mb);
+  std::printf("peak RSS with offload / all resident: %.2fx; step time: %.2fx\n",
+              mb(offload->peak_rss) / mb(resident->peak_rss), offload->step_s / resident->step_s);
+  return 0;
+}
