@@ -149,6 +149,13 @@ void check(const job_config& c, runtime::config_checks& checks) {
   checks.require(r.samples_per_prompt >= 1, "rl.samples_per_prompt", "must be >= 1");
   checks.require(r.epochs >= 1, "rl.epochs", "must be >= 1");
   checks.require(r.minibatches >= 1, "rl.minibatches", "must be >= 1");
+  checks.require(r.staleness == 0 || r.staleness == 1, "rl.staleness",
+                 "must be 0 (synchronous) or 1 (one batch generated ahead), got " +
+                     std::to_string(r.staleness));
+  checks.require(r.stale_is_cap >= 1, "rl.stale_is_cap", "must be >= 1");
+  checks.require(r.staleness == 0 || r.old_logprobs == "policy", "rl.old_logprobs",
+                 "staleness 1 needs the policy's old log-probs (the engine's are the stale "
+                 "behaviour policy's)");
   if (r.minibatches >= 1 && r.prompts_per_iteration >= 1 && r.samples_per_prompt >= 1) {
     auto rows = r.prompts_per_iteration * r.samples_per_prompt;
     checks.require(rows % r.minibatches == 0, "rl.minibatches",

@@ -235,6 +235,11 @@ struct rl_config {
   std::string loss_agg = "token-mean";
   /// policy: recompute old log-probs with the policy; engine: the rollout's.
   std::string old_logprobs = "policy";
+  /// Batches generated ahead of training (NOTE [staleness]): 0 =
+  /// synchronous, 1 = the next batch is generated while this one trains.
+  int64_t staleness = 0;
+  /// Cap of the importance weight π_policy / π_behaviour of stale samples.
+  double stale_is_cap = 2.0;
   optim_config actor_optim;
   critic_config critic;
   reward_config reward;
@@ -270,6 +275,11 @@ void visit(V& v, rl_config& c) {
            "How per-token losses become a scalar");
   v.choice("old_logprobs", c.old_logprobs, {"policy", "engine"},
            "Old log-probs from the policy's forward, or the rollout engine's");
+  v.field("staleness", c.staleness,
+          "Batches generated ahead: 0 = synchronous, 1 = the next batch is generated (with the "
+          "previous weights) while this one trains");
+  v.field("stale_is_cap", c.stale_is_cap,
+          "Cap of the per-token importance weight correcting stale samples' advantages");
   v.section("actor_optim", c.actor_optim, "Policy optimizer");
   v.section("critic", c.critic, "Critic (ppo / gae only)");
   v.section("reward", c.reward);

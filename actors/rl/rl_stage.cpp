@@ -13,6 +13,7 @@
 //   adv           token rewards (score at the last token, −β·KL per token
 //                 when the KL is in the reward) and advantages
 //   update_critic / update_actor   epochs × minibatches inside the role
+//   gen_wait      (staleness 1) waiting for the batch sampled ahead
 //   weight_sync   policy weights → rollout, version = iteration
 //   offload       with placement.offload: the rollout's KV pool freed after
 //                 gen; a trainer's optimizer state and gradients written to
@@ -22,6 +23,18 @@
 // Everything random is a pure function of (run.seed, iteration, index), so
 // a checkpoint needs only the models, optimizer states, the KL coefficient
 // and the iteration (the data position is iteration × prompts).
+//
+// NOTE [staleness]: with rl.staleness 1 the rollout samples iteration it+1's
+// batch (same requests and seeds as synchronously) with the weights of
+// iteration it, while it's batch goes through log-probs, rewards and the
+// updates; the driver collects it before weight_sync, so every batch is at
+// most one version old and the rollout never mixes versions. The PPO ratio
+// stays relative to the current policy's log-probs; the advantages of a
+// stale batch are multiplied per token by min(π_policy / π_behaviour,
+// stale_is_cap) (truncated importance sampling; rollout/stale_is_weight/*).
+// A run resumed from a checkpoint samples its first batch synchronously
+// (the batch sampled ahead is not checkpointed), so with staleness 1 a
+// resumed run is not bit-identical to an uninterrupted one.
 //
 // A stop request is honoured after the current phase: before the first
 // update of an iteration the iteration is abandoned (nothing has changed
@@ -265,6 +278,42 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         return finish(ok.error());
     }
 
+    // The requests of iteration `it` (seeds from the run seed, it, prompt).
+    auto gen_requests = [&](int64_t it) {
+      const auto prompts_n = r.prompts_per_iteration;
+      auto idx = batch_indices(static_cast<int64_t>(ctx.data.train.size()), mix_seed({seed, 51}),
+                               it * prompts_n, prompts_n);
+      std::vector<inference::generate_request> reqs;
+      reqs.reserve(idx.size());
+      for (size_t i = 0; i < idx.size(); ++i) {
+        inference::generate_request q;
+        q.id = std::to_string(i);
+        q.prompt = encode_prompt(*ctx.tok, ctx.data.train[static_cast<size_t>(idx[i])].prompt);
+        q.sampling.temperature = r.generation.temperature;
+        q.sampling.top_k = r.generation.top_k;
+        q.sampling.top_p = r.generation.top_p;
+        q.sampling.n = static_cast<int32_t>(r.samples_per_prompt);
+        q.sampling.max_tokens = r.generation.max_tokens;
+        q.sampling.seed = mix_seed({seed, 52, static_cast<uint64_t>(it), i});
+        reqs.push_back(std::move(q));
+      }
+      return reqs;
+    };
+    // A generation running ahead (staleness 1), and its collected outputs.
+    using gen_handle = decltype(self->request(roles.rollout, ctx.timeout, inference::generate_atom::value,
+                                              std::vector<inference::generate_request>{}));
+    std::optional<std::pair<int64_t, gen_handle>> ahead;
+    std::optional<std::pair<int64_t, expected<std::vector<inference::request_output>>>> prefetched;
+    auto collect_ahead = [&] {
+      if (!ahead)
+        return;
+      expected<std::vector<inference::request_output>> outs = make_error(errc::internal, "no reply");
+      ahead->second.receive([&](std::vector<inference::request_output>& o) { outs = std::move(o); },
+                            [&](caf::error& e) { outs = request_error(e, "rollout: gen (ahead)", ctx.timeout); });
+      prefetched.emplace(ahead->first, std::move(outs));
+      ahead.reset();
+    };
+
     for (int64_t it = st.iteration; it < r.iterations; ++it) {
       auto busy0 = roles_busy(self, ctx, roles);
       if (!busy0)
@@ -294,25 +343,20 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
       std::vector<std::vector<float>> engine_lp;
       std::vector<std::string> answers;
       runtime::tensor_batch batch;
+      int64_t behaviour_version = it; // the weights the batch was sampled with
       auto gen = timed("gen", [&]() -> expected<void> {
         auto idx = batch_indices(static_cast<int64_t>(ctx.data.train.size()), mix_seed({seed, 51}),
                                  it * prompts_n, prompts_n);
-        std::vector<inference::generate_request> reqs;
-        reqs.reserve(idx.size());
-        for (size_t i = 0; i < idx.size(); ++i) {
-          inference::generate_request q;
-          q.id = std::to_string(i);
-          q.prompt = encode_prompt(*ctx.tok, ctx.data.train[static_cast<size_t>(idx[i])].prompt);
-          q.sampling.temperature = r.generation.temperature;
-          q.sampling.top_k = r.generation.top_k;
-          q.sampling.top_p = r.generation.top_p;
-          q.sampling.n = static_cast<int32_t>(n);
-          q.sampling.max_tokens = r.generation.max_tokens;
-          q.sampling.seed = mix_seed({seed, 52, static_cast<uint64_t>(it), i});
-          reqs.push_back(std::move(q));
+        expected<std::vector<inference::request_output>> outs = make_error(errc::internal, "no batch");
+        if (prefetched && prefetched->first == it) {
+          behaviour_version = it - 1;
+          outs = std::move(prefetched->second);
+          prefetched.reset();
+        } else {
+          outs = ask<std::vector<inference::request_output>>(self, roles.rollout, ctx.timeout,
+                                                             "rollout: gen", inference::generate_atom::value,
+                                                             gen_requests(it));
         }
-        auto outs = ask<std::vector<inference::request_output>>(
-            self, roles.rollout, ctx.timeout, "rollout: gen", inference::generate_atom::value, reqs);
         if (!outs)
           return outs.error();
         for (size_t i = 0; i < outs->size(); ++i)
@@ -326,12 +370,19 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         if (!b)
           return b.error();
         batch = std::move(*b);
+        // NOTE [staleness]: the next batch is sampled now, with these
+        // weights, while this one trains; it is collected before the
+        // weights change (weight_sync), so it is exactly one version old.
+        if (r.staleness > 0 && it + 1 < r.iterations)
+          ahead.emplace(it + 1, self->request(roles.rollout, ctx.timeout, inference::generate_atom::value,
+                                              gen_requests(it + 1)));
         return {};
       });
       if (!gen)
         return finish(gen.error());
-      // Co-located offload: the KV pool is not needed until the next gen.
-      if (cfg.placement.offload) {
+      // Co-located offload: the KV pool is not needed until the next gen
+      // (unless the next gen is already running).
+      if (cfg.placement.offload && !ahead) {
         auto freed = timed("offload", [&] {
           return ask<int64_t>(self, roles.rollout, ctx.timeout, "rollout: release", inference::release_atom::value);
         });
@@ -460,6 +511,20 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
             a = value_or_throw(kernels::reinforce_pp_advantages(tr.rewards, mask, r.gamma));
           else
             a = value_or_throw(kernels::reinforce_pp_baseline_advantages(in.scores, mask, groups));
+          if (r.staleness > 0) {
+            // NOTE [staleness]: a batch sampled by the previous weights is
+            // corrected per token by the importance weight π_policy /
+            // π_behaviour (the policy's old log-probs over the engine's),
+            // capped at stale_is_cap (truncated importance sampling).
+            m["rollout/staleness"] = static_cast<double>(it - behaviour_version);
+            if (behaviour_version < it) {
+              auto ratio = torch::exp(in.old_lp - eng_lp);
+              auto w = ratio.clamp_max(r.stale_is_cap) * mask;
+              a.advantages = a.advantages * w;
+              m["rollout/stale_is_weight/mean"] = masked_mean_of(w, mask);
+              m["rollout/stale_is_weight/capped"] = masked_mean_of((ratio > r.stale_is_cap).to(torch::kFloat), mask);
+            }
+          }
           value_or_throw(batch.set("advantages", a.advantages.to(torch::kFloat)));
           value_or_throw(batch.set("returns", a.returns.to(torch::kFloat)));
           // KL of the batch: per-sequence sum, averaged (the adaptive controller's input).
@@ -549,6 +614,12 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         });
         if (!ua)
           return ua.error();
+        if (ahead) {
+          // The batch sampled ahead must not see the new weights.
+          stopwatch t;
+          collect_ahead();
+          m["timing_s/gen_wait"] = t.seconds();
+        }
         auto ws = timed("weight_sync", [&]() -> expected<void> {
           inject("policy", "weight_sync", it);
           return sync_weights(self, ctx, "rl", roles.policy, roles.rollout, it + 1);

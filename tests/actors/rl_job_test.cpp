@@ -267,6 +267,47 @@ TEST(RlJob, OffloadGivesTheSameRunAndLeavesNothingBehind) {
   EXPECT_TRUE(std::filesystem::is_empty(offload_dir)) << "offloaded states left behind";
 }
 
+TEST(RlJob, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
+  // NOTE [staleness]: iteration 1 is the synchronous one (nothing sampled
+  // ahead yet); from iteration 2 every batch was sampled by the previous
+  // weights and carries importance weights.
+  test::temp_dir tmp;
+  auto sync = parse(tiny_job(tmp.file("sync")), {"stages=[sft, rl]", "rl.iterations=4"});
+  auto ahead = parse(tiny_job(tmp.file("ahead")), {"stages=[sft, rl]", "rl.iterations=4", "rl.staleness=1"});
+  ASSERT_TRUE(sync && ahead);
+  auto a = run(*sync), b = run(*ahead);
+  ASSERT_TRUE(a.summary) << describe(a.summary.error());
+  ASSERT_TRUE(b.summary) << describe(b.summary.error());
+  auto ra = stage_lines(a.metrics, "rl"), rb = stage_lines(b.metrics, "rl");
+  ASSERT_EQ(ra.size(), 5u);
+  ASSERT_EQ(rb.size(), 5u);
+  for (int step = 1; step <= 4; ++step) {
+    const auto& j = rb[static_cast<size_t>(step)];
+    EXPECT_EQ(j["rollout/staleness"].get<double>(), step == 1 ? 0.0 : 1.0) << step;
+    EXPECT_EQ(j.contains("rollout/stale_is_weight/mean"), step > 1) << step;
+    if (step > 1) {
+      auto w = j["rollout/stale_is_weight/mean"].get<double>();
+      EXPECT_GT(w, 0.5);
+      EXPECT_LT(w, 2.0);
+    }
+  }
+  // Iteration 1 is the same batch with the same weights either way.
+  auto first = deterministic_part(rb[1]);
+  first.erase("rollout/staleness");
+  first.erase("timing_s/gen_wait");
+  EXPECT_EQ(deterministic_part(ra[1]), first);
+  // From iteration 2 the engine's log-probs are the previous weights': the
+  // policy's differ from them far more than synchronously (numerics only).
+  for (size_t step = 2; step <= 4; ++step)
+    EXPECT_GT(rb[step]["rollout/logprob_diff"].get<double>(), 10 * ra[step]["rollout/logprob_diff"].get<double>())
+        << step;
+
+  auto bad = parse(tiny_job(tmp.file("bad")), {"rl.staleness=2"});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("rl.staleness: must be 0 (synchronous) or 1"), std::string::npos)
+      << describe(bad.error());
+}
+
 TEST(RlJob, AStopBeforeAnyUpdateAbandonsTheIterationAndResumes) {
   test::temp_dir tmp;
   auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=2"});
