@@ -5,7 +5,10 @@
 //     checkpoint and model save), with placement.offload (the rollout's KV
 //     pool freed after generation, optimizer states and gradients to disk
 //     after each update) vs every role's state resident;
-//  2. the step time each costs.
+//     and the step time each costs;
+//  2. disaggregated step time (rollout in one worker, the other roles in
+//     another, one compute thread each) with rl.staleness 1 — the next batch
+//     generated while this one trains — vs synchronous.
 // Usage: bench_placement [iterations=4] [hidden=512] [layers=6]
 #include "actors/actor_system.hpp"
 #include "actors/rl/job.hpp"
@@ -21,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -43,7 +47,8 @@ struct outcome {
   double offloaded_mb = 0;
 };
 
-expected<outcome> run_once(const std::string& dir, int iterations, int hidden, int layers, bool offload) {
+expected<outcome> run_once(const std::string& dir, int iterations, int hidden, int layers,
+                           const std::vector<std::string>& sets) {
   std::string yaml =
       "run: {dir: '" + dir + "', seed: 5, progress: none, request_timeout_s: 600}\n"
       "stages: [rl]\n"
@@ -61,11 +66,13 @@ expected<outcome> run_once(const std::string& dir, int iterations, int hidden, i
       "  checkpoint_every: 0\n"
       "  critic: {init: base}\n"
       "  generation: {max_tokens: 8}\n"
-      "  rollout: {kv_cache_mb: 256}\n"
-      "placement: {mode: colocated, offload: " + std::string{offload ? "true" : "false"} + "}\n";
+      "  rollout: {kv_cache_mb: 256}\n";
   auto doc = runtime::yaml_document::from_text(yaml, "bench.yaml");
   if (!doc)
     return doc.error();
+  for (const auto& x : sets)
+    if (auto ok = doc->set(x); !ok)
+      return ok.error();
   auto cfg = runtime::load_config<actors::rl::job_config>(*doc);
   if (!cfg)
     return cfg.error();
@@ -127,14 +134,27 @@ int main(int argc, char** argv) {
   std::printf("co-located PPO, one worker hosting policy, critic, reference, reward, rollout\n");
   std::printf("model: hidden %d, %d layers; %d iterations of 8 prompts x 2 samples; KV pool 256 MiB\n",
               hidden, layers, iterations);
-  auto resident = run_once(root + "/resident", iterations, hidden, layers, false);
-  auto offload = run_once(root + "/offload", iterations, hidden, layers, true);
+  auto resident = run_once(root + "/resident", iterations, hidden, layers,
+                           {"placement.mode=colocated", "placement.offload=false"});
+  auto offload = run_once(root + "/offload", iterations, hidden, layers,
+                          {"placement.mode=colocated", "placement.offload=true"});
+  // Apart, one compute thread per process, longer responses: generation and
+  // training can run side by side on two cores.
+  std::vector<std::string> apart = {
+      "placement.mode=disaggregated", "placement.pools=[{name: train, devices: 1}, {name: gen, devices: 1}]",
+      "placement.roles=[{role: rollout, pool: gen}]", "run.threads=1", "rl.generation.max_tokens=24"};
+  auto with = [](std::vector<std::string> v, std::string x) {
+    v.push_back(std::move(x));
+    return v;
+  };
+  auto sync = run_once(root + "/sync", iterations, hidden, layers, with(apart, "rl.staleness=0"));
+  auto stale = run_once(root + "/stale", iterations, hidden, layers, with(apart, "rl.staleness=1"));
   std::filesystem::remove_all(root);
-  if (!resident || !offload) {
-    std::fprintf(stderr, "bench_placement: %s\n",
-                 describe(!resident ? resident.error() : offload.error()).c_str());
-    return 1;
-  }
+  for (auto* r : {&resident, &offload, &sync, &stale})
+    if (!*r) {
+      std::fprintf(stderr, "bench_placement: %s\n", describe(r->error()).c_str());
+      return 1;
+    }
   auto mb = [](int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
   std::printf("%-22s %14s %12s %16s\n", "", "peak RSS MiB", "step s", "offloaded MiB");
   std::printf("%-22s %14.1f %12.3f %16s\n", "all resident", mb(resident->peak_rss), resident->step_s, "-");
@@ -142,5 +162,10 @@ int main(int argc, char** argv) {
               offload->offloaded_mb);
   std::printf("peak RSS with offload / all resident: %.2fx; step time: %.2fx\n",
               mb(offload->peak_rss) / mb(resident->peak_rss), offload->step_s / resident->step_s);
+  std::printf("\ndisaggregated (rollout | policy, critic, reference, reward), 24-token responses\n");
+  std::printf("%-22s %12s\n", "", "step s");
+  std::printf("%-22s %12.3f\n", "synchronous", sync->step_s);
+  std::printf("%-22s %12.3f\n", "staleness 1", stale->step_s);
+  std::printf("step time staleness 1 / synchronous: %.2fx\n", stale->step_s / sync->step_s);
   return 0;
 }
