@@ -1,5 +1,6 @@
 #include "actors/inference/rollout.hpp"
 
+#include "runtime/collectives.hpp"
 #include "runtime/compute.hpp"
 
 #include "models/llama.hpp"
@@ -107,7 +108,7 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
       },
       [=](receive_weights_atom, int64_t version, const weight_channel& c)
           -> caf::result<int64_t> {
-        auto t = open_channel(self->state.transports, c);
+        auto t = open_channel(self->state.transports, c, channel_side::receiver);
         if (!t)
           return with_prefix(t.error(), "rollout receive_weights");
         int64_t bytes = 0;
@@ -150,16 +151,54 @@ runtime::transport_options transport_options_of(const weight_channel& c) {
   return o;
 }
 
-expected<runtime::weight_transport*> open_channel(transport_cache& cache, const weight_channel& c) {
+namespace {
+
+struct channel_group {
+  runtime::store store;
+  runtime::process_group group;
+};
+
+} // namespace
+
+expected<runtime::weight_transport*> open_channel(transport_cache& cache, const weight_channel& c,
+                                                  channel_side side) {
   auto key = c.kind + "/" + c.channel;
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    auto t = runtime::make_weight_transport(transport_options_of(c));
-    if (!t)
-      return t.error();
-    it = cache.emplace(key, std::move(*t)).first;
+  auto it = cache.transports.find(key);
+  if (it != cache.transports.end())
+    return it->second.get();
+  auto options = transport_options_of(c);
+  if (c.kind == "broadcast") {
+    auto colon = c.store.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      return make_error(errc::invalid_argument,
+                        "weight channel " + c.channel + ": broadcast needs its store as host:port, got '" +
+                            c.store + "'");
+    runtime::store_options so;
+    so.host = c.store.substr(0, colon);
+    so.port = static_cast<uint16_t>(std::stoi(c.store.substr(colon + 1)));
+    so.timeout_ms = c.timeout_ms;
+    auto st = runtime::make_tcp_store(so);
+    if (!st)
+      return with_prefix(st.error(), "weight channel " + c.channel);
+    auto g = std::make_shared<channel_group>();
+    g->store = std::move(*st);
+    runtime::group_options go;
+    go.rank = static_cast<int>(side);
+    go.world_size = 2;
+    go.name = c.channel;
+    go.timeout_ms = c.timeout_ms;
+    auto pg = runtime::make_process_group(g->store, go);
+    if (!pg)
+      return with_prefix(pg.error(), "weight channel " + c.channel);
+    g->group = std::move(*pg);
+    options.group = &g->group;
+    options.root = 0;
+    cache.groups[key] = g;
   }
-  return it->second.get();
+  auto t = runtime::make_weight_transport(options);
+  if (!t)
+    return t.error();
+  return cache.transports.emplace(key, std::move(*t)).first->second.get();
 }
 
 expected<rollout_actor> spawn_rollout(caf::actor_system& sys, models::llama_model model,

@@ -45,7 +45,7 @@ using release_atom = caf::atom_constant<caf::atom("release")>;
 /// (runtime/weight_transport.hpp) both sides open. Plain data, so it can be
 /// sent to roles in other processes.
 struct weight_channel {
-  /// alias | shm | disk (broadcast needs a process group: workers only).
+  /// alias | shm | disk | broadcast.
   std::string kind = "alias";
   /// Unique per job and pair of roles.
   std::string channel = "weights";
@@ -53,22 +53,35 @@ struct weight_channel {
   std::string dir;
   int64_t keep = 2;
   int64_t timeout_ms = 30000;
+  /// broadcast: "host:port" of the TCPStore where the publisher (rank 0)
+  /// and the receiver (rank 1) form their two-rank gloo group.
+  std::string store;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, weight_channel& x) {
   return f(caf::meta::type_name("weight_channel"), x.kind, x.channel, x.dir, x.keep,
-           x.timeout_ms);
+           x.timeout_ms, x.store);
 }
 
 /// The transport options of `c` (runtime/weight_transport.hpp).
 runtime::transport_options transport_options_of(const weight_channel& c);
 
-/// The transports an actor has opened, by kind and channel.
-using transport_cache = std::map<std::string, std::unique_ptr<runtime::weight_transport>>;
+/// The transports an actor has opened, by kind and channel, with the
+/// process groups of its broadcast channels (declared first: they outlive
+/// the transports that use them).
+struct transport_cache {
+  std::map<std::string, std::shared_ptr<void>> groups;
+  std::map<std::string, std::unique_ptr<runtime::weight_transport>> transports;
+};
 
-/// The transport for `c` in `cache`, opened on first use.
-expected<runtime::weight_transport*> open_channel(transport_cache& cache, const weight_channel& c);
+/// Which end of a channel an actor is (broadcast: its rank in the group).
+enum class channel_side { publisher = 0, receiver = 1 };
+
+/// The transport for `c` in `cache`, opened on first use (broadcast: joins
+/// the channel's two-rank group, which blocks until the other side joins).
+expected<runtime::weight_transport*> open_channel(transport_cache& cache, const weight_channel& c,
+                                                  channel_side side);
 
 /// Weights by HF name, shared read-only (the in-process alias transport:
 /// the sender must not modify the tensors until the update is answered).

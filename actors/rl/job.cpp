@@ -3,6 +3,7 @@
 #include "actors/rl/reward.hpp"
 #include "actors/train/engine_group.hpp"
 #include "runtime/checkpoint.hpp"
+#include "runtime/collectives.hpp"
 #include "runtime/compute.hpp"
 #include "runtime/file_io.hpp"
 #include "runtime/torch_guard.hpp"
@@ -210,7 +211,7 @@ expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& mo
   return caf::actor_cast<reward_actor>(ranks->front());
 }
 
-inference::weight_channel weight_channel_for(const job_context& ctx, const std::string& stage) {
+expected<inference::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage) {
   const auto& w = ctx.cfg->weight_sync;
   inference::weight_channel c;
   // auto: by reference in one process, through shared memory between two.
@@ -221,19 +222,48 @@ inference::weight_channel weight_channel_for(const job_context& ctx, const std::
   c.dir = w.dir.empty() ? (ctx.run_dir / stage / "weights").string() : w.dir;
   c.keep = w.keep;
   c.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.timeout).count();
+  if (c.kind == "broadcast") {
+    if (!ctx.weight_store) {
+      runtime::store_options so;
+      so.is_server = true;
+      so.timeout_ms = c.timeout_ms;
+      auto st = runtime::make_tcp_store(so);
+      if (!st)
+        return with_prefix(st.error(), "weight_sync: the broadcast store");
+      auto server = std::make_shared<runtime::store>(std::move(*st));
+      ctx.weight_store_addr = so.host + ":" + std::to_string(server->port());
+      ctx.weight_store = server;
+    }
+    c.store = ctx.weight_store_addr;
+  }
   return c;
 }
 
 expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const std::string& stage,
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version) {
-  auto channel = weight_channel_for(ctx, stage);
-  auto sent = ask<int64_t>(self, trainer, ctx.timeout, "policy: publish weights",
-                           train::publish_atom::value, version, channel);
+  auto ch = weight_channel_for(ctx, stage);
+  if (!ch)
+    return ch.error();
+  const auto& channel = *ch;
+  expected<int64_t> sent = make_error(errc::internal, "no reply"), got = sent;
+  if (channel.kind == "broadcast") {
+    // A collective: both ends must be in it at once.
+    auto p = self->request(trainer, ctx.timeout, train::publish_atom::value, version, channel);
+    auto r = self->request(rollout, ctx.timeout, inference::receive_weights_atom::value, version, channel);
+    p.receive([&](int64_t b) { sent = b; },
+              [&](caf::error& e) { sent = request_error(e, "policy: publish weights", ctx.timeout); });
+    r.receive([&](int64_t b) { got = b; },
+              [&](caf::error& e) { got = request_error(e, "rollout: receive weights", ctx.timeout); });
+  } else {
+    sent = ask<int64_t>(self, trainer, ctx.timeout, "policy: publish weights",
+                        train::publish_atom::value, version, channel);
+    if (sent)
+      got = ask<int64_t>(self, rollout, ctx.timeout, "rollout: receive weights",
+                         inference::receive_weights_atom::value, version, channel);
+  }
   if (!sent)
     return sent.error();
-  auto got = ask<int64_t>(self, rollout, ctx.timeout, "rollout: receive weights",
-                          inference::receive_weights_atom::value, version, channel);
   if (!got)
     return got.error();
   if (*got != *sent)

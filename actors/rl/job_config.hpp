@@ -297,7 +297,8 @@ void visit(V& v, rl_config& c) {
 /// How the trainer's weights reach the rollout engine after each update
 /// (runtime/weight_transport.hpp).
 struct weight_sync_config {
-  /// auto = the channel that fits the placement (in one process: alias).
+  /// auto = the channel that fits the placement (one process: alias; two
+  /// on this host: shm).
   std::string transport = "auto";
   /// disk: folder of the versions; "" = <run dir>/<stage>/weights.
   std::string dir;
@@ -306,9 +307,9 @@ struct weight_sync_config {
 };
 template <class V>
 void visit(V& v, weight_sync_config& c) {
-  v.choice("transport", c.transport, {"auto", "alias", "shm", "disk"},
-           "auto (in one process: alias, zero copy), alias, shm (shared memory), or disk "
-           "(safetensors + manifest)");
+  v.choice("transport", c.transport, {"auto", "alias", "shm", "disk", "broadcast"},
+           "auto (one process: alias, zero copy; two: shm), alias, shm (shared memory), disk "
+           "(safetensors + manifest), or broadcast (gloo, trainer rank 0 → rollout)");
   v.field("dir", c.dir, "disk: folder of the published versions; \"\" = <run dir>/<stage>/weights");
   v.field("keep", c.keep, "shm and disk: published versions kept");
 }

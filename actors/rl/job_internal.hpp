@@ -59,6 +59,9 @@ struct job_context {
   placement_plan plan;
   /// The resolved job, for role specs.
   std::string job_yaml;
+  /// The TCPStore of broadcast weight channels (opened on first use).
+  std::shared_ptr<void> weight_store;
+  std::string weight_store_addr;
 
   bool stop_requested() const { return opts->stop && opts->stop->load(); }
   /// Reports one step to the log and the progress callback.
@@ -112,7 +115,7 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
                         const inference::rollout_actor& rollout, train::metric_map& m);
 
 /// The trainer → rollout channel of `stage` (weight_sync in the job file).
-inference::weight_channel weight_channel_for(const job_context& ctx, const std::string& stage);
+expected<inference::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage);
 
 /// The trainer publishes its weights as `version` on the stage's channel and
 /// the rollout receives and loads them.

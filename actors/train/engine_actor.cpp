@@ -96,7 +96,7 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
       },
       [=](publish_atom, int64_t version, const inference::weight_channel& c) {
         return serve<int64_t>(self, "publish_weights", [&](train_engine& e) -> expected<int64_t> {
-          auto t = inference::open_channel(self->state.transports, c);
+          auto t = inference::open_channel(self->state.transports, c, inference::channel_side::publisher);
           if (!t)
             return t.error();
           auto w = guarded("export_weights", [&] { return e.export_weights(); });

@@ -122,6 +122,29 @@ TEST(Placement, DisaggregatedWithDataParallelTrainersMatchesWithin1e5) {
   EXPECT_GT(compared, 100);
 }
 
+TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
+  // The rollout in its own worker: weights cross processes through shared
+  // memory (auto) or a gloo broadcast; either way the in-process run.
+  test::temp_dir tmp;
+  const std::string apart =
+      "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 1}, {name: b, devices: 1}]\n"
+      "  roles: [{role: rollout, pool: b}]\n";
+  const std::vector<std::string> sets = {"stages=[sft, rl]", "sft.eval_every=2"};
+  auto local = parse_job(tiny_job(tmp.file("local")), sets);
+  ASSERT_TRUE(local) << describe(local.error());
+  ASSERT_TRUE(run_placed(*local, tmp));
+  auto want = metrics_of(local->run.dir);
+  for (std::string kind : {"auto", "broadcast"}) {
+    auto s = sets;
+    s.push_back("weight_sync.transport=" + kind);
+    auto cfg = parse_job(tiny_job(tmp.file(kind)) + apart, s);
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto r = run_placed(*cfg, tmp);
+    ASSERT_TRUE(r) << kind << ": " << describe(r.error());
+    EXPECT_EQ(metrics_of(cfg->run.dir), want) << kind;
+  }
+}
+
 TEST(Placement, KillingAWorkerFailsTheJobNamingTheRoleWithin10s) {
   test::temp_dir tmp;
   // The rollout alone in worker 1; everything else in worker 0.
