@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -25,6 +27,34 @@
 #include <unistd.h>
 
 namespace troupe::runtime {
+
+namespace {
+
+// The shared-memory name of a channel's slot (NOTE [shm slots]).
+std::string shm_segment_name(const std::string& channel, int64_t slot) {
+  return "/troupe." + channel + "." + std::to_string(slot);
+}
+
+} // namespace
+
+int remove_orphaned_shm_segments(const std::string& channel_prefix) {
+  int removed = 0;
+  std::error_code ec;
+  // "troupe.<prefix>": a segment's name in /dev/shm up to its channel's pid.
+  auto head = shm_segment_name(channel_prefix, 0).substr(1);
+  head.resize(head.rfind('.'));
+  for (auto it = std::filesystem::directory_iterator("/dev/shm", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    auto name = it->path().filename().string();
+    if (name.rfind(head, 0) != 0)
+      continue;
+    auto pid = std::strtol(name.c_str() + head.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH &&
+        ::shm_unlink(("/" + name).c_str()) == 0)
+      ++removed;
+  }
+  return removed;
+}
 
 namespace {
 
@@ -524,7 +554,7 @@ public:
 
 private:
   std::string name(int64_t slot) const {
-    return "/troupe." + opts_.channel + "." + std::to_string(slot);
+    return shm_segment_name(opts_.channel, slot);
   }
 
   struct slot_state {

@@ -91,4 +91,9 @@ public:
 /// with the same options (broadcast: every rank of the group).
 expected<std::unique_ptr<weight_transport>> make_weight_transport(const transport_options& options);
 
+/// Removes the shared-memory segments of channels named
+/// `<channel_prefix><pid>...` whose process `pid` no longer exists (left by
+/// a job that was killed); answers how many.
+int remove_orphaned_shm_segments(const std::string& channel_prefix);
+
 } // namespace troupe::runtime

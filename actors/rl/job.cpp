@@ -144,20 +144,6 @@ namespace {
 // processes that died without cleaning up (SIGKILL) are removed at start.
 constexpr const char* channel_prefix = "troupe-job-";
 
-void remove_orphaned_segments() {
-  std::error_code ec;
-  const std::string lead = std::string{"troupe."} + channel_prefix;
-  for (auto it = fs::directory_iterator("/dev/shm", ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    auto name = it->path().filename().string();
-    if (name.rfind(lead, 0) != 0)
-      continue;
-    auto pid = std::strtol(name.c_str() + lead.size(), nullptr, 10);
-    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-      ::shm_unlink(("/" + name).c_str());
-  }
-}
-
 // The default folder of disk-transport versions (removed around each stage).
 void remove_default_weight_dir(const job_context& ctx, const std::string& stage) {
   if (ctx.cfg->weight_sync.transport != "disk" || !ctx.cfg->weight_sync.dir.empty())
@@ -661,7 +647,7 @@ expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, con
       !ok)
     return ok.error();
 
-  remove_orphaned_segments();
+  runtime::remove_orphaned_shm_segments(channel_prefix);
   job_summary summary;
   summary.run_dir = ctx.run_dir.string();
   for (const auto& stage : cfg.stages) {

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace troupe;
@@ -501,4 +502,27 @@ TEST(BroadcastTransport, RefusesCorruptedAndTruncatedPayloads) {
   auto ok = got.get();
   ASSERT_TRUE(ok) << error_text(ok);
   EXPECT_TRUE(torch::equal(ok->tensors.at("w"), values));
+}
+
+TEST(WeightTransport, OrphanedSegmentsOfDeadProcessesAreRemoved) {
+  // A pid that is surely gone: a child that has exited and been reaped.
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0)
+    ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  auto make = [](const std::string& name) {
+    int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << name;
+    ::close(fd);
+  };
+  auto dead = "/troupe.orphantest-" + std::to_string(child) + "-rl.0";
+  auto live = "/troupe.orphantest-" + std::to_string(::getpid()) + "-rl.0";
+  make(dead);
+  make(live);
+  EXPECT_EQ(remove_orphaned_shm_segments("orphantest-"), 1);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + dead));
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + live));
+  ::shm_unlink(live.c_str());
 }
