@@ -28,6 +28,11 @@
 
 namespace troupe::runtime {
 
+#ifdef TROUPE_RUNTIME_CUDA_IPC
+// cuda_ipc_transport.cpp (NOTE [cuda ipc transfers]).
+expected<std::unique_ptr<weight_transport>> make_cuda_ipc_transport(const transport_options& options);
+#endif
+
 namespace {
 
 // The shared-memory name of a channel's slot (NOTE [shm slots]).
@@ -957,6 +962,14 @@ make_weight_transport(const transport_options& options) {
     return make_error(errc::invalid_argument, "weight transport: timeout_ms must be positive");
   if (options.kind == "alias")
     return std::unique_ptr<weight_transport>(new alias_transport(options));
+  if (options.kind == "cuda_ipc") {
+#ifdef TROUPE_RUNTIME_CUDA_IPC
+    return make_cuda_ipc_transport(options);
+#else
+    return make_error(errc::invalid_argument,
+                      "weight transport cuda_ipc: this build has no CUDA (nvcc was not found)");
+#endif
+  }
   if (options.kind == "shm")
     return std::unique_ptr<weight_transport>(new shm_transport(options));
   if (options.kind == "disk") {
@@ -977,7 +990,7 @@ make_weight_transport(const transport_options& options) {
     return std::unique_ptr<weight_transport>(new broadcast_transport(options));
   }
   return make_error(errc::invalid_argument, "weight transport: unknown kind '" + options.kind +
-                                                "' (known: alias, shm, broadcast, disk)");
+                                                "' (known: alias, shm, broadcast, disk, cuda_ipc)");
 }
 
 } // namespace troupe::runtime

@@ -42,7 +42,7 @@ class process_group;
 std::vector<std::string> weight_transport_kinds();
 
 struct transport_options {
-  /// alias | shm | broadcast | disk.
+  /// alias | shm | broadcast | disk | cuda_ipc (CUDA tensors; builds with CUDA).
   std::string kind = "alias";
   /// Names the pair of roles; both sides use the same name. Letters, digits
   /// and . _ - only (it becomes a file or shared-memory name).
