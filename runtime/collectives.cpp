@@ -209,6 +209,22 @@ expected<local_groups> make_local_groups(int world, const group_options& options
   return out;
 }
 
+expected<store> connect_tcp_store(const std::string& address, int64_t timeout_ms) {
+  auto colon = address.rfind(':');
+  int port = 0;
+  if (colon != std::string::npos && colon > 0 && colon + 1 < address.size() &&
+      address.find_first_not_of("0123456789", colon + 1) == std::string::npos &&
+      address.size() - colon - 1 <= 5)
+    port = std::stoi(address.substr(colon + 1));
+  if (port < 1 || port > 65535)
+    return make_error(errc::invalid_argument, "store address '" + address + "': expected host:port");
+  store_options o;
+  o.host = address.substr(0, colon);
+  o.port = static_cast<uint16_t>(port);
+  o.timeout_ms = timeout_ms;
+  return make_tcp_store(o);
+}
+
 std::vector<std::string> available_backends() {
   std::vector<std::string> out{"gloo"};
 #if defined(TROUPE_TORCH_CUDA)

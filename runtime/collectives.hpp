@@ -45,6 +45,10 @@ public:
 /// Connects to (or starts) a TCPStore.
 expected<store> make_tcp_store(const store_options& options);
 
+/// Connects to the TCPStore at "host:port"; a malformed address is an
+/// invalid_argument error quoting it.
+expected<store> connect_tcp_store(const std::string& address, int64_t timeout_ms);
+
 struct group_options {
   /// "gloo" (CPU tensors) or "nccl" (CUDA tensors; needs a CUDA LibTorch).
   std::string backend = "gloo";

@@ -168,16 +168,7 @@ expected<runtime::weight_transport*> open_channel(transport_cache& cache, const 
     return it->second.get();
   auto options = transport_options_of(c);
   if (c.kind == "broadcast") {
-    auto colon = c.store.rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      return make_error(errc::invalid_argument,
-                        "weight channel " + c.channel + ": broadcast needs its store as host:port, got '" +
-                            c.store + "'");
-    runtime::store_options so;
-    so.host = c.store.substr(0, colon);
-    so.port = static_cast<uint16_t>(std::stoi(c.store.substr(colon + 1)));
-    so.timeout_ms = c.timeout_ms;
-    auto st = runtime::make_tcp_store(so);
+    auto st = runtime::connect_tcp_store(c.store, c.timeout_ms);
     if (!st)
       return with_prefix(st.error(), "weight channel " + c.channel);
     auto g = std::make_shared<channel_group>();

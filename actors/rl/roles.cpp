@@ -91,14 +91,7 @@ expected<model_recipe> recipe_of(const job_config& cfg, const role_spec& s) {
 
 // The DP group of a trainer rank: the store client and the gloo group.
 expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec& s) {
-  auto colon = s.dp_store.rfind(':');
-  if (colon == std::string::npos)
-    return make_error(errc::invalid_argument, "dp_store '" + s.dp_store + "' is not host:port");
-  runtime::store_options so;
-  so.host = s.dp_store.substr(0, colon);
-  so.port = static_cast<uint16_t>(std::stoi(s.dp_store.substr(colon + 1)));
-  so.timeout_ms = s.timeout_ms;
-  auto st = runtime::make_tcp_store(so);
+  auto st = runtime::connect_tcp_store(s.dp_store, s.timeout_ms);
   if (!st)
     return with_prefix(st.error(), "joining the DP group");
   auto out = std::make_shared<train::data_parallel_group>();

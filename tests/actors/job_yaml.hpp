@@ -4,6 +4,8 @@
 
 #include "actors/rl/job_config.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
 
@@ -17,6 +19,18 @@ inline expected<job_config> parse_job(const std::string& yaml, std::vector<std::
     if (auto ok = doc->set(s); !ok)
       return ok.error();
   return runtime::load_config<job_config>(*doc);
+}
+
+/// A metrics line without the wall-clock metrics (which cannot repeat).
+inline nlohmann::json deterministic_part(nlohmann::json j) {
+  for (auto it = j.begin(); it != j.end();) {
+    const auto& k = it.key();
+    if (k.rfind("timing_s/", 0) == 0 || k == "perf/throughput" || k == "perf/orchestration_share")
+      it = j.erase(it);
+    else
+      ++it;
+  }
+  return j;
 }
 
 // A job small enough for a unit test: 2-layer width-32 model, 3-digit sorting.

@@ -58,17 +58,7 @@ std::vector<nlohmann::json> stage_lines(const std::vector<nlohmann::json>& all, 
   return out;
 }
 
-// Metrics that must repeat exactly (wall-clock ones cannot).
-nlohmann::json deterministic_part(nlohmann::json j) {
-  for (auto it = j.begin(); it != j.end();) {
-    const auto& k = it.key();
-    if (k.rfind("timing_s/", 0) == 0 || k == "perf/throughput" || k == "perf/orchestration_share")
-      it = j.erase(it);
-    else
-      ++it;
-  }
-  return j;
-}
+using troupe::actors::rl::testing::deterministic_part;
 
 } // namespace
 

@@ -137,3 +137,21 @@ TEST(GradientReducer, AParameterWithoutAGradientCountsAsZeros) {
   EXPECT_TRUE(torch::allclose(b0, torch::full({4}, 1.5)));
   EXPECT_TRUE(torch::allclose(b1, torch::full({4}, 1.5)));
 }
+
+TEST(Collectives, ConnectTcpStoreChecksTheAddressAndMeetsTheServer) {
+  for (std::string bad : {"", "localhost", ":80", "host:", "host:abc", "host:70000", "host:12a"}) {
+    auto s = connect_tcp_store(bad, 1000);
+    ASSERT_FALSE(s) << bad;
+    EXPECT_NE(describe(s.error()).find("expected host:port"), std::string::npos) << describe(s.error());
+  }
+  store_options so;
+  so.is_server = true;
+  auto server = make_tcp_store(so);
+  ASSERT_TRUE(server) << describe(server.error());
+  auto client = connect_tcp_store("127.0.0.1:" + std::to_string(server->port()), 5000);
+  ASSERT_TRUE(client) << describe(client.error());
+  ASSERT_TRUE(client->set("k", "v"));
+  auto v = server->get("k");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(*v, "v");
+}
