@@ -29,7 +29,8 @@ public:
   expected<std::vector<caf::actor>> spawn(caf::actor_system& sys,
                                           const actors::rl::role_spec& spec) override;
   int process_of(const std::string& role) const override;
-  caf::error check() override;
+  /// The first failure of a worker so far (see local_workers::check).
+  caf::error check();
 
   /// Stops the workers (see local_workers::shutdown).
   expected<void> shutdown(int64_t timeout_ms);

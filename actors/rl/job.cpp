@@ -16,11 +16,9 @@
 #include <cmath>
 #include <cstring>
 #include <chrono>
-#include <csignal>
 #include <fstream>
 #include <mutex>
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 namespace troupe::actors::rl {

@@ -146,8 +146,8 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
     return std::find(cfg.stages.begin(), cfg.stages.end(), s) != cfg.stages.end();
   };
   auto policy_dir = ctx.model_dir(has("sft") ? "sft" : "base");
-  auto rule = parse_rule_kind(r.reward.rule);
-  if (!rule)
+  // Settings the roles will parse again, checked before any is spawned.
+  if (auto rule = parse_rule_kind(r.reward.rule); !rule)
     return rule.error();
   auto estimator = kernels::parse_kl_estimator(r.kl.estimator);
   if (!estimator)

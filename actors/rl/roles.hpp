@@ -78,8 +78,6 @@ public:
   /// An id of the process that hosts rank 0 of `role` (equal ids = the same
   /// process, so weights can be aliased).
   virtual int process_of(const std::string& role) const = 0;
-  /// The first failure of the processes hosting roles; empty when none.
-  virtual caf::error check() { return {}; }
 };
 
 /// Every role in the calling process, with one rank each.

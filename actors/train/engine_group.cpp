@@ -102,6 +102,27 @@ expected<std::vector<tensor_batch>> minibatch_shares(const tensor_batch& b, int6
   return out;
 }
 
+// split: the rows of `b` over the ranks, send(rank, its rows) asking each;
+// `unit` names the rows when the split must be even ("" = uneven is fine).
+template <class R, class Send, class Combine>
+caf::result<R> split(self_ptr self, const tensor_batch& b, const char* what, const char* unit,
+                     Send send, Combine combine) {
+  const auto& ranks = self->state.ranks;
+  auto n = static_cast<int64_t>(ranks.size());
+  if (*unit && b.size() % n != 0)
+    return with_prefix(make_error(errc::invalid_argument, "a batch of " + std::to_string(b.size()) + " " +
+                                                              unit + " does not divide over " +
+                                                              std::to_string(n) + " DP ranks"),
+                       self->state.role + ": " + what);
+  auto parts = split_rows(b, ranks.size());
+  if (!parts)
+    return with_prefix(parts.error(), self->state.role + ": " + what);
+  auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*parts));
+  return fan_out<R, R>(
+      self, shared->size(),
+      [=](size_t r) { return send(self->state.ranks[r], (*shared)[r]); }, combine);
+}
+
 engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
                                            std::vector<engine_actor> ranks) {
   self->state.role = std::move(role);
@@ -128,23 +149,11 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
   };
 
   // split: rows over ranks, tensors back concatenated.
-  auto split_forward = [=](const tensor_batch& b, const char* what, auto send)
-      -> caf::result<tensor_batch> {
-    auto parts = split_rows(b, n());
-    if (!parts)
-      return prefixed(parts.error(), what);
-    auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*parts));
-    return fan_out<tensor_batch, tensor_batch>(
-        self, shared->size(), [=](size_t r) { return send(rank(r), (*shared)[r]); }, concat_rows);
-  };
-  auto split_metrics = [=](const tensor_batch& b, const char* what, auto send)
-      -> caf::result<metric_map> {
-    auto parts = split_rows(b, n());
-    if (!parts)
-      return prefixed(parts.error(), what);
-    auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*parts));
-    return fan_out<metric_map, metric_map>(
-        self, shared->size(), [=](size_t r) { return send(rank(r), (*shared)[r]); }, group_metrics);
+  // The request `atom` with a rank's rows.
+  auto ask = [self](auto atom) {
+    return [self, atom](const engine_actor& a, const tensor_batch& p) {
+      return self->request(a, caf::infinite, atom, p);
+    };
   };
   // minibatch: rank r steps through its slice of every minibatch, unshuffled.
   auto minibatch_update = [=](auto atom, const tensor_batch& b, const auto& o,
@@ -165,19 +174,18 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
 
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
-        return split_forward(b, "log_probs", [=](const engine_actor& a, const tensor_batch& p) {
-          return self->request(a, caf::infinite, log_probs_atom::value, p, temperature, entropy);
-        });
+        return split<tensor_batch>(
+            self, b, "log_probs", "",
+            [=](const engine_actor& a, const tensor_batch& p) {
+              return self->request(a, caf::infinite, log_probs_atom::value, p, temperature, entropy);
+            },
+            concat_rows);
       },
       [=](values_atom, const tensor_batch& b) {
-        return split_forward(b, "values", [=](const engine_actor& a, const tensor_batch& p) {
-          return self->request(a, caf::infinite, values_atom::value, p);
-        });
+        return split<tensor_batch>(self, b, "values", "", ask(values_atom::value), concat_rows);
       },
       [=](scores_atom, const tensor_batch& b) {
-        return split_forward(b, "scores", [=](const engine_actor& a, const tensor_batch& p) {
-          return self->request(a, caf::infinite, scores_atom::value, p);
-        });
+        return split<tensor_batch>(self, b, "scores", "", ask(scores_atom::value), concat_rows);
       },
       [=](update_policy_atom a, const tensor_batch& b, const policy_update_options& o) {
         return minibatch_update(a, b, o, "update_policy");
@@ -185,27 +193,11 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](update_critic_atom a, const tensor_batch& b, const critic_update_options& o) {
         return minibatch_update(a, b, o, "update_critic");
       },
-      [=](sft_step_atom, const tensor_batch& b) {
-        if (b.size() % static_cast<int64_t>(n()) != 0)
-          return caf::result<metric_map>{prefixed(
-              make_error(errc::invalid_argument, "a batch of " + std::to_string(b.size()) +
-                                                     " rows does not divide over " +
-                                                     std::to_string(n()) + " DP ranks"),
-              "sft_step")};
-        return split_metrics(b, "sft_step", [=](const engine_actor& a, const tensor_batch& p) {
-          return self->request(a, caf::infinite, sft_step_atom::value, p);
-        });
+      [=](sft_step_atom a, const tensor_batch& b) {
+        return split<metric_map>(self, b, "sft_step", "rows", ask(a), group_metrics);
       },
-      [=](rm_step_atom, const tensor_batch& b) {
-        if (b.size() % static_cast<int64_t>(n()) != 0)
-          return caf::result<metric_map>{prefixed(
-              make_error(errc::invalid_argument, "a batch of " + std::to_string(b.size()) +
-                                                     " pairs does not divide over " +
-                                                     std::to_string(n()) + " DP ranks"),
-              "rm_step")};
-        return split_metrics(b, "rm_step", [=](const engine_actor& a, const tensor_batch& p) {
-          return self->request(a, caf::infinite, rm_step_atom::value, p);
-        });
+      [=](rm_step_atom a, const tensor_batch& b) {
+        return split<metric_map>(self, b, "rm_step", "pairs", ask(a), group_metrics);
       },
       [=](rm_eval_atom, const tensor_batch& b) {
         // Evaluation needs no group: rank 0 scores every pair.
