@@ -1,7 +1,9 @@
 #include "actors/inference/sampler.hpp"
 
+#include "kernels/cpu/softmax_row.hpp"
 #include "runtime/seeded_random.hpp"
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -26,30 +28,71 @@ std::string num(double x) {
   return os.str();
 }
 
-/// Draws an index from `weights` (unnormalised, >= 0) restricted to `idx`
-/// (or all indices when `idx` is empty) by inverse CDF.
-int64_t draw(const std::vector<double>& weights, const std::vector<int64_t>& idx, double total,
+/// Draws an index from `weights` [0, vocab) (unnormalised, >= 0) restricted
+/// to `idx` (or all indices when `idx` is empty) by inverse CDF.
+int64_t draw(const float* weights, int64_t vocab, const std::vector<int64_t>& idx, double total,
              double u) {
   double target = u * total;
   double acc = 0;
   if (idx.empty()) {
     int64_t last = -1;
-    for (size_t i = 0; i < weights.size(); ++i) {
+    for (int64_t i = 0; i < vocab; ++i) {
       if (weights[i] <= 0)
         continue;
       acc += weights[i];
-      last = static_cast<int64_t>(i);
+      last = i;
       if (acc > target)
         return last;
     }
     return last; // rounding: the last token with mass
   }
   for (auto i : idx) {
-    acc += weights[static_cast<size_t>(i)];
+    acc += weights[i];
     if (acc > target)
       return i;
   }
   return idx.back();
+}
+
+/// Row r's token: argmax for greedy, else a draw from the (top-k / top-p
+/// truncated) weights. `weights` holds exp(scale · (x − max)) for the row.
+int64_t pick(const sampling_params& p, const kernels::detail::softmax_row_stats& stats,
+             const float* weights, int64_t vocab, rng_stream& stream, std::vector<int64_t>& idx) {
+  if (p.temperature == 0)
+    return stats.argmax;
+  idx.clear();
+  double kept = stats.sum;
+  bool truncate_k = p.top_k > 0 && p.top_k < vocab;
+  bool truncate_p = p.top_p < 1.0;
+  if (truncate_k || truncate_p) {
+    idx.resize(static_cast<size_t>(vocab));
+    std::iota(idx.begin(), idx.end(), 0);
+    // Most likely first; ties by lower id, so the order is deterministic.
+    auto before = [&](int64_t a, int64_t b) {
+      return weights[a] > weights[b] || (weights[a] == weights[b] && a < b);
+    };
+    if (truncate_k) {
+      std::nth_element(idx.begin(), idx.begin() + p.top_k - 1, idx.end(), before);
+      idx.resize(static_cast<size_t>(p.top_k));
+    }
+    std::sort(idx.begin(), idx.end(), before);
+    kept = 0;
+    for (auto i : idx)
+      kept += weights[i];
+    if (truncate_p) {
+      double acc = 0;
+      size_t keep = 0;
+      while (keep < idx.size()) {
+        acc += weights[idx[keep]];
+        ++keep;
+        if (acc >= p.top_p * kept)
+          break;
+      }
+      idx.resize(keep);
+      kept = acc;
+    }
+  }
+  return draw(weights, vocab, idx, kept, stream.uniform());
 }
 
 } // namespace
@@ -111,85 +154,38 @@ expected<std::vector<sampled_token>> sample(const at::Tensor& logits,
                       "sample: " + std::to_string(rows) + " logit rows but " +
                         std::to_string(params.size()) + " params and " +
                         std::to_string(streams.size()) + " streams");
-  // Temperature scaling, log-softmax and (when any row samples) the
-  // probabilities run as vectorised ATen ops over the whole batch; the
-  // per-row work below is scans and, with top-k/top-p, a partial sort.
-  std::vector<float> inv_t(static_cast<size_t>(rows));
-  bool any_random = false;
-  for (int64_t r = 0; r < rows; ++r) {
-    auto t = params[static_cast<size_t>(r)]->temperature;
-    inv_t[static_cast<size_t>(r)] = t == 0 ? 1.0f : static_cast<float>(1.0 / t);
-    any_random = any_random || t != 0;
-  }
-  bool unscaled = std::all_of(inv_t.begin(), inv_t.end(), [](float x) { return x == 1.0f; });
-  auto scale = torch::from_blob(inv_t.data(), {rows, 1}, torch::kFloat32);
-  auto logp = torch::log_softmax(unscaled ? logits : logits * scale, 1).contiguous();
-  torch::Tensor probs;
-  if (any_random)
-    probs = logp.exp().contiguous();
-  const float* lp_base = logp.data_ptr<float>();
-  const float* pr_base = any_random ? probs.data_ptr<float>() : nullptr;
+  // Each row is one fused pass (kernels/cpu/softmax_row.hpp) on ATen's
+  // thread pool: max, argmax and the normaliser of softmax(logits / T), and
+  // for sampled rows the unnormalised probabilities to draw from. A row's
+  // result depends only on its logits, params and stream.
+  auto contiguous = logits.contiguous();
+  const float* base = contiguous.data_ptr<float>();
   std::vector<sampled_token> out(static_cast<size_t>(rows));
-  std::vector<double> w;
-  std::vector<int64_t> idx;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* lp = lp_base + r * vocab;
-    const auto& p = *params[static_cast<size_t>(r)];
-    int64_t arg = 0;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t v = 0; v < vocab; ++v)
-      if (lp[v] > mx) {
-        mx = lp[v];
-        arg = v;
+  std::vector<char> bad(static_cast<size_t>(rows), 0);
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> weights;
+    thread_local std::vector<int64_t> idx;
+    for (int64_t r = begin; r < end; ++r) {
+      const auto& p = *params[static_cast<size_t>(r)];
+      const float* x = base + r * vocab;
+      bool greedy = p.temperature == 0;
+      auto scale = greedy ? 1.0f : static_cast<float>(1.0 / p.temperature);
+      if (!greedy)
+        weights.resize(static_cast<size_t>(vocab));
+      auto stats = kernels::detail::softmax_row(x, vocab, scale, greedy ? nullptr : weights.data());
+      if (stats.argmax < 0) {
+        bad[static_cast<size_t>(r)] = 1;
+        continue;
       }
-    if (!std::isfinite(mx))
+      auto token = pick(p, stats, weights.data(), vocab, *streams[static_cast<size_t>(r)], idx);
+      out[static_cast<size_t>(r)] = {
+        token, static_cast<float>(kernels::detail::softmax_row_logprob(stats, x[token], scale))};
+    }
+  });
+  for (int64_t r = 0; r < rows; ++r)
+    if (bad[static_cast<size_t>(r)])
       return make_error(errc::internal, "sample: row " + std::to_string(r) +
                                           " has no finite logit (NaN or all -inf)");
-    int64_t token = arg;
-    if (p.temperature != 0) {
-      const float* pr = pr_base + r * vocab;
-      w.assign(pr, pr + vocab);
-      double total = 0;
-      for (auto x : w)
-        total += x;
-      idx.clear();
-      double kept = total;
-      bool truncate_k = p.top_k > 0 && p.top_k < vocab;
-      bool truncate_p = p.top_p < 1.0;
-      if (truncate_k || truncate_p) {
-        idx.resize(static_cast<size_t>(vocab));
-        std::iota(idx.begin(), idx.end(), 0);
-        // Most likely first; ties by lower id, so the order is deterministic.
-        auto before = [&](int64_t a, int64_t b) {
-          auto wa = w[static_cast<size_t>(a)];
-          auto wb = w[static_cast<size_t>(b)];
-          return wa > wb || (wa == wb && a < b);
-        };
-        if (truncate_k) {
-          std::nth_element(idx.begin(), idx.begin() + p.top_k - 1, idx.end(), before);
-          idx.resize(static_cast<size_t>(p.top_k));
-        }
-        std::sort(idx.begin(), idx.end(), before);
-        kept = 0;
-        for (auto i : idx)
-          kept += w[static_cast<size_t>(i)];
-        if (truncate_p) {
-          double acc = 0;
-          size_t keep = 0;
-          while (keep < idx.size()) {
-            acc += w[static_cast<size_t>(idx[keep])];
-            ++keep;
-            if (acc >= p.top_p * kept)
-              break;
-          }
-          idx.resize(keep);
-          kept = acc;
-        }
-      }
-      token = draw(w, idx, kept, streams[static_cast<size_t>(r)]->uniform());
-    }
-    out[static_cast<size_t>(r)] = {token, lp[token]};
-  }
   return out;
 }
 
