@@ -3,8 +3,9 @@
 //     worker that hosts every role over iterations 2..N (the peak is reset
 //     after iteration 1 and read at the last one, before the stage's final
 //     checkpoint and model save), with placement.offload (the rollout's KV
-//     pool freed after generation, optimizer states and gradients to disk
-//     after each update) vs every role's state resident;
+//     pool freed after generation, the reference's weights after its
+//     log-probs, optimizer states and gradients to disk after each update)
+//     vs every role's state resident;
 //     and the step time each costs;
 //  2. disaggregated step time (rollout in one worker, the other roles in
 //     another, one compute thread each) with rl.staleness 1 — the next batch

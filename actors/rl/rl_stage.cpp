@@ -398,6 +398,21 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         auto length = value_or_throw(batch.get("input_ids")).size(1);
         auto eng_lp = scatter_response_values(prompts, engine_lp, length);
         advantage_inputs in;
+        // Co-located offload of a role once its last phase of the iteration is
+        // done: a trainer's optimizer state and gradients after its update,
+        // the reference's weights after its log-probs.
+        auto release = [&](const train::engine_actor& t, const char* what) -> expected<void> {
+          if (!cfg.placement.offload)
+            return {};
+          auto freed = timed("offload", [&] {
+            return ask<int64_t>(self, t, ctx.timeout, what, inference::release_atom::value,
+                                (ctx.run_dir / "rl" / "offload").string());
+          });
+          if (!freed)
+            return freed.error();
+          m["perf/offloaded_bytes"] += static_cast<double>(*freed);
+          return {};
+        };
         in.mask = mask;
 
         // old_log_prob
@@ -439,6 +454,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
           if (!ref)
             return ref.error();
           value_or_throw(batch.set("ref_log_probs", in.ref_lp));
+          value_or_throw(release(*roles.reference, "reference: release"));
         } else {
           in.ref_lp = in.old_lp;
         }
@@ -554,20 +570,6 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
           return adv.error();
         if (stopped_before_update())
           return make_error(errc::cancelled, "stop");
-
-        // Co-located offload of a trainer once its update is done.
-        auto release = [&](const train::engine_actor& t, const char* what) -> expected<void> {
-          if (!cfg.placement.offload)
-            return {};
-          auto freed = timed("offload", [&] {
-            return ask<int64_t>(self, t, ctx.timeout, what, inference::release_atom::value,
-                                (ctx.run_dir / "rl" / "offload").string());
-          });
-          if (!freed)
-            return freed.error();
-          m["perf/offloaded_bytes"] += static_cast<double>(*freed);
-          return {};
-        };
 
         // update_critic, update_actor
         updating = true;

@@ -137,7 +137,11 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
           std::filesystem::create_directories(dir, ec);
           if (ec)
             return make_error(errc::io_error, "cannot create " + dir + ": " + ec.message());
-          auto bytes = e.offload_optimizer((std::filesystem::path{dir} / (file + ".optim")).string());
+          // A trainer frees its optimizer state and gradients; a frozen
+          // model (reference, reward model) its weights.
+          auto base = std::filesystem::path{dir} / file;
+          auto bytes = e.trainable() ? e.offload_optimizer(base.string() + ".optim")
+                                     : e.offload_weights(base.string() + ".weights");
           runtime::return_free_memory();
           return bytes;
         });

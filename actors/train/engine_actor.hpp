@@ -58,8 +58,9 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<save_state_atom>::with<std::string>,
     caf::replies_to<load_state_atom, std::string>::with<int64_t>,
     caf::replies_to<busy_atom>::with<double>,
-    /// Co-located offload: the optimizer state to a file in the folder,
-    /// gradients freed, until the next update; answers the bytes freed.
+    /// Co-located offload to a file in the folder, until next needed: a
+    /// trainer's optimizer state (gradients freed), a frozen model's
+    /// weights; answers the bytes freed.
     caf::replies_to<inference::release_atom, std::string>::with<int64_t>,
     caf::reacts_to<inject_failure_atom>>;
 

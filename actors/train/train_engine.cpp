@@ -6,6 +6,7 @@
 #include "kernels/masked.hpp"
 #include "models/llama.hpp"
 #include "runtime/gradient_reducer.hpp"
+#include "runtime/safetensors.hpp"
 #include "runtime/seeded_random.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -70,11 +71,60 @@ struct train_engine::impl {
     return {};
   }
 
+  /// A frozen engine's weights, written once by offload_weights ("" = never
+  /// written); `weights_out` says they are freed now.
+  std::string weights_file;
+  bool weights_out = false;
+  /// The parameters' shapes while offloaded (they are empty then).
+  std::map<std::string, std::vector<int64_t>> weight_shapes;
+
+  // Reads offloaded frozen weights back into the parameters (the file stays:
+  // the weights never change, so the next offload only frees them).
+  expected<void> reload_weights() {
+    if (!weights_out)
+      return {};
+    auto ok = guarded("reloading the offloaded weights", [&]() -> expected<void> {
+      // Read straight into fresh tensors (pread, no intermediate buffer);
+      // every parameter is checked before any is set.
+      auto saved = runtime::load_safetensors(weights_file);
+      if (!saved)
+        return saved.error();
+      auto params = model->named_parameters();
+      if (saved->size() != params.size())
+        return make_error(errc::corrupted, weights_file + ": " + std::to_string(saved->size()) +
+                                               " tensors for " + std::to_string(params.size()) +
+                                               " parameters");
+      for (const auto& p : params) {
+        auto it = saved->find(p.key());
+        if (it == saved->end() || it->second.sizes() != at::IntArrayRef(weight_shapes.at(p.key())) ||
+            it->second.scalar_type() != p.value().scalar_type())
+          return make_error(errc::corrupted, weights_file + ": parameter " + p.key() +
+                                                 " is missing or has another shape or dtype");
+      }
+      torch::NoGradGuard no_grad;
+      for (auto& p : params)
+        p.value().set_(saved->at(p.key()));
+      return {};
+    });
+    if (!ok)
+      return with_prefix(ok.error(), "reloading the offloaded weights");
+    weights_out = false;
+    return {};
+  }
+
+  /// Whatever offload freed is back: every entry point that reads the model
+  /// or the optimizer calls this first.
+  expected<void> make_resident() {
+    if (auto ok = reload_weights(); !ok)
+      return ok;
+    return reload_optimizer();
+  }
+
   expected<void> require_trainable(const char* what) {
     if (!optim)
       return make_error(errc::invalid_argument,
                         std::string{what} + ": this engine has no optimizer (a frozen model)");
-    return reload_optimizer();
+    return make_resident();
   }
 
   // Logits of the next tokens [B, L-1, V], with gradient when enabled.
@@ -232,6 +282,8 @@ train_engine::train_engine() : impl_(std::make_unique<impl>()) {}
 train_engine::~train_engine() {
   if (!impl_->offloaded.empty())
     std::remove(impl_->offloaded.c_str());
+  if (!impl_->weights_file.empty())
+    std::remove(impl_->weights_file.c_str());
 }
 
 expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model model,
@@ -317,6 +369,39 @@ expected<int64_t> train_engine::offload_optimizer(const std::string& path) {
 
 bool train_engine::optimizer_offloaded() const { return !impl_->offloaded.empty(); }
 
+expected<int64_t> train_engine::offload_weights(const std::string& path) {
+  auto& d = *impl_;
+  if (d.optim || d.weights_out)
+    return int64_t{0};
+  if (!d.weights_file.empty() && d.weights_file != path)
+    return make_error(errc::invalid_argument, "offload_weights: the weights were offloaded to " +
+                                                  d.weights_file + " before, not " + path);
+  return guarded("offload_weights", [&]() -> expected<int64_t> {
+    auto named = d.model->named_parameters();
+    if (d.weights_file.empty()) {
+      // Written once (temp, fsync, rename: never a partial file).
+      runtime::tensor_map tensors;
+      for (const auto& p : named)
+        tensors.emplace(p.key(), p.value().detach());
+      if (auto ok = runtime::save_safetensors(path, tensors); !ok)
+        return ok.error();
+      d.weights_file = path;
+    }
+    for (const auto& p : named)
+      d.weight_shapes[p.key()] = p.value().sizes().vec();
+    int64_t bytes = 0;
+    torch::NoGradGuard no_grad;
+    for (auto& p : d.model->parameters()) {
+      bytes += p.numel() * static_cast<int64_t>(p.element_size());
+      p.set_(at::empty({0}, p.options()));
+    }
+    d.weights_out = true;
+    return bytes;
+  });
+}
+
+bool train_engine::weights_offloaded() const { return impl_->weights_out; }
+
 int train_engine::data_parallel_size() const { return impl_->dp ? impl_->dp->group.size() : 1; }
 int64_t train_engine::steps() const { return impl_->steps; }
 const models::llama_model& train_engine::model() const { return impl_->model; }
@@ -325,6 +410,8 @@ expected<runtime::tensor_batch> train_engine::log_probs(const runtime::tensor_ba
                                                         double temperature, bool with_entropy) {
   if (impl_->model->head() != models::head_kind::lm)
     return make_error(errc::invalid_argument, "log_probs: the model has no lm head");
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
   return guarded("log_probs", [&]() -> expected<runtime::tensor_batch> {
     torch::NoGradGuard no_grad;
     auto logits = impl_->shifted_logits(batch);
@@ -354,6 +441,8 @@ expected<runtime::tensor_batch> train_engine::log_probs(const runtime::tensor_ba
 expected<runtime::tensor_batch> train_engine::values(const runtime::tensor_batch& batch) {
   if (impl_->model->head() != models::head_kind::value)
     return make_error(errc::invalid_argument, "values: the model has no value head");
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
   return guarded("values", [&]() -> expected<runtime::tensor_batch> {
     torch::NoGradGuard no_grad;
     auto v = impl_->model->forward(need(batch, "input_ids"), need(batch, "attention_mask"));
@@ -367,6 +456,8 @@ expected<runtime::tensor_batch> train_engine::values(const runtime::tensor_batch
 expected<runtime::tensor_batch> train_engine::scores(const runtime::tensor_batch& batch) {
   if (impl_->model->head() != models::head_kind::reward)
     return make_error(errc::invalid_argument, "scores: the model has no reward head");
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
   return guarded("scores", [&]() -> expected<runtime::tensor_batch> {
     torch::NoGradGuard no_grad;
     auto s = impl_->model->forward(need(batch, "input_ids"), need(batch, "attention_mask"));
@@ -513,6 +604,8 @@ expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
 expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
   if (impl_->model->head() != models::head_kind::reward)
     return make_error(errc::invalid_argument, "rm_eval: the model has no reward head");
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
   return guarded("rm_eval", [&]() -> expected<metric_map> {
     torch::NoGradGuard no_grad;
     auto [rc, rr] = pair_scores(impl_->model, batch);
@@ -523,15 +616,18 @@ expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
 }
 
 std::map<std::string, at::Tensor> train_engine::export_weights() const {
+  value_or_throw(impl_->make_resident());
   return models::export_hf_weights(impl_->model);
 }
 
 expected<void> train_engine::save_pretrained(const std::string& dir) const {
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
   return models::save_pretrained(impl_->model, dir);
 }
 
 expected<std::string> train_engine::save_state() const {
-  if (auto ok = impl_->reload_optimizer(); !ok)
+  if (auto ok = impl_->make_resident(); !ok)
     return ok.error();
   return guarded("save_state", [&]() -> expected<std::string> {
     // Parameters under flat names, so loading can check every shape first.
@@ -551,7 +647,7 @@ expected<std::string> train_engine::save_state() const {
 }
 
 expected<void> train_engine::load_state(const std::string& bytes) {
-  if (auto ok = impl_->reload_optimizer(); !ok)
+  if (auto ok = impl_->make_resident(); !ok)
     return ok.error();
   return guarded("load_state", [&]() -> expected<void> {
     torch::serialize::InputArchive archive;

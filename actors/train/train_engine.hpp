@@ -168,6 +168,13 @@ public:
   /// freed (0 for a frozen engine or one already offloaded).
   expected<int64_t> offload_optimizer(const std::string& path);
   bool optimizer_offloaded() const;
+  /// Co-located offload of a frozen engine (reference, reward model): writes
+  /// its weights to `path` once (temp + rename; they never change) and frees
+  /// them; the next call that reads the model loads them back. Answers the
+  /// bytes freed (0 for a trainable engine, or when already offloaded). The
+  /// file is removed with the engine.
+  expected<int64_t> offload_weights(const std::string& path);
+  bool weights_offloaded() const;
 
   /// The model (for callers that need its config).
   const models::llama_model& model() const;

@@ -1,9 +1,12 @@
 #include "actors/rl/data.hpp"
 #include "actors/train/train_engine.hpp"
 #include "tests/actors/tiny_engine.hpp"
+#include "tests/support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <filesystem>
 
 using namespace troupe;
 using namespace troupe::actors;
@@ -215,4 +218,62 @@ TEST(TrainEngine, FrozenEnginesRefuseUpdatesAndHeadsAreChecked) {
   auto m = t->log_probs(missing, 1.0, false);
   ASSERT_FALSE(m);
   EXPECT_NE(describe(m.error()).find("attention_mask"), std::string::npos) << describe(m.error());
+}
+
+TEST(TrainEngine, FrozenWeightsOffloadAndComeBackExactly) {
+  // Co-located offload of a reference / reward model: the weights go to a
+  // file once and are freed; the next read of the model loads them back.
+  test::temp_dir tmp;
+  auto path = (tmp.path() / "reference.weights").string();
+  auto t = trainer(tiny_model(11));
+  auto batch = fixed_batch(4, 6);
+  auto before = t->log_probs(batch, 1.0, false);
+  ASSERT_TRUE(before) << describe(before.error());
+  int64_t param_bytes = 0;
+  for (const auto& p : t->model()->parameters())
+    param_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+
+  auto freed = t->offload_weights(path);
+  ASSERT_TRUE(freed) << describe(freed.error());
+  EXPECT_EQ(*freed, param_bytes);
+  EXPECT_TRUE(t->weights_offloaded());
+  for (const auto& p : t->model()->parameters())
+    EXPECT_EQ(p.numel(), 0);
+  ASSERT_TRUE(std::filesystem::exists(path));
+  EXPECT_EQ(*t->offload_weights(path), 0) << "already offloaded";
+
+  for (int round = 0; round < 2; ++round) {
+    auto after = t->log_probs(batch, 1.0, false);
+    ASSERT_TRUE(after) << describe(after.error());
+    EXPECT_FALSE(t->weights_offloaded());
+    EXPECT_TRUE(torch::equal(*before->get("log_probs"), *after->get("log_probs")));
+    // The weights never change: the second offload frees without rewriting.
+    auto written = std::filesystem::last_write_time(path);
+    ASSERT_TRUE(t->offload_weights(path));
+    EXPECT_EQ(std::filesystem::last_write_time(path), written);
+  }
+  // Other entry points load them back too.
+  auto exported = t->export_weights();
+  EXPECT_FALSE(exported.empty());
+  EXPECT_FALSE(t->weights_offloaded());
+  // A trainer keeps its weights (its optimizer state is what it offloads).
+  auto trained = trainer(tiny_model(12), train::optimizer_options{});
+  EXPECT_EQ(*trained->offload_weights((tmp.path() / "policy.weights").string()), 0);
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() / "policy.weights"));
+  // The file goes with the engine.
+  t.reset();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(TrainEngine, ADamagedWeightsFileIsAClearErrorNamingIt) {
+  test::temp_dir tmp;
+  auto path = (tmp.path() / "reward.weights").string();
+  auto t = trainer(tiny_model(13));
+  ASSERT_TRUE(t->offload_weights(path));
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  auto r = t->log_probs(fixed_batch(2, 4), 1.0, false);
+  ASSERT_FALSE(r);
+  EXPECT_NE(describe(r.error()).find(path), std::string::npos) << describe(r.error());
+  EXPECT_NE(describe(r.error()).find("reloading the offloaded weights"), std::string::npos)
+    << describe(r.error());
 }
