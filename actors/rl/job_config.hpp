@@ -380,8 +380,8 @@ void visit(V& v, placement_config& c) {
            "the trainers) or hybrid (any mapping)");
   v.field("offload", c.offload,
           "Free idle state between phases: the rollout's KV pool after generation, the "
-          "reference's weights after its log-probs, the trainers' optimizer states and "
-          "gradients after their update (files in <run dir>/rl/offload)");
+          "reference's and a reward model's weights after their phase, the trainers' "
+          "optimizer states and gradients after their update (files in <run dir>/rl/offload)");
   v.list("pools", c.pools, "Device pools (colocated default: one pool of one device)");
   v.list("roles", c.roles, "Role → pool and dp; roles not listed go to the first pool");
 }

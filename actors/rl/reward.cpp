@@ -1,6 +1,7 @@
 #include "actors/rl/reward.hpp"
 
 #include "models/tokenizer.hpp"
+#include "runtime/compute.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <caf/all.hpp>
@@ -8,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <filesystem>
 
 namespace troupe::actors::rl {
 
@@ -115,6 +117,21 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
         return std::move(*r);
       },
       [=](train::busy_atom) { return self->state.busy_s; },
+      [=](inference::release_atom, const std::string& dir) -> caf::result<int64_t> {
+        auto& st = self->state;
+        if (!st.model)
+          return int64_t{0};
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec)
+          return make_error(errc::io_error, "reward: release: cannot create " + dir + ": " +
+                                                ec.message());
+        auto freed = st.model->offload_weights((std::filesystem::path{dir} / "reward.weights").string());
+        if (!freed)
+          return with_prefix(freed.error(), "reward: release");
+        runtime::return_free_memory();
+        return *freed;
+      },
       [=](train::inject_failure_atom) { self->state.fail_next = true; },
   };
 }

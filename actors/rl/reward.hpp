@@ -43,6 +43,9 @@ using reward_atom = caf::atom_constant<caf::atom("reward")>;
 using reward_actor = caf::typed_actor<
     caf::replies_to<reward_atom, reward_request>::with<runtime::tensor_batch>,
     caf::replies_to<train::busy_atom>::with<double>,
+    /// Co-located offload: the reward model's weights to a file in the
+    /// folder until the next score; answers the bytes freed (0 for a rule).
+    caf::replies_to<inference::release_atom, std::string>::with<int64_t>,
     caf::reacts_to<train::inject_failure_atom>>;
 
 /// The response text for the rule: tokens up to the first EOS (exclusive),

@@ -400,8 +400,8 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         advantage_inputs in;
         // Co-located offload of a role once its last phase of the iteration is
         // done: a trainer's optimizer state and gradients after its update,
-        // the reference's weights after its log-probs.
-        auto release = [&](const train::engine_actor& t, const char* what) -> expected<void> {
+        // the reference's and the reward model's weights after their phase.
+        auto release = [&](const auto& t, const char* what) -> expected<void> {
           if (!cfg.placement.offload)
             return {};
           auto freed = timed("offload", [&] {
@@ -500,6 +500,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         });
         if (!rew)
           return rew.error();
+        value_or_throw(release(roles.reward, "reward: release"));
         if (stopped_before_update())
           return make_error(errc::cancelled, "stop");
 

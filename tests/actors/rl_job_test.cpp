@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <map>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -227,14 +228,20 @@ TEST(RlJob, EveryWeightTransportGivesTheSameRun) {
         << "segment left behind: " << e.path();
 }
 
-TEST(RlJob, OffloadGivesTheSameRunAndLeavesNothingBehind) {
-  // placement.offload frees the KV pool after generation and writes the
-  // optimizer states to disk after each update: training continues
-  // exactly, and a resumed run (state saved while offloaded) too.
+class RlJobOffload : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RlJobOffload, GivesTheSameRunAndLeavesNothingBehind) {
+  // placement.offload frees the KV pool after generation, the reference's
+  // (and a reward model's) weights after their phase, and writes the
+  // optimizer states to disk after each update: training continues exactly.
   test::temp_dir tmp;
   std::vector<std::vector<nlohmann::json>> runs;
+  std::vector<std::string> reward = {"rl.reward.kind=" + GetParam()};
+  reward.push_back(GetParam() == "rule" ? "stages=[sft, rl]" : "stages=[sft, rm, rl]");
   for (std::string offload : {"false", "true"}) {
-    auto cfg = parse(tiny_job(tmp.file(offload)), {"stages=[sft, rl]", "placement.offload=" + offload});
+    auto sets = reward;
+    sets.push_back("placement.offload=" + offload);
+    auto cfg = parse(tiny_job(tmp.file(offload)), sets);
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run(*cfg);
     ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -252,6 +259,27 @@ TEST(RlJob, OffloadGivesTheSameRunAndLeavesNothingBehind) {
   auto offload_dir = tmp.path() / "true" / "rl" / "offload";
   ASSERT_TRUE(std::filesystem::exists(offload_dir));
   EXPECT_TRUE(std::filesystem::is_empty(offload_dir)) << "offloaded states left behind";
+}
+
+INSTANTIATE_TEST_SUITE_P(Reward, RlJobOffload, ::testing::Values("rule", "mixed"));
+
+TEST(RlJob, OffloadFreesTheRewardModelsWeightsToo) {
+  // With a reward model in the mix, each iteration frees its weights as
+  // well: more bytes than with the rule alone.
+  test::temp_dir tmp;
+  std::map<std::string, double> freed;
+  for (std::string kind : {"rule", "mixed"}) {
+    auto cfg = parse(tiny_job(tmp.file(kind)), {"stages=[sft, rm, rl]", "rl.reward.kind=" + kind,
+                                                "placement.offload=true"});
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto r = run(*cfg);
+    ASSERT_TRUE(r.summary) << describe(r.summary.error());
+    for (const auto& j : r.metrics)
+      if (j["stage"] == "rl" && j["step"] == 2)
+        freed[kind] = j.value("perf/offloaded_bytes", 0.0);
+  }
+  EXPECT_GT(freed["rule"], 0.0);
+  EXPECT_GT(freed["mixed"], freed["rule"]);
 }
 
 TEST(RlJob, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
