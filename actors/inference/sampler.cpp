@@ -154,6 +154,14 @@ expected<std::vector<sampled_token>> sample(const at::Tensor& logits,
                       "sample: " + std::to_string(rows) + " logit rows but " +
                         std::to_string(params.size()) + " params and " +
                         std::to_string(streams.size()) + " streams");
+  {
+    std::vector<rng_stream*> sorted(streams);
+    std::sort(sorted.begin(), sorted.end());
+    bool null_stream = !sorted.empty() && sorted.front() == nullptr;
+    if (null_stream || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      return make_error(errc::invalid_argument,
+                        "sample: every row needs its own random stream (rows run in parallel)");
+  }
   // Each row is one fused pass (kernels/cpu/softmax_row.hpp) on ATen's
   // thread pool: max, argmax and the normaliser of softmax(logits / T), and
   // for sampled rows the unnormalised probabilities to draw from. A row's

@@ -78,7 +78,8 @@ struct sampled_token {
 /// Samples one token per row of `logits` [R, V] (float32, CPU, contiguous),
 /// row r with params[r] and stream streams[r] (advanced in place). Rows are
 /// independent: the same row, params and stream give the same token in any
-/// batch.
+/// batch. Rows run in parallel, so each needs its own stream (a stream given
+/// to two rows is refused).
 expected<std::vector<sampled_token>> sample(const at::Tensor& logits,
                                             const std::vector<const sampling_params*>& params,
                                             const std::vector<rng_stream*>& streams);

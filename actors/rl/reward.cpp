@@ -1,7 +1,6 @@
 #include "actors/rl/reward.hpp"
 
 #include "models/tokenizer.hpp"
-#include "runtime/compute.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <caf/all.hpp>
@@ -9,7 +8,6 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <filesystem>
 
 namespace troupe::actors::rl {
 
@@ -121,15 +119,9 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
         auto& st = self->state;
         if (!st.model)
           return int64_t{0};
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        if (ec)
-          return make_error(errc::io_error, "reward: release: cannot create " + dir + ": " +
-                                                ec.message());
-        auto freed = st.model->offload_weights((std::filesystem::path{dir} / "reward.weights").string());
+        auto freed = train::release_engine(*st.model, dir, "reward");
         if (!freed)
           return with_prefix(freed.error(), "reward: release");
-        runtime::return_free_memory();
         return *freed;
       },
       [=](train::inject_failure_atom) { self->state.fail_next = true; },

@@ -129,21 +129,8 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
       },
       [=](busy_atom) { return self->state.busy_s; },
       [=](inference::release_atom, const std::string& dir) {
-        return serve<int64_t>(self, "release", [&](train_engine& e) -> expected<int64_t> {
-          std::string file;
-          for (char c : self->state.role)
-            file += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-          std::error_code ec;
-          std::filesystem::create_directories(dir, ec);
-          if (ec)
-            return make_error(errc::io_error, "cannot create " + dir + ": " + ec.message());
-          // A trainer frees its optimizer state and gradients; a frozen
-          // model (reference, reward model) its weights.
-          auto base = std::filesystem::path{dir} / file;
-          auto bytes = e.trainable() ? e.offload_optimizer(base.string() + ".optim")
-                                     : e.offload_weights(base.string() + ".weights");
-          runtime::return_free_memory();
-          return bytes;
+        return serve<int64_t>(self, "release", [&](train_engine& e) {
+          return release_engine(e, dir, self->state.role);
         });
       },
       [=](inject_failure_atom) { self->state.fail_next = true; },
@@ -151,6 +138,23 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
 }
 
 } // namespace
+
+expected<int64_t> release_engine(train_engine& e, const std::string& dir, const std::string& role) {
+  std::string file;
+  for (char c : role)
+    file += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return make_error(errc::io_error, "cannot create " + dir + ": " + ec.message());
+  // A trainer frees its optimizer state and gradients; a frozen model
+  // (reference, reward model) its weights.
+  auto base = std::filesystem::path{dir} / file;
+  auto bytes = e.trainable() ? e.offload_optimizer(base.string() + ".optim")
+                             : e.offload_weights(base.string() + ".weights");
+  runtime::return_free_memory();
+  return bytes;
+}
 
 engine_actor spawn_engine_actor(caf::actor_system& sys, std::string role,
                                 std::unique_ptr<train_engine> engine) {

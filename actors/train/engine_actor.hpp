@@ -64,6 +64,12 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<inference::release_atom, std::string>::with<int64_t>,
     caf::reacts_to<inject_failure_atom>>;
 
+/// Co-located offload of `e` to a file in `dir` named after `role` (the
+/// release message of the engine and reward actors): a trainer's optimizer
+/// state (gradients freed), a frozen model's weights; freed heap memory goes
+/// back to the system. Answers the bytes freed.
+expected<int64_t> release_engine(train_engine& e, const std::string& dir, const std::string& role);
+
 /// Spawns `engine` as the detached actor of role `role`.
 engine_actor spawn_engine_actor(caf::actor_system& sys, std::string role,
                                 std::unique_ptr<train_engine> engine);

@@ -164,6 +164,9 @@ TEST(Sampler, RejectsMismatchedInputs) {
   auto s = rng_stream::make(0, 0);
   EXPECT_FALSE(sample(torch::zeros({2, 4}), {&p}, {&s}));
   EXPECT_FALSE(sample(torch::zeros({1, 4}, torch::kFloat64), {&p}, {&s}));
+  auto shared = sample(torch::zeros({2, 4}), {&p, &p}, {&s, &s});
+  ASSERT_FALSE(shared);
+  EXPECT_NE(describe(shared.error()).find("its own random stream"), std::string::npos);
   auto nan = torch::full({1, 4}, std::nanf(""));
   auto r = sample(nan, {&p}, {&s});
   ASSERT_FALSE(r);
