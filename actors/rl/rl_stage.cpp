@@ -500,7 +500,8 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
         });
         if (!rew)
           return rew.error();
-        value_or_throw(release(roles.reward, "reward: release"));
+        if (uses_reward_model(r.reward)) // a rule holds nothing to free
+          value_or_throw(release(roles.reward, "reward: release"));
         if (stopped_before_update())
           return make_error(errc::cancelled, "stop");
 

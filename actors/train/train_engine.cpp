@@ -75,7 +75,8 @@ struct train_engine::impl {
   /// written); `weights_out` says they are freed now.
   std::string weights_file;
   bool weights_out = false;
-  /// The parameters' shapes while offloaded (they are empty then).
+  /// The parameters' shapes, recorded with the file (they are empty while
+  /// offloaded).
   std::map<std::string, std::vector<int64_t>> weight_shapes;
 
   // Reads offloaded frozen weights back into the parameters (the file stays:
@@ -386,9 +387,9 @@ expected<int64_t> train_engine::offload_weights(const std::string& path) {
       if (auto ok = runtime::save_safetensors(path, tensors); !ok)
         return ok.error();
       d.weights_file = path;
+      for (const auto& p : named)
+        d.weight_shapes[p.key()] = p.value().sizes().vec();
     }
-    for (const auto& p : named)
-      d.weight_shapes[p.key()] = p.value().sizes().vec();
     int64_t bytes = 0;
     torch::NoGradGuard no_grad;
     for (auto& p : d.model->parameters()) {
