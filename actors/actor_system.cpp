@@ -1,6 +1,7 @@
 #include "actors/actor_system.hpp"
 
 #include "actors/inference/rollout.hpp"
+#include "actors/job/job_actor.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/roles.hpp"
 #include "actors/train/engine_actor.hpp"
@@ -36,6 +37,8 @@ void configure(caf::actor_system_config& cfg) {
   cfg.add_message_type<inference::request_output>("request_output");
   cfg.add_message_type<std::vector<inference::request_output>>("std::vector<request_output>");
   cfg.add_message_type<inference::engine_metrics>("engine_metrics");
+  cfg.add_message_type<job::event>("job_event");
+  cfg.add_message_type<job::job_status>("job_status");
 }
 
 namespace {

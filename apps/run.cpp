@@ -12,23 +12,73 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <unistd.h>
 
 namespace troupe::apps {
 
 namespace {
 
-std::atomic<bool> g_stop{false};
+// SIGINT / SIGTERM → cancel (checkpoint, then stop); a second → cancel
+// --now; a third → the default action. The handler only counts and wakes
+// the watcher thread through a pipe (async-signal-safe).
+std::atomic<int> g_signals{0};
+int g_wake[2] = {-1, -1};
 
 extern "C" void on_signal(int sig) {
-  if (g_stop.load()) {
-    // A second signal: stop now, without a checkpoint.
+  if (g_signals.fetch_add(1) + 1 >= 3) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
-  g_stop.store(true);
+  char c = 1;
+  [[maybe_unused]] auto n = ::write(g_wake[1], &c, 1);
 }
+
+// Turns signals into cancel commands to the job actor, once it exists.
+class signal_watcher {
+public:
+  signal_watcher() {
+    if (::pipe(g_wake) != 0)
+      return;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    thread_ = std::thread{[this] { loop(); }};
+  }
+  ~signal_watcher() {
+    char c = 0;
+    [[maybe_unused]] auto n = ::write(g_wake[1], &c, 1);
+    if (thread_.joinable())
+      thread_.join();
+  }
+  void watch(const actors::job::job_actor& job) {
+    std::lock_guard lock{mu_};
+    job_ = job;
+    if (g_signals.load() > 0)
+      send();
+  }
+
+private:
+  void loop() {
+    char c = 0;
+    while (::read(g_wake[0], &c, 1) == 1 && c != 0) {
+      std::lock_guard lock{mu_};
+      send();
+    }
+  }
+  void send() {
+    if (job_)
+      caf::anon_send(*job_, actors::job::cancel_atom::value, g_signals.load() >= 2);
+  }
+  std::mutex mu_;
+  std::optional<actors::job::job_actor> job_;
+  std::thread thread_;
+};
 
 std::string duration(double s) {
   if (!std::isfinite(s) || s < 0)
@@ -72,6 +122,9 @@ std::string headline(const actors::rl::progress_event& e) {
   return out;
 }
 
+class progress_printer;
+caf::behavior console(caf::event_based_actor* self, progress_printer* printer);
+
 class progress_printer {
 public:
   explicit progress_printer(std::string mode) : mode_(std::move(mode)) {
@@ -80,12 +133,13 @@ public:
       mode_ = tty_ ? "bar" : "lines";
   }
 
-  void operator()(const actors::rl::progress_event& e) {
+  /// `done`: the steps this run has made of the stage (for the ETA).
+  void operator()(const actors::rl::progress_event& e, int64_t done) {
     if (mode_ == "none")
       return;
-    double eta = e.step > 0 ? e.elapsed_s / static_cast<double>(e.step) *
-                                  static_cast<double>(e.total - e.step)
-                            : NAN;
+    double eta = done > 0 ? e.elapsed_s / static_cast<double>(done) *
+                              static_cast<double>(e.total - e.step)
+                          : NAN;
     char head[64];
     std::snprintf(head, sizeof head, "%-3s %lld/%lld", e.stage.c_str(),
                   static_cast<long long>(e.step), static_cast<long long>(e.total));
@@ -113,6 +167,38 @@ private:
   std::string mode_;
   bool tty_ = false;
 };
+
+// The terminal as a subscriber of the job's events: progress per step,
+// pauses and failures; it ends with the job's final state.
+caf::behavior console(caf::event_based_actor* self, progress_printer* printer) {
+  struct stage_clock {
+    int64_t start_us = 0;
+    int64_t from = 0;
+  };
+  auto clock = std::make_shared<stage_clock>();
+  return {[=](const actors::job::event& e) {
+    namespace j = actors::job;
+    if (auto* s = std::get_if<j::stage_started>(&e.body)) {
+      *clock = {e.time_us, s->from_step};
+    } else if (auto* m = std::get_if<j::metrics_reported>(&e.body)) {
+      actors::rl::progress_event p{m->stage, m->step, m->total, m->metrics,
+                                   static_cast<double>(e.time_us - clock->start_us) / 1e6};
+      (*printer)(p, m->step - clock->from);
+    } else if (auto* r = std::get_if<j::role_changed>(&e.body); r && r->status == "failed") {
+      printer->end_line();
+      std::fprintf(stderr, "role %s (%s, pid %lld) failed in phase %s\n", r->role.c_str(),
+                   r->process.c_str(), static_cast<long long>(r->pid), r->phase.c_str());
+    } else if (auto* st = std::get_if<j::state_changed>(&e.body)) {
+      if (st->to == j::job_state::paused || (st->from == j::job_state::paused && !j::is_final(st->to))) {
+        printer->end_line();
+        std::fprintf(stderr, "job %s%s%s\n", std::string{j::to_string(st->to)}.c_str(),
+                     st->reason.empty() ? "" : ": ", st->reason.c_str());
+      }
+      if (j::is_final(st->to))
+        self->quit();
+    }
+  }};
+}
 
 } // namespace
 
@@ -148,26 +234,35 @@ int run_job_command(const run_command_options& o) {
     std::fprintf(stderr, "troupe run: %s\n", describe(cfg.error()).c_str());
     return 1;
   }
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
   progress_printer printer{cfg->run.progress};
-  actors::rl::run_options ro;
-  ro.resume = o.resume;
-  ro.stop = &g_stop;
-  ro.on_progress = [&](const actors::rl::progress_event& e) { printer(e); };
   expected<actors::rl::job_summary> summary = make_error(errc::internal, "not run");
   {
     caf::actor_system_config sys_cfg;
     actors::configure(sys_cfg);
     cluster::configure_network(sys_cfg);
     caf::actor_system sys{sys_cfg};
+    signal_watcher signals;
+    // load and validate → spawn the job actor → subscribe the console →
+    // start → wait for a final state (run_job).
+    std::optional<caf::actor> printer_actor;
+    actors::rl::run_options ro;
+    ro.resume = o.resume;
+    ro.on_spawn = [&](const actors::job::job_actor& job) {
+      auto c = sys.spawn(console, &printer);
+      caf::scoped_actor self{sys};
+      self->request(job, std::chrono::seconds(10), actors::job::subscribe_atom::value, c,
+                    int64_t{1})
+        .receive([&](int64_t) { printer_actor = c; },
+                 [&](caf::error&) { self->send_exit(c, caf::exit_reason::user_shutdown); });
+      signals.watch(job);
+    };
     cluster::launch_options lo;
     lo.timeout_ms = static_cast<int64_t>(cfg->run.request_timeout_s * 1000);
     summary = cluster::run_placed_job(sys, *cfg, ro, lo);
+    if (printer_actor) {
+      caf::scoped_actor self{sys};
+      self->wait_for(*printer_actor); // the last lines are printed
+    }
   }
   if (!summary) {
     printer.end_line();
@@ -191,7 +286,9 @@ int run_job_command(const run_command_options& o) {
     std::fputc('\n', stderr);
   }
   if (summary->stopped) {
-    std::fprintf(stderr, "stopped: checkpoint written; continue with --resume\n");
+    std::fprintf(stderr, g_signals.load() >= 2
+                           ? "cancelled --now: no checkpoint; --resume continues from the last one\n"
+                           : "stopped: checkpoint written; continue with --resume\n");
     return 130;
   }
   return 0;

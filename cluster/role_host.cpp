@@ -61,6 +61,26 @@ int worker_host::process_of(const std::string& role) const {
   return a && !a->devices.empty() ? static_cast<int>(a->devices.front()) : -1;
 }
 
+// The worker of `role`'s rank `rank`: its device in the plan.
+static int device_of(const actors::rl::placement_plan& plan, const std::string& role, int rank) {
+  const auto* a = plan.find(role);
+  if (!a || rank < 0 || static_cast<size_t>(rank) >= a->devices.size())
+    return -1;
+  return static_cast<int>(a->devices[static_cast<size_t>(rank)]);
+}
+
+actors::rl::role_host::place worker_host::where(const std::string& role, int rank) const {
+  auto d = device_of(plan_, role, rank);
+  if (d < 0 || static_cast<size_t>(d) >= workers_.workers().size())
+    return role_host::where(role, rank);
+  return {"worker " + std::to_string(d), workers_.workers()[static_cast<size_t>(d)].pid};
+}
+
+int worker_host::exit_signal(const std::string& role, int rank, int64_t timeout_ms) {
+  auto d = device_of(plan_, role, rank);
+  return d < 0 ? 0 : workers_.exit_signal(d, timeout_ms);
+}
+
 caf::error worker_host::check() { return workers_.check(); }
 
 expected<void> worker_host::shutdown(int64_t timeout_ms) { return workers_.shutdown(timeout_ms); }

@@ -29,6 +29,8 @@ public:
   expected<std::vector<caf::actor>> spawn(caf::actor_system& sys,
                                           const actors::rl::role_spec& spec) override;
   int process_of(const std::string& role) const override;
+  place where(const std::string& role, int rank) const override;
+  int exit_signal(const std::string& role, int rank, int64_t timeout_ms) override;
   /// The first failure of a worker so far (see local_workers::check).
   caf::error check();
 

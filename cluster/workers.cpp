@@ -314,6 +314,13 @@ caf::error local_workers::wait_for_failure(int64_t timeout_ms) {
   }
 }
 
+int local_workers::exit_signal(int rank, int64_t timeout_ms) {
+  if (!impl_ || rank < 0 || static_cast<size_t>(rank) >= impl_->procs.size())
+    return 0;
+  auto st = impl_->procs[static_cast<size_t>(rank)].wait_for(timeout_ms);
+  return st ? st->signal : 0;
+}
+
 expected<void> local_workers::shutdown(int64_t timeout_ms) {
   if (!impl_)
     return {};

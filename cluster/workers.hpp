@@ -94,6 +94,9 @@ public:
   /// Waits up to `timeout_ms` for a failure; returns it, or an empty error
   /// when none happened.
   caf::error wait_for_failure(int64_t timeout_ms);
+  /// The signal that ended worker `rank`, waiting up to `timeout_ms` for it
+  /// to be reaped; 0 when it runs or exited normally.
+  int exit_signal(int rank, int64_t timeout_ms);
 
   /// Asks every worker to exit, waits up to `timeout_ms`, kills stragglers;
   /// fails naming any worker that did not exit cleanly.

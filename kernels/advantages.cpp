@@ -178,4 +178,61 @@ expected<advantage_result> remax_advantages(const at::Tensor& scores,
   });
 }
 
+namespace {
+constexpr std::string_view estimator_names[] = {"gae", "grpo", "rloo", "reinforce_pp",
+                                                "reinforce_pp_baseline"};
+}
+
+expected<advantage_estimator> parse_advantage_estimator(std::string_view name) {
+  for (size_t i = 0; i < std::size(estimator_names); ++i)
+    if (estimator_names[i] == name)
+      return static_cast<advantage_estimator>(i);
+  return make_error(errc::invalid_argument,
+                    "advantage estimator \"" + std::string{name} +
+                      "\": expected gae, grpo, rloo, reinforce_pp or reinforce_pp_baseline");
+}
+
+std::string_view to_string(advantage_estimator e) noexcept {
+  return estimator_names[static_cast<size_t>(e)];
+}
+
+expected<advantage_result> estimate_advantages(advantage_estimator e, const advantage_inputs& in) {
+  switch (e) {
+    case advantage_estimator::gae: {
+      auto a = gae(in.token_rewards, in.values, in.mask, in.gamma, in.lam);
+      if (!a || !in.whiten)
+        return a;
+      auto w = masked_whiten(a->advantages, in.mask);
+      if (!w)
+        return w.error();
+      a->advantages = std::move(*w);
+      return a;
+    }
+    case advantage_estimator::grpo: return grpo_advantages(in.scores, in.mask, in.group_ids);
+    case advantage_estimator::rloo: return rloo_advantages(in.scores, in.mask, in.group_ids);
+    case advantage_estimator::reinforce_pp:
+      return reinforce_pp_advantages(in.token_rewards, in.mask, in.gamma);
+    case advantage_estimator::reinforce_pp_baseline:
+      return reinforce_pp_baseline_advantages(in.scores, in.mask, in.group_ids);
+  }
+  return make_error(errc::invalid_argument, "unknown advantage estimator");
+}
+
+expected<importance_weights> truncated_importance_weights(const at::Tensor& policy_log_probs,
+                                                          const at::Tensor& behaviour_log_probs,
+                                                          const at::Tensor& mask, double cap) {
+  if (!(cap > 0))
+    return make_error(errc::invalid_argument, "truncated_importance_weights: cap must be > 0");
+  return guarded("truncated_importance_weights", [&]() -> expected<importance_weights> {
+    auto ratio = torch::exp(policy_log_probs - behaviour_log_probs);
+    importance_weights out;
+    out.weights = ratio.clamp_max(cap) * mask;
+    auto capped = masked_mean((ratio > cap).to(torch::kFloat), mask);
+    if (!capped)
+      return capped.error();
+    out.capped_fraction = capped->item<double>();
+    return out;
+  });
+}
+
 } // namespace troupe::kernels

@@ -12,6 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string_view>
+
 namespace troupe::kernels {
 
 /// Group ids [batch] (int64) 0,0,…,1,1,… for `group_size` consecutive samples per group.
@@ -53,5 +55,36 @@ expected<advantage_result> reinforce_pp_baseline_advantages(const at::Tensor& sc
 expected<advantage_result> remax_advantages(const at::Tensor& scores,
                                             const at::Tensor& baseline_scores,
                                             const at::Tensor& mask);
+
+/// The advantage estimators a job chooses from (rl.advantage).
+enum class advantage_estimator { gae, grpo, rloo, reinforce_pp, reinforce_pp_baseline };
+
+/// Parses "gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline".
+expected<advantage_estimator> parse_advantage_estimator(std::string_view name);
+std::string_view to_string(advantage_estimator e) noexcept;
+
+/// What the estimators read: scores [B], token rewards [B, T] (score at the
+/// last token, KL penalty per token), values [B, T] (gae only), the response
+/// mask [B, T] and group ids [B].
+struct advantage_inputs {
+  at::Tensor scores, token_rewards, values, mask, group_ids;
+  double gamma = 1.0;
+  double lam = 0.95;
+  /// gae: whiten the advantages over the batch's response tokens (returns stay raw).
+  bool whiten = true;
+};
+
+/// Advantages and returns of `in` by estimator `e`.
+expected<advantage_result> estimate_advantages(advantage_estimator e, const advantage_inputs& in);
+
+/// Truncated importance sampling of stale samples: w = min(exp(lp_policy −
+/// lp_behaviour), cap) · mask [B, T], and the fraction of valid tokens capped.
+struct importance_weights {
+  at::Tensor weights;
+  double capped_fraction = 0;
+};
+expected<importance_weights> truncated_importance_weights(const at::Tensor& policy_log_probs,
+                                                          const at::Tensor& behaviour_log_probs,
+                                                          const at::Tensor& mask, double cap);
 
 } // namespace troupe::kernels

@@ -1,5 +1,7 @@
 #include "kernels/kl.hpp"
 
+#include <algorithm>
+
 #include "kernels/detail.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -62,6 +64,11 @@ expected<at::Tensor> kl_penalty(const at::Tensor& log_probs, const at::Tensor& r
     }
     return x;
   });
+}
+
+double adaptive_kl_coef(double beta, double kl, double target, int64_t samples, int64_t horizon) {
+  double err = std::clamp(kl / target - 1.0, -0.2, 0.2);
+  return beta * (1.0 + err * static_cast<double>(samples) / static_cast<double>(horizon));
 }
 
 } // namespace troupe::kernels

@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <string_view>
 
 namespace troupe::kernels {
@@ -29,5 +30,10 @@ std::string_view to_string(kl_estimator est) noexcept;
 /// [...] in their promoted dtype; unmasked, differentiable in both.
 expected<at::Tensor> kl_penalty(const at::Tensor& log_probs, const at::Tensor& ref_log_probs,
                                 kl_estimator est);
+
+/// The adaptive KL controller (Ziegler et al. 2019): after a batch of
+/// `samples` sequences with mean sequence KL `kl`,
+///   β ← β · (1 + clamp(kl / target − 1, −0.2, 0.2) · samples / horizon).
+double adaptive_kl_coef(double beta, double kl, double target, int64_t samples, int64_t horizon);
 
 } // namespace troupe::kernels

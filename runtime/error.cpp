@@ -23,6 +23,7 @@ std::string_view to_string(errc x) noexcept {
     case errc::corrupted: return "corrupted";
     case errc::process_failed: return "process_failed";
     case errc::internal: return "internal";
+    case errc::illegal_state: return "illegal_state";
   }
   return "unknown";
 }

@@ -53,10 +53,13 @@ enum class errc : uint8_t {
   process_failed = 14,
   /// A broken invariant or an unexpected foreign-library failure.
   internal = 15,
+  /// A command that the object's current state does not allow (resume a
+  /// running job, pause a finished one).
+  illegal_state = 16,
 };
 
 /// Number of errc values (for exhaustive tests and mappings).
-inline constexpr uint8_t errc_count = 16;
+inline constexpr uint8_t errc_count = 17;
 
 /// The stable lowercase name of an errc value ("invalid_argument").
 std::string_view to_string(errc x) noexcept;

@@ -1,6 +1,8 @@
 #include "actors/rl/job_internal.hpp"
 
+#include "actors/job/metrics_sink.hpp"
 #include "actors/rl/reward.hpp"
+#include "actors/rl/settings.hpp"
 #include "actors/train/engine_group.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/collectives.hpp"
@@ -24,83 +26,37 @@
 namespace troupe::actors::rl {
 namespace detail {
 
-// ---- metrics log ------------------------------------------------------------
-
-expected<void> metrics_log::open(const std::string& path) {
-  path_ = path;
-  f_ = std::fopen(path.c_str(), "a");
-  if (!f_)
-    return make_error(errc::io_error, "cannot open " + path + ": " + std::strerror(errno));
-  return {};
-}
-
-metrics_log::~metrics_log() {
-  if (f_)
-    std::fclose(f_);
-}
-
-expected<void> metrics_log::truncate(const std::vector<std::string>& stage_order,
-                                     const std::string& stage, int64_t keep_until) {
-  auto text = runtime::read_file(path_);
-  if (!text)
-    return text.error();
-  auto pos = std::find(stage_order.begin(), stage_order.end(), stage);
-  std::string kept;
-  size_t start = 0;
-  bool dropped = false;
-  while (start < text->size()) {
-    auto end = text->find('\n', start);
-    if (end == std::string::npos)
-      end = text->size(); // a torn last line (killed mid-write) is dropped
-    auto line = text->substr(start, end - start);
-    bool complete = end < text->size();
-    start = end + 1;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    bool keep = complete && j.is_object() && j.contains("stage") && j.contains("step");
-    if (keep) {
-      auto s = j["stage"].get<std::string>();
-      auto it = std::find(stage_order.begin(), stage_order.end(), s);
-      if (it > pos || (s == stage && j["step"].get<int64_t>() > keep_until))
-        keep = false;
-    }
-    if (keep)
-      kept += line + "\n";
-    else
-      dropped = true;
-  }
-  if (!dropped)
-    return {};
-  if (f_) {
-    std::fclose(f_);
-    f_ = nullptr;
-  }
-  if (auto ok = runtime::write_file_atomic(path_, kept); !ok)
-    return ok;
-  return open(path_);
-}
-
-expected<void> metrics_log::write(const std::string& stage, int64_t step,
-                                  const train::metric_map& m) {
-  nlohmann::json j = nlohmann::json::object();
-  j["stage"] = stage;
-  j["step"] = step;
-  for (const auto& [k, v] : m)
-    j[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-  auto line = j.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
-    return make_error(errc::io_error, "cannot write " + path_ + ": " + std::strerror(errno));
-  return {};
-}
-
 // ---- context ----------------------------------------------------------------
 
-expected<void> job_context::emit(const std::string& stage, int64_t step, int64_t total,
-                                 const train::metric_map& m, double elapsed_s) {
-  if (auto ok = log.write(stage, step, m); !ok)
-    return ok;
+void job_context::metrics(const std::string& stage, int64_t step, int64_t total,
+                          const train::metric_map& m, double elapsed_s) const {
+  emit(job::metrics_reported{stage, step, total, m});
   if (opts->on_progress)
     opts->on_progress(progress_event{stage, step, total, m, elapsed_s});
-  return {};
+}
+
+expected<job::boundary_reply> job_context::boundary(
+  const job::boundary_point& p, const std::function<expected<void>()>& checkpoint) const {
+  job::boundary_reply out;
+  for (;;) {
+    auto r = link->boundary(self, p);
+    if (!r)
+      return r.error();
+    out.held_s += r->held_s;
+    out.cancel = out.cancel || r->cancel;
+    out.now = out.now || r->now;
+    out.settings.insert(out.settings.end(), r->settings.begin(), r->settings.end());
+    if (r->checkpoint && checkpoint) {
+      if (auto ok = checkpoint(); !ok)
+        return ok.error();
+      out.checkpoint = true;
+    }
+    if (!r->again)
+      break;
+  }
+  if (opts->stop && opts->stop->load())
+    out.cancel = true;
+  return out;
 }
 
 std::string job_context::model_dir(const std::string& stage) const {
@@ -138,9 +94,10 @@ inference::engine_config engine_settings(const job_config& cfg) {
 
 namespace {
 
-// Shared-memory channels of this job are named after its process; those of
-// processes that died without cleaning up (SIGKILL) are removed at start.
-constexpr const char* channel_prefix = "troupe-job-";
+// Shared-memory channels are named after the job's process and the job
+// (two jobs in one process do not meet); those of processes that died
+// without cleaning up (SIGKILL) are removed at start.
+constexpr const char* channel_root = "troupe-job-";
 
 // The default folder of disk-transport versions (removed around each stage).
 void remove_default_weight_dir(const job_context& ctx, const std::string& stage) {
@@ -161,9 +118,19 @@ expected<std::vector<caf::actor>> spawn_cast(job_context& ctx, const std::string
   spec.model_dir = model_dir;
   spec.dp_size = static_cast<int32_t>(ctx.plan.dp_of(stage, role));
   spec.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.timeout).count();
+  auto announce = [&](const char* status, const std::string& reason) {
+    for (int32_t r = 0; r < spec.dp_size; ++r) {
+      auto place = ctx.host->where(role, r);
+      ctx.emit(job::role_changed{stage, role, r, place.process, place.pid, status, reason, 0, ""});
+    }
+  };
+  announce("started", "");
   auto ranks = ctx.host->spawn(*ctx.sys, spec);
-  if (!ranks)
+  if (!ranks) {
+    announce("failed", describe(ranks.error()));
     return with_prefix(ranks.error(), stage + ": spawning " + role);
+  }
+  announce("ready", "");
   return ranks;
 }
 
@@ -202,7 +169,7 @@ expected<inference::weight_channel> weight_channel_for(job_context& ctx, const s
   c.kind = w.transport != "auto" ? w.transport
            : ctx.host->process_of("policy") == ctx.host->process_of("rollout") ? "alias"
                                                                               : "shm";
-  c.channel = channel_prefix + std::to_string(::getpid()) + "-" + stage;
+  c.channel = ctx.channel_prefix + stage;
   c.dir = w.dir.empty() ? (ctx.run_dir / stage / "weights").string() : w.dir;
   c.keep = w.keep;
   c.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.timeout).count();
@@ -226,6 +193,7 @@ expected<inference::weight_channel> weight_channel_for(job_context& ctx, const s
 expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const std::string& stage,
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version) {
+  stopwatch clock;
   auto ch = weight_channel_for(ctx, stage);
   if (!ch)
     return ch.error();
@@ -254,6 +222,7 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
     return make_error(errc::corrupted, "weight sync " + std::to_string(version) + ": " +
                                            std::to_string(*sent) + " bytes published, " +
                                            std::to_string(*got) + " received");
+  ctx.emit(job::weight_synced{stage, version, channel.kind, *got, clock.seconds()});
   return {};
 }
 
@@ -262,9 +231,26 @@ namespace {
 // One evaluation pass over the held-out prompts: `samples` responses per
 // prompt at `temperature` (0 = greedy), seeds fixed per prompt so every
 // evaluation of the same weights gives the same number.
+// A few held-out (prompt, response, score) triples of a pass, as an event.
+void emit_samples(job_context& ctx, const std::string& stage, int64_t step,
+                  const std::vector<std::vector<int64_t>>& responses,
+                  const std::vector<double>& scores, int64_t per_prompt) {
+  job::eval_samples ev{stage, step, {}};
+  const auto& eval = ctx.data.eval;
+  for (size_t i = 0; i < std::min<size_t>(3, eval.size()); ++i) {
+    auto k = i * static_cast<size_t>(per_prompt);
+    if (k >= responses.size())
+      break;
+    auto text = ctx.tok->decode(responses[k]);
+    ev.samples.push_back({eval[i].prompt, text ? *text : std::string{}, scores[k]});
+  }
+  ctx.emit(std::move(ev));
+}
+
 expected<void> evaluate_pass(caf::blocking_actor* self, job_context& ctx,
                              const inference::rollout_actor& rollout, double temperature,
-                             int64_t samples, const std::string& prefix, train::metric_map& m) {
+                             int64_t samples, const std::string& prefix, train::metric_map& m,
+                             const std::string& stage, int64_t step) {
   const auto& eval = ctx.data.eval;
   std::vector<inference::generate_request> reqs;
   reqs.reserve(eval.size());
@@ -307,6 +293,8 @@ expected<void> evaluate_pass(caf::blocking_actor* self, job_context& ctx,
     hits += (*exact)[i];
   }
   auto n = static_cast<double>(std::max<size_t>(1, scores->size()));
+  if (prefix == "val/")
+    emit_samples(ctx, stage, step, responses, *scores, samples);
   m[prefix + "score/mean"] = sum / n;
   m[prefix + "accuracy"] = hits / n;
   m[prefix + "response_length/mean"] = length / n;
@@ -316,16 +304,17 @@ expected<void> evaluate_pass(caf::blocking_actor* self, job_context& ctx,
 } // namespace
 
 expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
-                        const inference::rollout_actor& rollout, train::metric_map& m) {
+                        const inference::rollout_actor& rollout, train::metric_map& m,
+                        const std::string& stage, int64_t step) {
   const auto& r = ctx.cfg->rl;
   if (r.eval_temperature > 0) {
-    if (auto ok = evaluate_pass(self, ctx, rollout, r.eval_temperature, r.eval_samples, "val/", m);
+    if (auto ok = evaluate_pass(self, ctx, rollout, r.eval_temperature, r.eval_samples, "val/", m, stage, step);
         !ok)
       return ok;
-    if (auto ok = evaluate_pass(self, ctx, rollout, 0, 1, "val/greedy/", m); !ok)
+    if (auto ok = evaluate_pass(self, ctx, rollout, 0, 1, "val/greedy/", m, stage, step); !ok)
       return ok;
   } else {
-    if (auto ok = evaluate_pass(self, ctx, rollout, 0, 1, "val/", m); !ok)
+    if (auto ok = evaluate_pass(self, ctx, rollout, 0, 1, "val/", m, stage, step); !ok)
       return ok;
   }
   // Evaluation prompts must not leave cached prefixes behind: the next
@@ -335,6 +324,22 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
                               inference::clear_cache_atom::value);
   if (!cleared)
     return cleared.error();
+  return {};
+}
+
+expected<void> commit_checkpoint(job_context& ctx, const std::string& stage, int64_t step,
+                                 const char* prefix, const runtime::checkpoint_files& files) {
+  stopwatch clock;
+  char name[32];
+  std::snprintf(name, sizeof name, "%s_%08lld", prefix, static_cast<long long>(step));
+  auto parent = (ctx.run_dir / stage / "checkpoints").string();
+  if (auto ok = runtime::write_checkpoint(parent, name, files); !ok)
+    return ok;
+  int64_t bytes = 0;
+  for (const auto& [file, data] : files)
+    bytes += static_cast<int64_t>(data.size());
+  ctx.emit(job::checkpoint_saved{stage, step, parent + "/" + name, bytes, clock.seconds()});
+  ctx.log->info(stage + ": checkpoint " + name + " (" + std::to_string(bytes) + " bytes)");
   return {};
 }
 
@@ -352,9 +357,7 @@ expected<void> save_stage_checkpoint(caf::blocking_actor* self, job_context& ctx
   runtime::checkpoint_files files;
   files["model.state"] = std::move(*state);
   files["driver.json"] = nlohmann::json{{"stage", stage}, {"step", step}}.dump() + "\n";
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
-  return runtime::write_checkpoint((ctx.run_dir / stage / "checkpoints").string(), name, files);
+  return commit_checkpoint(ctx, stage, step, "step", files);
 }
 
 /// Restores the latest checkpoint of `stage` into `engine`; returns its step (0 without one).
@@ -464,101 +467,115 @@ expected<runtime::tensor_batch> rm_eval_batch(job_context& ctx) {
   return pair_batch(ctx, ctx.data.eval_preferences);
 }
 
+// One optimizer step of a supervised stage, with its evaluation.
+expected<train::metric_map> supervised_step(job_context& ctx, const supervised_stage& st,
+                                            const train::engine_actor& trainer,
+                                            const std::optional<inference::rollout_actor>& rollout,
+                                            const std::optional<runtime::tensor_batch>& eval_pairs,
+                                            int64_t step) {
+  auto* self = ctx.self;
+  bool is_sft = st.name == "sft";
+  auto batch = supervised_batch(ctx, st, step);
+  if (!batch)
+    return batch.error();
+  auto m = is_sft ? ask<train::metric_map>(self, trainer, ctx.timeout, "policy: sft step",
+                                           train::sft_step_atom::value, *batch)
+                  : ask<train::metric_map>(self, trainer, ctx.timeout, "reward: rm step",
+                                           train::rm_step_atom::value, *batch);
+  if (!m)
+    return m.error();
+  bool last = step + 1 == st.steps;
+  if (!last && !(st.eval_every > 0 && (step + 1) % st.eval_every == 0))
+    return m;
+  if (is_sft) {
+    if (auto ok = sync_weights(self, ctx, st.name, trainer, *rollout, step + 1); !ok)
+      return ok.error();
+    if (auto ok = evaluate(self, ctx, *rollout, *m, st.name, step + 1); !ok)
+      return ok.error();
+  } else {
+    auto e = ask<train::metric_map>(self, trainer, ctx.timeout, "reward: rm eval",
+                                    train::rm_eval_atom::value, *eval_pairs);
+    if (!e)
+      return e.error();
+    m->insert(e->begin(), e->end());
+  }
+  if (!last)
+    if (auto ok = save_stage_checkpoint(self, ctx, st.name, trainer, step + 1); !ok)
+      return ok.error();
+  return m;
+}
+
 expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage& st) {
   stopwatch clock;
+  auto* self = ctx.self;
   auto start = restore_stage(ctx, st.name);
   if (!start)
     return start.error();
-  if (auto ok = ctx.log.truncate(ctx.cfg->stages, st.name, start->step); !ok)
-    return ok.error();
+  ctx.emit(job::stage_started{st.name, st.steps, start->step});
   bool is_sft = st.name == "sft";
   auto trainer_or = spawn_trainer(ctx, st.name, is_sft ? "policy" : "reward", st.init_dir);
   if (!trainer_or)
     return trainer_or.error();
   auto trainer = *trainer_or;
   std::optional<inference::rollout_actor> rollout;
+  std::optional<runtime::tensor_batch> eval_pairs;
+  auto finish = [&](expected<stage_summary> r) {
+    self->send_exit(trainer, caf::exit_reason::user_shutdown);
+    if (rollout)
+      self->send_exit(*rollout, caf::exit_reason::user_shutdown);
+    return r;
+  };
   if (is_sft) {
     auto r = spawn_rollout_role(ctx, st.name, st.init_dir);
-    if (!r) {
-      caf::anon_send_exit(trainer, caf::exit_reason::user_shutdown);
-      return r.error();
-    }
+    if (!r)
+      return finish(r.error());
     rollout = *r;
-  }
-  std::optional<runtime::tensor_batch> eval_pairs;
-  if (!is_sft) {
+  } else {
     auto b = rm_eval_batch(ctx);
     if (!b)
-      return b.error();
+      return finish(b.error());
     eval_pairs = std::move(*b);
   }
-  auto body = [&](caf::blocking_actor* self) -> expected<stage_summary> {
-    stage_summary sum;
-    sum.stage = st.name;
-    sum.output = ctx.model_dir(st.name);
-    auto finish = [&](expected<stage_summary> r) {
-      self->send_exit(trainer, caf::exit_reason::user_shutdown);
-      if (rollout)
-        self->send_exit(*rollout, caf::exit_reason::user_shutdown);
-      return r;
-    };
-    if (start->state) {
-      auto loaded = ask<int64_t>(self, trainer, ctx.timeout, start->dir + ": load state",
-                                 train::load_state_atom::value, *start->state);
-      if (!loaded)
-        return finish(loaded.error());
-    }
-    for (int64_t step = start->step; step < st.steps; ++step) {
-      if (ctx.stop_requested()) {
+  stage_summary sum;
+  sum.stage = st.name;
+  sum.output = ctx.model_dir(st.name);
+  if (start->state) {
+    auto loaded = ask<int64_t>(self, trainer, ctx.timeout, start->dir + ": load state",
+                               train::load_state_atom::value, *start->state);
+    if (!loaded)
+      return finish(loaded.error());
+  }
+  for (int64_t step = start->step; step < st.steps; ++step) {
+    // Every step boundary is consistent: the trainer holds step `step`.
+    auto orders = ctx.boundary({st.name, step + 1, "", true}, [&] {
+      return save_stage_checkpoint(self, ctx, st.name, trainer, step);
+    });
+    if (!orders)
+      return finish(orders.error());
+    if (orders->cancel) {
+      if (!orders->now && !orders->checkpoint)
         if (auto ok = save_stage_checkpoint(self, ctx, st.name, trainer, step); !ok)
           return finish(ok.error());
-        sum.steps = step;
-        sum.stopped = true;
-        return finish(sum);
-      }
-      auto batch = supervised_batch(ctx, st, step);
-      if (!batch)
-        return finish(batch.error());
-      auto m = is_sft ? ask<train::metric_map>(self, trainer, ctx.timeout, "policy: sft step",
-                                               train::sft_step_atom::value, *batch)
-                      : ask<train::metric_map>(self, trainer, ctx.timeout, "reward: rm step",
-                                               train::rm_step_atom::value, *batch);
-      if (!m)
-        return finish(m.error());
-      bool last = step + 1 == st.steps;
-      if (last || (st.eval_every > 0 && (step + 1) % st.eval_every == 0)) {
-        if (is_sft) {
-          if (auto ok = sync_weights(self, ctx, st.name, trainer, *rollout, step + 1); !ok)
-            return finish(ok.error());
-          if (auto ok = evaluate(self, ctx, *rollout, *m); !ok)
-            return finish(ok.error());
-        } else {
-          auto e = ask<train::metric_map>(self, trainer, ctx.timeout, "reward: rm eval",
-                                          train::rm_eval_atom::value, *eval_pairs);
-          if (!e)
-            return finish(e.error());
-          m->insert(e->begin(), e->end());
-        }
-        if (!last)
-          if (auto ok = save_stage_checkpoint(self, ctx, st.name, trainer, step + 1); !ok)
-            return finish(ok.error());
-      }
-      (*m)["training/global_step"] = static_cast<double>(step + 1);
-      if (auto ok = ctx.emit(st.name, step + 1, st.steps, *m, clock.seconds()); !ok)
-        return finish(ok.error());
-      sum.metrics = *m;
-      sum.steps = step + 1;
+      sum.steps = step;
+      sum.stopped = true;
+      return finish(sum);
     }
-    auto saved = ask<std::string>(self, trainer, ctx.timeout, st.name + ": save model",
-                                  train::save_model_atom::value, sum.output);
-    if (!saved)
-      return finish(saved.error());
-    return finish(sum);
-  };
-  auto r = run_driver<stage_summary>(*ctx.sys, body);
-  if (r)
-    r->seconds = clock.seconds();
-  return r;
+    ctx.emit(job::phase_started{st.name, step + 1, "train"});
+    stopwatch t;
+    auto m = supervised_step(ctx, st, trainer, rollout, eval_pairs, step);
+    ctx.emit(job::phase_finished{st.name, step + 1, "train", t.seconds(), static_cast<bool>(m)});
+    if (!m)
+      return finish(m.error());
+    (*m)["training/global_step"] = static_cast<double>(step + 1);
+    ctx.metrics(st.name, step + 1, st.steps, *m, clock.seconds());
+    sum.metrics = *m;
+    sum.steps = step + 1;
+  }
+  auto saved = ask<std::string>(self, trainer, ctx.timeout, st.name + ": save model",
+                                train::save_model_atom::value, sum.output);
+  if (!saved)
+    return finish(saved.error());
+  return finish(sum);
 }
 
 // ---- the base model -------------------------------------------------------------
@@ -597,91 +614,94 @@ expected<void> prepare_base(job_context& ctx) {
   return models::save_pretrained(*model, ctx.base_dir);
 }
 
-} // namespace
-} // namespace detail
+// The stage configuration of sft / rm.
+supervised_stage supervised_of(const job_context& ctx, const std::string& stage) {
+  const auto& cfg = *ctx.cfg;
+  supervised_stage st;
+  st.name = stage;
+  if (stage == "sft") {
+    st.steps = cfg.sft.steps;
+    st.batch_size = cfg.sft.batch_size;
+    st.eval_every = cfg.sft.eval_every;
+    st.optim = cfg.sft.optim;
+    st.init_dir = ctx.base_dir;
+  } else {
+    st.steps = cfg.rm.steps;
+    st.batch_size = cfg.rm.batch_size;
+    st.eval_every = cfg.rm.eval_every;
+    st.optim = cfg.rm.optim;
+    st.head = models::head_kind::reward;
+    st.init_dir = ctx.model_dir(cfg.rm.init == "sft" ? "sft" : "base");
+  }
+  return st;
+}
 
-expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, const run_options& opts) {
-  using namespace detail;
-  namespace fs = std::filesystem;
-  job_context ctx;
-  ctx.sys = &sys;
-  ctx.cfg = &cfg;
-  ctx.opts = &opts;
-  ctx.timeout = std::chrono::duration_cast<caf::timespan>(
-      std::chrono::duration<double>(cfg.run.request_timeout_s));
-  auto plan = make_plan(cfg);
-  if (!plan)
-    return plan.error();
-  ctx.plan = std::move(*plan);
-  ctx.job_yaml = runtime::to_yaml(cfg, false);
-  in_process_host local_host;
-  ctx.host = opts.host ? opts.host : &local_host;
-  if (ctx.plan.uses_workers() && !opts.host)
-    return make_error(errc::invalid_argument,
-                      "placement.mode " + cfg.placement.mode +
-                          " needs worker processes: run the job with `troupe run` (it launches them)");
-
-  std::error_code ec;
-  ctx.run_dir = fs::absolute(cfg.run.dir, ec);
-  auto metrics_path = ctx.run_dir / "metrics.jsonl";
-  if (!opts.resume && fs::exists(metrics_path, ec) && fs::file_size(metrics_path, ec) > 0)
-    return make_error(errc::invalid_argument,
-                      "run.dir " + ctx.run_dir.string() +
-                          " already holds a run: pass --resume to continue it, or choose another "
-                          "run.dir");
-  fs::create_directories(ctx.run_dir, ec);
-  if (ec)
-    return make_error(errc::io_error, "cannot create " + ctx.run_dir.string() + ": " + ec.message());
+// The run directory, threads, data, base model and config.yaml.
+expected<void> prepare(job_context& ctx) {
+  const auto& cfg = *ctx.cfg;
+  auto level = runtime::parse_log_level(cfg.run.log_level);
+  if (!level)
+    return level.error();
+  auto link = ctx.link;
+  auto log = runtime::job_logger::open(
+    cfg.run.name, (ctx.run_dir / "troupe.log").string(), *level,
+    [link](runtime::log_level l, const std::string& text) {
+      link->log(std::string{runtime::to_string(l)}, text);
+    });
+  if (!log)
+    return log.error();
+  ctx.log = std::move(*log);
+  ctx.log->info("job " + cfg.run.name + (ctx.opts->resume ? ": resuming in " : ": starting in ") +
+                ctx.run_dir.string());
   runtime::set_compute_threads(static_cast<int>(cfg.run.threads));
   auto data = load_job_data(cfg.data);
   if (!data)
     return data.error();
   ctx.data = std::move(*data);
-  if (auto ok = ctx.log.open(metrics_path.string()); !ok)
-    return ok.error();
   if (auto ok = prepare_base(ctx); !ok)
-    return ok.error();
+    return ok;
   if (auto ok = runtime::write_file_atomic((ctx.run_dir / "config.yaml").string(), ctx.job_yaml);
       !ok)
-    return ok.error();
+    return ok;
+  runtime::remove_orphaned_shm_segments(channel_root);
+  return {};
+}
 
-  runtime::remove_orphaned_shm_segments(channel_prefix);
+expected<stage_summary> run_stage(job_context& ctx, const std::string& stage) {
+  remove_default_weight_dir(ctx, stage);
+  ctx.log->info(stage + ": starting");
+  auto s = stage == "rl" ? run_rl_stage(ctx) : run_supervised(ctx, supervised_of(ctx, stage));
+  remove_default_weight_dir(ctx, stage);
+  if (!s)
+    return s;
+  ctx.log->info(stage + (s->stopped ? ": stopped after " : ": finished, ") +
+                std::to_string(s->steps) + " steps");
+  return s;
+}
+
+// The driver: prepares the job, then runs its stages in order.
+expected<job_summary> drive_job(job_context& ctx) {
+  if (auto ok = prepare(ctx); !ok)
+    return ok.error();
+  ctx.link->prepared();
   job_summary summary;
   summary.run_dir = ctx.run_dir.string();
-  for (const auto& stage : cfg.stages) {
-    if (opts.resume && fs::exists(ctx.run_dir / stage / "done", ec)) {
+  std::error_code ec;
+  const auto stages = ctx.cfg->stages; // a copy: runtime settings replace ctx.live
+  for (const auto& stage : stages) {
+    if (ctx.opts->resume && fs::exists(ctx.run_dir / stage / "done", ec)) {
       auto s = read_done(ctx, stage);
       if (!s)
         return s.error();
       summary.stages.push_back(std::move(*s));
       continue;
     }
-    remove_default_weight_dir(ctx, stage);
-    expected<stage_summary> s = make_error(errc::internal, "unknown stage " + stage);
-    if (stage == "sft" || stage == "rm") {
-      supervised_stage st;
-      st.name = stage;
-      if (stage == "sft") {
-        st.steps = cfg.sft.steps;
-        st.batch_size = cfg.sft.batch_size;
-        st.eval_every = cfg.sft.eval_every;
-        st.optim = cfg.sft.optim;
-        st.init_dir = ctx.base_dir;
-      } else {
-        st.steps = cfg.rm.steps;
-        st.batch_size = cfg.rm.batch_size;
-        st.eval_every = cfg.rm.eval_every;
-        st.optim = cfg.rm.optim;
-        st.head = models::head_kind::reward;
-        st.init_dir = ctx.model_dir(cfg.rm.init == "sft" ? "sft" : "base");
-      }
-      s = run_supervised(ctx, st);
-    } else if (stage == "rl") {
-      s = run_rl_stage(ctx);
-    }
-    remove_default_weight_dir(ctx, stage);
+    stopwatch clock;
+    auto s = run_stage(ctx, stage);
     if (!s)
       return s.error();
+    s->seconds = clock.seconds();
+    ctx.emit(job::stage_finished{stage, s->steps, s->seconds, s->stopped});
     summary.stages.push_back(*s);
     if (s->stopped) {
       summary.stopped = true;
@@ -691,6 +711,109 @@ expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, con
       return ok.error();
   }
   return summary;
+}
+
+std::string next_job_id() {
+  static std::atomic<int64_t> next{1};
+  return std::to_string(::getpid()) + "-" + std::to_string(next++);
+}
+
+// Refusals before anything is spawned; creates the run directory.
+expected<fs::path> check_run_dir(const job_config& cfg, const run_options& opts) {
+  std::error_code ec;
+  auto dir = fs::absolute(cfg.run.dir, ec);
+  auto metrics_path = dir / "metrics.jsonl";
+  if (!opts.resume && fs::exists(metrics_path, ec) && fs::file_size(metrics_path, ec) > 0)
+    return make_error(errc::invalid_argument,
+                      "run.dir " + dir.string() +
+                        " already holds a run: pass --resume to continue it, or choose another "
+                        "run.dir");
+  fs::create_directories(dir, ec);
+  if (ec)
+    return make_error(errc::io_error, "cannot create " + dir.string() + ": " + ec.message());
+  return dir;
+}
+
+} // namespace
+} // namespace detail
+
+expected<rl_job> spawn_rl_job(caf::actor_system& sys, const job_config& cfg,
+                              const run_options& opts) {
+  using namespace detail;
+  auto plan = make_plan(cfg);
+  if (!plan)
+    return plan.error();
+  if (plan->uses_workers() && !opts.host)
+    return make_error(errc::invalid_argument,
+                      "placement.mode " + cfg.placement.mode +
+                        " needs worker processes: run the job with `troupe run` (it launches them)");
+  auto dir = check_run_dir(cfg, opts);
+  if (!dir)
+    return dir.error();
+  auto sink = job::metrics_sink::open((*dir / "metrics.jsonl").string(), cfg.stages);
+  if (!sink)
+    return sink.error();
+  auto id = next_job_id();
+  auto result = std::make_shared<rl_job::outcome>();
+  auto book = std::make_shared<settings_book>(cfg);
+  job::job_options o;
+  o.id = id;
+  o.name = cfg.run.name;
+  o.journal_path = (*dir / "events.jsonl").string();
+  o.append_journal = opts.resume;
+  o.sinks.push_back([s = *sink](const job::event& e) { return (*s)(e); });
+  o.check_update = [book](const std::string& k, const std::string& v) { return book->accept(k, v); };
+  o.driver = [cfg, opts, result, plan = std::move(*plan), dir = *dir,
+              id](caf::blocking_actor* self, job::driver_link& link) -> job::driver_outcome {
+    job_context ctx;
+    ctx.sys = &self->system();
+    ctx.live = cfg;
+    ctx.opts = &opts;
+    ctx.self = self;
+    ctx.link = &link;
+    ctx.plan = plan;
+    ctx.run_dir = dir;
+    ctx.timeout = std::chrono::duration_cast<caf::timespan>(
+      std::chrono::duration<double>(cfg.run.request_timeout_s));
+    ctx.job_yaml = runtime::to_yaml(cfg, false);
+    ctx.channel_prefix = std::string{channel_root} + id + "-";
+    in_process_host local_host;
+    ctx.host = opts.host ? opts.host : &local_host;
+    auto s = drive_job(ctx);
+    if (!s) {
+      if (ctx.log)
+        ctx.log->log(runtime::log_level::error, describe(s.error()));
+      result->error = s.error();
+      return {job::job_state::failed, describe(s.error())};
+    }
+    result->summary = std::move(*s);
+    return {result->summary.stopped ? job::job_state::cancelled : job::job_state::succeeded, ""};
+  };
+  return rl_job{job::spawn_job(sys, std::move(o)), result};
+}
+
+expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, const run_options& opts) {
+  auto job = spawn_rl_job(sys, cfg, opts);
+  if (!job)
+    return job.error();
+  if (opts.on_spawn)
+    opts.on_spawn(job->actor);
+  caf::scoped_actor self{sys};
+  expected<job::job_status> status = make_error(errc::internal, "no reply");
+  auto ask_job = [&](auto atom) {
+    self->request(job->actor, caf::infinite, atom)
+      .receive([&](job::job_status& st) { status = std::move(st); },
+               [&](caf::error& e) { status = std::move(e); });
+  };
+  ask_job(job::start_atom::value);
+  if (status)
+    ask_job(job::await_atom::value);
+  self->send_exit(job->actor, caf::exit_reason::user_shutdown);
+  if (!status)
+    return status.error();
+  if (status->state == job::job_state::failed)
+    return job->result->error ? job->result->error : make_error(errc::internal, status->error);
+  return job->result->summary;
 }
 
 } // namespace troupe::actors::rl

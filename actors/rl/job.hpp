@@ -1,16 +1,20 @@
 #pragma once
-// `troupe run`: a job's stages (sft → rm → rl) with their driver actors, in
-// one process. Each stage is one single-controller driver (a detached
-// blocking actor) that sends requests to the role actors and waits for the
-// answers within run.request_timeout_s; a role that fails ends the job with
-// an error naming the role and the phase.
+// `troupe run`: a job's stages (sft → rm → rl) as one job actor (NOTE [job
+// states], [job events], [job boundaries] in actors/job/). Its driver — a
+// single controller in a detached blocking actor — runs the stages in
+// order, sending requests to the role actors and waiting for the answers
+// within run.request_timeout_s; a role that fails ends the job (state
+// failed) with an error naming the role, the phase and the iteration.
 //
 // The run directory holds metrics.jsonl (one JSON object per step: "stage",
 // "step" and the metrics under verl's names), base/model (the random base
 // model, when model.path is empty), <stage>/model (each stage's output),
 // <stage>/checkpoints/ (NOTE [checkpoint commit] in runtime/checkpoint.hpp)
-// and <stage>/done (written when the stage has finished).
+// and <stage>/done (written when the stage has finished), events.jsonl (the
+// job's journal), troupe.log (its log) and settings.jsonl (NOTE [runtime
+// settings] in settings.hpp).
 
+#include "actors/job/job_actor.hpp"
 #include "actors/rl/job_config.hpp"
 #include "actors/train/train_engine.hpp"
 
@@ -38,9 +42,13 @@ struct run_options {
   /// Continue from the run directory's checkpoints (finished stages are
   /// skipped); without it an existing run directory with metrics is an error.
   bool resume = false;
+  /// Called by the driver after each step (synchronously: it may set `stop`).
   std::function<void(const progress_event&)> on_progress;
-  /// Set (e.g. by SIGINT) to stop after the current phase with a checkpoint.
+  /// Read at every phase boundary: set = cancel (with a checkpoint).
   const std::atomic<bool>* stop = nullptr;
+  /// Called with the job actor before it starts (to subscribe, or to keep
+  /// its handle for commands).
+  std::function<void(const job::job_actor&)> on_spawn;
   /// Where the roles run (e.g. cluster::worker_host for worker processes);
   /// null = every role in this process.
   role_host* host = nullptr;
@@ -66,7 +74,23 @@ struct job_summary {
   bool stopped = false;
 };
 
-/// Runs every stage of `cfg` (already validated by load_job).
+/// A pending job actor for `cfg` (already validated by load_job), and where
+/// its summary lands once it has ended. Refuses at once (nothing spawned) a
+/// run directory that already holds a run without opts.resume, and a
+/// placement that does not fit.
+struct rl_job {
+  job::job_actor actor;
+  struct outcome {
+    job_summary summary;
+    caf::error error;
+  };
+  /// Written by the driver before the job reaches its final state.
+  std::shared_ptr<outcome> result;
+};
+expected<rl_job> spawn_rl_job(caf::actor_system& sys, const job_config& cfg, const run_options& opts);
+
+/// Spawns the job actor, starts it and waits for its end: the summary
+/// (stopped = cancelled with a checkpoint), or the error it failed with.
 expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, const run_options& opts);
 
 } // namespace troupe::actors::rl

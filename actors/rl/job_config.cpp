@@ -1,5 +1,7 @@
 #include "actors/rl/job_config.hpp"
 
+#include "actors/rl/role_traits.hpp"
+
 #include "actors/rl/placement.hpp"
 #include "actors/rl/tasks.hpp"
 #include "runtime/config.hpp"
@@ -221,10 +223,15 @@ void check(const job_config& c, runtime::config_checks& checks) {
 
   // debug
   // The rollout's failures are covered by the rollout actor's own tests.
-  static const std::set<std::string> roles = {"", "policy", "critic", "reward", "reference"};
-  checks.require(roles.count(c.debug.fail_role) != 0, "debug.fail_role",
-                 "expected one of policy, critic, reward, reference, got '" + c.debug.fail_role +
-                     "'");
+  const auto* failing = find_role(c.debug.fail_role);
+  checks.require(c.debug.fail_role.empty() || (failing && failing->injectable), "debug.fail_role",
+                 "expected one of " + role_names([](const role_traits& r) { return r.injectable; }) +
+                   ", got '" + c.debug.fail_role + "'");
+  checks.require(c.debug.fail_phase.empty() ||
+                   (failing && std::find(failing->rl_phases.begin(), failing->rl_phases.end(),
+                                         c.debug.fail_phase) != failing->rl_phases.end()),
+                 "debug.fail_phase",
+                 "'" + c.debug.fail_phase + "' is not a phase of role '" + c.debug.fail_role + "'");
 }
 
 expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides) {

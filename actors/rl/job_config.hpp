@@ -33,6 +33,8 @@ struct run_config {
   /// Terminal output: auto (a bar on a terminal, lines otherwise), bar,
   /// lines, none.
   std::string progress = "auto";
+  /// Lowest level of <run dir>/troupe.log and the job's log events.
+  std::string log_level = "info";
 };
 template <class V>
 void visit(V& v, run_config& c) {
@@ -44,6 +46,8 @@ void visit(V& v, run_config& c) {
           "Longest wait for any request to a role actor, in seconds");
   v.choice("progress", c.progress, {"auto", "bar", "lines", "none"},
            "Terminal output: auto = a bar on a terminal, one line per iteration otherwise");
+  v.choice("log_level", c.log_level, {"trace", "debug", "info", "warn", "error"},
+           "Lowest level written to <run dir>/troupe.log and the job's event stream");
 }
 
 /// Where prompts and data come from: a built-in task, or JSONL files.

@@ -4,6 +4,7 @@
 
 #include "actors/inference/rollout.hpp"
 #include "actors/rl/data.hpp"
+#include "actors/job/job_actor.hpp"
 #include "actors/rl/job.hpp"
 #include "actors/rl/placement.hpp"
 #include "actors/rl/reward.hpp"
@@ -11,6 +12,8 @@
 #include "actors/train/engine_actor.hpp"
 #include "models/llama.hpp"
 #include "models/tokenizer.hpp"
+#include "runtime/checkpoint.hpp"
+#include "runtime/logging.hpp"
 
 #include <caf/all.hpp>
 
@@ -24,27 +27,17 @@ namespace troupe::actors::rl::detail {
 
 namespace fs = std::filesystem;
 
-/// Appends one JSON line per step to metrics.jsonl (flushed per line).
-class metrics_log {
-public:
-  /// Opens (creating) the file; on resume drops the lines of `stage` past
-  /// `keep_until` and of every stage after it, so re-run steps are not
-  /// duplicated.
-  expected<void> open(const std::string& path);
-  expected<void> truncate(const std::vector<std::string>& stage_order, const std::string& stage,
-                          int64_t keep_until);
-  expected<void> write(const std::string& stage, int64_t step, const train::metric_map& m);
-  ~metrics_log();
-
-private:
-  std::string path_;
-  std::FILE* f_ = nullptr;
-};
-
 struct job_context {
   caf::actor_system* sys = nullptr;
-  const job_config* cfg = nullptr;
+  /// The job as it runs now: the config plus the runtime settings applied
+  /// so far (NOTE [runtime settings]); `cfg` points here.
+  job_config live;
+  const job_config* cfg = &live;
   const run_options* opts = nullptr;
+  /// The driver actor and its link to the job actor (NOTE [job boundaries]).
+  caf::blocking_actor* self = nullptr;
+  const job::driver_link* link = nullptr;
+  std::shared_ptr<runtime::job_logger> log;
   std::shared_ptr<const models::tokenizer> tok;
   int64_t pad = 0;
   job_data data;
@@ -52,24 +45,40 @@ struct job_context {
   caf::timespan timeout{};
   /// HF directory of the base model.
   std::string base_dir;
-  metrics_log log;
   /// Where roles run: run_options::host, or this process.
   role_host* host = nullptr;
   /// The placement's plan (dp sizes of the roles).
   placement_plan plan;
   /// The resolved job, for role specs.
   std::string job_yaml;
+  /// Prefix of this job's shared-memory channels (unique per job).
+  std::string channel_prefix;
   /// The TCPStore of broadcast weight channels (opened on first use).
   std::shared_ptr<void> weight_store;
   std::string weight_store_addr;
 
-  bool stop_requested() const { return opts->stop && opts->stop->load(); }
-  /// Reports one step to the log and the progress callback.
-  expected<void> emit(const std::string& stage, int64_t step, int64_t total,
-                      const train::metric_map& m, double elapsed_s);
+  job_context() = default;
+  job_context(const job_context&) = delete;
+
+  /// Emits one event to the job's stream.
+  void emit(job::event_body e) const { link->emit(std::move(e)); }
+  /// Emits one step's metrics (and calls run_options::on_progress).
+  void metrics(const std::string& stage, int64_t step, int64_t total, const train::metric_map& m,
+               double elapsed_s) const;
+  /// NOTE [job boundaries]: the job actor's orders at `p` ({} when nothing
+  /// is pending); a set run_options::stop flag reads as cancel. Checkpoints
+  /// ordered here are written with `checkpoint` (then `checkpoint` is true
+  /// in the answer), as often as asked (while paused).
+  expected<job::boundary_reply> boundary(const job::boundary_point& p,
+                                         const std::function<expected<void>()>& checkpoint) const;
   /// The output model directory of a finished stage ("base" = the base model).
   std::string model_dir(const std::string& stage) const;
 };
+
+/// Writes checkpoint PREFIX_<step> of `stage` (NOTE [checkpoint commit]) and
+/// emits its event.
+expected<void> commit_checkpoint(job_context& ctx, const std::string& stage, int64_t step,
+                                 const char* prefix, const runtime::checkpoint_files& files);
 
 /// The job's tokenizer (model.path's, or the byte tokenizer) and pad id.
 struct job_tokenizer_info {
@@ -112,13 +121,14 @@ struct stopwatch {
 /// and of the greedy response (val/greedy/...; with eval_temperature 0 the
 /// greedy numbers are val/...).
 expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
-                        const inference::rollout_actor& rollout, train::metric_map& m);
+                        const inference::rollout_actor& rollout, train::metric_map& m,
+                        const std::string& stage, int64_t step);
 
 /// The trainer → rollout channel of `stage` (weight_sync in the job file).
 expected<inference::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage);
 
 /// The trainer publishes its weights as `version` on the stage's channel and
-/// the rollout receives and loads them.
+/// the rollout receives and loads them (a weight_sync event).
 expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const std::string& stage,
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version);
@@ -134,21 +144,6 @@ expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& mo
 
 /// The rollout engine settings of the job.
 inference::engine_config engine_settings(const job_config& cfg);
-
-/// Runs `body` as a detached blocking driver actor and waits for its result.
-template <class R>
-expected<R> run_driver(caf::actor_system& sys,
-                       std::function<expected<R>(caf::blocking_actor*)> body) {
-  auto result = std::make_shared<expected<R>>(make_error(errc::internal, "driver did not finish"));
-  {
-    auto driver = sys.spawn<caf::detached>([result, body](caf::blocking_actor* self) {
-      *result = body(self);
-    });
-    caf::scoped_actor waiter{sys};
-    waiter->wait_for(driver);
-  }
-  return std::move(*result);
-}
 
 expected<stage_summary> run_rl_stage(job_context& ctx);
 

@@ -1,5 +1,7 @@
 #include "actors/rl/placement.hpp"
 
+#include "actors/rl/role_traits.hpp"
+
 #include "actors/rl/roles.hpp"
 #include "models/config.hpp"
 #include "runtime/config.hpp"
@@ -15,7 +17,7 @@ namespace troupe::actors::rl {
 
 namespace {
 
-const std::set<std::string> known_roles = {"policy", "critic", "reference", "reward", "rollout"};
+bool known_role(const std::string& r) { return find_role(r) != nullptr; }
 const std::set<std::string> dp_roles = {"policy", "critic", "reward"};
 
 // The pools of a placement, with the colocated default.
@@ -179,7 +181,7 @@ void check_placement(const job_config& c, runtime::config_checks& checks) {
   for (size_t i = 0; i < p.roles.size(); ++i) {
     auto at = "placement.roles[" + std::to_string(i) + "]";
     const auto& r = p.roles[i];
-    checks.require(known_roles.count(r.role) != 0, at + ".role",
+    checks.require(known_role(r.role), at + ".role",
                    "expected one of policy, critic, reference, reward, rollout, got '" + r.role + "'");
     checks.require(seen.insert(r.role).second, at + ".role", "role '" + r.role + "' is placed twice");
     checks.require(pool_devices.count(r.pool) != 0, at + ".pool", "no pool named '" + r.pool + "'");
@@ -302,7 +304,8 @@ expected<placement_plan> make_plan(const job_config& cfg) {
       plan.devices.push_back(d);
     }
   }
-  for (const auto& role : {"policy", "critic", "reference", "reward", "rollout"}) {
+  for (const auto& t : all_roles()) {
+    std::string role{t.name};
     if (!used.count(role))
       continue;
     auto rp = placement_of(p, role);

@@ -78,6 +78,17 @@ public:
   /// An id of the process that hosts rank 0 of `role` (equal ids = the same
   /// process, so weights can be aliased).
   virtual int process_of(const std::string& role) const = 0;
+
+  /// The process of rank `rank` of `role`, for role events: a label
+  /// ("driver" for this process) and its pid.
+  struct place {
+    std::string process;
+    int64_t pid = 0;
+  };
+  virtual place where(const std::string& role, int rank) const;
+  /// The signal that ended the process of `role`'s rank `rank` (waiting up
+  /// to `timeout_ms` for it to be reaped); 0 when it runs or is this one.
+  virtual int exit_signal(const std::string& role, int rank, int64_t timeout_ms) { return 0; }
 };
 
 /// Every role in the calling process, with one rank each.

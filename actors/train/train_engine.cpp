@@ -479,6 +479,10 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
   auto est = kernels::parse_kl_estimator(o.kl_estimator);
   if (!est)
     return est.error();
+  if (o.lr < 0)
+    return make_error(errc::invalid_argument, "update_policy: lr must be >= 0 (0 = keep)");
+  if (o.lr > 0)
+    impl_->opts->lr = o.lr;
   return guarded("update_policy", [&]() -> expected<metric_map> {
     metric_sum sums;
     kernels::ppo_loss_options po;

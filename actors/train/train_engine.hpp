@@ -52,13 +52,16 @@ struct policy_update_options {
   /// false: the batch is already arranged (a DP rank's share of every
   /// minibatch, in order): consecutive slices, no shuffle.
   bool shuffle = true;
+  /// The optimizer's learning rate from this update on (a runtime setting);
+  /// 0 = keep the engine's.
+  double lr = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, policy_update_options& x) {
   return f(caf::meta::type_name("policy_update_options"), x.epochs, x.minibatches, x.clip_ratio,
            x.entropy_coef, x.temperature, x.kl_loss_coef, x.kl_estimator, x.loss_agg,
-           x.shuffle_seed, x.shuffle);
+           x.shuffle_seed, x.shuffle, x.lr);
 }
 
 /// Options of a critic update.

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <sys/wait.h>
@@ -147,4 +148,41 @@ TEST(RunCli, ConfigShowResolvesAndBadFilesNameTheLine) {
   auto err = test::run_command(std::string{TROUPE_BINARY_PATH} + " run " + bad + " 2>&1", status);
   EXPECT_NE(status, 0);
   EXPECT_NE(err.find("bad.yaml:2:16: rl.minibatches"), std::string::npos) << err;
+}
+
+TEST(RunCli, ASecondSignalCancelsWithoutACheckpointAndTheJournalSaysSo) {
+  test::temp_dir tmp;
+  auto cfg = tmp.write("job.yaml", tiny_job(tmp.file("run")));
+  auto journal = tmp.path() / "run" / "events.jsonl";
+  auto pid = start({"run", cfg});
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!std::filesystem::exists(tmp.path() / "run" / "rl" / "checkpoints" / "latest")) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(pid, SIGTERM);
+  ::kill(pid, SIGINT);
+  auto status = wait_exit(pid, 60);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  std::ifstream in(journal);
+  std::string line, last;
+  while (std::getline(in, line))
+    last = line;
+  EXPECT_NE(last.find("\"kind\":\"state\""), std::string::npos) << last;
+  EXPECT_NE(last.find("\"to\":\"cancelled\""), std::string::npos) << last;
+}
+
+TEST(Examples, JobControlPausesUpdatesAndResumes) {
+  test::temp_dir tmp;
+  int status = 0;
+  auto out = test::run_command(std::string{TROUPE_JOB_CONTROL_EXAMPLE} + " " + tmp.file("run") +
+                                 " 2>&1",
+                               status);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("state running -> paused at rl step 2 (start)"), std::string::npos) << out;
+  EXPECT_NE(out.find("setting rl.kl.coef = 0.2 (was 0.05) from iteration 2"), std::string::npos)
+    << out;
+  EXPECT_NE(out.find("rl step 2/3 kl_coeff 0.200000"), std::string::npos) << out;
+  EXPECT_NE(out.find("final state succeeded"), std::string::npos) << out;
 }

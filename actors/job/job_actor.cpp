@@ -1,0 +1,487 @@
+#include "actors/job/job_actor.hpp"
+
+#include "runtime/file_io.hpp"
+
+#include <caf/all.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <optional>
+
+namespace troupe::actors::job {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double since(clock::time_point t) {
+  return std::chrono::duration<double>(clock::now() - t).count();
+}
+
+struct job_state_data {
+  job_options opt;
+  job_fsm fsm;
+  job_status st;
+  int64_t seq = 0;
+  std::deque<event> ring;
+  std::FILE* journal = nullptr;
+  std::string sink_error; // the journal's or a sink's first write error
+  std::vector<caf::actor> subscribers;
+  std::vector<caf::response_promise> awaiting;
+  std::shared_ptr<std::atomic<bool>> attention = std::make_shared<std::atomic<bool>>(false);
+  // Commands waiting for the driver's next boundary.
+  bool pause_pending = false;
+  bool rehold = false;
+  bool checkpoint_pending = false;
+  bool cancel_pending = false;
+  bool cancel_now = false;
+  std::vector<breakpoint> breakpoints;
+  std::vector<std::pair<std::string, std::string>> settings_pending;
+  // The held boundary while paused.
+  std::optional<caf::response_promise> held;
+  boundary_reply held_reply;
+  boundary_point held_at;
+  clock::time_point held_since;
+  // The current stage's clock, for the ETA.
+  clock::time_point stage_t0 = clock::now();
+  int64_t stage_from = 0;
+  double stage_paused_s = 0;
+
+  ~job_state_data() {
+    if (journal)
+      std::fclose(journal);
+  }
+  static inline const char* name = "troupe.job";
+};
+
+using self_ptr = job_actor::stateful_pointer<job_state_data>;
+
+void refresh_attention(job_state_data& s) {
+  s.attention->store(s.pause_pending || s.rehold || s.checkpoint_pending || s.cancel_pending ||
+                     !s.settings_pending.empty() || !s.breakpoints.empty());
+}
+
+// What events say about the job's status.
+void track(job_state_data& s, const event_body& b) {
+  auto& st = s.st;
+  if (auto* e = std::get_if<stage_started>(&b)) {
+    st.stage = e->stage, st.total = e->total, st.iteration = e->from_step, st.phase.clear();
+    s.stage_t0 = clock::now(), s.stage_from = e->from_step, s.stage_paused_s = 0;
+  } else if (auto* e = std::get_if<phase_started>(&b)) {
+    st.phase = e->phase;
+  } else if (std::holds_alternative<phase_finished>(b)) {
+    st.phase.clear();
+  } else if (auto* e = std::get_if<metrics_reported>(&b)) {
+    st.iteration = e->step, st.total = e->total, st.last_metrics = e->metrics;
+  } else if (auto* e = std::get_if<weight_synced>(&b)) {
+    st.weight_versions["rollout"] = e->version;
+    st.weight_versions[e->stage == "rm" ? "reward" : "policy"] = e->version;
+  }
+}
+
+void write_journal(job_state_data& s, const event& e) {
+  if (!s.journal)
+    return;
+  auto line = to_json(e) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), s.journal) != line.size() ||
+      std::fflush(s.journal) != 0) {
+    if (s.sink_error.empty())
+      s.sink_error = s.opt.journal_path + ": " + std::strerror(errno);
+    std::fclose(s.journal);
+    s.journal = nullptr;
+  }
+}
+
+void publish(self_ptr self, event_body body) {
+  auto& s = self->state;
+  event e{++s.seq, now_us(), std::move(body)};
+  track(s, e.body);
+  write_journal(s, e);
+  for (const auto& sink : s.opt.sinks)
+    if (auto ok = sink(e); !ok && s.sink_error.empty())
+      s.sink_error = describe(ok.error());
+  for (const auto& sub : s.subscribers)
+    caf::anon_send(sub, e);
+  s.ring.push_back(std::move(e));
+  while (s.ring.size() > std::max<size_t>(1, s.opt.ring_capacity))
+    s.ring.pop_front();
+}
+
+void move_to(self_ptr self, job_state to, std::string reason = {}) {
+  auto& s = self->state;
+  auto from = s.fsm.state();
+  if (!s.fsm.move(to))
+    return; // not an edge: already there, or a late message after the end
+  s.st.state = to;
+  publish(self, state_changed{from, to, std::move(reason)});
+  if (is_final(to)) {
+    for (auto& p : s.awaiting)
+      p.deliver(s.st);
+    s.awaiting.clear();
+    s.subscribers.clear();
+    if (s.journal) {
+      std::fclose(s.journal);
+      s.journal = nullptr;
+    }
+  }
+}
+
+job_status status_of(job_state_data& s) {
+  auto st = s.st;
+  auto done = st.iteration - s.stage_from;
+  double elapsed = since(s.stage_t0) - s.stage_paused_s - (s.held ? since(s.held_since) : 0.0);
+  st.eta_s = done > 0 && st.total >= st.iteration ? elapsed / static_cast<double>(done) *
+                                                        static_cast<double>(st.total - st.iteration)
+                                                  : NAN;
+  st.last_seq = s.seq;
+  return st;
+}
+
+// Journal lines with seq in [from, until).
+void replay_journal(self_ptr self, const caf::actor& sub, int64_t from, int64_t until) {
+  auto text = runtime::read_file(self->state.opt.journal_path);
+  if (!text)
+    return;
+  size_t start = 0;
+  while (start < text->size()) {
+    auto end = text->find('\n', start);
+    if (end == std::string::npos)
+      break;
+    auto e = event_from_json(std::string_view{*text}.substr(start, end - start));
+    start = end + 1;
+    if (e && e->seq >= from && e->seq < until)
+      caf::anon_send(sub, *e);
+  }
+}
+
+expected<void> open_journal(job_state_data& s) {
+  namespace fs = std::filesystem;
+  if (s.opt.journal_path.empty())
+    return {};
+  std::error_code ec;
+  fs::create_directories(fs::path{s.opt.journal_path}.parent_path(), ec);
+  if (s.opt.append_journal && fs::exists(s.opt.journal_path, ec)) {
+    // A resumed run numbers on from the journal's last complete line.
+    auto text = runtime::read_file(s.opt.journal_path);
+    if (!text)
+      return text.error();
+    auto end = text->rfind('\n');
+    std::string kept = end == std::string::npos ? std::string{} : text->substr(0, end + 1);
+    auto last = kept.empty() ? std::string::npos : kept.rfind('\n', kept.size() - 2);
+    auto line =
+        kept.empty() ? std::string{} : kept.substr(last == std::string::npos ? 0 : last + 1);
+    if (auto e = event_from_json(line))
+      s.seq = e->seq;
+    if (kept.size() != text->size()) // a torn last line (killed mid-write) is dropped
+      if (auto ok = runtime::write_file_atomic(s.opt.journal_path, kept); !ok)
+        return ok;
+  }
+  s.journal = std::fopen(s.opt.journal_path.c_str(), s.opt.append_journal ? "a" : "w");
+  if (!s.journal)
+    return make_error(errc::io_error,
+                      "cannot open " + s.opt.journal_path + ": " + std::strerror(errno));
+  return {};
+}
+
+void start_driver(self_ptr self) {
+  auto link = driver_link{caf::actor_cast<job_actor>(self), self->state.attention};
+  auto fn = self->state.opt.driver;
+  auto driver = self->spawn<caf::detached>([fn, link](caf::blocking_actor* b) mutable {
+    driver_outcome out;
+    try {
+      out = fn ? fn(b, link) : driver_outcome{job_state::failed, "the job has no driver"};
+    } catch (const std::exception& e) {
+      out = {job_state::failed, std::string{"driver: "} + e.what()};
+    }
+    caf::anon_send(link.job(), driver_done_atom::value, std::string{to_string(out.state)},
+                   out.error);
+  });
+  self->monitor(driver);
+  self->set_down_handler([self, driver](caf::down_msg& dm) {
+    if (dm.source == driver) {
+      move_to(self, job_state::failed, "the driver ended without a result");
+      return;
+    }
+    auto& subs = self->state.subscribers;
+    subs.erase(std::remove_if(subs.begin(), subs.end(),
+                              [&](const caf::actor& a) { return a.address() == dm.source; }),
+               subs.end());
+  });
+}
+
+// Orders for the driver at boundary `p` (NOTE [job boundaries]).
+boundary_reply orders(job_state_data& s, const boundary_point& p) {
+  boundary_reply r;
+  if (s.cancel_pending) {
+    r.cancel = true, r.now = s.cancel_now;
+    s.cancel_pending = false;
+  }
+  if (s.checkpoint_pending && p.consistent) {
+    r.checkpoint = true;
+    s.checkpoint_pending = false;
+  }
+  if (p.after.empty() && !s.settings_pending.empty())
+    r.settings = std::exchange(s.settings_pending, {});
+  return r;
+}
+
+bool hits_breakpoint(job_state_data& s, const boundary_point& p) {
+  auto& bps = s.breakpoints;
+  auto it = std::find_if(bps.begin(), bps.end(), [&](const breakpoint& b) {
+    return b.stage == p.stage && b.step == p.iteration && b.phase == p.after;
+  });
+  if (it == bps.end())
+    return false;
+  bps.erase(it);
+  return true;
+}
+
+caf::result<boundary_reply> on_boundary(self_ptr self, const boundary_point& p) {
+  auto& s = self->state;
+  s.st.stage = p.stage;
+  auto r = orders(s, p);
+  bool pause = !r.cancel && (s.rehold || s.pause_pending || hits_breakpoint(s, p));
+  if (!pause) {
+    refresh_attention(s);
+    return r;
+  }
+  s.pause_pending = false;
+  bool again = std::exchange(s.rehold, false);
+  s.held = self->make_response_promise<boundary_reply>();
+  s.held_reply = std::move(r);
+  s.held_at = p;
+  if (!again) {
+    s.held_since = clock::now();
+    move_to(self, job_state::paused,
+            "at " + p.stage + " step " + std::to_string(p.iteration) +
+                (p.after.empty() ? " (start)" : " after " + p.after));
+  }
+  refresh_attention(s);
+  return *s.held;
+}
+
+void release_held(self_ptr self) {
+  auto& s = self->state;
+  if (!s.held)
+    return;
+  if (s.held_at.after.empty() && !s.settings_pending.empty()) {
+    auto more = std::exchange(s.settings_pending, {});
+    s.held_reply.settings.insert(s.held_reply.settings.end(), more.begin(), more.end());
+  }
+  s.held_reply.held_s = since(s.held_since);
+  auto p = std::move(*s.held);
+  s.held.reset();
+  p.deliver(std::exchange(s.held_reply, {}));
+}
+
+caf::result<job_status> refuse_or(self_ptr self, command c) {
+  if (auto ok = self->state.fsm.check(c); !ok)
+    return ok.error();
+  return status_of(self->state);
+}
+
+job_actor::behavior_type job_behavior(self_ptr self, job_options opt) {
+  auto& s = self->state;
+  s.opt = std::move(opt);
+  s.st.id = s.opt.id;
+  s.st.name = s.opt.name;
+  return {
+      [=](status_atom) -> caf::result<job_status> { return status_of(self->state); },
+      [=](start_atom) -> caf::result<job_status> {
+        auto& s = self->state;
+        if (auto ok = s.fsm.check(command::start); !ok)
+          return ok.error();
+        if (auto ok = open_journal(s); !ok) {
+          s.st.error = describe(ok.error());
+          move_to(self, job_state::failed, s.st.error);
+          return ok.error();
+        }
+        s.st.start_time_us = now_us();
+        move_to(self, job_state::preparing);
+        start_driver(self);
+        return status_of(s);
+      },
+      [=](pause_atom) -> caf::result<job_status> {
+        if (auto ok = self->state.fsm.check(command::pause); !ok)
+          return ok.error();
+        self->state.pause_pending = true;
+        refresh_attention(self->state);
+        return status_of(self->state);
+      },
+      [=](pause_at_atom, const std::string& where) -> caf::result<job_status> {
+        if (is_final(self->state.fsm.state()))
+          return refuse_or(self, command::pause);
+        auto bp = parse_breakpoint(where);
+        if (!bp)
+          return bp.error();
+        self->state.breakpoints.push_back(std::move(*bp));
+        refresh_attention(self->state);
+        return status_of(self->state);
+      },
+      [=](resume_atom) -> caf::result<job_status> {
+        auto& s = self->state;
+        if (auto ok = s.fsm.check(command::resume); !ok)
+          return ok.error();
+        s.stage_paused_s += since(s.held_since);
+        release_held(self);
+        move_to(self, job_state::running, "resumed");
+        return status_of(s);
+      },
+      [=](cancel_atom, bool now) -> caf::result<job_status> {
+        auto& s = self->state;
+        if (auto ok = s.fsm.check(command::cancel); !ok)
+          return ok.error();
+        if (s.fsm.state() == job_state::pending) {
+          move_to(self, job_state::cancelled, "cancelled before it started");
+          return status_of(s);
+        }
+        s.cancel_pending = true;
+        s.cancel_now = s.cancel_now || now;
+        s.pause_pending = s.rehold = false;
+        if (s.held) {
+          s.held_reply.cancel = true, s.held_reply.now = s.cancel_now;
+          s.cancel_pending = false;
+          release_held(self);
+        }
+        refresh_attention(s);
+        return status_of(s);
+      },
+      [=](checkpoint_atom) -> caf::result<job_status> {
+        auto& s = self->state;
+        if (auto ok = s.fsm.check(command::checkpoint); !ok)
+          return ok.error();
+        if (s.held && s.held_at.consistent) {
+          // Taken now, while paused; the driver comes back to be held again.
+          s.held_reply.checkpoint = s.held_reply.again = true;
+          s.rehold = true;
+          s.stage_paused_s += since(s.held_since);
+          release_held(self);
+          s.held_since = clock::now();
+        } else {
+          s.checkpoint_pending = true;
+        }
+        refresh_attention(s);
+        return status_of(s);
+      },
+      [=](update_atom, const std::string& key,
+          const std::string& value) -> caf::result<job_status> {
+        auto& s = self->state;
+        if (auto ok = s.fsm.check(command::update); !ok)
+          return ok.error();
+        if (!s.opt.check_update)
+          return make_error(errc::unsupported, "this job has no runtime settings");
+        auto v = s.opt.check_update(key, value);
+        if (!v)
+          return v.error();
+        s.settings_pending.emplace_back(key, *v);
+        refresh_attention(s);
+        return status_of(s);
+      },
+      [=](subscribe_atom, const caf::actor& sub, int64_t from) -> caf::result<int64_t> {
+        auto& s = self->state;
+        from = std::max<int64_t>(from, 1);
+        int64_t ring_first = s.ring.empty() ? s.seq + 1 : s.ring.front().seq;
+        if (from < ring_first && !s.opt.journal_path.empty())
+          replay_journal(self, sub, from, ring_first);
+        for (const auto& e : s.ring)
+          if (e.seq >= from)
+            caf::anon_send(sub, e);
+        if (!is_final(s.fsm.state())) {
+          s.subscribers.push_back(sub);
+          self->monitor(sub);
+        }
+        return s.seq + 1;
+      },
+      [=](unsubscribe_atom, const caf::actor& sub) {
+        auto& subs = self->state.subscribers;
+        subs.erase(std::remove(subs.begin(), subs.end(), sub), subs.end());
+      },
+      [=](await_atom) -> caf::result<job_status> {
+        auto& s = self->state;
+        if (is_final(s.fsm.state()))
+          return status_of(s);
+        auto p = self->make_response_promise<job_status>();
+        s.awaiting.push_back(p);
+        return p;
+      },
+      [=](emit_atom, event& e) { publish(self, std::move(e.body)); },
+      [=](boundary_atom, const boundary_point& p) { return on_boundary(self, p); },
+      [=](prepared_atom) { move_to(self, job_state::running); },
+      [=](driver_done_atom, const std::string& state, const std::string& error) {
+        auto& s = self->state;
+        auto to = parse_job_state(state).value_or(job_state::failed);
+        s.held.reset();
+        if (s.fsm.state() == job_state::preparing && to == job_state::succeeded)
+          move_to(self, job_state::running);
+        s.st.error = error;
+        if (!s.sink_error.empty() && to == job_state::succeeded) {
+          to = job_state::failed;
+          s.st.error = s.sink_error;
+        }
+        move_to(self, to, s.st.error);
+      },
+  };
+}
+
+} // namespace
+
+void driver_link::emit(event_body e) const {
+  caf::anon_send(job_, emit_atom::value, event{0, 0, std::move(e)});
+}
+
+void driver_link::log(std::string level, std::string text) const {
+  emit(log_line{std::move(level), std::move(text)});
+}
+
+void driver_link::prepared() const {
+  caf::anon_send(job_, prepared_atom::value);
+}
+
+expected<boundary_reply> driver_link::boundary(caf::blocking_actor* self,
+                                               const boundary_point& p) const {
+  if (!attention_->load(std::memory_order_relaxed))
+    return boundary_reply{};
+  expected<boundary_reply> out = make_error(errc::internal, "no reply");
+  // Unbounded on purpose: a paused job waits here until resume or cancel;
+  // a job actor that dies fails the request at once.
+  self->request(job_, caf::infinite, boundary_atom::value, p)
+      .receive([&](boundary_reply& r) { out = std::move(r); },
+               [&](caf::error& e) {
+                 out = make_error(errc::unavailable, "job actor: " + caf::to_string(e));
+               });
+  return out;
+}
+
+job_actor spawn_job(caf::actor_system& sys, job_options options) {
+  return sys.spawn(job_behavior, std::move(options));
+}
+
+expected<breakpoint> parse_breakpoint(const std::string& text) {
+  auto bad = [&] {
+    return make_error(errc::invalid_argument,
+                      "breakpoint \"" + text + "\": expected STAGE:STEP[:PHASE], e.g. rl:2:reward");
+  };
+  auto a = text.find(':');
+  if (a == std::string::npos || a == 0)
+    return bad();
+  auto b = text.find(':', a + 1);
+  breakpoint bp;
+  bp.stage = text.substr(0, a);
+  auto step = text.substr(a + 1, b == std::string::npos ? std::string::npos : b - a - 1);
+  if (step.empty() || step.find_first_not_of("0123456789") != std::string::npos || step.size() > 12)
+    return bad();
+  bp.step = std::stoll(step);
+  if (b != std::string::npos) {
+    bp.phase = text.substr(b + 1);
+    if (bp.phase.empty())
+      return bad();
+  }
+  return bp;
+}
+
+} // namespace troupe::actors::job

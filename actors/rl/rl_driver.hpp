@@ -1,0 +1,134 @@
+#pragma once
+// Internal to actors/rl: the RL stage's driver (rl_stage.cpp runs the
+// iterations, rl_phases.cpp holds the phases). NOTE [rl iteration] in
+// rl_stage.cpp.
+
+#include "actors/rl/job_internal.hpp"
+#include "actors/rl/reward.hpp"
+#include "actors/rl/settings.hpp"
+#include "kernels/advantages.hpp"
+#include "kernels/kl.hpp"
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <utility>
+
+namespace troupe::actors::rl::detail {
+
+/// The algorithm's choices, made once from the config: the loop compares
+/// no strings.
+struct rl_algorithm {
+  kernels::advantage_estimator advantage = kernels::advantage_estimator::gae;
+  kernels::kl_estimator kl_estimator = kernels::kl_estimator::k1;
+  /// KL as a loss term (GRPO) instead of a reward penalty (PPO).
+  bool kl_in_loss = false;
+  /// A frozen reference anchors the policy (kl.coef > 0 at the start).
+  bool use_reference = false;
+  bool adaptive_kl = false;
+  bool critic = false;
+  bool reward_model = false;
+  /// Old log-probs from the policy's forward (else the rollout engine's).
+  bool policy_old_logprobs = true;
+  rule_kind rule = rule_kind::positional;
+
+  static expected<rl_algorithm> from(const rl_config& r);
+};
+
+struct rl_roles {
+  train::engine_actor policy;
+  std::optional<train::engine_actor> reference;
+  std::optional<train::engine_actor> critic;
+  reward_actor reward;
+  inference::rollout_actor rollout;
+};
+
+/// What a checkpoint holds besides the models: the iterations done and the
+/// KL coefficient.
+struct rl_progress {
+  int64_t iteration = 0;
+  double beta = 0;
+};
+
+/// One iteration's data, passed from phase to phase (NOTE [rl iteration]).
+struct iteration_state {
+  /// The iteration, from 0 (events and metrics count from 1).
+  int64_t it = 0;
+  /// The weights version the batch was sampled with.
+  int64_t behaviour_version = 0;
+  std::vector<std::vector<int64_t>> prompts, responses;
+  std::vector<std::vector<float>> engine_lp;
+  std::vector<std::string> answers;
+  runtime::tensor_batch batch;
+  at::Tensor mask, eng_lp, old_lp, ref_lp, values, scores;
+  /// Mean per-sequence KL of the batch (the adaptive controller's input).
+  double kl_mean = 0;
+  /// β after this iteration (the adaptive controller's step; else β).
+  double beta_next = 0;
+  train::metric_map m;
+  /// An update has begun: the models are no longer the last checkpoint's.
+  bool updating = false;
+  /// Cancelled after the updates began: stop (with a checkpoint) at the end.
+  bool cancel_at_end = false;
+  /// Seconds held (paused) inside this step, excluded from its timings.
+  double held_s = 0;
+};
+
+/// Stops every role of the cast.
+void stop_cast(caf::blocking_actor* self, const rl_roles& roles);
+
+class rl_driver {
+public:
+  rl_driver(job_context& ctx, rl_roles roles, rl_algorithm algo, rl_progress progress)
+      : ctx_(ctx), roles_(std::move(roles)), algo_(algo), progress_(progress) {}
+
+  /// Runs the iterations left; stops the roles at the end.
+  expected<stage_summary> run();
+
+  // The phases (rl_phases.cpp), in order.
+  expected<void> gen(iteration_state& s);
+  expected<void> old_log_prob(iteration_state& s);
+  expected<void> ref(iteration_state& s);
+  expected<void> values(iteration_state& s);
+  expected<void> reward(iteration_state& s);
+  expected<void> adv(iteration_state& s);
+  expected<void> update_critic(iteration_state& s);
+  expected<void> update_actor(iteration_state& s);
+  expected<void> gen_wait(iteration_state& s);
+  expected<void> weight_sync(iteration_state& s);
+  expected<void> evaluate(iteration_state& s);
+
+private:
+  enum class flow { go, stop };
+  using phase_fn = expected<void> (rl_driver::*)(iteration_state&);
+
+  expected<void> start();
+  expected<flow> iteration(int64_t it, stage_summary& sum);
+  expected<flow> run_phase(iteration_state& s, const char* phase, phase_fn fn);
+  expected<flow> obey(iteration_state& s, const job::boundary_reply& orders);
+  expected<void> apply_settings(int64_t it,
+                                const std::vector<std::pair<std::string, std::string>>& fresh);
+  expected<void> release_after(iteration_state& s, std::string_view phase);
+  expected<void> save_checkpoint();
+  expected<double> roles_busy();
+  std::vector<inference::generate_request> gen_requests(int64_t it) const;
+  void inject(std::string_view phase, int64_t it);
+  void role_failed(const iteration_state& s, std::string_view phase, const caf::error& err);
+  void stop_roles();
+
+  job_context& ctx_;
+  rl_roles roles_;
+  rl_algorithm algo_;
+  rl_progress progress_;
+  /// Settings recorded by an earlier run of this job, not yet applied.
+  std::vector<recorded_setting> replay_;
+  /// The rollout engine's counters at the last step (per-step rollout metrics).
+  inference::engine_metrics last_engine_;
+  stopwatch stage_clock_;
+  /// A generation running ahead (staleness 1): collecting it fills
+  /// prefetched_ with (its iteration, its outputs).
+  std::function<void()> collect_ahead_;
+  std::optional<std::pair<int64_t, expected<std::vector<inference::request_output>>>> prefetched_;
+};
+
+} // namespace troupe::actors::rl::detail

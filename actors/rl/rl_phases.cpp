@@ -1,0 +1,306 @@
+// The phases of an RL iteration (NOTE [rl iteration] in rl_stage.cpp): each
+// reads and fills the iteration_state; the math is in kernels/.
+
+#include "actors/rl/rl_driver.hpp"
+
+#include "kernels/losses.hpp"
+#include "kernels/masked.hpp"
+#include "runtime/torch_guard.hpp"
+
+#include <torch/torch.h>
+
+namespace troupe::actors::rl::detail {
+
+namespace {
+
+double masked_mean_of(const at::Tensor& x, const at::Tensor& mask) {
+  return value_or_throw(kernels::masked_mean(x.to(torch::kFloat), mask)).item<double>();
+}
+
+at::Tensor log_probs_of(const expected<runtime::tensor_batch>& b) {
+  return value_or_throw(value_or_throw(b).get("log_probs"));
+}
+
+} // namespace
+
+// The requests of iteration `it` (seeds from the run seed, it, prompt).
+std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) const {
+  const auto& r = ctx_.cfg->rl;
+  auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
+  auto idx = batch_indices(static_cast<int64_t>(ctx_.data.train.size()), mix_seed({seed, 51}),
+                           it * r.prompts_per_iteration, r.prompts_per_iteration);
+  std::vector<inference::generate_request> reqs;
+  reqs.reserve(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    inference::generate_request q;
+    q.id = std::to_string(i);
+    q.prompt = encode_prompt(*ctx_.tok, ctx_.data.train[static_cast<size_t>(idx[i])].prompt);
+    q.sampling.temperature = r.generation.temperature;
+    q.sampling.top_k = r.generation.top_k;
+    q.sampling.top_p = r.generation.top_p;
+    q.sampling.n = static_cast<int32_t>(r.samples_per_prompt);
+    q.sampling.max_tokens = r.generation.max_tokens;
+    q.sampling.seed = mix_seed({seed, 52, static_cast<uint64_t>(it), i});
+    reqs.push_back(std::move(q));
+  }
+  return reqs;
+}
+
+expected<void> rl_driver::gen(iteration_state& s) {
+  const auto& r = ctx_.cfg->rl;
+  auto* self = ctx_.self;
+  auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
+  auto idx = batch_indices(static_cast<int64_t>(ctx_.data.train.size()), mix_seed({seed, 51}),
+                           s.it * r.prompts_per_iteration, r.prompts_per_iteration);
+  expected<std::vector<inference::request_output>> outs = make_error(errc::internal, "no batch");
+  if (prefetched_ && prefetched_->first == s.it) {
+    s.behaviour_version = s.it - 1;
+    outs = std::move(prefetched_->second);
+    prefetched_.reset();
+  } else {
+    outs = ask<std::vector<inference::request_output>>(
+        self, roles_.rollout, ctx_.timeout, "rollout: gen", inference::generate_atom::value,
+        gen_requests(s.it));
+  }
+  if (!outs)
+    return outs.error();
+  for (size_t i = 0; i < outs->size(); ++i)
+    for (auto& smp : (*outs)[i].samples) {
+      s.prompts.push_back((*outs)[i].prompt);
+      s.responses.push_back(std::move(smp.tokens));
+      s.engine_lp.push_back(std::move(smp.logprobs));
+      s.answers.push_back(ctx_.data.train[static_cast<size_t>(idx[i])].answer);
+    }
+  auto b = collate_sequences(s.prompts, s.responses, ctx_.pad);
+  if (!b)
+    return b.error();
+  s.batch = std::move(*b);
+  s.mask = value_or_throw(s.batch.get("response_mask"));
+  auto length = value_or_throw(s.batch.get("input_ids")).size(1);
+  s.eng_lp = scatter_response_values(s.prompts, s.engine_lp, length);
+  // NOTE [staleness]: the next batch is sampled now, with these weights,
+  // while this one trains; it is collected before the weights change
+  // (gen_wait), so it is exactly one version old.
+  if (r.staleness > 0 && s.it + 1 < r.iterations) {
+    auto next = s.it + 1;
+    auto h = std::make_shared<decltype(self->request(
+        roles_.rollout, ctx_.timeout, inference::generate_atom::value, gen_requests(next)))>(
+        self->request(roles_.rollout, ctx_.timeout, inference::generate_atom::value,
+                      gen_requests(next)));
+    collect_ahead_ = [this, h, next] {
+      expected<std::vector<inference::request_output>> o = make_error(errc::internal, "no reply");
+      h->receive(
+          [&](std::vector<inference::request_output>& x) { o = std::move(x); },
+          [&](caf::error& e) { o = request_error(e, "rollout: gen (ahead)", ctx_.timeout); });
+      prefetched_.emplace(next, std::move(o));
+    };
+  }
+  return {};
+}
+
+expected<void> rl_driver::old_log_prob(iteration_state& s) {
+  if (!algo_.policy_old_logprobs) {
+    s.old_lp = s.eng_lp;
+  } else {
+    auto lp = ask<runtime::tensor_batch>(ctx_.self, roles_.policy, ctx_.timeout,
+                                         "policy: old_log_prob", train::log_probs_atom::value,
+                                         s.batch, ctx_.cfg->rl.generation.temperature, false);
+    if (!lp)
+      return lp.error();
+    s.old_lp = log_probs_of(lp);
+    auto diff = (s.old_lp - s.eng_lp).abs();
+    s.m["rollout/logprob_diff"] = masked_mean_of(diff, s.mask);
+    s.m["rollout/logprob_diff_max"] = (diff * s.mask).max().item<double>();
+  }
+  value_or_throw(s.batch.set("old_log_probs", s.old_lp));
+  if (!algo_.use_reference)
+    s.ref_lp = s.old_lp;
+  return {};
+}
+
+expected<void> rl_driver::ref(iteration_state& s) {
+  auto lp = ask<runtime::tensor_batch>(ctx_.self, *roles_.reference, ctx_.timeout, "reference: ref",
+                                       train::log_probs_atom::value, s.batch,
+                                       ctx_.cfg->rl.generation.temperature, false);
+  if (!lp)
+    return lp.error();
+  s.ref_lp = log_probs_of(lp);
+  value_or_throw(s.batch.set("ref_log_probs", s.ref_lp));
+  return {};
+}
+
+expected<void> rl_driver::values(iteration_state& s) {
+  auto v = ask<runtime::tensor_batch>(ctx_.self, *roles_.critic, ctx_.timeout, "critic: values",
+                                      train::values_atom::value, s.batch);
+  if (!v)
+    return v.error();
+  s.values = value_or_throw(v->get("values"));
+  value_or_throw(s.batch.set("values", s.values));
+  return {};
+}
+
+expected<void> rl_driver::reward(iteration_state& s) {
+  reward_request req;
+  value_or_throw(req.batch.set("input_ids", value_or_throw(s.batch.get("input_ids"))));
+  value_or_throw(req.batch.set("attention_mask", value_or_throw(s.batch.get("attention_mask"))));
+  req.responses = s.responses;
+  req.answers = s.answers;
+  auto sc = ask<runtime::tensor_batch>(ctx_.self, roles_.reward, ctx_.timeout, "reward: score",
+                                       reward_atom::value, req);
+  if (!sc)
+    return sc.error();
+  s.scores = value_or_throw(sc->get("scores"));
+  if (sc->contains("rule_scores"))
+    s.m["critic/rule_score/mean"] = value_or_throw(sc->get("rule_scores")).mean().item<double>();
+  if (sc->contains("model_scores"))
+    s.m["critic/model_score/mean"] = value_or_throw(sc->get("model_scores")).mean().item<double>();
+  return {};
+}
+
+expected<void> rl_driver::adv(iteration_state& s) {
+  const auto& r = ctx_.cfg->rl;
+  auto& m = s.m;
+  const auto& mask = s.mask;
+  double beta = progress_.beta;
+  double beta_reward = (algo_.use_reference && !algo_.kl_in_loss) ? beta : 0.0;
+  auto tr = value_or_throw(kernels::token_level_rewards(s.scores, s.old_lp, s.ref_lp, mask,
+                                                        beta_reward, algo_.kl_estimator));
+  auto rows = static_cast<int64_t>(s.responses.size());
+  kernels::advantage_inputs in;
+  in.scores = s.scores;
+  in.token_rewards = tr.rewards;
+  in.values = s.values;
+  in.mask = mask;
+  in.group_ids = value_or_throw(kernels::contiguous_group_ids(rows, r.samples_per_prompt));
+  in.gamma = r.gamma;
+  in.lam = r.lam;
+  in.whiten = r.whiten_advantages;
+  auto a = value_or_throw(kernels::estimate_advantages(algo_.advantage, in));
+  if (r.staleness > 0) {
+    // NOTE [staleness]: a batch sampled by the previous weights is corrected
+    // per token by the capped importance weight π_policy / π_behaviour.
+    m["rollout/staleness"] = static_cast<double>(s.it - s.behaviour_version);
+    if (s.behaviour_version < s.it) {
+      auto w = value_or_throw(
+          kernels::truncated_importance_weights(s.old_lp, s.eng_lp, mask, r.stale_is_cap));
+      a.advantages = a.advantages * w.weights;
+      m["rollout/stale_is_weight/mean"] = masked_mean_of(w.weights, mask);
+      m["rollout/stale_is_weight/capped"] = w.capped_fraction;
+    }
+  }
+  value_or_throw(s.batch.set("advantages", a.advantages.to(torch::kFloat)));
+  value_or_throw(s.batch.set("returns", a.returns.to(torch::kFloat)));
+  // KL of the batch: per-sequence sum, averaged (the adaptive controller's input).
+  s.kl_mean = (tr.kl * mask).sum(1).mean().item<double>();
+  m["actor/reward_kl_penalty"] = masked_mean_of(tr.kl, mask);
+  m["actor/reward_kl_penalty_coeff"] = beta;
+  m["critic/score/mean"] = s.scores.mean().item<double>();
+  m["critic/score/max"] = s.scores.max().item<double>();
+  m["critic/score/min"] = s.scores.min().item<double>();
+  m["critic/rewards/mean"] = (tr.rewards * mask).sum(1).mean().item<double>();
+  m["critic/advantages/mean"] = masked_mean_of(a.advantages, mask);
+  m["critic/advantages/max"] = (a.advantages.masked_fill(mask == 0, -1e30)).max().item<double>();
+  m["critic/advantages/min"] = (a.advantages.masked_fill(mask == 0, 1e30)).min().item<double>();
+  m["critic/returns/mean"] = masked_mean_of(a.returns, mask);
+  if (s.values.defined())
+    m["critic/values/mean"] = masked_mean_of(s.values, mask);
+  m["response_length/mean"] = mask.sum(1).mean().item<double>();
+  m["response_length/max"] = mask.sum(1).max().item<double>();
+  // The adaptive controller's β for the next iteration, committed when this
+  // one completes (the policy's KL loss already uses it).
+  s.beta_next = algo_.use_reference && algo_.adaptive_kl
+                    ? kernels::adaptive_kl_coef(beta, s.kl_mean, r.kl.target, rows, r.kl.horizon)
+                    : beta;
+  return {};
+}
+
+expected<void> rl_driver::update_critic(iteration_state& s) {
+  const auto& r = ctx_.cfg->rl;
+  s.updating = true;
+  train::critic_update_options o;
+  o.epochs = r.epochs;
+  o.minibatches = r.minibatches;
+  o.value_clip = r.critic.value_clip;
+  o.loss_agg = r.loss_agg;
+  o.shuffle_seed =
+      mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 61, static_cast<uint64_t>(s.it)});
+  auto res =
+      ask<train::metric_map>(ctx_.self, *roles_.critic, ctx_.timeout, "critic: update_critic",
+                             train::update_critic_atom::value, s.batch, o);
+  if (!res)
+    return res.error();
+  s.m.insert(res->begin(), res->end());
+  return {};
+}
+
+expected<void> rl_driver::update_actor(iteration_state& s) {
+  const auto& r = ctx_.cfg->rl;
+  s.updating = true;
+  train::policy_update_options o;
+  o.epochs = r.epochs;
+  o.minibatches = r.minibatches;
+  o.clip_ratio = r.clip_ratio;
+  o.entropy_coef = r.entropy_coef;
+  o.temperature = r.generation.temperature;
+  o.kl_loss_coef = (algo_.use_reference && algo_.kl_in_loss) ? s.beta_next : 0.0;
+  o.kl_estimator = std::string{kernels::to_string(algo_.kl_estimator)};
+  o.loss_agg = r.loss_agg;
+  o.lr = r.actor_optim.lr;
+  o.shuffle_seed =
+      mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 62, static_cast<uint64_t>(s.it)});
+  auto res = ask<train::metric_map>(ctx_.self, roles_.policy, ctx_.timeout, "policy: update_actor",
+                                    train::update_policy_atom::value, s.batch, o);
+  if (!res)
+    return res.error();
+  s.m.insert(res->begin(), res->end());
+  return {};
+}
+
+// The batch sampled ahead must not see the new weights: collect it first.
+expected<void> rl_driver::gen_wait(iteration_state&) {
+  if (collect_ahead_)
+    std::exchange(collect_ahead_, nullptr)();
+  return {};
+}
+
+expected<void> rl_driver::weight_sync(iteration_state& s) {
+  return sync_weights(ctx_.self, ctx_, "rl", roles_.policy, roles_.rollout, s.it + 1);
+}
+
+expected<void> rl_driver::evaluate(iteration_state& s) {
+  return detail::evaluate(ctx_.self, ctx_, roles_.rollout, s.m, "rl", s.it + 1);
+}
+
+// Co-located offload (NOTE [rl iteration]): a role's idle state once its
+// last phase of the iteration is done.
+expected<void> rl_driver::release_after(iteration_state& s, std::string_view phase) {
+  if (!ctx_.cfg->placement.offload)
+    return {};
+  stopwatch t;
+  expected<int64_t> freed = int64_t{0};
+  auto dir = (ctx_.run_dir / "rl" / "offload").string();
+  if (phase == "gen" && !collect_ahead_) // the KV pool, unless the next gen runs
+    freed = ask<int64_t>(ctx_.self, roles_.rollout, ctx_.timeout, "rollout: release",
+                         inference::release_atom::value);
+  else if (phase == "ref")
+    freed = ask<int64_t>(ctx_.self, *roles_.reference, ctx_.timeout, "reference: release",
+                         inference::release_atom::value, dir);
+  else if (phase == "reward" && algo_.reward_model) // a rule holds nothing to free
+    freed = ask<int64_t>(ctx_.self, roles_.reward, ctx_.timeout, "reward: release",
+                         inference::release_atom::value, dir);
+  else if (phase == "update_critic")
+    freed = ask<int64_t>(ctx_.self, *roles_.critic, ctx_.timeout, "critic: release",
+                         inference::release_atom::value, dir);
+  else if (phase == "weight_sync") // the policy's optimizer state, until its next update
+    freed = ask<int64_t>(ctx_.self, roles_.policy, ctx_.timeout, "policy: release",
+                         inference::release_atom::value, dir);
+  else
+    return {};
+  if (!freed)
+    return freed.error();
+  s.m["timing_s/offload"] += t.seconds();
+  s.m["perf/offloaded_bytes"] += static_cast<double>(*freed);
+  return {};
+}
+
+} // namespace troupe::actors::rl::detail
