@@ -257,7 +257,7 @@ int run_job_command(const run_command_options& o) {
       signals.watch(job);
     };
     cluster::launch_options lo;
-    lo.timeout_ms = static_cast<int64_t>(cfg->run.request_timeout_s * 1000);
+    lo.timeout_ms = static_cast<int64_t>(cfg->run.timeouts.compute_s * 1000);
     summary = cluster::run_placed_job(sys, *cfg, ro, lo);
     if (printer_actor) {
       caf::scoped_actor self{sys};

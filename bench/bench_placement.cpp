@@ -51,7 +51,7 @@ struct outcome {
 expected<outcome> run_once(const std::string& dir, int iterations, int hidden, int layers,
                            const std::vector<std::string>& sets) {
   std::string yaml =
-      "run: {dir: '" + dir + "', seed: 5, progress: none, request_timeout_s: 600}\n"
+      "run: {dir: '" + dir + "', seed: 5, progress: none}\n"
       "stages: [rl]\n"
       "data: {task: sort, min_digits: 3, max_digits: 5, train_size: 256, eval_size: 8}\n"
       "model: {hidden_size: " + std::to_string(hidden) + ", intermediate_size: " +

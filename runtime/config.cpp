@@ -117,6 +117,31 @@ void merge_over(YAML::Node base, const YAML::Node& over, const std::string& path
   }
 }
 
+// Repeated keys in the mappings of `n`: merging over a base would keep only
+// one of them silently, so a file with a base is checked before the merge.
+void find_duplicates(const YAML::Node& n, const std::string& path, const std::string& file,
+                     std::vector<std::string>& out) {
+  if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i)
+      find_duplicates(n[i], path + "[" + std::to_string(i) + "]", file, out);
+    return;
+  }
+  if (!n.IsMap())
+    return;
+  std::map<std::string, int> seen;
+  for (const auto& kv : n) {
+    auto key = kv.first.Scalar();
+    auto sub = path.empty() ? key : path + "." + key;
+    auto [first, inserted] = seen.emplace(key, kv.first.Mark().line);
+    if (!inserted) {
+      out.push_back(where(file, kv.first.Mark()) + ": " + sub + ": duplicate key '" + key +
+                    "' (first given at line " + std::to_string(first->second + 1) + ")");
+      continue;
+    }
+    find_duplicates(kv.second, sub, file, out);
+  }
+}
+
 expected<yaml_document> load_file(const std::string& path, int depth) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -141,6 +166,11 @@ expected<yaml_document> load_file(const std::string& path, int depth) {
   auto base = load_file(base_path.string(), depth + 1);
   if (!base)
     return with_prefix(base.error(), where(path, base_node.Mark()) + ": base");
+  std::vector<std::string> dups;
+  find_duplicates(root, "", path, dups);
+  find_duplicates(base->impl_->root, "", base->name(), dups);
+  if (!dups.empty())
+    return make_error_list(errc::invalid_config, dups);
   root.remove("base");
   auto merged = base->impl_->root; // the base document is ours alone: merge into it
   auto& origins = base->impl_->origins;

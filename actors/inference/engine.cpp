@@ -470,6 +470,7 @@ struct engine::impl {
     for (size_t i = 0; i < samplers.size(); ++i)
       append(*samplers[i], (*picked)[i], now);
 
+    m.kv_peak_utilization = std::max(m.kv_peak_utilization, blocks->utilization());
     // (5) retire finished sequences and requests.
     running.erase(std::remove_if(running.begin(), running.end(),
                                  [](sequence* s) { return s->finished; }),
@@ -676,6 +677,8 @@ const engine_config& engine::config() const {
 int64_t engine::free_blocks() const {
   return impl_->blocks->num_free();
 }
+
+void engine::reset_kv_peak() { impl_->m.kv_peak_utilization = impl_->blocks->utilization(); }
 
 void engine::clear_prefix_cache() {
   if (impl_->prefixes)

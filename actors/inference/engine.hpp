@@ -129,6 +129,7 @@ struct engine_metrics {
   int64_t itl_count = 0;
   double prefix_hit_rate = 0;          ///< hit tokens / queried tokens of the prefix cache
   double kv_utilization = 0;           ///< used blocks / all blocks, now
+  double kv_peak_utilization = 0;      ///< the highest after a step since reset_kv_peak
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t num_blocks = 0;
@@ -143,7 +144,7 @@ typename Inspector::result_type inspect(Inspector& f, engine_metrics& x) {
   return f(caf::meta::type_name("engine_metrics"), x.steps, x.prompt_tokens,
            x.prefill_tokens_computed, x.generated_tokens, x.preemptions, x.finished_requests,
            x.busy_seconds, x.ttft_ms_sum, x.itl_ms_sum, x.itl_count, x.prefix_hit_rate,
-           x.kv_utilization, x.running, x.waiting, x.num_blocks);
+           x.kv_utilization, x.kv_peak_utilization, x.running, x.waiting, x.num_blocks);
 }
 
 class engine {
@@ -191,6 +192,8 @@ public:
   int64_t free_blocks() const;
   /// Drops the prefix cache's blocks.
   void clear_prefix_cache();
+  /// Starts a new window for engine_metrics::kv_peak_utilization.
+  void reset_kv_peak();
   /// Frees the KV pool while idle (co-located offload: the memory goes to
   /// the roles that train meanwhile); the next step allocates it again.
   /// Answers the bytes freed (0 when already released); an error while

@@ -84,6 +84,8 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
         auto& st = self->state;
         if (requests.empty())
           return std::vector<request_output>{};
+        if (st.calls.empty()) // a new batch: a new window for the KV peak
+          st.eng->reset_kv_peak();
         open_call call;
         for (const auto& r : requests)
           call.order.push_back(r.id);

@@ -59,6 +59,19 @@ expected<job::boundary_reply> job_context::boundary(
   return out;
 }
 
+caf::timespan job_context::timeout_of(request_kind kind) const {
+  const auto& t = cfg->run.timeouts;
+  double s = t.compute_s;
+  switch (kind) {
+    case request_kind::control: s = t.control_s; break;
+    case request_kind::compute: s = t.compute_s; break;
+    case request_kind::generate: s = t.generate_s; break;
+    case request_kind::weights: s = t.weights_s; break;
+    case request_kind::state: s = t.state_s; break;
+  }
+  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(s));
+}
+
 std::string job_context::model_dir(const std::string& stage) const {
   if (stage == "base")
     return base_dir;
@@ -78,7 +91,7 @@ caf::error request_error(const caf::error& err, const std::string& what, caf::ti
     return make_error(errc::timeout,
                       what + ": no reply within " +
                           std::to_string(std::chrono::duration<double>(timeout).count()) +
-                          " s (run.request_timeout_s)");
+                          " s (run.timeouts)");
   if (err == caf::sec::request_receiver_down)
     return make_error(errc::unavailable, what + ": the role's actor is down");
   if (err.category() == error_category())
@@ -117,7 +130,10 @@ expected<std::vector<caf::actor>> spawn_cast(job_context& ctx, const std::string
   spec.job_yaml = ctx.job_yaml;
   spec.model_dir = model_dir;
   spec.dp_size = static_cast<int32_t>(ctx.plan.dp_of(stage, role));
-  spec.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.timeout).count();
+  // Bounds the DP group's rendezvous and its collectives inside updates.
+  spec.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      ctx.timeout_of(request_kind::compute))
+                      .count();
   auto announce = [&](const char* status, const std::string& reason) {
     for (int32_t r = 0; r < spec.dp_size; ++r) {
       auto place = ctx.host->where(role, r);
@@ -172,7 +188,9 @@ expected<inference::weight_channel> weight_channel_for(job_context& ctx, const s
   c.channel = ctx.channel_prefix + stage;
   c.dir = w.dir.empty() ? (ctx.run_dir / stage / "weights").string() : w.dir;
   c.keep = w.keep;
-  c.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.timeout).count();
+  c.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                   ctx.timeout_of(request_kind::weights))
+                   .count();
   if (c.kind == "broadcast") {
     if (!ctx.weight_store) {
       runtime::store_options so;
@@ -201,17 +219,17 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
   expected<int64_t> sent = make_error(errc::internal, "no reply"), got = sent;
   if (channel.kind == "broadcast") {
     // A collective: both ends must be in it at once.
-    auto p = self->request(trainer, ctx.timeout, train::publish_atom::value, version, channel);
-    auto r = self->request(rollout, ctx.timeout, inference::receive_weights_atom::value, version, channel);
+    auto p = self->request(trainer, ctx.timeout_of(request_kind::weights), train::publish_atom::value, version, channel);
+    auto r = self->request(rollout, ctx.timeout_of(request_kind::weights), inference::receive_weights_atom::value, version, channel);
     p.receive([&](int64_t b) { sent = b; },
-              [&](caf::error& e) { sent = request_error(e, "policy: publish weights", ctx.timeout); });
+              [&](caf::error& e) { sent = request_error(e, "policy: publish weights", ctx.timeout_of(request_kind::weights)); });
     r.receive([&](int64_t b) { got = b; },
-              [&](caf::error& e) { got = request_error(e, "rollout: receive weights", ctx.timeout); });
+              [&](caf::error& e) { got = request_error(e, "rollout: receive weights", ctx.timeout_of(request_kind::weights)); });
   } else {
-    sent = ask<int64_t>(self, trainer, ctx.timeout, "policy: publish weights",
+    sent = ask<int64_t>(self, trainer, ctx.timeout_of(request_kind::weights), "policy: publish weights",
                         train::publish_atom::value, version, channel);
     if (sent)
-      got = ask<int64_t>(self, rollout, ctx.timeout, "rollout: receive weights",
+      got = ask<int64_t>(self, rollout, ctx.timeout_of(request_kind::weights), "rollout: receive weights",
                          inference::receive_weights_atom::value, version, channel);
   }
   if (!sent)
@@ -264,7 +282,7 @@ expected<void> evaluate_pass(caf::blocking_actor* self, job_context& ctx,
     r.sampling.seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), 71, i});
     reqs.push_back(std::move(r));
   }
-  auto outs = ask<std::vector<inference::request_output>>(self, rollout, ctx.timeout,
+  auto outs = ask<std::vector<inference::request_output>>(self, rollout, ctx.timeout_of(request_kind::generate),
                                                           "rollout: evaluation",
                                                           inference::generate_atom::value, reqs);
   if (!outs)
@@ -320,7 +338,7 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
   // Evaluation prompts must not leave cached prefixes behind: the next
   // training batch then computes the same whether or not an evaluation ran
   // before it (a resumed run has not run it).
-  auto cleared = ask<int64_t>(self, rollout, ctx.timeout, "rollout: clear cache",
+  auto cleared = ask<int64_t>(self, rollout, ctx.timeout_of(request_kind::control), "rollout: clear cache",
                               inference::clear_cache_atom::value);
   if (!cleared)
     return cleared.error();
@@ -350,7 +368,7 @@ namespace {
 expected<void> save_stage_checkpoint(caf::blocking_actor* self, job_context& ctx,
                                      const std::string& stage, const train::engine_actor& trainer,
                                      int64_t step) {
-  auto state = ask<std::string>(self, trainer, ctx.timeout, stage + ": save state",
+  auto state = ask<std::string>(self, trainer, ctx.timeout_of(request_kind::state), stage + ": save state",
                                 train::save_state_atom::value);
   if (!state)
     return state.error();
@@ -478,9 +496,9 @@ expected<train::metric_map> supervised_step(job_context& ctx, const supervised_s
   auto batch = supervised_batch(ctx, st, step);
   if (!batch)
     return batch.error();
-  auto m = is_sft ? ask<train::metric_map>(self, trainer, ctx.timeout, "policy: sft step",
+  auto m = is_sft ? ask<train::metric_map>(self, trainer, ctx.timeout_of(request_kind::compute), "policy: sft step",
                                            train::sft_step_atom::value, *batch)
-                  : ask<train::metric_map>(self, trainer, ctx.timeout, "reward: rm step",
+                  : ask<train::metric_map>(self, trainer, ctx.timeout_of(request_kind::compute), "reward: rm step",
                                            train::rm_step_atom::value, *batch);
   if (!m)
     return m.error();
@@ -493,7 +511,7 @@ expected<train::metric_map> supervised_step(job_context& ctx, const supervised_s
     if (auto ok = evaluate(self, ctx, *rollout, *m, st.name, step + 1); !ok)
       return ok.error();
   } else {
-    auto e = ask<train::metric_map>(self, trainer, ctx.timeout, "reward: rm eval",
+    auto e = ask<train::metric_map>(self, trainer, ctx.timeout_of(request_kind::compute), "reward: rm eval",
                                     train::rm_eval_atom::value, *eval_pairs);
     if (!e)
       return e.error();
@@ -540,7 +558,7 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
   sum.stage = st.name;
   sum.output = ctx.model_dir(st.name);
   if (start->state) {
-    auto loaded = ask<int64_t>(self, trainer, ctx.timeout, start->dir + ": load state",
+    auto loaded = ask<int64_t>(self, trainer, ctx.timeout_of(request_kind::state), start->dir + ": load state",
                                train::load_state_atom::value, *start->state);
     if (!loaded)
       return finish(loaded.error());
@@ -571,7 +589,7 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
     sum.metrics = *m;
     sum.steps = step + 1;
   }
-  auto saved = ask<std::string>(self, trainer, ctx.timeout, st.name + ": save model",
+  auto saved = ask<std::string>(self, trainer, ctx.timeout_of(request_kind::state), st.name + ": save model",
                                 train::save_model_atom::value, sum.output);
   if (!saved)
     return finish(saved.error());
@@ -773,8 +791,6 @@ expected<rl_job> spawn_rl_job(caf::actor_system& sys, const job_config& cfg,
     ctx.link = &link;
     ctx.plan = plan;
     ctx.run_dir = dir;
-    ctx.timeout = std::chrono::duration_cast<caf::timespan>(
-      std::chrono::duration<double>(cfg.run.request_timeout_s));
     ctx.job_yaml = runtime::to_yaml(cfg, false);
     ctx.channel_prefix = std::string{channel_root} + id + "-";
     in_process_host local_host;

@@ -3,7 +3,7 @@
 // states], [job events], [job boundaries] in actors/job/). Its driver — a
 // single controller in a detached blocking actor — runs the stages in
 // order, sending requests to the role actors and waiting for the answers
-// within run.request_timeout_s; a role that fails ends the job (state
+// within run.timeouts (by kind of request); a role that fails ends the job (state
 // failed) with an error naming the role, the phase and the iteration.
 //
 // The run directory holds metrics.jsonl (one JSON object per step: "stage",

@@ -66,7 +66,11 @@ void check(const job_config& c, runtime::config_checks& checks) {
   // run
   checks.require(!c.run.dir.empty(), "run.dir", "must not be empty");
   checks.require(c.run.threads >= 0, "run.threads", "must be >= 0 (0 = one per core)");
-  checks.require(c.run.request_timeout_s > 0, "run.request_timeout_s", "must be > 0");
+  const auto& t = c.run.timeouts;
+  for (auto [key, value] : {std::pair{"control_s", t.control_s}, std::pair{"compute_s", t.compute_s},
+                            std::pair{"generate_s", t.generate_s},
+                            std::pair{"weights_s", t.weights_s}, std::pair{"state_s", t.state_s}})
+    checks.require(value > 0, std::string{"run.timeouts."} + key, "must be > 0");
 
   // stages: known, unique, in dependency order
   static const std::vector<std::string> order = {"sft", "rm", "rl"};

@@ -20,6 +20,29 @@
 
 namespace troupe::actors::rl {
 
+/// How long the driver waits for a role's answer, by kind of request; every
+/// request has one of these bounds.
+struct timeouts_config {
+  /// Counters, metrics, caches, freeing a KV pool.
+  double control_s = 60;
+  /// Log-probs, values, scores, updates, SFT / RM steps (and DP collectives).
+  double compute_s = 600;
+  /// Generation and evaluation.
+  double generate_s = 1800;
+  /// Publishing and receiving weights.
+  double weights_s = 600;
+  /// Saving and loading training state and models, offload files.
+  double state_s = 600;
+};
+template <class V>
+void visit(V& v, timeouts_config& c) {
+  v.field("control_s", c.control_s, "Counters, metrics, caches, freeing a KV pool");
+  v.field("compute_s", c.compute_s, "Log-probs, values, scores, updates, SFT / RM steps");
+  v.field("generate_s", c.generate_s, "Generation and evaluation");
+  v.field("weights_s", c.weights_s, "Publishing and receiving weights");
+  v.field("state_s", c.state_s, "Saving and loading training state and models, offload files");
+}
+
 struct run_config {
   std::string name = "troupe";
   /// Run directory (metrics.jsonl, stage outputs, checkpoints); relative
@@ -28,8 +51,8 @@ struct run_config {
   int64_t seed = 1;
   /// Compute threads (LibTorch intra-op); 0 = one per core.
   int64_t threads = 0;
-  /// Longest wait for any request to a role actor.
-  double request_timeout_s = 600;
+  /// Longest waits for requests to the roles.
+  timeouts_config timeouts;
   /// Terminal output: auto (a bar on a terminal, lines otherwise), bar,
   /// lines, none.
   std::string progress = "auto";
@@ -42,8 +65,7 @@ void visit(V& v, run_config& c) {
   v.field("dir", c.dir, "Run directory: metrics.jsonl, stage outputs, checkpoints");
   v.field("seed", c.seed, "Seed of every random choice (data order, init, sampling)");
   v.field("threads", c.threads, "Compute threads; 0 = one per core");
-  v.field("request_timeout_s", c.request_timeout_s,
-          "Longest wait for any request to a role actor, in seconds");
+  v.section("timeouts", c.timeouts, "Longest wait for a role's answer, seconds, by request kind");
   v.choice("progress", c.progress, {"auto", "bar", "lines", "none"},
            "Terminal output: auto = a bar on a terminal, one line per iteration otherwise");
   v.choice("log_level", c.log_level, {"trace", "debug", "info", "warn", "error"},

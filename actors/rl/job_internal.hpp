@@ -27,6 +27,9 @@ namespace troupe::actors::rl::detail {
 
 namespace fs = std::filesystem;
 
+/// What a request to a role does, for its timeout (run.timeouts).
+enum class request_kind { control, compute, generate, weights, state };
+
 struct job_context {
   caf::actor_system* sys = nullptr;
   /// The job as it runs now: the config plus the runtime settings applied
@@ -42,7 +45,6 @@ struct job_context {
   int64_t pad = 0;
   job_data data;
   fs::path run_dir;
-  caf::timespan timeout{};
   /// HF directory of the base model.
   std::string base_dir;
   /// Where roles run: run_options::host, or this process.
@@ -71,6 +73,8 @@ struct job_context {
   /// in the answer), as often as asked (while paused).
   expected<job::boundary_reply> boundary(const job::boundary_point& p,
                                          const std::function<expected<void>()>& checkpoint) const;
+  /// The longest wait for a request of `kind`.
+  caf::timespan timeout_of(request_kind kind) const;
   /// The output model directory of a finished stage ("base" = the base model).
   std::string model_dir(const std::string& stage) const;
 };

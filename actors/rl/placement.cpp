@@ -290,6 +290,17 @@ expected<placement_plan> make_plan(const job_config& cfg) {
     }
     for (const auto& r : used)
       plan.roles.push_back({r, "", 1, {}});
+    // Refused before anything is spawned, not in the allocator mid-run.
+    plan.device_memory_bytes = cfg.resources.device_memory_gb > 0
+                                 ? cfg.resources.device_memory_gb * 1024.0 * 1024 * 1024
+                                 : host_memory_bytes();
+    if (plan.device_memory_bytes > 0 && plan.driver_peak_bytes > plan.device_memory_bytes)
+      return make_error(errc::invalid_config,
+                        "placement: the driver's process needs an estimated " +
+                          gib(plan.driver_peak_bytes) + ", more than this machine's " +
+                          gib(plan.device_memory_bytes) +
+                          " (resources.device_memory_gb); use a smaller model or spread the "
+                          "roles over devices (placement.mode)");
     return plan;
   }
 

@@ -59,7 +59,7 @@ expected<void> rl_driver::gen(iteration_state& s) {
     prefetched_.reset();
   } else {
     outs = ask<std::vector<inference::request_output>>(
-        self, roles_.rollout, ctx_.timeout, "rollout: gen", inference::generate_atom::value,
+        self, roles_.rollout, ctx_.timeout_of(request_kind::generate), "rollout: gen", inference::generate_atom::value,
         gen_requests(s.it));
   }
   if (!outs)
@@ -84,14 +84,14 @@ expected<void> rl_driver::gen(iteration_state& s) {
   if (r.staleness > 0 && s.it + 1 < r.iterations) {
     auto next = s.it + 1;
     auto h = std::make_shared<decltype(self->request(
-        roles_.rollout, ctx_.timeout, inference::generate_atom::value, gen_requests(next)))>(
-        self->request(roles_.rollout, ctx_.timeout, inference::generate_atom::value,
+        roles_.rollout, ctx_.timeout_of(request_kind::generate), inference::generate_atom::value, gen_requests(next)))>(
+        self->request(roles_.rollout, ctx_.timeout_of(request_kind::generate), inference::generate_atom::value,
                       gen_requests(next)));
     collect_ahead_ = [this, h, next] {
       expected<std::vector<inference::request_output>> o = make_error(errc::internal, "no reply");
       h->receive(
           [&](std::vector<inference::request_output>& x) { o = std::move(x); },
-          [&](caf::error& e) { o = request_error(e, "rollout: gen (ahead)", ctx_.timeout); });
+          [&](caf::error& e) { o = request_error(e, "rollout: gen (ahead)", ctx_.timeout_of(request_kind::generate)); });
       prefetched_.emplace(next, std::move(o));
     };
   }
@@ -102,7 +102,7 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
   if (!algo_.policy_old_logprobs) {
     s.old_lp = s.eng_lp;
   } else {
-    auto lp = ask<runtime::tensor_batch>(ctx_.self, roles_.policy, ctx_.timeout,
+    auto lp = ask<runtime::tensor_batch>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::compute),
                                          "policy: old_log_prob", train::log_probs_atom::value,
                                          s.batch, ctx_.cfg->rl.generation.temperature, false);
     if (!lp)
@@ -119,7 +119,7 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
 }
 
 expected<void> rl_driver::ref(iteration_state& s) {
-  auto lp = ask<runtime::tensor_batch>(ctx_.self, *roles_.reference, ctx_.timeout, "reference: ref",
+  auto lp = ask<runtime::tensor_batch>(ctx_.self, *roles_.reference, ctx_.timeout_of(request_kind::compute), "reference: ref",
                                        train::log_probs_atom::value, s.batch,
                                        ctx_.cfg->rl.generation.temperature, false);
   if (!lp)
@@ -130,7 +130,7 @@ expected<void> rl_driver::ref(iteration_state& s) {
 }
 
 expected<void> rl_driver::values(iteration_state& s) {
-  auto v = ask<runtime::tensor_batch>(ctx_.self, *roles_.critic, ctx_.timeout, "critic: values",
+  auto v = ask<runtime::tensor_batch>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::compute), "critic: values",
                                       train::values_atom::value, s.batch);
   if (!v)
     return v.error();
@@ -145,7 +145,7 @@ expected<void> rl_driver::reward(iteration_state& s) {
   value_or_throw(req.batch.set("attention_mask", value_or_throw(s.batch.get("attention_mask"))));
   req.responses = s.responses;
   req.answers = s.answers;
-  auto sc = ask<runtime::tensor_batch>(ctx_.self, roles_.reward, ctx_.timeout, "reward: score",
+  auto sc = ask<runtime::tensor_batch>(ctx_.self, roles_.reward, ctx_.timeout_of(request_kind::compute), "reward: score",
                                        reward_atom::value, req);
   if (!sc)
     return sc.error();
@@ -225,7 +225,7 @@ expected<void> rl_driver::update_critic(iteration_state& s) {
   o.shuffle_seed =
       mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 61, static_cast<uint64_t>(s.it)});
   auto res =
-      ask<train::metric_map>(ctx_.self, *roles_.critic, ctx_.timeout, "critic: update_critic",
+      ask<train::metric_map>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::compute), "critic: update_critic",
                              train::update_critic_atom::value, s.batch, o);
   if (!res)
     return res.error();
@@ -248,7 +248,7 @@ expected<void> rl_driver::update_actor(iteration_state& s) {
   o.lr = r.actor_optim.lr;
   o.shuffle_seed =
       mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 62, static_cast<uint64_t>(s.it)});
-  auto res = ask<train::metric_map>(ctx_.self, roles_.policy, ctx_.timeout, "policy: update_actor",
+  auto res = ask<train::metric_map>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::compute), "policy: update_actor",
                                     train::update_policy_atom::value, s.batch, o);
   if (!res)
     return res.error();
@@ -280,19 +280,19 @@ expected<void> rl_driver::release_after(iteration_state& s, std::string_view pha
   expected<int64_t> freed = int64_t{0};
   auto dir = (ctx_.run_dir / "rl" / "offload").string();
   if (phase == "gen" && !collect_ahead_) // the KV pool, unless the next gen runs
-    freed = ask<int64_t>(ctx_.self, roles_.rollout, ctx_.timeout, "rollout: release",
+    freed = ask<int64_t>(ctx_.self, roles_.rollout, ctx_.timeout_of(request_kind::control), "rollout: release",
                          inference::release_atom::value);
   else if (phase == "ref")
-    freed = ask<int64_t>(ctx_.self, *roles_.reference, ctx_.timeout, "reference: release",
+    freed = ask<int64_t>(ctx_.self, *roles_.reference, ctx_.timeout_of(request_kind::state), "reference: release",
                          inference::release_atom::value, dir);
   else if (phase == "reward" && algo_.reward_model) // a rule holds nothing to free
-    freed = ask<int64_t>(ctx_.self, roles_.reward, ctx_.timeout, "reward: release",
+    freed = ask<int64_t>(ctx_.self, roles_.reward, ctx_.timeout_of(request_kind::state), "reward: release",
                          inference::release_atom::value, dir);
   else if (phase == "update_critic")
-    freed = ask<int64_t>(ctx_.self, *roles_.critic, ctx_.timeout, "critic: release",
+    freed = ask<int64_t>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::state), "critic: release",
                          inference::release_atom::value, dir);
   else if (phase == "weight_sync") // the policy's optimizer state, until its next update
-    freed = ask<int64_t>(ctx_.self, roles_.policy, ctx_.timeout, "policy: release",
+    freed = ask<int64_t>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::state), "policy: release",
                          inference::release_atom::value, dir);
   else
     return {};

@@ -95,6 +95,24 @@ void stop_cast(caf::blocking_actor* self, const rl_roles& roles) {
 
 namespace {
 
+// The rollout engine's work during one step, from its counters before and after.
+void add_rollout_metrics(train::metric_map& m, const inference::engine_metrics& a,
+                         const inference::engine_metrics& b) {
+  auto per = [](double x, double n) { return n > 0 ? x / n : 0.0; };
+  auto generated = static_cast<double>(b.generated_tokens - a.generated_tokens);
+  m["rollout/generated_tokens"] = generated;
+  m["rollout/prefill_tokens"] = static_cast<double>(b.prefill_tokens_computed - a.prefill_tokens_computed);
+  m["rollout/tokens_per_s"] = per(generated, b.busy_seconds - a.busy_seconds);
+  m["rollout/ttft_ms"] = per(b.ttft_ms_sum - a.ttft_ms_sum,
+                             static_cast<double>(b.finished_requests - a.finished_requests));
+  m["rollout/itl_ms"] = per(b.itl_ms_sum - a.itl_ms_sum, static_cast<double>(b.itl_count - a.itl_count));
+  m["rollout/kv_utilization"] = b.kv_peak_utilization;
+  auto prompt = static_cast<double>(b.prompt_tokens - a.prompt_tokens);
+  m["rollout/prefix_hit_rate"] =
+    per(prompt - static_cast<double>(b.prefill_tokens_computed - a.prefill_tokens_computed), prompt);
+  m["rollout/preemptions"] = static_cast<double>(b.preemptions - a.preemptions);
+}
+
 // The latest rl checkpoint, when resuming from one.
 struct rl_resume {
   rl_progress progress;
@@ -175,12 +193,12 @@ expected<rl_roles> spawn_cast(job_context& ctx, const rl_algorithm& algo) {
 expected<void> load_resume_state(job_context& ctx, const rl_roles& roles, const rl_resume& res) {
   if (!res.files)
     return {};
-  auto p = ask<int64_t>(ctx.self, roles.policy, ctx.timeout, res.dir + ": policy: load state",
+  auto p = ask<int64_t>(ctx.self, roles.policy, ctx.timeout_of(request_kind::state), res.dir + ": policy: load state",
                         train::load_state_atom::value, res.files->at("policy.state"));
   if (!p)
     return p.error();
   if (roles.critic) {
-    auto c = ask<int64_t>(ctx.self, *roles.critic, ctx.timeout, res.dir + ": critic: load state",
+    auto c = ask<int64_t>(ctx.self, *roles.critic, ctx.timeout_of(request_kind::state), res.dir + ": critic: load state",
                           train::load_state_atom::value, res.files->at("critic.state"));
     if (!c)
       return c.error();
@@ -261,7 +279,7 @@ expected<stage_summary> rl_driver::run() {
       return finish(sum);
     }
   }
-  auto saved = ask<std::string>(ctx_.self, roles_.policy, ctx_.timeout, "policy: save model",
+  auto saved = ask<std::string>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::state), "policy: save model",
                                 train::save_model_atom::value, sum.output);
   if (!saved)
     return finish(saved.error());
@@ -283,6 +301,7 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
   auto busy0 = roles_busy();
   if (!busy0)
     return busy0.error();
+  const auto engine0 = last_engine_;
   stopwatch step_clock;
   struct step {
     const char* phase;
@@ -317,6 +336,7 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
   // Time of the step not spent computing inside a role: messaging,
   // batching, scheduling, copies and the driver's own arithmetic.
   s.m["perf/orchestration_share"] = std::max(0.0, 1.0 - (*busy1 - *busy0) / step_s);
+  add_rollout_metrics(s.m, engine0, last_engine_);
   s.m["timing_s/step"] = step_s;
   s.m["training/global_step"] = static_cast<double>(it + 1);
   auto attention = s.batch.get("attention_mask");
@@ -423,13 +443,13 @@ rl_driver::apply_settings(int64_t it,
 
 expected<void> rl_driver::save_checkpoint() {
   runtime::checkpoint_files files;
-  auto p = ask<std::string>(ctx_.self, roles_.policy, ctx_.timeout, "policy: save state",
+  auto p = ask<std::string>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::state), "policy: save state",
                             train::save_state_atom::value);
   if (!p)
     return p.error();
   files["policy.state"] = std::move(*p);
   if (roles_.critic) {
-    auto c = ask<std::string>(ctx_.self, *roles_.critic, ctx_.timeout, "critic: save state",
+    auto c = ask<std::string>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::state), "critic: save state",
                               train::save_state_atom::value);
     if (!c)
       return c.error();
@@ -446,7 +466,7 @@ expected<void> rl_driver::save_checkpoint() {
 expected<double> rl_driver::roles_busy() {
   double total = 0;
   auto add = [&](const auto& actor, const char* role) -> expected<void> {
-    auto b = ask<double>(ctx_.self, actor, ctx_.timeout, std::string{role} + ": busy",
+    auto b = ask<double>(ctx_.self, actor, ctx_.timeout_of(request_kind::control), std::string{role} + ": busy",
                          train::busy_atom::value);
     if (!b)
       return b.error();
@@ -463,7 +483,7 @@ expected<double> rl_driver::roles_busy() {
       return ok.error();
   if (auto ok = add(roles_.reward, "reward"); !ok)
     return ok.error();
-  auto em = ask<inference::engine_metrics>(ctx_.self, roles_.rollout, ctx_.timeout,
+  auto em = ask<inference::engine_metrics>(ctx_.self, roles_.rollout, ctx_.timeout_of(request_kind::control),
                                            "rollout: metrics", inference::metrics_atom::value);
   if (!em)
     return em.error();

@@ -25,7 +25,8 @@ inline expected<job_config> parse_job(const std::string& yaml, std::vector<std::
 inline nlohmann::json deterministic_part(nlohmann::json j) {
   for (auto it = j.begin(); it != j.end();) {
     const auto& k = it.key();
-    if (k.rfind("timing_s/", 0) == 0 || k == "perf/throughput" || k == "perf/orchestration_share")
+    if (k.rfind("timing_s/", 0) == 0 || k == "perf/throughput" || k == "perf/orchestration_share" ||
+        k == "rollout/tokens_per_s" || k == "rollout/ttft_ms" || k == "rollout/itl_ms")
       it = j.erase(it);
     else
       ++it;
@@ -35,7 +36,7 @@ inline nlohmann::json deterministic_part(nlohmann::json j) {
 
 // A job small enough for a unit test: 2-layer width-32 model, 3-digit sorting.
 inline std::string tiny_job(const std::string& dir, const std::string& extra = "") {
-  return "run: {dir: '" + dir + "', seed: 3, progress: none, request_timeout_s: 60}\n"
+  return "run: {dir: '" + dir + "', seed: 3, progress: none, timeouts: {compute_s: 60, generate_s: 60}}\n"
          "data: {task: sort, min_digits: 2, max_digits: 3, train_size: 64, eval_size: 8}\n"
          "model: {hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 2,\n"
          "        num_kv_heads: 1, max_position_embeddings: 24}\n"

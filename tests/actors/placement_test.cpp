@@ -104,3 +104,20 @@ TEST(Placement, RefusesADeviceThatDoesNotFit) {
       << e;
   EXPECT_NE(e.find("resources.device_memory_gb"), std::string::npos) << e;
 }
+
+TEST(Placement, RefusesAnInProcessJobLargerThanTheMachine) {
+  // 3.6e12 parameters: far beyond any host; refused by the plan, before spawning.
+  auto c = parse_job(tiny_job("run"), {"model.hidden_size=65536", "model.intermediate_size=196608",
+                                       "model.num_layers=64", "model.num_heads=64",
+                                       "model.num_kv_heads=64"});
+  ASSERT_TRUE(c) << describe(c.error());
+  auto p = make_plan(*c);
+  ASSERT_FALSE(p);
+  auto e = describe(p.error());
+  EXPECT_NE(e.find("the driver's process needs an estimated"), std::string::npos) << e;
+  EXPECT_NE(e.find("more than this machine's"), std::string::npos) << e;
+  // The same job fits when the machine is declared large enough.
+  auto big = parse_job(tiny_job("run"), {"model.hidden_size=64", "resources.device_memory_gb=1"});
+  ASSERT_TRUE(big);
+  EXPECT_TRUE(make_plan(*big));
+}

@@ -288,6 +288,20 @@ TEST(Config, BaseFilesMergeAndErrorsNameTheirFile) {
   auto m = load_config_file<job_cfg>(missing);
   ASSERT_FALSE(m);
   EXPECT_NE(describe(m.error()).find(missing + ":2:7: base"), std::string::npos) << describe(m.error());
+  // A key given twice is refused in a file with a base too (a merge would
+  // keep one silently), and in its base.
+  auto twice = dir.write("sub/twice.yaml", "base: ../base.yaml\nname: a\nname: b\n");
+  auto t = load_config_file<job_cfg>(twice, {"mini_batches=3"});
+  ASSERT_FALSE(t);
+  EXPECT_NE(describe(t.error()).find(twice + ":3:1: name: duplicate key 'name' (first given at line 2)"),
+            std::string::npos)
+      << describe(t.error());
+  auto base2 = dir.write("base2.yaml", "optim: {lr: 0.5, lr: 0.25}\n");
+  auto over2 = dir.write("over2.yaml", "base: base2.yaml\nname: a\n");
+  auto t2 = load_config_file<job_cfg>(over2);
+  ASSERT_FALSE(t2);
+  EXPECT_NE(describe(t2.error()).find(base2 + ":1:18: optim.lr: duplicate key 'lr'"), std::string::npos)
+      << describe(t2.error());
   auto loop = dir.write("loop.yaml", "base: loop.yaml\n");
   auto l = load_config_file<job_cfg>(loop);
   ASSERT_FALSE(l);
