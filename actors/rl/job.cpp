@@ -78,10 +78,14 @@ std::string job_context::model_dir(const std::string& stage) const {
   return (run_dir / stage / "model").string();
 }
 
+std::mutex& torch_rng_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 expected<models::llama_model> load_model(const std::string& dir, models::head_kind head,
                                          bool allow_missing_head, uint64_t seed) {
-  static std::mutex rng;
-  std::lock_guard lock{rng};
+  std::lock_guard lock{torch_rng_mutex()};
   torch::manual_seed(seed);
   return models::load_pretrained(dir, head, allow_missing_head);
 }
@@ -625,6 +629,8 @@ expected<void> prepare_base(job_context& ctx) {
   c.bos_token_id = models::byte_tokenizer::bos_token;
   c.eos_token_ids = {models::byte_tokenizer::eos_token};
   c.pad_token_id = models::byte_tokenizer::pad_token;
+  // torch's RNG is process-global: two jobs in one process take turns.
+  std::lock_guard lock{torch_rng_mutex()};
   torch::manual_seed(mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), 31}));
   auto model = models::make_llama(c, models::head_kind::lm);
   if (!model)

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace troupe::actors::rl::detail {
@@ -90,6 +91,10 @@ struct job_tokenizer_info {
   int64_t pad = 0;
 };
 expected<job_tokenizer_info> job_tokenizer(const model_config& m);
+
+/// Held while torch's process-global RNG is seeded and used (two jobs in
+/// one process take turns).
+std::mutex& torch_rng_mutex();
 
 /// Loads a model from a HF directory with torch's RNG seeded first (fresh
 /// heads are then deterministic). Serialised: the RNG is process-global.

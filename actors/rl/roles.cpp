@@ -1,5 +1,7 @@
 #include "actors/rl/roles.hpp"
 
+#include "actors/rl/role_traits.hpp"
+
 #include "actors/inference/rollout.hpp"
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/job_internal.hpp"
@@ -26,13 +28,10 @@ std::vector<std::string> stage_roles(const std::string& stage, bool critic, bool
     return {"policy", "rollout"};
   if (stage == "rm")
     return {"reward"};
-  std::vector<std::string> out{"policy"};
-  if (critic)
-    out.push_back("critic");
-  if (reference)
-    out.push_back("reference");
-  out.push_back("reward");
-  out.push_back("rollout");
+  std::vector<std::string> out;
+  for (const auto& t : all_roles())
+    if ((t.id != role_id::critic || critic) && (t.id != role_id::reference || reference))
+      out.emplace_back(t.name);
   return out;
 }
 
@@ -64,32 +63,19 @@ expected<model_recipe> recipe_of(const job_config& cfg, const role_spec& s) {
     r.optim = cfg.rm.optim;
     return r;
   }
-  if (s.stage == "rl") {
-    if (s.role == "policy") {
-      r.seed = mix_seed({seed, 41});
+  const auto* t = find_role(s.role);
+  if (s.stage == "rl" && t) {
+    // The role-traits table: head, seed salt, trained or frozen.
+    r.head = t->head == "value"    ? models::head_kind::value
+             : t->head == "reward" ? models::head_kind::reward
+                                   : models::head_kind::lm;
+    r.allow_missing_head = t->id == role_id::critic; // a fresh value head
+    r.seed = mix_seed({seed, t->seed_salt});
+    if (t->id == role_id::policy)
       r.optim = cfg.rl.actor_optim;
-      return r;
-    }
-    if (s.role == "critic") {
-      r.head = models::head_kind::value;
-      r.allow_missing_head = true;
-      r.seed = mix_seed({seed, 42});
+    else if (t->id == role_id::critic)
       r.optim = cfg.rl.critic.optim;
-      return r;
-    }
-    if (s.role == "reference") {
-      r.seed = mix_seed({seed, 43});
-      return r;
-    }
-    if (s.role == "reward") {
-      r.head = models::head_kind::reward;
-      r.seed = mix_seed({seed, 44});
-      return r;
-    }
-    if (s.role == "rollout") {
-      r.seed = mix_seed({seed, 45});
-      return r;
-    }
+    return r;
   }
   return make_error(errc::invalid_argument,
                     "no role '" + s.role + "' in stage '" + s.stage + "'");
