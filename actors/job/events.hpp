@@ -18,7 +18,7 @@
 //   metrics         one step's metrics (stage, step, total, map)
 //   weight_sync     trainer → rollout weights (version, transport, bytes, s)
 //   checkpoint      a checkpoint was committed (stage, step, path, bytes, s)
-//   role            a role rank started / became ready / failed / stopped
+//   role            a role rank started / became ready / failed
 //                   (role, rank, process, pid, status, reason, signal, phase)
 //   eval_samples    a few (prompt, response, score) triples of an evaluation
 //   log             a log line (level, text)
@@ -170,7 +170,7 @@ struct role_changed {
   /// "driver" (the job's own process) or the worker's label.
   std::string process;
   int64_t pid = 0;
-  /// started | ready | failed | stopped.
+  /// started | ready | failed.
   std::string status;
   std::string reason;
   /// The signal that ended the role's process (failed), else 0.
