@@ -156,16 +156,10 @@ std::string_view kind_of(const event_body& e) noexcept {
 }
 
 std::vector<std::string_view> event_kinds() {
-  std::vector<std::string_view> out;
-  for (size_t i = 0; i < std::variant_size_v<event_body>; ++i) {
-    event_body b;
-    [&]<size_t... Is>(std::index_sequence<Is...>) {
-      ((i == Is ? void(b.emplace<Is>()) : void()), ...);
-    }
-    (std::make_index_sequence<std::variant_size_v<event_body>>{});
-    out.push_back(kind_of(b));
+  return []<size_t... Is>(std::index_sequence<Is...>) {
+    return std::vector<std::string_view>{std::variant_alternative_t<Is, event_body>::kind...};
   }
-  return out;
+  (std::make_index_sequence<std::variant_size_v<event_body>>{});
 }
 
 std::string to_json(const event& e) {

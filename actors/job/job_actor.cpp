@@ -142,21 +142,31 @@ job_status status_of(job_state_data& s) {
   return st;
 }
 
+// Calls `fn` with each complete line of a journal that parses; answers the
+// length of the complete part (a torn last line is left out).
+template <class F>
+size_t each_event(const std::string& text, F fn) {
+  size_t start = 0;
+  while (start < text.size()) {
+    auto end = text.find('\n', start);
+    if (end == std::string::npos)
+      break;
+    if (auto e = event_from_json(std::string_view{text}.substr(start, end - start)))
+      fn(*e);
+    start = end + 1;
+  }
+  return start;
+}
+
 // Journal lines with seq in [from, until).
 void replay_journal(self_ptr self, const caf::actor& sub, int64_t from, int64_t until) {
   auto text = runtime::read_file(self->state.opt.journal_path);
   if (!text)
     return;
-  size_t start = 0;
-  while (start < text->size()) {
-    auto end = text->find('\n', start);
-    if (end == std::string::npos)
-      break;
-    auto e = event_from_json(std::string_view{*text}.substr(start, end - start));
-    start = end + 1;
-    if (e && e->seq >= from && e->seq < until)
-      caf::anon_send(sub, *e);
-  }
+  each_event(*text, [&](const event& e) {
+    if (e.seq >= from && e.seq < until)
+      caf::anon_send(sub, e);
+  });
 }
 
 expected<void> open_journal(job_state_data& s) {
@@ -170,15 +180,9 @@ expected<void> open_journal(job_state_data& s) {
     auto text = runtime::read_file(s.opt.journal_path);
     if (!text)
       return text.error();
-    auto end = text->rfind('\n');
-    std::string kept = end == std::string::npos ? std::string{} : text->substr(0, end + 1);
-    auto last = kept.empty() ? std::string::npos : kept.rfind('\n', kept.size() - 2);
-    auto line =
-        kept.empty() ? std::string{} : kept.substr(last == std::string::npos ? 0 : last + 1);
-    if (auto e = event_from_json(line))
-      s.seq = e->seq;
-    if (kept.size() != text->size()) // a torn last line (killed mid-write) is dropped
-      if (auto ok = runtime::write_file_atomic(s.opt.journal_path, kept); !ok)
+    auto complete = each_event(*text, [&](const event& e) { s.seq = e.seq; });
+    if (complete != text->size()) // a torn last line (killed mid-write) is dropped
+      if (auto ok = runtime::write_file_atomic(s.opt.journal_path, text->substr(0, complete)); !ok)
         return ok;
   }
   s.journal = std::fopen(s.opt.journal_path.c_str(), s.opt.append_journal ? "a" : "w");
@@ -279,10 +283,115 @@ void release_held(self_ptr self) {
   p.deliver(std::exchange(s.held_reply, {}));
 }
 
-caf::result<job_status> refuse_or(self_ptr self, command c) {
-  if (auto ok = self->state.fsm.check(c); !ok)
+// Breakpoints may be set before start (pause may not): refused once final.
+expected<void> breakpoint_allowed(const job_state_data& s) {
+  if (is_final(s.fsm.state()))
+    return s.fsm.check(command::pause);
+  return {};
+}
+
+// A command: refused when the state does not allow `c` or `act` refuses;
+// else the attention flag follows what is pending, and the status answers.
+template <class F>
+caf::result<job_status> command_then(self_ptr self, command c, F act) {
+  auto& s = self->state;
+  if (auto ok = s.fsm.check(c); !ok)
     return ok.error();
-  return status_of(self->state);
+  if (expected<void> ok = act(s); !ok)
+    return ok.error();
+  refresh_attention(s);
+  return status_of(s);
+}
+
+expected<void> start(self_ptr self) {
+  auto& s = self->state;
+  if (auto ok = open_journal(s); !ok) {
+    s.st.error = describe(ok.error());
+    move_to(self, job_state::failed, s.st.error);
+    return ok;
+  }
+  s.st.start_time_us = now_us();
+  move_to(self, job_state::preparing);
+  start_driver(self);
+  return {};
+}
+
+void resume(self_ptr self) {
+  auto& s = self->state;
+  s.stage_paused_s += since(s.held_since);
+  release_held(self);
+  move_to(self, job_state::running, "resumed");
+}
+
+void cancel(self_ptr self, bool now) {
+  auto& s = self->state;
+  if (s.fsm.state() == job_state::pending) {
+    move_to(self, job_state::cancelled, "cancelled before it started");
+    return;
+  }
+  s.cancel_now = s.cancel_now || now;
+  s.pause_pending = s.rehold = false;
+  if (!s.held) {
+    s.cancel_pending = true;
+    return;
+  }
+  s.held_reply.cancel = true, s.held_reply.now = s.cancel_now;
+  release_held(self);
+}
+
+void checkpoint(self_ptr self) {
+  auto& s = self->state;
+  if (!s.held || !s.held_at.consistent) {
+    s.checkpoint_pending = true;
+    return;
+  }
+  // Taken now, while paused; the driver comes back to be held again.
+  s.held_reply.checkpoint = s.held_reply.again = true;
+  s.rehold = true;
+  s.stage_paused_s += since(s.held_since);
+  release_held(self);
+  s.held_since = clock::now();
+}
+
+expected<void> update(job_state_data& s, const std::string& key, const std::string& value) {
+  if (!s.opt.check_update)
+    return make_error(errc::unsupported, "this job has no runtime settings");
+  auto v = s.opt.check_update(key, value);
+  if (!v)
+    return v.error();
+  s.settings_pending.emplace_back(key, *v);
+  return {};
+}
+
+// The events from `from` (older ones from the journal), then live ones.
+int64_t subscribe(self_ptr self, const caf::actor& sub, int64_t from) {
+  auto& s = self->state;
+  from = std::max<int64_t>(from, 1);
+  int64_t ring_first = s.ring.empty() ? s.seq + 1 : s.ring.front().seq;
+  if (from < ring_first && !s.opt.journal_path.empty())
+    replay_journal(self, sub, from, ring_first);
+  for (const auto& e : s.ring)
+    if (e.seq >= from)
+      caf::anon_send(sub, e);
+  if (!is_final(s.fsm.state())) {
+    s.subscribers.push_back(sub);
+    self->monitor(sub);
+  }
+  return s.seq + 1;
+}
+
+void driver_done(self_ptr self, const std::string& state, const std::string& error) {
+  auto& s = self->state;
+  auto to = parse_job_state(state).value_or(job_state::failed);
+  s.held.reset();
+  if (s.fsm.state() == job_state::preparing && to == job_state::succeeded)
+    move_to(self, job_state::running);
+  s.st.error = error;
+  if (!s.sink_error.empty() && to == job_state::succeeded) {
+    to = job_state::failed;
+    s.st.error = s.sink_error;
+  }
+  move_to(self, to, s.st.error);
 }
 
 job_actor::behavior_type job_behavior(self_ptr self, job_options opt) {
@@ -290,32 +399,21 @@ job_actor::behavior_type job_behavior(self_ptr self, job_options opt) {
   s.opt = std::move(opt);
   s.st.id = s.opt.id;
   s.st.name = s.opt.name;
+  using st = job_state_data;
   return {
       [=](status_atom) -> caf::result<job_status> { return status_of(self->state); },
-      [=](start_atom) -> caf::result<job_status> {
-        auto& s = self->state;
-        if (auto ok = s.fsm.check(command::start); !ok)
-          return ok.error();
-        if (auto ok = open_journal(s); !ok) {
-          s.st.error = describe(ok.error());
-          move_to(self, job_state::failed, s.st.error);
-          return ok.error();
-        }
-        s.st.start_time_us = now_us();
-        move_to(self, job_state::preparing);
-        start_driver(self);
-        return status_of(s);
+      [=](start_atom) {
+        return command_then(self, command::start, [&](st&) { return start(self); });
       },
-      [=](pause_atom) -> caf::result<job_status> {
-        if (auto ok = self->state.fsm.check(command::pause); !ok)
-          return ok.error();
-        self->state.pause_pending = true;
-        refresh_attention(self->state);
-        return status_of(self->state);
+      [=](pause_atom) {
+        return command_then(self, command::pause, [](st& s) -> expected<void> {
+          s.pause_pending = true;
+          return {};
+        });
       },
       [=](pause_at_atom, const std::string& where) -> caf::result<job_status> {
-        if (is_final(self->state.fsm.state()))
-          return refuse_or(self, command::pause);
+        if (auto ok = breakpoint_allowed(self->state); !ok)
+          return ok.error();
         auto bp = parse_breakpoint(where);
         if (!bp)
           return bp.error();
@@ -323,79 +421,29 @@ job_actor::behavior_type job_behavior(self_ptr self, job_options opt) {
         refresh_attention(self->state);
         return status_of(self->state);
       },
-      [=](resume_atom) -> caf::result<job_status> {
-        auto& s = self->state;
-        if (auto ok = s.fsm.check(command::resume); !ok)
-          return ok.error();
-        s.stage_paused_s += since(s.held_since);
-        release_held(self);
-        move_to(self, job_state::running, "resumed");
-        return status_of(s);
+      [=](resume_atom) {
+        return command_then(self, command::resume, [&](st&) -> expected<void> {
+          resume(self);
+          return {};
+        });
       },
-      [=](cancel_atom, bool now) -> caf::result<job_status> {
-        auto& s = self->state;
-        if (auto ok = s.fsm.check(command::cancel); !ok)
-          return ok.error();
-        if (s.fsm.state() == job_state::pending) {
-          move_to(self, job_state::cancelled, "cancelled before it started");
-          return status_of(s);
-        }
-        s.cancel_pending = true;
-        s.cancel_now = s.cancel_now || now;
-        s.pause_pending = s.rehold = false;
-        if (s.held) {
-          s.held_reply.cancel = true, s.held_reply.now = s.cancel_now;
-          s.cancel_pending = false;
-          release_held(self);
-        }
-        refresh_attention(s);
-        return status_of(s);
+      [=](cancel_atom, bool now) {
+        return command_then(self, command::cancel, [&](st&) -> expected<void> {
+          cancel(self, now);
+          return {};
+        });
       },
-      [=](checkpoint_atom) -> caf::result<job_status> {
-        auto& s = self->state;
-        if (auto ok = s.fsm.check(command::checkpoint); !ok)
-          return ok.error();
-        if (s.held && s.held_at.consistent) {
-          // Taken now, while paused; the driver comes back to be held again.
-          s.held_reply.checkpoint = s.held_reply.again = true;
-          s.rehold = true;
-          s.stage_paused_s += since(s.held_since);
-          release_held(self);
-          s.held_since = clock::now();
-        } else {
-          s.checkpoint_pending = true;
-        }
-        refresh_attention(s);
-        return status_of(s);
+      [=](checkpoint_atom) {
+        return command_then(self, command::checkpoint, [&](st&) -> expected<void> {
+          checkpoint(self);
+          return {};
+        });
       },
-      [=](update_atom, const std::string& key,
-          const std::string& value) -> caf::result<job_status> {
-        auto& s = self->state;
-        if (auto ok = s.fsm.check(command::update); !ok)
-          return ok.error();
-        if (!s.opt.check_update)
-          return make_error(errc::unsupported, "this job has no runtime settings");
-        auto v = s.opt.check_update(key, value);
-        if (!v)
-          return v.error();
-        s.settings_pending.emplace_back(key, *v);
-        refresh_attention(s);
-        return status_of(s);
+      [=](update_atom, const std::string& key, const std::string& value) {
+        return command_then(self, command::update, [&](st& s) { return update(s, key, value); });
       },
       [=](subscribe_atom, const caf::actor& sub, int64_t from) -> caf::result<int64_t> {
-        auto& s = self->state;
-        from = std::max<int64_t>(from, 1);
-        int64_t ring_first = s.ring.empty() ? s.seq + 1 : s.ring.front().seq;
-        if (from < ring_first && !s.opt.journal_path.empty())
-          replay_journal(self, sub, from, ring_first);
-        for (const auto& e : s.ring)
-          if (e.seq >= from)
-            caf::anon_send(sub, e);
-        if (!is_final(s.fsm.state())) {
-          s.subscribers.push_back(sub);
-          self->monitor(sub);
-        }
-        return s.seq + 1;
+        return subscribe(self, sub, from);
       },
       [=](unsubscribe_atom, const caf::actor& sub) {
         auto& subs = self->state.subscribers;
@@ -413,17 +461,7 @@ job_actor::behavior_type job_behavior(self_ptr self, job_options opt) {
       [=](boundary_atom, const boundary_point& p) { return on_boundary(self, p); },
       [=](prepared_atom) { move_to(self, job_state::running); },
       [=](driver_done_atom, const std::string& state, const std::string& error) {
-        auto& s = self->state;
-        auto to = parse_job_state(state).value_or(job_state::failed);
-        s.held.reset();
-        if (s.fsm.state() == job_state::preparing && to == job_state::succeeded)
-          move_to(self, job_state::running);
-        s.st.error = error;
-        if (!s.sink_error.empty() && to == job_state::succeeded) {
-          to = job_state::failed;
-          s.st.error = s.sink_error;
-        }
-        move_to(self, to, s.st.error);
+        driver_done(self, state, error);
       },
   };
 }

@@ -62,7 +62,10 @@ int64_t max_task_prompt_tokens(const data_config& c) {
   return t ? (*t)->max_prompt_length() + 1 : 0;
 }
 
-void check(const job_config& c, runtime::config_checks& checks) {
+namespace {
+
+// run: the directory, threads and timeouts.
+void check_run(const job_config& c, runtime::config_checks& checks) {
   // run
   checks.require(!c.run.dir.empty(), "run.dir", "must not be empty");
   checks.require(c.run.threads >= 0, "run.threads", "must be >= 0 (0 = one per core)");
@@ -71,7 +74,10 @@ void check(const job_config& c, runtime::config_checks& checks) {
                             std::pair{"generate_s", t.generate_s},
                             std::pair{"weights_s", t.weights_s}, std::pair{"state_s", t.state_s}})
     checks.require(value > 0, std::string{"run.timeouts."} + key, "must be > 0");
+}
 
+// stages: known, unique, in dependency order.
+void check_stages(const job_config& c, runtime::config_checks& checks) {
   // stages: known, unique, in dependency order
   static const std::vector<std::string> order = {"sft", "rm", "rl"};
   checks.require(!c.stages.empty(), "stages", "must name at least one stage");
@@ -93,7 +99,10 @@ void check(const job_config& c, runtime::config_checks& checks) {
                    item + "stage '" + s + "' must come before the stages it feeds (order: sft, rm, rl)");
     last = std::max(last, pos);
   }
+}
 
+// data and model: sizes, head shapes, the context holding prompt + response.
+void check_data_and_model(const job_config& c, runtime::config_checks& checks) {
   // data
   const auto& d = c.data;
   checks.require(d.min_digits >= 1 && d.min_digits <= 32, "data.min_digits", "must be in [1, 32]");
@@ -132,7 +141,10 @@ void check(const job_config& c, runtime::config_checks& checks) {
                          "): at least " + std::to_string(need));
     }
   }
+}
 
+// sft and rm.
+void check_supervised(const job_config& c, runtime::config_checks& checks) {
   // sft
   checks.require(c.sft.steps >= 1, "sft.steps", "must be >= 1");
   checks.require(c.sft.batch_size >= 1, "sft.batch_size", "must be >= 1");
@@ -147,7 +159,10 @@ void check(const job_config& c, runtime::config_checks& checks) {
   if (has_stage(c, "rm"))
     checks.require(c.rm.init != "sft" || has_stage(c, "sft"), "rm.init",
                    "'sft' needs the sft stage in stages; use 'base' to start from the base model");
+}
 
+// rl: iterations, batch shape, staleness, the advantage estimator.
+void check_rl_batch(const job_config& c, runtime::config_checks& checks) {
   // rl
   const auto& r = c.rl;
   checks.require(r.iterations >= 1, "rl.iterations", "must be >= 1");
@@ -176,6 +191,11 @@ void check(const job_config& c, runtime::config_checks& checks) {
                    "advantage '" + adv + "' compares samples of a group: needs >= 2");
   if (r.algorithm == "grpo")
     checks.require(adv != "gae", "rl.advantage", "grpo has no critic: gae is not available");
+}
+
+// rl: loss terms, evaluation, the critic, the reward and the KL.
+void check_rl_loss_and_roles(const job_config& c, runtime::config_checks& checks) {
+  const auto& r = c.rl;
   checks.require(r.clip_ratio > 0 && r.clip_ratio < 1, "rl.clip_ratio", "must be in (0, 1)");
   checks.require(r.entropy_coef >= 0, "rl.entropy_coef", "must be >= 0");
   checks.require(r.gamma >= 0 && r.gamma <= 1, "rl.gamma", "must be in [0, 1]");
@@ -205,6 +225,11 @@ void check(const job_config& c, runtime::config_checks& checks) {
   checks.require(r.kl.coef >= 0, "rl.kl.coef", "must be >= 0");
   checks.require(r.kl.target > 0, "rl.kl.target", "must be > 0");
   checks.require(r.kl.horizon >= 1, "rl.kl.horizon", "must be >= 1");
+}
+
+// rl: generation and the rollout engine.
+void check_rl_sampling(const job_config& c, runtime::config_checks& checks) {
+  const auto& r = c.rl;
   const auto& g = r.generation;
   checks.require(g.temperature > 0, "rl.generation.temperature",
                  "must be > 0 for RL sampling (greedy responses give no exploration)");
@@ -218,13 +243,10 @@ void check(const job_config& c, runtime::config_checks& checks) {
   checks.require(e.max_num_seqs >= 1, "rl.rollout.max_num_seqs", "must be >= 1");
   checks.require(e.max_batched_tokens >= 1, "rl.rollout.max_batched_tokens", "must be >= 1");
   checks.require(e.max_model_len >= 0, "rl.rollout.max_model_len", "must be >= 0 (0 = the model's)");
+}
 
-  // weight_sync
-  checks.require(c.weight_sync.keep >= 1 && c.weight_sync.keep <= 16, "weight_sync.keep",
-                 "must be in [1, 16]");
-
-  check_placement(c, checks);
-
+// debug: fault injection names an injectable role and one of its phases.
+void check_debug(const job_config& c, runtime::config_checks& checks) {
   // debug
   // The rollout's failures are covered by the rollout actor's own tests.
   const auto* failing = find_role(c.debug.fail_role);
@@ -236,6 +258,22 @@ void check(const job_config& c, runtime::config_checks& checks) {
                                          c.debug.fail_phase) != failing->rl_phases.end()),
                  "debug.fail_phase",
                  "'" + c.debug.fail_phase + "' is not a phase of role '" + c.debug.fail_role + "'");
+}
+
+} // namespace
+
+void check(const job_config& c, runtime::config_checks& checks) {
+  check_run(c, checks);
+  check_stages(c, checks);
+  check_data_and_model(c, checks);
+  check_supervised(c, checks);
+  check_rl_batch(c, checks);
+  check_rl_loss_and_roles(c, checks);
+  check_rl_sampling(c, checks);
+  checks.require(c.weight_sync.keep >= 1 && c.weight_sync.keep <= 16, "weight_sync.keep",
+                 "must be in [1, 16]");
+  check_placement(c, checks);
+  check_debug(c, checks);
 }
 
 expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides) {

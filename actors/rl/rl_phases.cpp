@@ -23,12 +23,19 @@ at::Tensor log_probs_of(const expected<runtime::tensor_batch>& b) {
 
 } // namespace
 
+// The training prompts of iteration `it` (the data position is it × prompts).
+std::vector<int64_t> rl_driver::prompts_of(int64_t it) const {
+  const auto& r = ctx_.cfg->rl;
+  auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
+  return batch_indices(static_cast<int64_t>(ctx_.data.train.size()), mix_seed({seed, 51}),
+                       it * r.prompts_per_iteration, r.prompts_per_iteration);
+}
+
 // The requests of iteration `it` (seeds from the run seed, it, prompt).
 std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) const {
   const auto& r = ctx_.cfg->rl;
   auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
-  auto idx = batch_indices(static_cast<int64_t>(ctx_.data.train.size()), mix_seed({seed, 51}),
-                           it * r.prompts_per_iteration, r.prompts_per_iteration);
+  auto idx = prompts_of(it);
   std::vector<inference::generate_request> reqs;
   reqs.reserve(idx.size());
   for (size_t i = 0; i < idx.size(); ++i) {
@@ -49,9 +56,6 @@ std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) con
 expected<void> rl_driver::gen(iteration_state& s) {
   const auto& r = ctx_.cfg->rl;
   auto* self = ctx_.self;
-  auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
-  auto idx = batch_indices(static_cast<int64_t>(ctx_.data.train.size()), mix_seed({seed, 51}),
-                           s.it * r.prompts_per_iteration, r.prompts_per_iteration);
   expected<std::vector<inference::request_output>> outs = make_error(errc::internal, "no batch");
   if (prefetched_ && prefetched_->first == s.it) {
     s.behaviour_version = s.it - 1;
@@ -59,11 +63,12 @@ expected<void> rl_driver::gen(iteration_state& s) {
     prefetched_.reset();
   } else {
     outs = ask<std::vector<inference::request_output>>(
-        self, roles_.rollout, ctx_.timeout_of(request_kind::generate), "rollout: gen", inference::generate_atom::value,
-        gen_requests(s.it));
+        self, roles_.rollout, ctx_.timeout_of(request_kind::generate), "rollout: gen",
+        inference::generate_atom::value, gen_requests(s.it));
   }
   if (!outs)
     return outs.error();
+  auto idx = prompts_of(s.it); // for the answers
   for (size_t i = 0; i < outs->size(); ++i)
     for (auto& smp : (*outs)[i].samples) {
       s.prompts.push_back((*outs)[i].prompt);
@@ -84,14 +89,16 @@ expected<void> rl_driver::gen(iteration_state& s) {
   if (r.staleness > 0 && s.it + 1 < r.iterations) {
     auto next = s.it + 1;
     auto h = std::make_shared<decltype(self->request(
-        roles_.rollout, ctx_.timeout_of(request_kind::generate), inference::generate_atom::value, gen_requests(next)))>(
-        self->request(roles_.rollout, ctx_.timeout_of(request_kind::generate), inference::generate_atom::value,
-                      gen_requests(next)));
+        roles_.rollout, ctx_.timeout_of(request_kind::generate), inference::generate_atom::value,
+        gen_requests(next)))>(self->request(roles_.rollout, ctx_.timeout_of(request_kind::generate),
+                                            inference::generate_atom::value, gen_requests(next)));
     collect_ahead_ = [this, h, next] {
       expected<std::vector<inference::request_output>> o = make_error(errc::internal, "no reply");
-      h->receive(
-          [&](std::vector<inference::request_output>& x) { o = std::move(x); },
-          [&](caf::error& e) { o = request_error(e, "rollout: gen (ahead)", ctx_.timeout_of(request_kind::generate)); });
+      h->receive([&](std::vector<inference::request_output>& x) { o = std::move(x); },
+                 [&](caf::error& e) {
+                   o = request_error(e, "rollout: gen (ahead)",
+                                     ctx_.timeout_of(request_kind::generate));
+                 });
       prefetched_.emplace(next, std::move(o));
     };
   }
@@ -102,9 +109,9 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
   if (!algo_.policy_old_logprobs) {
     s.old_lp = s.eng_lp;
   } else {
-    auto lp = ask<runtime::tensor_batch>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::compute),
-                                         "policy: old_log_prob", train::log_probs_atom::value,
-                                         s.batch, ctx_.cfg->rl.generation.temperature, false);
+    auto lp = ask<runtime::tensor_batch>(
+        ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::compute), "policy: old_log_prob",
+        train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
     if (!lp)
       return lp.error();
     s.old_lp = log_probs_of(lp);
@@ -119,9 +126,9 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
 }
 
 expected<void> rl_driver::ref(iteration_state& s) {
-  auto lp = ask<runtime::tensor_batch>(ctx_.self, *roles_.reference, ctx_.timeout_of(request_kind::compute), "reference: ref",
-                                       train::log_probs_atom::value, s.batch,
-                                       ctx_.cfg->rl.generation.temperature, false);
+  auto lp = ask<runtime::tensor_batch>(
+      ctx_.self, *roles_.reference, ctx_.timeout_of(request_kind::compute), "reference: ref",
+      train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
   if (!lp)
     return lp.error();
   s.ref_lp = log_probs_of(lp);
@@ -130,8 +137,9 @@ expected<void> rl_driver::ref(iteration_state& s) {
 }
 
 expected<void> rl_driver::values(iteration_state& s) {
-  auto v = ask<runtime::tensor_batch>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::compute), "critic: values",
-                                      train::values_atom::value, s.batch);
+  auto v =
+      ask<runtime::tensor_batch>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::compute),
+                                 "critic: values", train::values_atom::value, s.batch);
   if (!v)
     return v.error();
   s.values = value_or_throw(v->get("values"));
@@ -145,8 +153,9 @@ expected<void> rl_driver::reward(iteration_state& s) {
   value_or_throw(req.batch.set("attention_mask", value_or_throw(s.batch.get("attention_mask"))));
   req.responses = s.responses;
   req.answers = s.answers;
-  auto sc = ask<runtime::tensor_batch>(ctx_.self, roles_.reward, ctx_.timeout_of(request_kind::compute), "reward: score",
-                                       reward_atom::value, req);
+  auto sc =
+      ask<runtime::tensor_batch>(ctx_.self, roles_.reward, ctx_.timeout_of(request_kind::compute),
+                                 "reward: score", reward_atom::value, req);
   if (!sc)
     return sc.error();
   s.scores = value_or_throw(sc->get("scores"));
@@ -225,8 +234,8 @@ expected<void> rl_driver::update_critic(iteration_state& s) {
   o.shuffle_seed =
       mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 61, static_cast<uint64_t>(s.it)});
   auto res =
-      ask<train::metric_map>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::compute), "critic: update_critic",
-                             train::update_critic_atom::value, s.batch, o);
+      ask<train::metric_map>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::compute),
+                             "critic: update_critic", train::update_critic_atom::value, s.batch, o);
   if (!res)
     return res.error();
   s.m.insert(res->begin(), res->end());
@@ -248,8 +257,9 @@ expected<void> rl_driver::update_actor(iteration_state& s) {
   o.lr = r.actor_optim.lr;
   o.shuffle_seed =
       mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 62, static_cast<uint64_t>(s.it)});
-  auto res = ask<train::metric_map>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::compute), "policy: update_actor",
-                                    train::update_policy_atom::value, s.batch, o);
+  auto res =
+      ask<train::metric_map>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::compute),
+                             "policy: update_actor", train::update_policy_atom::value, s.batch, o);
   if (!res)
     return res.error();
   s.m.insert(res->begin(), res->end());
@@ -280,20 +290,20 @@ expected<void> rl_driver::release_after(iteration_state& s, std::string_view pha
   expected<int64_t> freed = int64_t{0};
   auto dir = (ctx_.run_dir / "rl" / "offload").string();
   if (phase == "gen" && !collect_ahead_) // the KV pool, unless the next gen runs
-    freed = ask<int64_t>(ctx_.self, roles_.rollout, ctx_.timeout_of(request_kind::control), "rollout: release",
-                         inference::release_atom::value);
+    freed = ask<int64_t>(ctx_.self, roles_.rollout, ctx_.timeout_of(request_kind::control),
+                         "rollout: release", inference::release_atom::value);
   else if (phase == "ref")
-    freed = ask<int64_t>(ctx_.self, *roles_.reference, ctx_.timeout_of(request_kind::state), "reference: release",
-                         inference::release_atom::value, dir);
+    freed = ask<int64_t>(ctx_.self, *roles_.reference, ctx_.timeout_of(request_kind::state),
+                         "reference: release", inference::release_atom::value, dir);
   else if (phase == "reward" && algo_.reward_model) // a rule holds nothing to free
-    freed = ask<int64_t>(ctx_.self, roles_.reward, ctx_.timeout_of(request_kind::state), "reward: release",
-                         inference::release_atom::value, dir);
+    freed = ask<int64_t>(ctx_.self, roles_.reward, ctx_.timeout_of(request_kind::state),
+                         "reward: release", inference::release_atom::value, dir);
   else if (phase == "update_critic")
-    freed = ask<int64_t>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::state), "critic: release",
-                         inference::release_atom::value, dir);
+    freed = ask<int64_t>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::state),
+                         "critic: release", inference::release_atom::value, dir);
   else if (phase == "weight_sync") // the policy's optimizer state, until its next update
-    freed = ask<int64_t>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::state), "policy: release",
-                         inference::release_atom::value, dir);
+    freed = ask<int64_t>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::state),
+                         "policy: release", inference::release_atom::value, dir);
   else
     return {};
   if (!freed)

@@ -15,60 +15,68 @@ namespace troupe::actors::rl {
 
 namespace {
 
-using field_ref = std::variant<double*, int64_t*>;
+using field_ref = std::variant<const double*, const int64_t*>;
 
 // The one table of runtime settings: key → the field it changes.
-field_ref field_of(job_config& c, const std::string& key) {
-  if (key == "rl.kl.coef")
-    return &c.rl.kl.coef;
-  if (key == "rl.generation.temperature")
-    return &c.rl.generation.temperature;
-  if (key == "rl.generation.top_p")
-    return &c.rl.generation.top_p;
-  if (key == "rl.generation.max_tokens")
-    return &c.rl.generation.max_tokens;
-  if (key == "rl.eval_every")
-    return &c.rl.eval_every;
-  if (key == "rl.checkpoint_every")
-    return &c.rl.checkpoint_every;
-  if (key == "rl.actor_optim.lr")
-    return &c.rl.actor_optim.lr;
-  return static_cast<double*>(nullptr);
+struct setting_entry {
+  std::string key;
+  field_ref (*field)(const job_config&);
+};
+
+const std::vector<setting_entry>& table() {
+  static const std::vector<setting_entry> t{
+      {"rl.kl.coef", [](const job_config& c) { return field_ref{&c.rl.kl.coef}; }},
+      {"rl.generation.temperature",
+       [](const job_config& c) { return field_ref{&c.rl.generation.temperature}; }},
+      {"rl.generation.top_p",
+       [](const job_config& c) { return field_ref{&c.rl.generation.top_p}; }},
+      {"rl.generation.max_tokens",
+       [](const job_config& c) { return field_ref{&c.rl.generation.max_tokens}; }},
+      {"rl.eval_every", [](const job_config& c) { return field_ref{&c.rl.eval_every}; }},
+      {"rl.checkpoint_every",
+       [](const job_config& c) { return field_ref{&c.rl.checkpoint_every}; }},
+      {"rl.actor_optim.lr", [](const job_config& c) { return field_ref{&c.rl.actor_optim.lr}; }},
+  };
+  return t;
 }
 
-std::string text_of(field_ref f) {
-  if (auto* d = std::get_if<double*>(&f)) {
-    char buf[64];
-    auto r = std::to_chars(buf, buf + sizeof buf, **d); // shortest form that reads back
-    return std::string{buf, r.ptr};
-  }
-  return std::to_string(*std::get<int64_t*>(f));
+const setting_entry* find_setting(const std::string& key) {
+  for (const auto& e : table())
+    if (e.key == key)
+      return &e;
+  return nullptr;
 }
 
 } // namespace
 
 const std::vector<std::string>& runtime_settings() {
-  static const std::vector<std::string> keys{"rl.kl.coef",          "rl.generation.temperature",
-                                             "rl.generation.top_p", "rl.generation.max_tokens",
-                                             "rl.eval_every",       "rl.checkpoint_every",
-                                             "rl.actor_optim.lr"};
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> out;
+    for (const auto& e : table())
+      out.push_back(e.key);
+    return out;
+  }();
   return keys;
 }
 
 std::string setting_value(const job_config& c, const std::string& key) {
-  auto copy = c;
-  auto f = field_of(copy, key);
-  if (auto* d = std::get_if<double*>(&f); d && !*d)
+  const auto* entry = find_setting(key);
+  if (!entry)
     return {};
-  return text_of(f);
+  auto f = entry->field(c);
+  if (auto* d = std::get_if<const double*>(&f)) {
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, **d); // shortest form that reads back
+    return std::string{buf, r.ptr};
+  }
+  return std::to_string(*std::get<const int64_t*>(f));
 }
 
 expected<job_config> with_setting(const job_config& c, const std::string& key,
                                   const std::string& value) {
-  const auto& keys = runtime_settings();
-  if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+  if (!find_setting(key)) {
     std::string list;
-    for (const auto& k : keys)
+    for (const auto& k : runtime_settings())
       list += (list.empty() ? "" : ", ") + k;
     return make_error(errc::invalid_argument,
                       key + ": not a runtime setting (a running job accepts " + list + ")");
