@@ -1,7 +1,9 @@
 // troupe: the command-line entry point. Thin: parse, validate, run.
 #include "actors/actor_system.hpp"
+#include "apps/cli.hpp"
 #include "apps/generate.hpp"
 #include "apps/run.hpp"
+#include "cluster/api_server.hpp"
 #include "cluster/env.hpp"
 #include "cluster/local_launcher.hpp"
 #include "cluster/workers.hpp"
@@ -12,6 +14,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 
 namespace {
 
@@ -50,26 +53,40 @@ int run_env(bool json, bool smoke, int world, int64_t timeout_ms) {
   return ok ? 0 : 1;
 }
 
-} // namespace
+using troupe::apps::runner;
 
-int main(int argc, char** argv) {
-  CLI::App app{"troupe: actor-based distributed RLHF"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", std::string{"troupe "} + TROUPE_VERSION);
-
+runner add_env(CLI::App& app) {
   auto* env = app.add_subcommand("env", "Report versions, devices and c10d backends; run smoke tests");
-  bool json = false;
-  bool no_smoke = false;
-  int world = 2;
-  int64_t timeout_ms = 60000;
-  env->add_flag("--json", json, "Print the report as JSON");
-  env->add_flag("--no-smoke", no_smoke, "Skip the actor and gloo smoke tests");
-  env->add_option("--world", world, "Processes in the gloo all-reduce smoke test")
+  struct flags {
+    bool json = false;
+    bool no_smoke = false;
+    int world = 2;
+    int64_t timeout_ms = 60000;
+  };
+  auto f = std::make_shared<flags>();
+  env->add_flag("--json", f->json, "Print the report as JSON");
+  env->add_flag("--no-smoke", f->no_smoke, "Skip the actor and gloo smoke tests");
+  env->add_option("--world", f->world, "Processes in the gloo all-reduce smoke test")
     ->check(CLI::Range(2, 64));
-  env->add_option("--timeout-ms", timeout_ms, "Bound on each smoke test")->check(CLI::PositiveNumber);
+  env->add_option("--timeout-ms", f->timeout_ms, "Bound on each smoke test")->check(CLI::PositiveNumber);
+  return [env, f]() -> std::optional<int> {
+    if (!env->parsed())
+      return std::nullopt;
+    return run_env(f->json, !f->no_smoke, f->world, f->timeout_ms);
+  };
+}
 
+runner add_generate(CLI::App& app) {
   auto* gen = app.add_subcommand("generate", "Generate with the inference engine from an HF model directory");
-  troupe::apps::generate_options go;
+  struct flags {
+    troupe::apps::generate_options go;
+    uint64_t seed = 0;
+    bool no_prefix = false;
+    bool quiet = false;
+    int threads = 0;
+  };
+  auto f = std::make_shared<flags>();
+  auto& go = f->go;
   gen->add_option("--model", go.model_dir, "HF model directory (config.json, *.safetensors, tokenizer.json)")
     ->required();
   gen->add_option("--prompts", go.prompts_path,
@@ -81,8 +98,7 @@ int main(int argc, char** argv) {
   gen->add_option("--top-k", go.sampling.top_k, "0 = off");
   gen->add_option("--top-p", go.sampling.top_p, "1 = off");
   gen->add_option("-n,--n", go.sampling.n, "Samples per prompt");
-  uint64_t gen_seed = 0;
-  auto* seed_opt = gen->add_option("--seed", gen_seed, "Seed of every request's sample streams");
+  auto* seed_opt = gen->add_option("--seed", f->seed, "Seed of every request's sample streams");
   gen->add_option("--stop-token-ids", go.sampling.stop_token_ids, "Extra stop token ids");
   gen->add_flag("--ignore-eos", go.sampling.ignore_eos, "Do not stop at EOS");
   gen->add_option("--block-size", go.engine.block_size, "Tokens per KV block");
@@ -90,100 +106,130 @@ int main(int argc, char** argv) {
   gen->add_option("--kv-cache-mb", go.engine.kv_cache_mb, "KV pool size when --num-blocks is 0");
   gen->add_option("--max-num-seqs", go.engine.max_num_seqs, "Running sequences at most");
   gen->add_option("--max-batched-tokens", go.engine.max_batched_tokens, "Tokens per step at most");
-  bool no_prefix = false;
-  gen->add_flag("--no-prefix-caching", no_prefix, "Disable prefix reuse");
-  bool quiet = false;
-  gen->add_flag("--quiet", quiet, "Do not print the metrics line to stderr");
-  int gen_threads = 0;
-  gen->add_option("--threads", gen_threads, "CPU compute threads (0 = one per core)")
+  gen->add_flag("--no-prefix-caching", f->no_prefix, "Disable prefix reuse");
+  gen->add_flag("--quiet", f->quiet, "Do not print the metrics line to stderr");
+  gen->add_option("--threads", f->threads, "CPU compute threads (0 = one per core)")
       ->check(CLI::NonNegativeNumber);
+  return [gen, f, seed_opt]() -> std::optional<int> {
+    if (!gen->parsed())
+      return std::nullopt;
+    if (seed_opt->count() > 0)
+      f->go.sampling.seed = f->seed;
+    f->go.engine.enable_prefix_caching = !f->no_prefix;
+    f->go.print_metrics = !f->quiet;
+    troupe::runtime::set_compute_threads(f->threads);
+    return troupe::apps::run_generate(f->go);
+  };
+}
 
+runner add_run(CLI::App& app) {
+  struct flags {
+    troupe::apps::run_command_options ro;
+    std::string plan_path;
+    std::vector<std::string> plan_sets;
+    std::string show_path;
+    std::vector<std::string> show_sets;
+    bool no_comments = false;
+    std::string job_dir;
+    bool driver_resume = false;
+  };
+  auto f = std::make_shared<flags>();
   auto* run = app.add_subcommand("run", "Run an RLHF job (sft → rm → rl) from a YAML config");
-  troupe::apps::run_command_options ro;
-  run->add_option("config", ro.config_path, "Job YAML file")->required();
-  run->add_option("--set", ro.overrides, "Override a key: --set rl.iterations=10 (repeatable)");
-  run->add_flag("--resume", ro.resume, "Continue the run in run.dir from its checkpoints");
+  run->add_option("config", f->ro.config_path, "Job YAML file")->required();
+  run->add_option("--set", f->ro.overrides, "Override a key: --set rl.iterations=10 (repeatable)");
+  run->add_flag("--resume", f->ro.resume, "Continue the run in run.dir from its checkpoints");
 
   auto* plan = app.add_subcommand(
       "plan", "Check a job's placement and print which worker hosts what, with memory estimates");
-  std::string plan_path;
-  std::vector<std::string> plan_sets;
-  plan->add_option("config", plan_path, "Job YAML file")->required();
-  plan->add_option("--set", plan_sets, "Override a key (repeatable)");
+  plan->add_option("config", f->plan_path, "Job YAML file")->required();
+  plan->add_option("--set", f->plan_sets, "Override a key (repeatable)");
 
   auto* config = app.add_subcommand("config", "Inspect job configs");
   config->require_subcommand(1);
   auto* show = config->add_subcommand("show", "Print the resolved config (defaults, overrides)");
-  std::string show_path;
-  std::vector<std::string> show_sets;
-  bool no_comments = false;
-  show->add_option("config", show_path, "Job YAML file")->required();
-  show->add_option("--set", show_sets, "Override a key (repeatable)");
-  show->add_flag("--no-comments", no_comments, "Leave out the key descriptions");
+  show->add_option("config", f->show_path, "Job YAML file")->required();
+  show->add_option("--set", f->show_sets, "Override a key (repeatable)");
+  show->add_flag("--no-comments", f->no_comments, "Leave out the key descriptions");
 
+  auto* driver = app.add_subcommand(
+      "driver", "Run a controller's job (started by `troupe controller`, not by hand)");
+  driver->add_option("--job-dir", f->job_dir, "The job's folder (spec.yaml)")->required();
+  driver->add_flag("--resume", f->driver_resume, "Continue from the run's checkpoints");
+
+  return [=]() -> std::optional<int> {
+    if (run->parsed())
+      return troupe::apps::run_job_command(f->ro);
+    if (show->parsed())
+      return troupe::apps::config_show_command(f->show_path, f->show_sets, !f->no_comments);
+    if (plan->parsed())
+      return troupe::apps::plan_command(f->plan_path, f->plan_sets);
+    if (driver->parsed())
+      return troupe::apps::driver_command(f->job_dir, f->driver_resume);
+    return std::nullopt;
+  };
+}
+
+int run_worker_command(troupe::cluster::worker_options wo, const std::string& driver_address) {
+  auto address = troupe::cluster::parse_listen_address(driver_address);
+  if (!address || address->second < 1) {
+    std::fprintf(stderr, "troupe worker: --driver '%s': expected HOST:PORT\n", driver_address.c_str());
+    return 2;
+  }
+  wo.driver_host = address->first;
+  wo.driver_port = static_cast<uint16_t>(address->second);
+  if (wo.rank >= wo.world) {
+    std::fprintf(stderr, "troupe worker: --rank %d outside --world %d\n", wo.rank, wo.world);
+    return 2;
+  }
+  return troupe::cluster::run_worker(wo);
+}
+
+runner add_worker(CLI::App& app) {
+  struct flags {
+    troupe::cluster::worker_options wo;
+    std::string driver_address;
+    int rank = 0;
+    int world = 2;
+    int port = 0;
+    int64_t timeout_ms = 60000;
+  };
+  auto f = std::make_shared<flags>();
   auto* worker = app.add_subcommand(
       "worker", "Host rank actors for a driver (started by troupe's launchers, not by hand)");
-  troupe::cluster::worker_options wo;
-  std::string driver_address;
-  worker->add_option("--driver", driver_address, "The driver's registrar, HOST:PORT")->required();
-  worker->add_option("--rank", wo.rank, "This worker's rank")->required()->check(CLI::NonNegativeNumber);
-  worker->add_option("--world", wo.world, "Number of workers")->required()->check(CLI::PositiveNumber);
-  worker->add_option("--role", wo.role, "Role hosted (for messages)");
-  worker->add_option("--timeout-ms", wo.timeout_ms, "Bound on registering")->check(CLI::PositiveNumber);
+  worker->add_option("--driver", f->driver_address, "The driver's registrar, HOST:PORT")->required();
+  worker->add_option("--rank", f->wo.rank, "This worker's rank")->required()->check(CLI::NonNegativeNumber);
+  worker->add_option("--world", f->wo.world, "Number of workers")->required()->check(CLI::PositiveNumber);
+  worker->add_option("--role", f->wo.role, "Role hosted (for messages)");
+  worker->add_option("--timeout-ms", f->wo.timeout_ms, "Bound on registering")->check(CLI::PositiveNumber);
 
   // Hidden: the rank side of the gloo smoke test, spawned by `troupe env`.
   auto* smoke = app.add_subcommand("_gloo-smoke", "")->group("");
-  int rank = 0;
-  int smoke_world = 2;
-  int port = 0;
-  int64_t smoke_timeout = 60000;
-  smoke->add_option("--rank", rank)->required();
-  smoke->add_option("--world", smoke_world)->required();
-  smoke->add_option("--port", port)->required()->check(CLI::Range(1, 65535));
-  smoke->add_option("--timeout-ms", smoke_timeout);
+  smoke->add_option("--rank", f->rank)->required();
+  smoke->add_option("--world", f->world)->required();
+  smoke->add_option("--port", f->port)->required()->check(CLI::Range(1, 65535));
+  smoke->add_option("--timeout-ms", f->timeout_ms);
+  return [=]() -> std::optional<int> {
+    if (worker->parsed())
+      return run_worker_command(f->wo, f->driver_address);
+    if (smoke->parsed())
+      return troupe::cluster::gloo_smoke_rank(f->rank, f->world, static_cast<uint16_t>(f->port),
+                                              f->timeout_ms);
+    return std::nullopt;
+  };
+}
 
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: actor-based distributed RLHF"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string{"troupe "} + TROUPE_VERSION);
+  std::vector<runner> runners{add_env(app), add_generate(app), add_run(app), add_worker(app)};
+  for (auto& r : troupe::apps::add_control_commands(app))
+    runners.push_back(std::move(r));
   CLI11_PARSE(app, argc, argv);
-  if (env->parsed())
-    return run_env(json, !no_smoke, world, timeout_ms);
-  if (gen->parsed()) {
-    if (seed_opt->count() > 0)
-      go.sampling.seed = gen_seed;
-    go.engine.enable_prefix_caching = !no_prefix;
-    go.print_metrics = !quiet;
-    troupe::runtime::set_compute_threads(gen_threads);
-    return troupe::apps::run_generate(go);
-  }
-  if (run->parsed())
-    return troupe::apps::run_job_command(ro);
-  if (show->parsed())
-    return troupe::apps::config_show_command(show_path, show_sets, !no_comments);
-  if (plan->parsed())
-    return troupe::apps::plan_command(plan_path, plan_sets);
-  if (worker->parsed()) {
-    auto colon = driver_address.rfind(':');
-    int driver_port = 0;
-    if (colon != std::string::npos) {
-      try {
-        driver_port = std::stoi(driver_address.substr(colon + 1));
-      } catch (const std::exception&) {
-        driver_port = 0;
-      }
-    }
-    if (colon == std::string::npos || colon == 0 || driver_port < 1 || driver_port > 65535) {
-      std::fprintf(stderr, "troupe worker: --driver '%s': expected HOST:PORT\n",
-                   driver_address.c_str());
-      return 2;
-    }
-    wo.driver_host = driver_address.substr(0, colon);
-    wo.driver_port = static_cast<uint16_t>(driver_port);
-    if (wo.rank >= wo.world) {
-      std::fprintf(stderr, "troupe worker: --rank %d outside --world %d\n", wo.rank, wo.world);
-      return 2;
-    }
-    return troupe::cluster::run_worker(wo);
-  }
-  if (smoke->parsed())
-    return troupe::cluster::gloo_smoke_rank(rank, smoke_world, static_cast<uint16_t>(port),
-                                            smoke_timeout);
+  for (auto& r : runners)
+    if (auto code = r())
+      return *code;
   return 0;
 }

@@ -1,5 +1,5 @@
 #pragma once
-// `troupe run CONFIG` and `troupe config show CONFIG`.
+// `troupe run CONFIG`, `troupe driver`, `troupe plan` and `troupe config show CONFIG`.
 
 #include <string>
 #include <vector>
@@ -15,6 +15,10 @@ struct run_command_options {
 /// Loads, validates and runs a job; returns the exit status (0 done, 1 error,
 /// 130 stopped by a signal with a checkpoint written).
 int run_job_command(const run_command_options& options);
+
+/// `troupe driver --job-dir DIR`: a controller's job (cluster/controller.hpp);
+/// the exit status of run_job_command.
+int driver_command(const std::string& job_dir, bool resume);
 
 /// `troupe plan`: checks the placement and prints the plan; 0 = it fits.
 int plan_command(const std::string& path, const std::vector<std::string>& overrides);

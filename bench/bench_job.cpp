@@ -75,10 +75,12 @@ struct job_measure {
 };
 
 // Runs a PPO job of `iterations` and reads its metrics; `forced`: a
-// subscriber and a pending command (NOTE [job boundaries]) the whole run.
-std::optional<job_measure> measure_job(int iterations, bool forced) {
+// subscriber and a pending command (NOTE [job boundaries]) the whole run;
+// `tensorboard`: the job writes its TensorBoard files too.
+std::optional<job_measure> measure_job(int iterations, bool forced, bool tensorboard = true) {
   auto dir = std::filesystem::temp_directory_path() /
-             ("troupe_bench_job_" + std::to_string(::getpid()) + (forced ? "_f" : ""));
+             ("troupe_bench_job_" + std::to_string(::getpid()) + (forced ? "_f" : "") +
+              (tensorboard ? "" : "_n"));
   std::filesystem::remove_all(dir);
   std::string yaml = "run: {dir: '" + dir.string() +
                      "', progress: none}\n"
@@ -99,6 +101,7 @@ std::optional<job_measure> measure_job(int iterations, bool forced) {
     actors::configure(sc);
     caf::actor_system sys{sc};
     actors::rl::run_options o;
+    o.tensorboard = tensorboard;
     o.on_spawn = [&](const actors::job::job_actor& job) {
       if (!forced)
         return;
@@ -172,7 +175,9 @@ int main(int argc, char** argv) {
   // matches keeps a command pending) while a subscriber receives every event.
   auto fast = measure_job(iterations, false);
   auto forced = measure_job(iterations, true);
-  if (!fast || !forced)
+  // 3. the exporters' share: the same job without its TensorBoard files.
+  auto bare = measure_job(iterations, false, false);
+  if (!fast || !forced || !bare)
     return 1;
   for (const auto* m : {&*fast, &*forced})
     std::printf("%-34s step median %.3f s over %zu iterations, orchestration share median "
@@ -186,5 +191,9 @@ int main(int argc, char** argv) {
               "with a round trip at every boundary: %.2f%% (%+.2f points)\n",
               100 * med, med <= 0.05 ? "met" : "NOT met", 100 * percentile(forced->share, 0.5),
               100 * (percentile(forced->share, 0.5) - med));
+  double with_tb = percentile(fast->step, 0.5), without = percentile(bare->step, 0.5);
+  std::printf("PPO step with TensorBoard files: median %.3f s; without: %.3f s; ratio %.3fx "
+              "(orchestration share %.2f%% vs %.2f%%)\n",
+              with_tb, without, with_tb / without, 100 * med, 100 * percentile(bare->share, 0.5));
   return 0;
 }

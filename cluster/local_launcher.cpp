@@ -86,9 +86,13 @@ expected<local_process> local_process::spawn(const process_spec& spec) {
     return make_error(errc::io_error, spec.name + ": fork failed: " + std::strerror(errno));
   }
   if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent)
-      ::_exit(127); // the parent died before prctl took effect
+    if (spec.detached) {
+      ::setsid();
+    } else {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent)
+        ::_exit(127); // the parent died before prctl took effect
+    }
     if (out_fd >= 0) {
       ::dup2(out_fd, STDOUT_FILENO);
       ::dup2(out_fd, STDERR_FILENO);
@@ -116,6 +120,11 @@ expected<local_process> local_process::spawn(const process_spec& spec) {
                                         std::strerror(child_errno));
   }
   return proc;
+}
+
+void local_process::release() {
+  pid_ = -1;
+  status_.reset();
 }
 
 std::optional<exit_status> local_process::poll() {

@@ -24,6 +24,9 @@ struct process_spec {
   std::vector<std::pair<std::string, std::string>> env;
   /// File receiving the child's stdout and stderr; empty = inherit.
   std::string output_path;
+  /// A session of its own, and no death with the parent: a job's driver
+  /// outlives a controller that is restarted (NOTE [controller restart]).
+  bool detached = false;
 };
 
 struct exit_status {
@@ -37,7 +40,8 @@ struct exit_status {
 };
 
 /// One child process. Destroying a running one kills it (SIGKILL) and reaps
-/// it. The child also receives SIGKILL if the parent dies (PR_SET_PDEATHSIG).
+/// it (unless released). The child also receives SIGKILL if the parent dies
+/// (PR_SET_PDEATHSIG), unless it is detached.
 class local_process {
 public:
   local_process() = default;
@@ -60,6 +64,8 @@ public:
   expected<exit_status> wait_for(int64_t timeout_ms);
   /// Sends `signal` to a running process.
   void kill(int signal);
+  /// Lets the process go: not killed, waited for or reaped by this object.
+  void release();
 
 private:
   pid_t pid_ = -1;

@@ -34,6 +34,11 @@ find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
+find_package(SQLite3 REQUIRED)
+# cpp-httplib (the dashboard's HTTP server): Debian builds it with OpenSSL,
+# zlib and brotli, and its pkg-config flags must match that build.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET GLOBAL cpp-httplib)
 
 # CUDA: compile the .cu kernels when nvcc is there (build machines have CUDA
 # 13 without a GPU; kernels are tested on a GPU machine).

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <limits>
 #include <map>
@@ -142,13 +143,23 @@ void find_duplicates(const YAML::Node& n, const std::string& path, const std::st
   }
 }
 
-expected<yaml_document> load_file(const std::string& path, int depth) {
+// Reads a config file's text (from disk, or from the files a client sent).
+using source_reader = std::function<expected<std::string>(const std::string& path)>;
+
+expected<std::string> read_from_disk(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     return make_error(errc::io_error, path + ": cannot open the config file");
   std::stringstream ss;
   ss << in.rdbuf();
-  auto doc = parse(ss.str(), path);
+  return ss.str();
+}
+
+expected<yaml_document> load_file(const std::string& path, int depth, const source_reader& read) {
+  auto text = read(path);
+  if (!text)
+    return text.error();
+  auto doc = parse(*text, path);
   if (!doc)
     return doc;
   auto root = doc->impl_->root;
@@ -163,7 +174,7 @@ expected<yaml_document> load_file(const std::string& path, int depth) {
     return make_error(errc::invalid_config, where(path, base_node.Mark()) +
                                                 ": base: more than 8 levels of base files (a cycle?)");
   auto base_path = (std::filesystem::path{path}.parent_path() / base_node.Scalar()).lexically_normal();
-  auto base = load_file(base_path.string(), depth + 1);
+  auto base = load_file(base_path.string(), depth + 1, read);
   if (!base)
     return with_prefix(base.error(), where(path, base_node.Mark()) + ": base");
   std::vector<std::string> dups;
@@ -187,8 +198,31 @@ expected<yaml_document> load_file(const std::string& path, int depth) {
 
 } // namespace
 
-expected<yaml_document> yaml_document::from_file(const std::string& path) {
-  return load_file(path, 0);
+expected<yaml_document> yaml_document::from_file(const std::string& path,
+                                                 std::vector<source_file>* sources) {
+  return load_file(path, 0, [sources](const std::string& p) -> expected<std::string> {
+    auto text = read_from_disk(p);
+    if (text && sources)
+      sources->push_back({p, *text});
+    return text;
+  });
+}
+
+expected<yaml_document> yaml_document::from_sources(const source_file& main,
+                                                    const std::vector<source_file>& bases) {
+  std::map<std::string, const std::string*> by_name;
+  auto normal = [](const std::string& p) {
+    return std::filesystem::path{p}.lexically_normal().string();
+  };
+  by_name[normal(main.name)] = &main.text;
+  for (const auto& b : bases)
+    by_name.emplace(normal(b.name), &b.text);
+  return load_file(normal(main.name), 0, [&](const std::string& p) -> expected<std::string> {
+    auto it = by_name.find(normal(p));
+    if (it == by_name.end())
+      return make_error(errc::not_found, p + ": this base file was not sent with the spec");
+    return *it->second;
+  });
 }
 
 expected<yaml_document> yaml_document::from_text(const std::string& text, const std::string& name) {

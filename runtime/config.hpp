@@ -36,8 +36,21 @@ namespace troupe::runtime {
 /// A parsed YAML document plus the `--set` overrides applied to it.
 class yaml_document {
 public:
-  /// Parses a file; syntax errors name file:line:col.
-  static expected<yaml_document> from_file(const std::string& path);
+  /// A config file's name and text.
+  struct source_file {
+    std::string name;
+    std::string text;
+  };
+  /// Parses a file and the base files it names (NOTE [base files] in
+  /// config.cpp); syntax errors name file:line:col. `sources`, when given,
+  /// receives every file read, the job file first.
+  static expected<yaml_document> from_file(const std::string& path,
+                                           std::vector<source_file>* sources = nullptr);
+  /// Parses `main` with base files taken from `bases` only (a file that is
+  /// not among them is an error: nothing is read from disk). Names resolve
+  /// like paths: a base's name is relative to the folder of its includer's.
+  static expected<yaml_document> from_sources(const source_file& main,
+                                              const std::vector<source_file>& bases);
   /// Parses text; `name` stands for the file in messages.
   static expected<yaml_document> from_text(const std::string& text, const std::string& name);
 

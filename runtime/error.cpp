@@ -53,9 +53,21 @@ std::string context_of(const caf::error& err) {
   if (!err || err.category() != error_category())
     return {};
   const auto& ctx = err.context();
-  if (ctx.size() == 1 && ctx.match_element<std::string>(0))
+  if (!ctx.empty() && ctx.match_element<std::string>(0))
     return ctx.get_as<std::string>(0);
   return {};
+}
+
+std::vector<std::string> violations_of(const caf::error& err) {
+  if (!err || err.category() != error_category())
+    return {};
+  const auto& ctx = err.context();
+  if (ctx.size() == 2 && ctx.match_element<std::vector<std::string>>(1))
+    return ctx.get_as<std::vector<std::string>>(1);
+  auto single = context_of(err);
+  if (single.empty())
+    return {};
+  return {single};
 }
 
 std::string describe(const caf::error& err) {
@@ -78,7 +90,8 @@ caf::error make_error_list(errc code, const std::vector<std::string>& violations
   std::string msg;
   for (const auto& v : violations)
     msg += (msg.empty() ? "" : "; ") + v;
-  return make_error(code, std::move(msg));
+  return caf::error{static_cast<uint8_t>(code), error_category(),
+                    caf::make_message(std::move(msg), violations)};
 }
 
 caf::error with_prefix(const caf::error& err, std::string_view prefix) {
@@ -90,6 +103,10 @@ caf::error with_prefix(const caf::error& err, std::string_view prefix) {
     out += ": ";
     out += ctx;
   }
+  const auto& c = err.context();
+  if (c.size() == 2 && c.match_element<std::vector<std::string>>(1))
+    return caf::error{err.code(), error_category(),
+                      caf::make_message(std::move(out), c.get_as<std::vector<std::string>>(1))};
   return make_error(code_of(err), std::move(out));
 }
 

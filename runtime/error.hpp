@@ -79,6 +79,9 @@ errc code_of(const caf::error& err) noexcept;
 /// The context message of a troupe error ("" when it has none).
 std::string context_of(const caf::error& err);
 
+/// The violations of an error made by make_error_list (each one on its
+/// own), else its context as the only one ({} for none).
+std::vector<std::string> violations_of(const caf::error& err);
 /// Renders an error for users: "invalid_argument: <context>".
 std::string describe(const caf::error& err);
 

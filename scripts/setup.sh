@@ -12,6 +12,8 @@ packages=(
   libyaml-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
+  libsqlite3-dev python3-grpcio python3-grpc-tools
+  chromium chromium-driver python3-selenium
 )
 
 missing=()
@@ -55,4 +57,20 @@ for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu \
     echo "setup: $alt -> $target"
   fi
 done
+# The dashboard's charting library, from npm at the version web/package-lock.json
+# pins; the build embeds it (cluster/CMakeLists.txt). npm comes with Node.js;
+# Debian's npm package where there is none.
+web="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/web"
+if [ ! -f "$web/node_modules/uplot/dist/uPlot.iife.min.js" ] ||
+   [ "$web/package-lock.json" -nt "$web/node_modules/.package-lock.json" ]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
+      echo "setup: npm is missing and not root; rerun as root" >&2
+      exit 1
+    fi
+    $SUDO apt-get install -y -qq --no-install-recommends npm
+  fi
+  echo "setup: npm ci in web/"
+  (cd "$web" && npm ci --no-audit --no-fund --loglevel=error)
+fi
 echo "setup: done"

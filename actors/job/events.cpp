@@ -204,4 +204,17 @@ int64_t now_us() noexcept {
       .count();
 }
 
+size_t each_journal_event(std::string_view text, const std::function<void(const event&)>& fn) {
+  size_t start = 0;
+  while (start < text.size()) {
+    auto end = text.find('\n', start);
+    if (end == std::string_view::npos)
+      break;
+    if (auto e = event_from_json(text.substr(start, end - start)))
+      fn(*e);
+    start = end + 1;
+  }
+  return start;
+}
+
 } // namespace troupe::actors::job

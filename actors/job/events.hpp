@@ -32,6 +32,7 @@
 #include <caf/meta/type_name.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -245,6 +246,11 @@ std::vector<std::string_view> event_kinds();
 std::string to_json(const event& e);
 /// Parses a line written by to_json; errors say what is wrong.
 expected<event> event_from_json(std::string_view line);
+
+/// Calls `fn` with each complete line of a journal's text that parses and
+/// answers the length of the complete part (a torn last line, written by a
+/// process killed mid-write, is left out).
+size_t each_journal_event(std::string_view text, const std::function<void(const event&)>& fn);
 
 /// Microseconds since the Unix epoch, now.
 int64_t now_us() noexcept;

@@ -52,7 +52,15 @@ struct job_state_data {
   int64_t stage_from = 0;
   double stage_paused_s = 0;
 
+  // A job actor that stops (killed, or its system shutting down) answers
+  // what it still holds: a held driver and the awaiters must not wait on.
   ~job_state_data() {
+    auto gone = caf::make_error(caf::sec::request_receiver_down);
+    if (held && held->pending())
+      held->deliver(gone);
+    for (auto& p : awaiting)
+      if (p.pending())
+        p.deliver(gone);
     if (journal)
       std::fclose(journal);
   }
@@ -66,12 +74,17 @@ void refresh_attention(job_state_data& s) {
                      !s.settings_pending.empty() || !s.breakpoints.empty());
 }
 
-// What events say about the job's status.
 void track(job_state_data& s, const event_body& b) {
-  auto& st = s.st;
+  track(s.st, b);
+  if (auto* e = std::get_if<stage_started>(&b))
+    s.stage_t0 = clock::now(), s.stage_from = e->from_step, s.stage_paused_s = 0;
+}
+
+} // namespace
+
+void track(job_status& st, const event_body& b) {
   if (auto* e = std::get_if<stage_started>(&b)) {
     st.stage = e->stage, st.total = e->total, st.iteration = e->from_step, st.phase.clear();
-    s.stage_t0 = clock::now(), s.stage_from = e->from_step, s.stage_paused_s = 0;
   } else if (auto* e = std::get_if<phase_started>(&b)) {
     st.phase = e->phase;
   } else if (std::holds_alternative<phase_finished>(b)) {
@@ -83,6 +96,8 @@ void track(job_state_data& s, const event_body& b) {
     st.weight_versions[e->stage == "rm" ? "reward" : "policy"] = e->version;
   }
 }
+
+namespace {
 
 void write_journal(job_state_data& s, const event& e) {
   if (!s.journal)
@@ -142,28 +157,12 @@ job_status status_of(job_state_data& s) {
   return st;
 }
 
-// Calls `fn` with each complete line of a journal that parses; answers the
-// length of the complete part (a torn last line is left out).
-template <class F>
-size_t each_event(const std::string& text, F fn) {
-  size_t start = 0;
-  while (start < text.size()) {
-    auto end = text.find('\n', start);
-    if (end == std::string::npos)
-      break;
-    if (auto e = event_from_json(std::string_view{text}.substr(start, end - start)))
-      fn(*e);
-    start = end + 1;
-  }
-  return start;
-}
-
 // Journal lines with seq in [from, until).
 void replay_journal(self_ptr self, const caf::actor& sub, int64_t from, int64_t until) {
   auto text = runtime::read_file(self->state.opt.journal_path);
   if (!text)
     return;
-  each_event(*text, [&](const event& e) {
+  each_journal_event(*text, [&](const event& e) {
     if (e.seq >= from && e.seq < until)
       caf::anon_send(sub, e);
   });
@@ -180,7 +179,7 @@ expected<void> open_journal(job_state_data& s) {
     auto text = runtime::read_file(s.opt.journal_path);
     if (!text)
       return text.error();
-    auto complete = each_event(*text, [&](const event& e) { s.seq = e.seq; });
+    auto complete = each_journal_event(*text, [&](const event& e) { s.seq = e.seq; });
     if (complete != text->size()) // a torn last line (killed mid-write) is dropped
       if (auto ok = runtime::write_file_atomic(s.opt.journal_path, text->substr(0, complete)); !ok)
         return ok;
@@ -318,6 +317,9 @@ expected<void> start(self_ptr self) {
 
 void resume(self_ptr self) {
   auto& s = self->state;
+  // A checkpoint taken while paused may still be on its way back to the
+  // boundary: it must not be held again once resumed.
+  s.rehold = false;
   s.stage_paused_s += since(s.held_since);
   release_held(self);
   move_to(self, job_state::running, "resumed");

@@ -101,6 +101,11 @@ typename Inspector::result_type inspect(Inspector& f, job_status& x) {
            x.last_seq, load);
 }
 
+/// What an event says about the job's status (stage, iteration, phase,
+/// metrics, weight versions): the job actor's status and the controller's
+/// view of a job are this fold over the event stream.
+void track(job_status& st, const event_body& e);
+
 /// Where the driver is: between phases of step `iteration` of `stage`.
 struct boundary_point {
   std::string stage;

@@ -9,11 +9,19 @@
 #include "actors/job/events.hpp"
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace troupe::actors::job {
+
+/// Reads metrics.jsonl as metrics_sink writes it: each line's stage, step
+/// and metrics in order (null = NaN); a line that is not one is skipped.
+/// A scanner for these flat objects rather than a general JSON parser, so
+/// that a 10,000-step run reads in milliseconds. Answers the lines handed.
+size_t each_metrics_line(std::string_view text, const std::function<void(const metrics_reported&)>& fn);
 
 class metrics_sink {
 public:

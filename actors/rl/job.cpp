@@ -1,6 +1,7 @@
 #include "actors/rl/job_internal.hpp"
 
 #include "actors/job/metrics_sink.hpp"
+#include "actors/job/tensorboard_sink.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/settings.hpp"
 #include "actors/train/engine_group.hpp"
@@ -786,6 +787,9 @@ expected<rl_job> spawn_rl_job(caf::actor_system& sys, const job_config& cfg,
   o.journal_path = (*dir / "events.jsonl").string();
   o.append_journal = opts.resume;
   o.sinks.push_back([s = *sink](const job::event& e) { return (*s)(e); });
+  if (opts.tensorboard)
+    o.sinks.push_back([tb = job::tensorboard_sink::open((*dir / "tensorboard").string())](
+                          const job::event& e) { return (*tb)(e); });
   o.check_update = [book](const std::string& k, const std::string& v) { return book->accept(k, v); };
   o.driver = [cfg, opts, result, plan = std::move(*plan), dir = *dir,
               id](caf::blocking_actor* self, job::driver_link& link) -> job::driver_outcome {

@@ -52,6 +52,9 @@ struct run_options {
   /// Where the roles run (e.g. cluster::worker_host for worker processes);
   /// null = every role in this process.
   role_host* host = nullptr;
+  /// Every scalar also as TensorBoard files under <run dir>/tensorboard/
+  /// (NOTE [tensorboard files]).
+  bool tensorboard = true;
 };
 
 struct stage_summary {

@@ -24,6 +24,15 @@ job_config tiny(const std::string& dir, std::vector<std::string> sets = {}) {
   return *cfg;
 }
 
+// Starts a tiny rl job that checkpoints only when told and waits until
+// it is held at `where`.
+void pause_without_checkpoints(job_harness& h, test::temp_dir& tmp, const std::string& where) {
+  ASSERT_TRUE(h.spawn(tiny(tmp.file("run"), {"rl.checkpoint_every=0"})));
+  ASSERT_TRUE(h.ask(job::pause_at_atom::value, where));
+  ASSERT_TRUE(h.ask(job::start_atom::value));
+  ASSERT_TRUE(h.events->wait_for_state(job::job_state::paused));
+}
+
 double coeff(const nlohmann::json& line) {
   return line["actor/reward_kl_penalty_coeff"].get<double>();
 }
@@ -239,10 +248,7 @@ TEST(JobControl, ARoleFailureFailsTheJobNamingRolePhaseAndIteration) {
 TEST(JobControl, ACheckpointWhilePausedIsWrittenAtOnce) {
   test::temp_dir tmp;
   job_harness h;
-  ASSERT_TRUE(h.spawn(tiny(tmp.file("run"), {"rl.checkpoint_every=0"})));
-  ASSERT_TRUE(h.ask(job::pause_at_atom::value, std::string{"rl:2:values"}));
-  ASSERT_TRUE(h.ask(job::start_atom::value));
-  ASSERT_TRUE(h.events->wait_for_state(job::job_state::paused));
+  ASSERT_NO_FATAL_FAILURE(pause_without_checkpoints(h, tmp, "rl:2:values"));
   ASSERT_TRUE(h.ask(job::checkpoint_atom::value));
   ASSERT_TRUE(h.events->wait_for([](const job::event& e) {
     auto* c = std::get_if<job::checkpoint_saved>(&e.body);
@@ -257,13 +263,31 @@ TEST(JobControl, ACheckpointWhilePausedIsWrittenAtOnce) {
   EXPECT_EQ(end->state, job::job_state::succeeded);
 }
 
+// Resumed while the checkpoint asked for in the pause is still being
+// written: the driver comes back to the boundary and must go on, not be
+// held again under a job that says it is running.
+TEST(JobControl, AResumeRightAfterACheckpointWhilePausedGoesOn) {
+  test::temp_dir tmp;
+  job_harness h;
+  ASSERT_NO_FATAL_FAILURE(pause_without_checkpoints(h, tmp, "rl:2:values"));
+  ASSERT_TRUE(h.ask(job::checkpoint_atom::value));
+  auto st = h.ask(job::resume_atom::value);
+  ASSERT_TRUE(st) << describe(st.error());
+  EXPECT_EQ(st->state, job::job_state::running);
+  auto end = h.await(std::chrono::seconds(120));
+  ASSERT_TRUE(end) << describe(end.error());
+  EXPECT_EQ(end->state, job::job_state::succeeded) << end->error;
+  EXPECT_EQ(h.events->count([](const job::event& e) {
+    auto* c = std::get_if<job::checkpoint_saved>(&e.body);
+    return c && c->stage == "rl" && c->step == 1;
+  }),
+            1u);
+}
+
 TEST(JobControl, CancelNowStopsWithoutACheckpoint) {
   test::temp_dir tmp;
   job_harness h;
-  ASSERT_TRUE(h.spawn(tiny(tmp.file("run"), {"rl.checkpoint_every=0"})));
-  ASSERT_TRUE(h.ask(job::pause_at_atom::value, std::string{"rl:2:update_actor"}));
-  ASSERT_TRUE(h.ask(job::start_atom::value));
-  ASSERT_TRUE(h.events->wait_for_state(job::job_state::paused));
+  ASSERT_NO_FATAL_FAILURE(pause_without_checkpoints(h, tmp, "rl:2:update_actor"));
   ASSERT_TRUE(h.ask(job::cancel_atom::value, true));
   auto end = h.await();
   ASSERT_TRUE(end);

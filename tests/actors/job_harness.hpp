@@ -114,6 +114,15 @@ public:
     return out;
   }
 
+  /// Spawns, starts and waits for the final state.
+  expected<job::job_status> run(const job_config& cfg, run_options opts = {}) {
+    if (auto ok = spawn(cfg, std::move(opts)); !ok)
+      return ok.error();
+    if (auto st = ask(job::start_atom::value); !st)
+      return st.error();
+    return await();
+  }
+
   /// Waits (bounded) for the final state.
   expected<job::job_status> await(std::chrono::seconds limit = std::chrono::seconds(300)) {
     caf::scoped_actor self{sys_};

@@ -1,0 +1,186 @@
+#include "apps/console.hpp"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <unistd.h>
+
+namespace troupe::apps {
+
+namespace j = actors::job;
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0)
+    return "?";
+  auto t = static_cast<long long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%llds", t);
+  return buf;
+}
+
+namespace {
+
+// The few numbers of a step worth a glance, per stage.
+std::string headline(const std::string& stage, const j::metric_map& metrics) {
+  std::string out;
+  auto add = [&](const char* label, const char* key, const char* fmt = "%.4g") {
+    auto it = metrics.find(key);
+    if (it == metrics.end())
+      return;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, fmt, it->second);
+    out += std::string{"  "} + label + " " + buf;
+  };
+  if (stage == "sft") {
+    add("loss", "sft/loss");
+  } else if (stage == "rm") {
+    add("loss", "rm/loss");
+    add("acc", "rm/accuracy", "%.3f");
+    add("eval_acc", "rm/eval_accuracy", "%.3f");
+  } else {
+    add("score", "critic/score/mean", "%.3f");
+    add("kl", "actor/reward_kl_penalty");
+    add("pg_loss", "actor/pg_loss");
+    add("vf_loss", "critic/vf_loss");
+    add("tok/s", "perf/throughput", "%.0f");
+  }
+  add("val", "val/score/mean", "%.3f");
+  return out;
+}
+
+} // namespace
+
+console_view::console_view(std::string mode) : mode_(std::move(mode)) {
+  if (mode_ == "auto")
+    mode_ = ::isatty(STDERR_FILENO) != 0 ? "bar" : "lines";
+}
+
+void console_view::step(const j::metrics_reported& m, double elapsed_s, int64_t done) {
+  if (mode_ == "none")
+    return;
+  double eta = done > 0 ? elapsed_s / static_cast<double>(done) * static_cast<double>(m.total - m.step)
+                        : NAN;
+  char head[64];
+  std::snprintf(head, sizeof head, "%-3s %lld/%lld", m.stage.c_str(), static_cast<long long>(m.step),
+                static_cast<long long>(m.total));
+  auto line = headline(m.stage, m.metrics);
+  if (mode_ == "lines") {
+    std::fprintf(stderr, "%s%s  eta %s\n", head, line.c_str(), duration(eta).c_str());
+    return;
+  }
+  constexpr int width = 24;
+  int filled = m.total > 0 ? static_cast<int>(width * m.step / m.total) : 0;
+  std::string bar(static_cast<size_t>(std::clamp(filled, 0, width)), '#');
+  bar.resize(width, '.');
+  std::fprintf(stderr, "\r\033[K%s [%s]%s  eta %s", head, bar.c_str(), line.c_str(),
+               duration(eta).c_str());
+  if (m.step == m.total)
+    std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+void console_view::end_line() {
+  if (mode_ == "bar")
+    std::fputc('\n', stderr);
+}
+
+bool console_view::on_event(const j::event& e) {
+  if (auto* s = std::get_if<j::stage_started>(&e.body)) {
+    stage_start_us_ = e.time_us, stage_from_ = s->from_step;
+  } else if (auto* m = std::get_if<j::metrics_reported>(&e.body)) {
+    step(*m, static_cast<double>(e.time_us - stage_start_us_) / 1e6, m->step - stage_from_);
+  } else if (auto* r = std::get_if<j::role_changed>(&e.body); r && r->status == "failed") {
+    end_line();
+    std::fprintf(stderr, "role %s (%s, pid %lld) failed in phase %s\n", r->role.c_str(),
+                 r->process.c_str(), static_cast<long long>(r->pid), r->phase.c_str());
+  } else if (auto* st = std::get_if<j::state_changed>(&e.body)) {
+    if (st->to == j::job_state::paused || (st->from == j::job_state::paused && !j::is_final(st->to))) {
+      end_line();
+      std::fprintf(stderr, "job %s%s%s\n", std::string{j::to_string(st->to)}.c_str(),
+                   st->reason.empty() ? "" : ": ", st->reason.c_str());
+    }
+    return j::is_final(st->to);
+  }
+  return false;
+}
+
+caf::actor spawn_console(caf::actor_system& sys, console_view* view) {
+  return sys.spawn([view](caf::event_based_actor* self) -> caf::behavior {
+    return {[self, view](const j::event& e) {
+      if (view->on_event(e))
+        self->quit();
+    }};
+  });
+}
+
+// ---- signals ----
+
+namespace {
+
+std::atomic<int> g_signals{0};
+int g_wake[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  if (g_signals.fetch_add(1) + 1 >= 3) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  char c = 1;
+  [[maybe_unused]] auto n = ::write(g_wake[1], &c, 1);
+}
+
+} // namespace
+
+signal_watcher::signal_watcher() {
+  if (::pipe(g_wake) != 0)
+    return;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  thread_ = std::thread{[this] { loop(); }};
+}
+
+signal_watcher::~signal_watcher() {
+  char c = 0;
+  [[maybe_unused]] auto n = ::write(g_wake[1], &c, 1);
+  if (thread_.joinable())
+    thread_.join();
+}
+
+void signal_watcher::watch(const j::job_actor& job) {
+  std::lock_guard lock{mu_};
+  job_ = job;
+  if (g_signals.load() > 0)
+    send();
+}
+
+int signal_watcher::count() {
+  return g_signals.load();
+}
+
+void signal_watcher::loop() {
+  char c = 0;
+  while (::read(g_wake[0], &c, 1) == 1 && c != 0) {
+    std::lock_guard lock{mu_};
+    send();
+  }
+}
+
+void signal_watcher::send() {
+  if (job_)
+    caf::anon_send(*job_, j::cancel_atom::value, g_signals.load() >= 2);
+}
+
+} // namespace troupe::apps

@@ -1,0 +1,26 @@
+#pragma once
+// The job API's messages (proto/troupe/v1/job_service.proto) from and to
+// troupe's plain structs — the one place that knows both. Events convert
+// field by field through protobuf reflection, driven by the same `fields`
+// description as their JSON form (NOTE [job events]): each event kind is
+// the name of a field of Event's `body` oneof, and each payload field keeps
+// its name, so a new kind or field needs its .proto line and nothing here.
+
+#include "cluster/controller.hpp"
+
+#include "troupe/v1/job_service.pb.h"
+
+namespace troupe::cluster {
+
+v1::JobState to_proto(ctl_state s) noexcept;
+/// QUEUED..LOST; an unspecified or unknown value is an error.
+expected<ctl_state> from_proto(v1::JobState s);
+
+void to_proto(const actors::job::event& e, v1::Event* out);
+/// Errors name what is missing (an empty body, an unknown state).
+expected<actors::job::event> from_proto(const v1::Event& e);
+
+void to_proto(const job_view& v, v1::Job* out);
+expected<job_view> from_proto(const v1::Job& j);
+
+} // namespace troupe::cluster
