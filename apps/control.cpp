@@ -7,6 +7,7 @@
 #include "cluster/dashboard.hpp"
 #include "cluster/controller_config.hpp"
 #include "cluster/local_launcher.hpp"
+#include "cluster/node_agent.hpp"
 #include "cluster/workers.hpp"
 #include "runtime/file_io.hpp"
 
@@ -19,6 +20,7 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace troupe::apps {
@@ -137,12 +139,38 @@ struct faces {
   std::string dashboard; // its URL, "" when off
 };
 
-expected<faces> serve(cluster::controller& ctl, const cluster::controller_file& f, const std::string& token) {
+// The API token and the secret node agents join with, from the state dir
+// (created there, mode 0600, on the first start).
+struct secrets {
+  std::string token;
+  std::string token_path;
+  std::string cluster_secret;
+  std::string cluster_secret_path;
+};
+
+expected<secrets> load_secrets(const std::string& state_dir) {
+  secrets s;
+  s.token_path = (fs::path{state_dir} / cluster::token_file_name).string();
+  s.cluster_secret_path = (fs::path{state_dir} / cluster::cluster_secret_file_name).string();
+  auto token = cluster::load_or_create_token(s.token_path);
+  if (!token)
+    return token.error();
+  auto secret = cluster::load_or_create_token(s.cluster_secret_path);
+  if (!secret)
+    return secret.error();
+  s.token = *token;
+  s.cluster_secret = *secret;
+  return s;
+}
+
+expected<faces> serve(cluster::controller& ctl, const cluster::controller_file& f, const secrets& keys) {
+  const auto& token = keys.token;
   faces out;
   cluster::api_options ao;
   ao.listen = f.listen;
   ao.tls = f.tls;
   ao.token = token;
+  ao.cluster_secret = keys.cluster_secret;
   ao.max_message_bytes = f.max_message_bytes;
   auto api = cluster::api_server::start(ctl, ao);
   if (!api)
@@ -195,18 +223,18 @@ int controller_command(const controller_command_options& o) {
   if (!ctl)
     return print_error("controller", ctl.error()), 2;
   const auto& state_dir = (*ctl)->options().state_dir;
-  auto token_path = (fs::path{state_dir} / cluster::token_file_name).string();
-  auto token = cluster::load_or_create_token(token_path);
-  if (!token)
-    return print_error("controller", token.error()), 2;
-  auto up = serve(**ctl, *f, *token);
+  auto keys = load_secrets(state_dir);
+  if (!keys)
+    return print_error("controller", keys.error()), 2;
+  auto up = serve(**ctl, *f, *keys);
   if (!up)
     return print_error("controller", up.error()), 2;
   auto info_path = write_info(state_dir, *up, f->tls.enabled());
   if (!info_path)
     return print_error("controller", info_path.error()), 2;
-  std::fprintf(stderr, "troupe controller: listening on %s%s; state dir %s; token in %s\n",
-               up->address.c_str(), f->tls.enabled() ? " (TLS)" : "", state_dir.c_str(), token_path.c_str());
+  std::fprintf(stderr, "troupe controller: listening on %s%s; state dir %s; token in %s; cluster secret in %s\n",
+               up->address.c_str(), f->tls.enabled() ? " (TLS)" : "", state_dir.c_str(),
+               keys->token_path.c_str(), keys->cluster_secret_path.c_str());
   if (up->web)
     std::fprintf(stderr, "troupe controller: dashboard and /metrics on %s\n", up->dashboard.c_str());
 
@@ -229,8 +257,16 @@ int controller_command(const controller_command_options& o) {
 
 namespace {
 
-expected<cluster::client_options> client_settings(const client_flags& c) {
+// Where the controller is and how to reach it (no credentials): flags,
+// environment, the client file, then a controller on this machine.
+struct client_place {
   cluster::client_file file;
+  std::string state_dir;
+  cluster::client_options options;
+};
+
+expected<client_place> place_of(const client_flags& c) {
+  client_place p;
   auto file_path = first_of({env("TROUPE_CLIENT_CONFIG"),
                              env("HOME").empty() ? "" : env("HOME") + "/.config/troupe/client.yaml"});
   std::error_code ec;
@@ -238,37 +274,45 @@ expected<cluster::client_options> client_settings(const client_flags& c) {
     auto loaded = runtime::load_config_file<cluster::client_file>(file_path);
     if (!loaded)
       return loaded.error();
-    file = std::move(*loaded);
+    p.file = std::move(*loaded);
   }
-  auto state_dir = first_of({c.state_dir, env("TROUPE_STATE_DIR"), default_state_dir()});
-  cluster::client_options o;
-  o.address = first_of({c.address, env("TROUPE_ADDRESS"), file.address});
+  p.state_dir = first_of({c.state_dir, env("TROUPE_STATE_DIR"), default_state_dir()});
+  auto& o = p.options;
+  o.address = first_of({c.address, env("TROUPE_ADDRESS"), p.file.address});
   if (o.address.empty()) {
-    auto text = runtime::read_file((fs::path{state_dir} / cluster::controller_info_file).string());
+    auto text = runtime::read_file((fs::path{p.state_dir} / cluster::controller_info_file).string());
     if (!text)
       return make_error(errc::not_found,
                         "no controller address: pass --address, set TROUPE_ADDRESS, or start "
-                        "`troupe controller` on this machine (none found in " + state_dir + ")");
+                        "`troupe controller` on this machine (none found in " + p.state_dir + ")");
     auto j = nlohmann::json::parse(*text, nullptr, false);
     if (j.is_discarded() || !j.contains("address") || !j["address"].is_string())
-      return make_error(errc::parse_error, state_dir + "/controller.json: no address");
+      return make_error(errc::parse_error, p.state_dir + "/controller.json: no address");
     o.address = j["address"].get<std::string>();
   }
+  o.ca_file = first_of({c.tls_ca, env("TROUPE_TLS_CA"), p.file.tls_ca});
+  o.cert_file = first_of({c.tls_cert, env("TROUPE_TLS_CERT"), p.file.tls_cert});
+  o.key_file = first_of({c.tls_key, env("TROUPE_TLS_KEY"), p.file.tls_key});
+  o.timeout_s = c.timeout_s;
+  o.user = env("USER");
+  return p;
+}
+
+expected<cluster::client_options> client_settings(const client_flags& c) {
+  auto p = place_of(c);
+  if (!p)
+    return p.error();
+  auto o = p->options;
   o.token = first_of({c.token, env("TROUPE_TOKEN")});
   if (o.token.empty()) {
-    auto path = first_of({c.token_file, env("TROUPE_TOKEN_FILE"), file.token_file,
-                          (fs::path{state_dir} / cluster::token_file_name).string()});
+    auto path = first_of({c.token_file, env("TROUPE_TOKEN_FILE"), p->file.token_file,
+                          (fs::path{p->state_dir} / cluster::token_file_name).string()});
     auto token = cluster::read_token_file(path);
     if (!token)
       return make_error(errc::not_found, "no API token: cannot read " + path +
                                              " (pass --token-file or set TROUPE_TOKEN_FILE)");
     o.token = *token;
   }
-  o.ca_file = first_of({c.tls_ca, env("TROUPE_TLS_CA"), file.tls_ca});
-  o.cert_file = first_of({c.tls_cert, env("TROUPE_TLS_CERT"), file.tls_cert});
-  o.key_file = first_of({c.tls_key, env("TROUPE_TLS_KEY"), file.tls_key});
-  o.timeout_s = c.timeout_s;
-  o.user = env("USER");
   return o;
 }
 
@@ -504,6 +548,85 @@ int metrics_command(const client_flags& c, const std::string& id, const std::vec
         std::printf("  %s=%.5g", k.c_str(), v);
       std::printf("\n");
     }
+  }
+  return 0;
+}
+
+// ---- nodes ----
+
+namespace {
+
+// The cluster secret from `path`; refused when others can read it.
+expected<std::string> read_secret_file(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(errc::not_found, "no cluster secret: cannot read " + path +
+                                           " (pass --secret FILE: the controller's <state dir>/cluster_secret)");
+  if ((st.st_mode & 077) != 0)
+    return make_error(errc::invalid_argument, path + ": the secret file is readable by others; chmod 600 it");
+  return cluster::read_token_file(path);
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+  return buf;
+}
+
+} // namespace
+
+int node_command(const client_flags& c, const node_command_options& n) {
+  auto place = place_of(c);
+  if (!place)
+    return print_error("node", place.error()), cluster::agent_exit_refused;
+  cluster::node_agent_options o;
+  o.controller = place->options;
+  auto secret = read_secret_file(first_of({n.secret_file, env("TROUPE_CLUSTER_SECRET_FILE"),
+                                           (fs::path{place->state_dir} / cluster::cluster_secret_file_name).string()}));
+  if (!secret)
+    return print_error("node", secret.error()), cluster::agent_exit_refused;
+  o.secret = *secret;
+  o.name = n.name;
+  o.advertise = n.advertise;
+  o.resources = cluster::detect_resources();
+  if (n.cores >= 0)
+    o.resources.cores = n.cores;
+  if (n.memory_gb >= 0)
+    o.resources.memory_bytes = static_cast<int64_t>(n.memory_gb * (1LL << 30));
+  if (n.gpus >= 0)
+    o.resources.gpus = n.gpus;
+  o.version = n.version;
+  o.reconnect_s = n.reconnect_s;
+  auto stop = block_stop_signals();
+  return cluster::run_node_agent(o, stop);
+}
+
+int nodes_command(const client_flags& c, bool json) {
+  auto api = connect(c);
+  if (!api)
+    return print_error("nodes", api.error()), 2;
+  auto nodes = api->nodes();
+  if (!nodes)
+    return print_error("nodes", nodes.error()), 2;
+  if (json) {
+    auto out = nlohmann::json::array();
+    for (const auto& v : *nodes)
+      out.push_back({{"name", v.name}, {"state", std::string{to_string(v.state)}}, {"address", v.address},
+                     {"peer", v.peer}, {"cores", v.resources.cores}, {"memory_bytes", v.resources.memory_bytes},
+                     {"gpus", v.resources.gpus}, {"joined_time_us", v.joined_time_us},
+                     {"last_heartbeat_us", v.last_heartbeat_us}, {"reason", v.reason},
+                     {"version", v.version}, {"agent_pid", v.agent_pid}});
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%-20s %-6s %-16s %5s %10s %4s %-10s %s\n", "NAME", "STATE", "ADDRESS", "CORES", "MEMORY", "GPUS",
+              "HEARTBEAT", "REASON");
+  auto now = static_cast<int64_t>(std::time(nullptr)) * 1000000;
+  for (const auto& v : *nodes) {
+    auto age = std::to_string(std::max<int64_t>(0, now - v.last_heartbeat_us) / 1000000) + "s ago";
+    std::printf("%-20s %-6s %-16s %5d %10s %4d %-10s %s\n", v.name.c_str(), std::string{to_string(v.state)}.c_str(),
+                v.address.c_str(), v.resources.cores, gib(v.resources.memory_bytes).c_str(), v.resources.gpus,
+                age.c_str(), v.reason.c_str());
   }
   return 0;
 }

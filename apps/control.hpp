@@ -60,6 +60,23 @@ int watch_command(const client_flags& c, const std::string& id);
 /// cancel | pause | resume | checkpoint.
 int job_command(const client_flags& c, const std::string& verb, const std::string& id, bool now);
 int set_command(const client_flags& c, const std::string& id, const std::vector<std::string>& settings);
+/// `troupe node`: flags over the detected resources (-1 = detected).
+struct node_command_options {
+  std::string secret_file;
+  std::string name;
+  std::string advertise;
+  int cores = -1;
+  double memory_gb = -1;
+  int gpus = -1;
+  double reconnect_s = 60;
+  std::string version;
+};
+
+/// Runs a node agent (cluster/node_agent.hpp) until SIGINT / SIGTERM; exit
+/// 0 after leaving, 2 when refused, 3 when the controller stays unreachable.
+int node_command(const client_flags& c, const node_command_options& n);
+/// `troupe nodes`: the joined agents.
+int nodes_command(const client_flags& c, bool json);
 int metrics_command(const client_flags& c, const std::string& id, const std::vector<std::string>& keys,
                     bool json);
 

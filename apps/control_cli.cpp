@@ -42,7 +42,47 @@ struct control_flags {
   bool now = false;
   std::vector<std::string> settings;
   std::vector<std::string> keys;
+  node_command_options node;
 };
+
+// `troupe node` (an agent; its own connection flags: no API token) and
+// `troupe nodes`.
+void add_node_commands(CLI::App& app, const std::shared_ptr<control_flags>& f, std::vector<runner>& out) {
+  auto* node = app.add_subcommand("node", "Join this machine to a controller as a node agent (docs/cluster.md)");
+  node->add_option("--controller", f->client.address,
+                   "Controller HOST:PORT (default: TROUPE_ADDRESS, or a controller on this machine)");
+  node->add_option("--secret", f->node.secret_file,
+                   "File with the cluster secret (the controller's <state dir>/cluster_secret; mode 600)");
+  node->add_option("--name", f->node.name, "Node name (default: the host name)");
+  node->add_option("--advertise", f->node.advertise,
+                   "Address the driver and other nodes reach this node at (default: as the controller "
+                   "sees this agent)");
+  node->add_option("--cores", f->node.cores, "Cores to offer (default: this process's CPU affinity)")
+      ->check(CLI::NonNegativeNumber);
+  node->add_option("--memory-gb", f->node.memory_gb, "Memory to offer, GiB (default: the machine's)")
+      ->check(CLI::NonNegativeNumber);
+  node->add_option("--gpus", f->node.gpus, "GPUs to offer (default: those visible)")->check(CLI::NonNegativeNumber);
+  node->add_option("--reconnect-s", f->node.reconnect_s,
+                   "Seconds to keep trying to reach the controller before giving up")
+      ->check(CLI::PositiveNumber);
+  node->add_option("--state-dir", f->client.state_dir, "A local controller's state dir (its address and secret)");
+  node->add_option("--tls-ca", f->client.tls_ca, "PEM CA of the controller's certificate")->group("Connection");
+  node->add_option("--tls-cert", f->client.tls_cert, "PEM client certificate, mutual TLS")->group("Connection");
+  node->add_option("--tls-key", f->client.tls_key, "PEM client key")->group("Connection");
+#ifdef TROUPE_VERSION
+  f->node.version = TROUPE_VERSION;
+#endif
+  out.push_back([=]() -> std::optional<int> {
+    return node->parsed() ? std::optional<int>{node_command(f->client, f->node)} : std::nullopt;
+  });
+
+  auto* nodes = app.add_subcommand("nodes", "List the node agents: state, address, resources, last heartbeat");
+  nodes->add_flag("--json", f->json, "As JSON");
+  add_client_flags(nodes, f->client);
+  out.push_back([=]() -> std::optional<int> {
+    return nodes->parsed() ? std::optional<int>{nodes_command(f->client, f->json)} : std::nullopt;
+  });
+}
 
 } // namespace
 
@@ -145,6 +185,7 @@ std::vector<runner> add_control_commands(CLI::App& app) {
     return metrics->parsed() ? std::optional<int>{metrics_command(f->client, f->id, f->keys, f->json)}
                              : std::nullopt;
   });
+  add_node_commands(app, f, out);
   return out;
 }
 

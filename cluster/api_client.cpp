@@ -54,7 +54,7 @@ api_client::api_client(api_client&&) noexcept = default;
 api_client& api_client::operator=(api_client&&) noexcept = default;
 api_client::~api_client() = default;
 
-expected<api_client> api_client::connect(const client_options& o) {
+expected<std::shared_ptr<grpc::Channel>> open_channel(const client_options& o) {
   auto addr = parse_listen_address(o.address);
   if (!addr)
     return with_prefix(addr.error(), "controller address");
@@ -80,21 +80,45 @@ expected<api_client> api_client::connect(const client_options& o) {
       return make_error(errc::invalid_argument,
                         "controller address " + o.address +
                             " is not loopback: give the CA of its TLS certificate (--tls-ca) so "
-                            "that the token does not cross the network in clear text");
+                            "that no secret crosses the network in clear text");
     creds = grpc::InsecureChannelCredentials();
   }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(o.address, creds, args);
+}
+
+expected<api_client> api_client::connect(const client_options& o) {
+  auto channel = open_channel(o);
+  if (!channel)
+    return channel.error();
   if (o.token.empty())
     return make_error(errc::invalid_argument,
                       "no API token: pass --token-file, set TROUPE_TOKEN_FILE, or run on the "
                       "controller's machine (its state dir holds the token)");
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
   api_client c;
   c.impl_ = std::make_unique<impl>();
   c.impl_->opt = o;
-  c.impl_->channel = grpc::CreateCustomChannel(o.address, creds, args);
+  c.impl_->channel = *channel;
   c.impl_->stub = v1::JobService::NewStub(c.impl_->channel);
   return c;
+}
+
+expected<std::vector<node_view>> api_client::nodes() {
+  grpc::ClientContext ctx;
+  impl_->prepare(ctx, true);
+  v1::ListNodesResponse resp;
+  auto st = impl_->stub->ListNodes(&ctx, v1::ListNodesRequest{}, &resp);
+  if (!st.ok())
+    return error_of(st);
+  std::vector<node_view> out;
+  for (const auto& n : resp.nodes()) {
+    auto v = from_proto(n);
+    if (!v)
+      return v.error();
+    out.push_back(std::move(*v));
+  }
+  return out;
 }
 
 expected<job_view> api_client::submit(const submit_request& r) {

@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+namespace grpc {
+class Channel;
+} // namespace grpc
+
 namespace troupe::cluster {
 
 struct client_options {
@@ -27,6 +31,11 @@ struct client_options {
   /// Sent as x-troupe-user (for the audit log).
   std::string user;
 };
+
+/// A channel to the controller at `o.address`: TLS when a CA is given
+/// (with the client's own pair for mutual TLS); clear text only to a
+/// loopback address, so that no secret crosses a network unencrypted.
+expected<std::shared_ptr<grpc::Channel>> open_channel(const client_options& o);
 
 struct metric_point {
   std::string stage;
@@ -69,6 +78,8 @@ public:
   /// The last `lines` log lines (0 = all), then new ones while `follow`.
   expected<void> logs(const std::string& id, int32_t lines, bool follow,
                       const std::function<void(const log_entry&)>& on_line);
+  /// The node agents that joined, by name.
+  expected<std::vector<node_view>> nodes();
 
 private:
   api_client() = default;

@@ -3,6 +3,7 @@
 #include "cluster/grpc_status.hpp"
 #include "cluster/job_proto.hpp"
 #include "cluster/job_store.hpp"
+#include "cluster/node_service.hpp"
 #include "runtime/file_io.hpp"
 
 #include "troupe/v1/job_service.grpc.pb.h"
@@ -129,32 +130,6 @@ bool same_secret(std::string_view a, std::string_view b) {
 
 namespace {
 
-
-std::string metadata(const grpc::ServerContextBase* ctx, const std::string& key) {
-  auto it = ctx->client_metadata().find(key);
-  if (it == ctx->client_metadata().end())
-    return {};
-  return std::string{it->second.data(), it->second.size()};
-}
-
-// The caller, for the audit log: its address, the certificate's name under
-// mutual TLS, and the user name it gave (x-troupe-user, not verified).
-std::string who(const grpc::ServerContextBase* ctx) {
-  std::string out = ctx->peer();
-  if (auto auth = ctx->auth_context(); auth && auth->IsPeerAuthenticated())
-    for (const auto& id : auth->GetPeerIdentity())
-      out += " cert=" + std::string{id.data(), id.size()};
-  auto user = metadata(ctx, "x-troupe-user");
-  if (!user.empty())
-    out += " user=" + user.substr(0, 64);
-  return out;
-}
-
-std::string result_of(const grpc::Status& st) {
-  if (st.ok())
-    return "ok";
-  return grpc_status_name(st.error_code()) + ": " + st.error_message().substr(0, 500);
-}
 
 // Converts and filters a job's events into one stream's messages.
 template <class Msg>
@@ -319,25 +294,18 @@ struct api_server::impl final : v1::JobService::CallbackService {
 
   controller& ctl;
   api_options opt;
+  std::unique_ptr<node_service> nodes;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 
   grpc::Status authorize(const grpc::ServerContextBase* ctx) const {
-    auto header = metadata(ctx, "authorization");
-    constexpr std::string_view bearer = "Bearer ";
-    if (header.size() <= bearer.size() || header.compare(0, bearer.size(), bearer) != 0)
-      return {grpc::StatusCode::UNAUTHENTICATED,
-              "missing 'authorization: Bearer <token>' metadata (the token is in the controller's "
-              "state dir)"};
-    if (!same_secret(std::string_view{header}.substr(bearer.size()), opt.token))
-      return {grpc::StatusCode::UNAUTHENTICATED, "wrong token"};
-    return grpc::Status::OK;
+    return check_bearer(ctx, opt.token, "token", "the token is in the controller's state dir");
   }
 
   // A mutating call's end: audited, then answered.
   void finish(grpc::ServerUnaryReactor* r, const grpc::ServerContextBase* ctx, const std::string& what,
               const std::string& target, const grpc::Status& st) {
-    (void)ctl.store().audit({j::now_us(), who(ctx), what, target.substr(0, 128), result_of(st)});
+    (void)ctl.store().audit({j::now_us(), caller_of(ctx), what, target.substr(0, 128), result_of(st)});
     r->Finish(st);
   }
 
@@ -377,7 +345,7 @@ struct api_server::impl final : v1::JobService::CallbackService {
         s.bases.emplace_back(b.name(), b.text());
       s.overrides.assign(req->overrides().begin(), req->overrides().end());
       s.name = req->name();
-      s.submitter = who(ctx);
+      s.submitter = caller_of(ctx);
       done(ctl.submit(s));
     });
   }
@@ -442,6 +410,15 @@ struct api_server::impl final : v1::JobService::CallbackService {
       }
       for (const auto& v : ctl.list(states, req->limit()))
         to_proto(v, resp->add_jobs());
+      return grpc::Status::OK;
+    });
+  }
+
+  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx, const v1::ListNodesRequest*,
+                                      v1::ListNodesResponse* resp) override {
+    return read(ctx, [&] {
+      for (const auto& n : ctl.nodes().list())
+        to_proto(n, resp->add_nodes());
       return grpc::Status::OK;
     });
   }
@@ -541,6 +518,8 @@ expected<std::unique_ptr<api_server>> api_server::start(controller& ctl, const a
     return make_error(errc::invalid_argument, "TLS needs both a certificate and a key");
   if (o.token.size() < 16)
     return make_error(errc::invalid_argument, "the API token is shorter than 16 characters");
+  if (!o.cluster_secret.empty() && o.cluster_secret.size() < 16)
+    return make_error(errc::invalid_argument, "the cluster secret is shorter than 16 characters");
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (o.tls.enabled()) {
     grpc::SslServerCredentialsOptions ssl;
@@ -569,6 +548,10 @@ expected<std::unique_ptr<api_server>> api_server::start(controller& ctl, const a
   grpc::ServerBuilder b;
   b.AddListeningPort(o.listen, creds, &s->impl_->port);
   b.RegisterService(s->impl_.get());
+  if (!o.cluster_secret.empty()) {
+    s->impl_->nodes = std::make_unique<node_service>(ctl.nodes(), ctl.store(), o.cluster_secret);
+    b.RegisterService(s->impl_->nodes->service());
+  }
   b.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   b.SetMaxSendMessageSize(static_cast<int>(std::max<int64_t>(o.max_message_bytes, 64 << 20)));
   s->impl_->server = b.BuildAndStart();

@@ -36,6 +36,8 @@ struct api_options {
   tls_options tls;
   /// The bearer token every JobService call must carry.
   std::string token;
+  /// The secret node agents join with (NodeService); "" = no NodeService.
+  std::string cluster_secret;
   int64_t max_message_bytes = 4 << 20;
 };
 

@@ -198,6 +198,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   caf::actor_system& sys;
   controller_options opt;
   std::unique_ptr<job_store> store;
+  std::unique_ptr<node_registry> nodes;
   std::string jobs_root;
   int lock_fd = -1;
   int64_t cores_total = 1;
@@ -861,6 +862,7 @@ expected<std::unique_ptr<controller>> controller::open(caf::actor_system& sys, c
   if (!store)
     return store.error();
   d->store = std::move(*store);
+  d->nodes = std::make_unique<node_registry>(d->opt.nodes);
   if (auto ok = d->load_records(); !ok)
     return ok.error();
   d->supervisor = std::thread{[d] { d->supervise(); }};
@@ -878,6 +880,10 @@ const controller_options& controller::options() const {
 
 job_store& controller::store() {
   return *impl_->store;
+}
+
+node_registry& controller::nodes() {
+  return *impl_->nodes;
 }
 
 expected<job_view> controller::submit(const submit_request& r) {

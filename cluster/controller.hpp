@@ -32,6 +32,7 @@
 // checkpoint was written (ResumeJob queues it again with --resume).
 
 #include "actors/job/job_actor.hpp"
+#include "cluster/node_registry.hpp"
 #include "runtime/error.hpp"
 
 #include <caf/fwd.hpp>
@@ -149,6 +150,8 @@ struct controller_options {
   /// Longest wait for the job actor's answer to a command.
   double command_timeout_s = 60;
   controller_limits limits;
+  /// Node agents' heartbeats (NOTE [node membership]).
+  node_options nodes;
 };
 
 /// One stream of a job's events for a watcher (WatchJob, TailLogs): the
@@ -200,6 +203,8 @@ public:
   const controller_options& options() const;
   /// The records, for the API's audit log.
   class job_store& store();
+  /// The node agents that joined (NodeService keeps it).
+  node_registry& nodes();
 
   struct impl;
 

@@ -19,6 +19,10 @@ void check(const controller_file& f, runtime::config_checks& checks) {
                  "give both cert and key, or neither");
   checks.require(f.tls.client_ca_file.empty() || !f.tls.cert_file.empty(), "tls.client_ca",
                  "mutual TLS needs the server's cert and key too");
+  checks.require(c.nodes.heartbeat_ms >= 10 && c.nodes.heartbeat_ms <= 60000, "nodes.heartbeat_ms",
+                 "must lie in [10, 60000]");
+  checks.require(c.nodes.lost_after_ms >= 2 * c.nodes.heartbeat_ms && c.nodes.lost_after_ms <= 600000,
+                 "nodes.lost_after_ms", "must be at least twice heartbeat_ms, and at most 600000");
   const auto& d = f.dashboard;
   if (!d.listen.empty()) {
     auto a = parse_listen_address(d.listen);

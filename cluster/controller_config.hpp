@@ -48,6 +48,12 @@ void visit(V& v, dashboard_options& c) {
 }
 
 template <class V>
+void visit(V& v, node_options& c) {
+  v.field("heartbeat_ms", c.heartbeat_ms, "How often node agents heartbeat");
+  v.field("lost_after_ms", c.lost_after_ms, "Silence after which a node is lost (its jobs fail)");
+}
+
+template <class V>
 void visit(V& v, controller_file& c) {
   auto& o = c.controller;
   v.field("listen", c.listen, "host:port of the API (non-loopback needs TLS)");
@@ -63,6 +69,7 @@ void visit(V& v, controller_file& c) {
   v.section("limits", o.limits, "Size limits of requests");
   v.field("max_message_bytes", c.max_message_bytes, "Largest request message");
   v.section("dashboard", c.dashboard, "The web dashboard (docs/dashboard.md)");
+  v.section("nodes", o.nodes, "Node agents (docs/cluster.md)");
 }
 
 void check(const controller_file& c, runtime::config_checks& checks);
@@ -90,5 +97,7 @@ inline void check(const client_file&, runtime::config_checks&) {}
 inline constexpr const char* controller_info_file = "controller.json";
 /// The API token in the state dir.
 inline constexpr const char* token_file_name = "token";
+/// The secret node agents join with, in the state dir.
+inline constexpr const char* cluster_secret_file_name = "cluster_secret";
 
 } // namespace troupe::cluster

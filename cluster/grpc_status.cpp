@@ -1,6 +1,12 @@
 #include "cluster/grpc_status.hpp"
 
+#include "cluster/api_server.hpp"
+
 #include "troupe/v1/job_service.pb.h"
+
+#include <grpcpp/server_context.h>
+
+#include <string_view>
 
 namespace troupe::cluster {
 
@@ -130,6 +136,44 @@ status_detail detail_of(const grpc::Status& status) {
     out.violations.assign(d.violations().begin(), d.violations().end());
   }
   return out;
+}
+
+// ---- the server side of every service -----------------------------------
+
+std::string metadata_of(const grpc::ServerContextBase* ctx, const std::string& key) {
+  auto it = ctx->client_metadata().find(key);
+  if (it == ctx->client_metadata().end())
+    return {};
+  return std::string{it->second.data(), it->second.size()};
+}
+
+std::string caller_of(const grpc::ServerContextBase* ctx) {
+  std::string out = ctx->peer();
+  if (auto auth = ctx->auth_context(); auth && auth->IsPeerAuthenticated())
+    for (const auto& id : auth->GetPeerIdentity())
+      out += " cert=" + std::string{id.data(), id.size()};
+  auto user = metadata_of(ctx, "x-troupe-user");
+  if (!user.empty())
+    out += " user=" + user.substr(0, 64);
+  return out;
+}
+
+std::string result_of(const grpc::Status& st) {
+  if (st.ok())
+    return "ok";
+  return grpc_status_name(st.error_code()) + ": " + st.error_message().substr(0, 500);
+}
+
+grpc::Status check_bearer(const grpc::ServerContextBase* ctx, const std::string& secret,
+                          const std::string& name, const std::string& hint) {
+  auto header = metadata_of(ctx, "authorization");
+  constexpr std::string_view bearer = "Bearer ";
+  if (header.size() <= bearer.size() || header.compare(0, bearer.size(), bearer) != 0)
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            "missing 'authorization: Bearer <" + name + ">' metadata (" + hint + ")"};
+  if (!same_secret(std::string_view{header}.substr(bearer.size()), secret))
+    return {grpc::StatusCode::UNAUTHENTICATED, "wrong " + name};
+  return grpc::Status::OK;
 }
 
 } // namespace troupe::cluster

@@ -13,6 +13,10 @@
 #include <string>
 #include <vector>
 
+namespace grpc {
+class ServerContextBase;
+} // namespace grpc
+
 namespace troupe::cluster {
 
 /// The gRPC code of a troupe error code (every errc has one).
@@ -39,5 +43,20 @@ struct status_detail {
   std::vector<std::string> violations;
 };
 status_detail detail_of(const grpc::Status& status);
+
+// ---- the server side of every service (api_server, node_service)
+
+/// A client metadata value ("" when absent).
+std::string metadata_of(const grpc::ServerContextBase* ctx, const std::string& key);
+/// The caller, for the audit log: its address, the certificate's name under
+/// mutual TLS, and the user name it gave (x-troupe-user, not verified).
+std::string caller_of(const grpc::ServerContextBase* ctx);
+/// "ok", or "CODE: message" (an audit record's result).
+std::string result_of(const grpc::Status& st);
+/// OK when the call carries `authorization: Bearer <secret>` (compared in
+/// constant time), else UNAUTHENTICATED saying what is missing or wrong;
+/// `name` names the secret ("token"), `hint` where it is found.
+grpc::Status check_bearer(const grpc::ServerContextBase* ctx, const std::string& secret,
+                          const std::string& name, const std::string& hint);
 
 } // namespace troupe::cluster

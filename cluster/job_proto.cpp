@@ -227,4 +227,55 @@ expected<job_view> from_proto(const v1::Job& j) {
   return v;
 }
 
+// ---- nodes ---------------------------------------------------------------
+
+namespace {
+
+// node_state ↔ NodeState, in one table.
+constexpr std::pair<node_state, v1::NodeState> node_states[] = {
+    {node_state::ready, v1::NODE_STATE_READY},
+    {node_state::lost, v1::NODE_STATE_LOST},
+    {node_state::left, v1::NODE_STATE_LEFT},
+};
+
+} // namespace
+
+void to_proto(const node_view& n, v1::Node* out) {
+  out->set_name(n.name);
+  for (auto [mine, theirs] : node_states)
+    if (mine == n.state)
+      out->set_state(theirs);
+  out->set_address(n.address);
+  out->set_peer(n.peer);
+  out->mutable_resources()->set_cores(n.resources.cores);
+  out->mutable_resources()->set_memory_bytes(n.resources.memory_bytes);
+  out->mutable_resources()->set_gpus(n.resources.gpus);
+  out->set_joined_time_us(n.joined_time_us);
+  out->set_last_heartbeat_us(n.last_heartbeat_us);
+  out->set_reason(n.reason);
+  out->set_version(n.version);
+  out->set_agent_pid(n.agent_pid);
+}
+
+expected<node_view> from_proto(const v1::Node& n) {
+  node_view out;
+  bool known = false;
+  for (auto [mine, theirs] : node_states)
+    if (theirs == n.state())
+      out.state = mine, known = true;
+  if (!known)
+    return make_error(errc::parse_error, "node '" + n.name() + "': state " + std::to_string(n.state()) +
+                                             " is not a node state");
+  out.name = n.name();
+  out.address = n.address();
+  out.peer = n.peer();
+  out.resources = {n.resources().cores(), n.resources().memory_bytes(), n.resources().gpus()};
+  out.joined_time_us = n.joined_time_us();
+  out.last_heartbeat_us = n.last_heartbeat_us();
+  out.reason = n.reason();
+  out.version = n.version();
+  out.agent_pid = n.agent_pid();
+  return out;
+}
+
 } // namespace troupe::cluster

@@ -7,6 +7,7 @@
 // its name, so a new kind or field needs its .proto line and nothing here.
 
 #include "cluster/controller.hpp"
+#include "cluster/node_registry.hpp"
 
 #include "troupe/v1/job_service.pb.h"
 
@@ -22,5 +23,8 @@ expected<actors::job::event> from_proto(const v1::Event& e);
 
 void to_proto(const job_view& v, v1::Job* out);
 expected<job_view> from_proto(const v1::Job& j);
+
+void to_proto(const node_view& n, v1::Node* out);
+expected<node_view> from_proto(const v1::Node& n);
 
 } // namespace troupe::cluster

@@ -1,5 +1,7 @@
 #include "cluster/prometheus.hpp"
 
+#include "runtime/host.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -11,13 +13,6 @@
 namespace troupe::cluster {
 
 namespace {
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0')
-    return "localhost";
-  return buf;
-}
 
 // VmRSS of a live process, in bytes; -1 when it is gone.
 int64_t rss_of(int64_t pid) {
@@ -109,7 +104,7 @@ void per_job(std::string& out, const std::vector<job_view>& jobs, const char* na
 std::vector<process_info> processes_of(const job_view& v) {
   std::vector<process_info> out;
   std::set<int64_t> seen;
-  auto node = host_name();
+  auto node = runtime::host_name();
   auto add = [&](const std::string& process, int64_t pid) {
     if (pid <= 0 || !seen.insert(pid).second)
       return;

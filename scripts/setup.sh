@@ -14,6 +14,7 @@ packages=(
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
   libsqlite3-dev python3-grpcio python3-grpc-tools
   chromium chromium-driver python3-selenium
+  iproute2 openssl
 )
 
 missing=()

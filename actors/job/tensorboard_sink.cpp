@@ -1,5 +1,7 @@
 #include "actors/job/tensorboard_sink.hpp"
 
+#include "runtime/host.hpp"
+
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -68,11 +70,9 @@ std::string event_head(int64_t time_us, int64_t step) {
   return e;
 }
 
+// The host name as a file name's part.
 std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0')
-    return "localhost";
-  std::string h = buf;
+  std::string h = runtime::host_name();
   for (auto& c : h)
     if (c == '/')
       c = '_';

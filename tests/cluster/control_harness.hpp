@@ -16,6 +16,7 @@
 #include <csignal>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -99,14 +100,25 @@ class controller_process {
 public:
   explicit controller_process(std::string state_dir) : state_dir_(std::move(state_dir)) {}
 
-  /// Starts `troupe controller` on 127.0.0.1:0 and waits for its address.
+  /// Runs it as `wrapper... troupe controller` (on another host, say)
+  /// listening on `listen`.
+  void place(std::vector<std::string> wrapper, std::string listen) {
+    wrapper_ = std::move(wrapper);
+    listen_ = std::move(listen);
+  }
+
+  /// Starts `troupe controller` on 127.0.0.1:0 (or where place() said) and
+  /// waits for its address.
   void start(const std::vector<std::string>& extra = {}) {
     std::error_code ec;
     std::filesystem::remove(info_path(), ec);
     cluster::process_spec spec;
     spec.name = "controller";
-    spec.argv = {TROUPE_BINARY_PATH, "controller", "--listen",    "127.0.0.1:0",
-                 "--dashboard",      "127.0.0.1:0", "--state-dir", state_dir_};
+    spec.argv = wrapper_;
+    for (const auto& a : {std::string{TROUPE_BINARY_PATH}, std::string{"controller"}, std::string{"--listen"}, listen_,
+                          std::string{"--dashboard"}, std::string{"127.0.0.1:0"}, std::string{"--state-dir"},
+                          state_dir_})
+      spec.argv.push_back(a);
     spec.argv.insert(spec.argv.end(), extra.begin(), extra.end());
     spec.output_path = state_dir_ + ".log";
     auto p = cluster::local_process::spawn(spec);
@@ -161,11 +173,85 @@ public:
 
 private:
   std::string info_path() const { return state_dir_ + "/controller.json"; }
+  std::vector<std::string> wrapper_;
+  std::string listen_ = "127.0.0.1:0";
   std::string state_dir_;
   std::string address_;
   std::string dashboard_;
   cluster::local_process proc_;
 };
+
+/// `troupe node`, joined to a controller_process on this machine with its
+/// cluster secret; its output in <state dir>-node-<name>.log.
+class node_process {
+public:
+  /// Starts the agent named `name` with `extra` flags (no wait), as
+  /// `wrapper... troupe node` when a wrapper is given.
+  void start(const controller_process& ctl, const std::string& name, const std::vector<std::string>& extra = {},
+             const std::string& secret_file = {}, const std::vector<std::string>& wrapper = {}) {
+    name_ = name;
+    log_path_ = ctl.state_dir() + "-node-" + name + ".log";
+    cluster::process_spec spec;
+    spec.name = "node " + name;
+    spec.argv = wrapper;
+    for (const auto& a : {std::string{TROUPE_BINARY_PATH}, std::string{"node"}, std::string{"--controller"},
+                          ctl.address(), std::string{"--name"}, name, std::string{"--secret"},
+                          secret_file.empty() ? ctl.state_dir() + "/cluster_secret" : secret_file})
+      spec.argv.push_back(a);
+    spec.argv.insert(spec.argv.end(), extra.begin(), extra.end());
+    spec.output_path = log_path_;
+    auto p = cluster::local_process::spawn(spec);
+    ASSERT_TRUE(p) << describe(p.error());
+    proc_ = std::move(*p);
+  }
+
+  /// Waits (bounded) for the agent's exit.
+  cluster::exit_status wait(int timeout_s = 30) {
+    auto st = proc_.wait_for(timeout_s * 1000);
+    EXPECT_TRUE(st) << "node " << name_ << " did not exit: " << log();
+    return st ? *st : cluster::exit_status{};
+  }
+
+  /// Signals the agent and waits for its exit.
+  cluster::exit_status stop(int sig = SIGTERM, int timeout_s = 30) {
+    if (!proc_.running())
+      return proc_.poll().value_or(cluster::exit_status{});
+    proc_.kill(sig);
+    return wait(timeout_s);
+  }
+
+  void signal(int sig) { proc_.kill(sig); }
+  bool running() { return proc_.running() && !proc_.poll(); }
+  pid_t pid() const { return proc_.pid(); }
+  std::string log() const { return text_of(log_path_); }
+
+private:
+  std::string name_;
+  std::string log_path_;
+  cluster::local_process proc_;
+};
+
+/// The node `name` as the controller lists it (nullopt when absent).
+inline std::optional<cluster::node_view> node_named(cluster::api_client& api, const std::string& name) {
+  auto nodes = api.nodes();
+  if (!nodes)
+    return std::nullopt;
+  for (const auto& n : *nodes)
+    if (n.name == name)
+      return n;
+  return std::nullopt;
+}
+
+/// Waits (bounded) until node `name` is in `state`.
+inline bool node_reaches(cluster::api_client& api, const std::string& name, cluster::node_state state,
+                         double timeout_s = 30) {
+  return eventually(
+      [&] {
+        auto n = node_named(api, name);
+        return n && n->state == state;
+      },
+      timeout_s);
+}
 
 /// Submits `spec_file` with `troupe submit` and answers the job's id ("" and
 /// a test failure when refused).
