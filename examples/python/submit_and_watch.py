@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Submit a job to `troupe controller`, stream its events to the end and
-read its metrics — with stubs generated from proto/troupe/v1/job_service.proto.
+read its metrics — with stubs generated from proto/troupe/v1/job_service.proto
+(and node_service.proto, which it imports).
 
     python3 examples/python/submit_and_watch.py configs/quickstart.yaml \
         --set rl.iterations=5
@@ -28,9 +29,10 @@ def load_stubs(out_dir):
     proto_root = REPO / "proto"
     include = pathlib.Path(protoc.__file__).parent / "_proto"
     args = ["protoc", f"-I{proto_root}", f"-I{include}", f"--python_out={out_dir}",
-            f"--grpc_python_out={out_dir}", str(proto_root / "troupe/v1/job_service.proto")]
+            f"--grpc_python_out={out_dir}", str(proto_root / "troupe/v1/job_service.proto"),
+            str(proto_root / "troupe/v1/node_service.proto")]
     if protoc.main(args) != 0:
-        sys.exit("protoc failed on job_service.proto")
+        sys.exit("protoc failed on job_service.proto / node_service.proto")
     sys.path.insert(0, str(out_dir))
     from troupe.v1 import job_service_pb2, job_service_pb2_grpc  # noqa: E402
     return job_service_pb2, job_service_pb2_grpc
