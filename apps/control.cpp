@@ -615,7 +615,7 @@ int nodes_command(const client_flags& c, bool json) {
                      {"peer", v.peer}, {"cores", v.resources.cores}, {"memory_bytes", v.resources.memory_bytes},
                      {"gpus", v.resources.gpus}, {"joined_time_us", v.joined_time_us},
                      {"last_heartbeat_us", v.last_heartbeat_us}, {"reason", v.reason},
-                     {"version", v.version}, {"agent_pid", v.agent_pid}});
+                     {"version", v.version}, {"agent_pid", v.agent_pid}, {"state_time_us", v.state_time_us}});
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }

@@ -255,6 +255,7 @@ void to_proto(const node_view& n, v1::Node* out) {
   out->set_reason(n.reason);
   out->set_version(n.version);
   out->set_agent_pid(n.agent_pid);
+  out->set_state_time_us(n.state_time_us);
 }
 
 expected<node_view> from_proto(const v1::Node& n) {
@@ -275,6 +276,7 @@ expected<node_view> from_proto(const v1::Node& n) {
   out.reason = n.reason();
   out.version = n.version();
   out.agent_pid = n.agent_pid();
+  out.state_time_us = n.state_time_us();
   return out;
 }
 

@@ -67,6 +67,7 @@ expected<uint64_t> node_registry::join(const node_hello& h, const std::string& p
   e.view.resources = h.resources;
   e.view.joined_time_us = now_us;
   e.view.last_heartbeat_us = now_us;
+  e.view.state_time_us = now_us;
   e.view.version = h.version.substr(0, 64);
   e.view.agent_pid = h.pid;
   e.session = next_session_++;
@@ -94,13 +95,14 @@ void node_registry::leave(uint64_t session, const std::string& reason, int64_t n
   if (auto* e = by_session(session)) {
     e->view.state = node_state::left;
     e->view.reason = reason.empty() ? "the agent left" : reason.substr(0, 200);
-    e->view.last_heartbeat_us = now_us;
+    e->view.state_time_us = now_us;
     e->close = nullptr;
   }
 }
 
-std::function<void()> node_registry::lose(entry& e, const std::string& reason, bool close) {
+std::function<void()> node_registry::lose(entry& e, const std::string& reason, bool close, int64_t now_us) {
   e.view.state = node_state::lost;
+  e.view.state_time_us = now_us;
   e.view.reason = reason;
   auto closer = close ? std::move(e.close) : nullptr;
   e.close = nullptr;
@@ -112,12 +114,12 @@ std::function<void()> node_registry::lose(entry& e, const std::string& reason, b
   };
 }
 
-void node_registry::disconnected(uint64_t session, const std::string& reason, int64_t) {
+void node_registry::disconnected(uint64_t session, const std::string& reason, int64_t now_us) {
   std::function<void()> after;
   {
     std::lock_guard lock{mu_};
     if (auto* e = by_session(session))
-      after = lose(*e, reason, false);
+      after = lose(*e, reason, false, now_us);
   }
   if (after)
     after();
@@ -132,7 +134,7 @@ std::vector<std::string> node_registry::sweep(int64_t now_us) {
       auto silent_ms = (now_us - e.view.last_heartbeat_us) / 1000;
       if (e.view.state != node_state::ready || silent_ms < opt_.lost_after_ms)
         continue;
-      after.push_back(lose(e, "no heartbeat for " + std::to_string(silent_ms) + " ms", true));
+      after.push_back(lose(e, "no heartbeat for " + std::to_string(silent_ms) + " ms", true, now_us));
       names.push_back(name);
     }
   }

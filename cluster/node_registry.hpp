@@ -60,6 +60,8 @@ struct node_view {
   node_resources resources;
   int64_t joined_time_us = 0;
   int64_t last_heartbeat_us = 0;
+  /// When it entered its state (joined, was lost, left).
+  int64_t state_time_us = 0;
   /// Why it was lost or left.
   std::string reason;
   std::string version;
@@ -117,7 +119,7 @@ private:
   };
   entry* by_session(uint64_t session);
   // Marks `e` lost; answers what must be called once the lock is dropped.
-  std::function<void()> lose(entry& e, const std::string& reason, bool close);
+  std::function<void()> lose(entry& e, const std::string& reason, bool close, int64_t now_us);
 
   node_options opt_;
   mutable std::mutex mu_;

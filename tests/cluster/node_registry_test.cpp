@@ -40,6 +40,7 @@ TEST(NodeRegistry, ANodeIsReadyWhileItHeartbeatsAndLostWhenSilent) {
   EXPECT_EQ(r.sweep(1900 * ms), std::vector<std::string>{"a"});
   EXPECT_EQ(r.find("a")->state, node_state::lost);
   EXPECT_EQ(r.find("a")->reason, "no heartbeat for 1000 ms");
+  EXPECT_EQ(r.find("a")->state_time_us, 1900 * ms) << "when it was found lost";
   ASSERT_EQ(closed.size(), 1u) << "its stream is ended";
   EXPECT_EQ(lost, std::vector<std::string>{"a: no heartbeat for 1000 ms"});
   EXPECT_TRUE(r.sweep(5000 * ms).empty()) << "lost once";
