@@ -20,7 +20,6 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
-#include <sys/stat.h>
 #include <unistd.h>
 
 namespace troupe::apps {
@@ -164,12 +163,11 @@ expected<secrets> load_secrets(const std::string& state_dir) {
 }
 
 expected<faces> serve(cluster::controller& ctl, const cluster::controller_file& f, const secrets& keys) {
-  const auto& token = keys.token;
   faces out;
   cluster::api_options ao;
   ao.listen = f.listen;
   ao.tls = f.tls;
-  ao.token = token;
+  ao.token = keys.token;
   ao.cluster_secret = keys.cluster_secret;
   ao.max_message_bytes = f.max_message_bytes;
   auto api = cluster::api_server::start(ctl, ao);
@@ -181,7 +179,7 @@ expected<faces> serve(cluster::controller& ctl, const cluster::controller_file& 
     return out;
   auto d = f.dashboard;
   d.tls = f.tls;
-  d.token = token;
+  d.token = keys.token;
   auto web = cluster::dashboard::start(ctl, d);
   if (!web)
     return web.error();
@@ -556,17 +554,6 @@ int metrics_command(const client_flags& c, const std::string& id, const std::vec
 
 namespace {
 
-// The cluster secret from `path`; refused when others can read it.
-expected<std::string> read_secret_file(const std::string& path) {
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0)
-    return make_error(errc::not_found, "no cluster secret: cannot read " + path +
-                                           " (pass --secret FILE: the controller's <state dir>/cluster_secret)");
-  if ((st.st_mode & 077) != 0)
-    return make_error(errc::invalid_argument, path + ": the secret file is readable by others; chmod 600 it");
-  return cluster::read_token_file(path);
-}
-
 std::string gib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
@@ -581,10 +568,12 @@ int node_command(const client_flags& c, const node_command_options& n) {
     return print_error("node", place.error()), cluster::agent_exit_refused;
   cluster::node_agent_options o;
   o.controller = place->options;
-  auto secret = read_secret_file(first_of({n.secret_file, env("TROUPE_CLUSTER_SECRET_FILE"),
-                                           (fs::path{place->state_dir} / cluster::cluster_secret_file_name).string()}));
+  auto secret = cluster::read_secret_file(
+      first_of({n.secret_file, env("TROUPE_CLUSTER_SECRET_FILE"),
+                (fs::path{place->state_dir} / cluster::cluster_secret_file_name).string()}));
   if (!secret)
-    return print_error("node", secret.error()), cluster::agent_exit_refused;
+    return print_error("node", with_prefix(secret.error(), "cluster secret (--secret FILE)")),
+           cluster::agent_exit_refused;
   o.secret = *secret;
   o.name = n.name;
   o.advertise = n.advertise;

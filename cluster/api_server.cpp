@@ -90,13 +90,19 @@ expected<std::string> read_token_file(const std::string& path) {
   return t;
 }
 
+expected<std::string> read_secret_file(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(errc::not_found, path + ": cannot read it: " + std::strerror(errno));
+  if ((st.st_mode & 077) != 0)
+    return make_error(errc::invalid_argument, path + ": the file is readable by others; chmod 600 it");
+  return read_token_file(path);
+}
+
 expected<std::string> load_or_create_token(const std::string& path) {
   struct stat st{};
   if (::stat(path.c_str(), &st) == 0) {
-    if ((st.st_mode & 077) != 0)
-      return make_error(errc::invalid_argument,
-                        path + ": the token file is readable by others; chmod 600 it");
-    auto t = read_token_file(path);
+    auto t = read_secret_file(path);
     if (t && t->size() < 16)
       return make_error(errc::invalid_argument, path + ": the token is shorter than 16 characters");
     return t;

@@ -73,6 +73,9 @@ expected<std::string> make_token();
 bool same_secret(std::string_view given, std::string_view secret);
 /// A token file's text without its line end.
 expected<std::string> read_token_file(const std::string& path);
+/// A secret's file (token, cluster secret) without its line end; refused
+/// when others can read it.
+expected<std::string> read_secret_file(const std::string& path);
 /// Reads the token from `path`, or creates it there (mode 0600) when absent;
 /// refuses a token file that others can read.
 expected<std::string> load_or_create_token(const std::string& path);

@@ -50,7 +50,7 @@ void visit(V& v, dashboard_options& c) {
 template <class V>
 void visit(V& v, node_options& c) {
   v.field("heartbeat_ms", c.heartbeat_ms, "How often node agents heartbeat");
-  v.field("lost_after_ms", c.lost_after_ms, "Silence after which a node is lost (its jobs fail)");
+  v.field("lost_after_ms", c.lost_after_ms, "Silence after which a node is lost");
 }
 
 template <class V>

@@ -240,6 +240,28 @@ constexpr std::pair<node_state, v1::NodeState> node_states[] = {
 
 } // namespace
 
+void to_proto(const node_resources& r, v1::NodeResources* out) {
+  out->set_cores(r.cores);
+  out->set_memory_bytes(r.memory_bytes);
+  out->set_gpus(r.gpus);
+}
+
+node_resources from_proto(const v1::NodeResources& r) {
+  return {r.cores(), r.memory_bytes(), r.gpus()};
+}
+
+void to_proto(const node_hello& h, v1::NodeHello* out) {
+  out->set_name(h.name);
+  out->set_advertise_host(h.advertise_host);
+  to_proto(h.resources, out->mutable_resources());
+  out->set_version(h.version);
+  out->set_pid(h.pid);
+}
+
+node_hello from_proto(const v1::NodeHello& h) {
+  return {h.name(), h.advertise_host(), from_proto(h.resources()), h.version(), h.pid()};
+}
+
 void to_proto(const node_view& n, v1::Node* out) {
   out->set_name(n.name);
   for (auto [mine, theirs] : node_states)
@@ -247,9 +269,7 @@ void to_proto(const node_view& n, v1::Node* out) {
       out->set_state(theirs);
   out->set_address(n.address);
   out->set_peer(n.peer);
-  out->mutable_resources()->set_cores(n.resources.cores);
-  out->mutable_resources()->set_memory_bytes(n.resources.memory_bytes);
-  out->mutable_resources()->set_gpus(n.resources.gpus);
+  to_proto(n.resources, out->mutable_resources());
   out->set_joined_time_us(n.joined_time_us);
   out->set_last_heartbeat_us(n.last_heartbeat_us);
   out->set_reason(n.reason);
@@ -270,7 +290,7 @@ expected<node_view> from_proto(const v1::Node& n) {
   out.name = n.name();
   out.address = n.address();
   out.peer = n.peer();
-  out.resources = {n.resources().cores(), n.resources().memory_bytes(), n.resources().gpus()};
+  out.resources = from_proto(n.resources());
   out.joined_time_us = n.joined_time_us();
   out.last_heartbeat_us = n.last_heartbeat_us();
   out.reason = n.reason();

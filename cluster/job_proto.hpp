@@ -24,6 +24,10 @@ expected<actors::job::event> from_proto(const v1::Event& e);
 void to_proto(const job_view& v, v1::Job* out);
 expected<job_view> from_proto(const v1::Job& j);
 
+void to_proto(const node_resources& r, v1::NodeResources* out);
+node_resources from_proto(const v1::NodeResources& r);
+void to_proto(const node_hello& h, v1::NodeHello* out);
+node_hello from_proto(const v1::NodeHello& h);
 void to_proto(const node_view& n, v1::Node* out);
 expected<node_view> from_proto(const v1::Node& n);
 

@@ -1,5 +1,6 @@
 #include "cluster/node_agent.hpp"
 
+#include "cluster/job_proto.hpp"
 #include "runtime/host.hpp"
 
 #include "troupe/v1/node_service.grpc.pb.h"
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <mutex>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 namespace troupe::cluster {
@@ -57,17 +59,10 @@ int64_t memory_bytes() {
 
 int32_t gpu_count() {
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    std::string v = visible;
+    std::istringstream list{visible};
     int32_t n = 0;
-    size_t start = 0;
-    while (start <= v.size()) {
-      auto comma = v.find(',', start);
-      auto item = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    for (std::string item; std::getline(list, item, ',');)
       n += item.empty() || item == "-1" ? 0 : 1;
-      if (comma == std::string::npos)
-        break;
-      start = comma + 1;
-    }
     return n;
   }
   int32_t n = 0;
@@ -124,14 +119,7 @@ bool is_refusal(grpc::StatusCode c) {
 
 v1::AgentMessage hello_of(const node_agent_options& o) {
   v1::AgentMessage m;
-  auto* h = m.mutable_hello();
-  h->set_name(o.name);
-  h->set_advertise_host(o.advertise);
-  h->mutable_resources()->set_cores(o.resources.cores);
-  h->mutable_resources()->set_memory_bytes(o.resources.memory_bytes);
-  h->mutable_resources()->set_gpus(o.resources.gpus);
-  h->set_version(o.version);
-  h->set_pid(::getpid());
+  to_proto(node_hello{o.name, o.advertise, o.resources, o.version, ::getpid()}, m.mutable_hello());
   return m;
 }
 

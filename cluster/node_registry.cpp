@@ -100,15 +100,13 @@ void node_registry::leave(uint64_t session, const std::string& reason, int64_t n
   }
 }
 
-std::function<void()> node_registry::lose(entry& e, const std::string& reason, bool close, int64_t now_us) {
+std::function<void()> node_registry::lose(entry& e, const std::string& reason, int64_t now_us) {
   e.view.state = node_state::lost;
   e.view.state_time_us = now_us;
   e.view.reason = reason;
-  auto closer = close ? std::move(e.close) : nullptr;
-  e.close = nullptr;
-  return [view = e.view, closer = std::move(closer), listeners = lost_listeners_, reason] {
+  return [view = e.view, closer = std::exchange(e.close, nullptr), listeners = lost_listeners_] {
     if (closer)
-      closer(reason);
+      closer(view.reason);
     for (const auto& f : listeners)
       f(view);
   };
@@ -118,8 +116,10 @@ void node_registry::disconnected(uint64_t session, const std::string& reason, in
   std::function<void()> after;
   {
     std::lock_guard lock{mu_};
-    if (auto* e = by_session(session))
-      after = lose(*e, reason, false, now_us);
+    if (auto* e = by_session(session)) {
+      e->close = nullptr; // its stream has ended already
+      after = lose(*e, reason, now_us);
+    }
   }
   if (after)
     after();
@@ -134,7 +134,7 @@ std::vector<std::string> node_registry::sweep(int64_t now_us) {
       auto silent_ms = (now_us - e.view.last_heartbeat_us) / 1000;
       if (e.view.state != node_state::ready || silent_ms < opt_.lost_after_ms)
         continue;
-      after.push_back(lose(e, "no heartbeat for " + std::to_string(silent_ms) + " ms", true, now_us));
+      after.push_back(lose(e, "no heartbeat for " + std::to_string(silent_ms) + " ms", now_us));
       names.push_back(name);
     }
   }

@@ -118,8 +118,9 @@ private:
     closer close;
   };
   entry* by_session(uint64_t session);
-  // Marks `e` lost; answers what must be called once the lock is dropped.
-  std::function<void()> lose(entry& e, const std::string& reason, bool close, int64_t now_us);
+  // Marks `e` lost; answers what must be called once the lock is dropped
+  // (its closer, if it still has one, and the listeners).
+  std::function<void()> lose(entry& e, const std::string& reason, int64_t now_us);
 
   node_options opt_;
   mutable std::mutex mu_;

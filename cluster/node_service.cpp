@@ -2,6 +2,7 @@
 
 #include "actors/job/events.hpp"
 #include "cluster/grpc_status.hpp"
+#include "cluster/job_proto.hpp"
 #include "cluster/job_store.hpp"
 
 #include "troupe/v1/node_service.grpc.pb.h"
@@ -16,23 +17,7 @@
 
 namespace troupe::cluster {
 
-namespace {
-
 using actors::job::now_us;
-
-node_hello from_proto(const v1::NodeHello& h) {
-  node_hello out;
-  out.name = h.name();
-  out.advertise_host = h.advertise_host();
-  out.resources.cores = h.resources().cores();
-  out.resources.memory_bytes = h.resources().memory_bytes();
-  out.resources.gpus = h.resources().gpus();
-  out.version = h.version();
-  out.pid = h.pid();
-  return out;
-}
-
-} // namespace
 
 struct node_service::impl final : v1::NodeService::CallbackService {
   impl(node_registry& n, job_store& s, std::string sec) : nodes(n), store(s), secret(std::move(sec)) {}

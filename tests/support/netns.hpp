@@ -18,8 +18,8 @@ namespace troupe::test {
 
 class netns_lab {
 public:
-  /// `hosts` namespaces on one bridge; nullopt and `why` when they cannot
-  /// be made here (not root, no `ip`, namespaces not allowed).
+  /// `hosts` namespaces on one bridge; null and `why` when they cannot be
+  /// made here (not root, no `ip`, namespaces not allowed).
   static std::unique_ptr<netns_lab> create(int hosts, std::string& why) {
     if (::geteuid() != 0) {
       why = "network namespaces need root (run the tests as root to cover multi-host)";
