@@ -212,6 +212,14 @@ int controller_command(const controller_command_options& o) {
     return print_error("controller", exe.error()), 2;
   auto co = f->controller;
   co.executable = *exe;
+  if (!o.advertise.empty())
+    co.advertise = o.advertise;
+  if (co.advertise.empty()) {
+    // Listening on one address: the nodes reach this machine there.
+    auto host = cluster::parse_listen_address(f->listen);
+    if (host && host->first != "0.0.0.0" && host->first != "::" && !host->first.empty())
+      co.advertise = host->first;
+  }
 
   caf::actor_system_config sys_cfg;
   actors::configure(sys_cfg);
@@ -586,6 +594,7 @@ int node_command(const client_flags& c, const node_command_options& n) {
     o.resources.gpus = n.gpus;
   o.version = n.version;
   o.reconnect_s = n.reconnect_s;
+  o.work_dir = n.work_dir;
   auto stop = block_stop_signals();
   return cluster::run_node_agent(o, stop);
 }

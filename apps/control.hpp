@@ -20,6 +20,8 @@ struct controller_command_options {
   std::string tls_client_ca;
   /// host:port of the dashboard, "off" for none ("" = the file's value).
   std::string dashboard;
+  /// The address nodes' workers reach job drivers at ("" = the file's).
+  std::string advertise;
 };
 
 /// Runs the controller until SIGINT / SIGTERM; 0 after a clean shutdown.
@@ -70,6 +72,7 @@ struct node_command_options {
   int gpus = -1;
   double reconnect_s = 60;
   std::string version;
+  std::string work_dir;
 };
 
 /// Runs a node agent (cluster/node_agent.hpp) until SIGINT / SIGTERM; exit

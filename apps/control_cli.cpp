@@ -66,6 +66,8 @@ void add_node_commands(CLI::App& app, const std::shared_ptr<control_flags>& f, s
                    "Seconds to keep trying to reach the controller before giving up")
       ->check(CLI::PositiveNumber);
   node->add_option("--state-dir", f->client.state_dir, "A local controller's state dir (its address and secret)");
+  node->add_option("--work-dir", f->node.work_dir,
+                   "Where the workers' output goes, by job (default: <tmp>/troupe-node-<name>)");
   node->add_option("--tls-ca", f->client.tls_ca, "PEM CA of the controller's certificate")->group("Connection");
   node->add_option("--tls-cert", f->client.tls_cert, "PEM client certificate, mutual TLS")->group("Connection");
   node->add_option("--tls-key", f->client.tls_key, "PEM client key")->group("Connection");
@@ -102,6 +104,9 @@ std::vector<runner> add_control_commands(CLI::App& app) {
   ctl->add_option("--tls-client-ca", f->ctl.tls_client_ca, "PEM CA of client certificates (mutual TLS)");
   ctl->add_option("--dashboard", f->ctl.dashboard,
                   "HOST:PORT of the web dashboard and /metrics (default 127.0.0.1:7451), or off");
+  ctl->add_option("--advertise", f->ctl.advertise,
+                  "The address node agents' workers reach this machine's job drivers at (default: the "
+                  "--listen host when it is an address, else this host's name)");
   out.push_back([=]() -> std::optional<int> {
     return ctl->parsed() ? std::optional<int>{controller_command(f->ctl)} : std::nullopt;
   });

@@ -132,6 +132,7 @@ runner add_run(CLI::App& app) {
     bool no_comments = false;
     std::string job_dir;
     bool driver_resume = false;
+    bool driver_nodes = false;
   };
   auto f = std::make_shared<flags>();
   auto* run = app.add_subcommand("run", "Run an RLHF job (sft → rm → rl) from a YAML config");
@@ -155,6 +156,8 @@ runner add_run(CLI::App& app) {
       "driver", "Run a controller's job (started by `troupe controller`, not by hand)");
   driver->add_option("--job-dir", f->job_dir, "The job's folder (spec.yaml)")->required();
   driver->add_flag("--resume", f->driver_resume, "Continue from the run's checkpoints");
+  driver->add_flag("--nodes", f->driver_nodes,
+                   "The workers run on the nodes of <job dir>/nodes.json (NOTE [remote workers])");
 
   return [=]() -> std::optional<int> {
     if (run->parsed())
@@ -164,7 +167,7 @@ runner add_run(CLI::App& app) {
     if (plan->parsed())
       return troupe::apps::plan_command(f->plan_path, f->plan_sets);
     if (driver->parsed())
-      return troupe::apps::driver_command(f->job_dir, f->driver_resume);
+      return troupe::apps::driver_command(f->job_dir, f->driver_resume, f->driver_nodes);
     return std::nullopt;
   };
 }

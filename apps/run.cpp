@@ -112,12 +112,22 @@ int run_job_command(const run_command_options& o) {
   return 0;
 }
 
-int driver_command(const std::string& job_dir, bool resume) {
+int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
   auto spec = (std::filesystem::path{job_dir} / cluster::driver_spec_file).string();
   auto cfg = actors::rl::load_job(spec, {});
   if (!cfg) {
     std::fprintf(stderr, "troupe driver: %s\n", describe(cfg.error()).c_str());
     return 1;
+  }
+  cluster::launch_options lo;
+  lo.timeout_ms = static_cast<int64_t>(cfg->run.timeouts.compute_s * 1000);
+  if (on_nodes) {
+    auto nodes = cluster::read_job_nodes(job_dir);
+    if (!nodes) {
+      std::fprintf(stderr, "troupe driver: %s\n", describe(nodes.error()).c_str());
+      return 1;
+    }
+    lo.remote = cluster::remote_launch{nodes->bind_host, job_dir, nodes->nodes, {}};
   }
   // The controller's connection may drop at any moment (it is restarted):
   // a write to it must not end the job.
@@ -148,8 +158,6 @@ int driver_command(const std::string& job_dir, bool resume) {
         caf::anon_send(job, actors::job::cancel_atom::value, true);
       }
     };
-    cluster::launch_options lo;
-    lo.timeout_ms = static_cast<int64_t>(cfg->run.timeouts.compute_s * 1000);
     summary = cluster::run_placed_job(sys, *cfg, ro, lo);
   }
   if (published) {

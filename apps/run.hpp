@@ -18,7 +18,7 @@ int run_job_command(const run_command_options& options);
 
 /// `troupe driver --job-dir DIR`: a controller's job (cluster/controller.hpp);
 /// the exit status of run_job_command.
-int driver_command(const std::string& job_dir, bool resume);
+int driver_command(const std::string& job_dir, bool resume, bool on_nodes);
 
 /// `troupe plan`: checks the placement and prints the plan; 0 = it fits.
 int plan_command(const std::string& path, const std::vector<std::string>& overrides);

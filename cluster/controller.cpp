@@ -4,9 +4,12 @@
 #include "actors/rl/placement.hpp"
 #include "actors/rl/settings.hpp"
 #include "cluster/job_store.hpp"
+#include "cluster/job_nodes.hpp"
 #include "cluster/local_launcher.hpp"
+#include "cluster/node_placement.hpp"
 #include "runtime/config.hpp"
 #include "runtime/file_io.hpp"
+#include "runtime/host.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -136,6 +139,15 @@ struct job_entry {
   bool status_loaded = false;
   /// Cursors waiting for more events.
   std::vector<std::function<void()>> waiters;
+  /// Workers on nodes (NOTE [remote workers]): decided at admission; the
+  /// node of each node of the plan, the devices it holds there, and whether
+  /// the workers were asked for.
+  bool on_nodes = false;
+  std::vector<std::string> nodes;
+  std::vector<int64_t> node_need;
+  bool need_known = false;
+  bool workers_sent = false;
+  std::string wait_reason;
 };
 
 std::string random_id() {
@@ -154,17 +166,6 @@ bool inside(const fs::path& root, const fs::path& p) {
   auto q = p.lexically_normal();
   auto rel = q.lexically_relative(r);
   return !rel.empty() && *rel.begin() != ".." && rel.is_relative();
-}
-
-std::string tail_of_file(const std::string& path, size_t max_bytes) {
-  auto text = runtime::read_file(path);
-  if (!text || text->empty())
-    return {};
-  auto start = text->size() > max_bytes ? text->size() - max_bytes : 0;
-  auto out = text->substr(start);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r'))
-    out.pop_back();
-  return out;
 }
 
 // Whether `pid` is a `troupe driver` of `job_dir` (pids are reused).
@@ -211,6 +212,13 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   bool stopping = false;
   bool shut_down = false;
   std::thread supervisor;
+  /// From the node registry's listeners, for the supervisor (which alone
+  /// talks to agents, never with `mu` held: an agent's stream calls the
+  /// listeners with its own lock held).
+  std::vector<node_view> lost_nodes;
+  std::vector<std::pair<std::string, worker_exit>> worker_exits;
+  /// Commands for agents, sent by the supervisor once `mu` is released.
+  std::vector<std::pair<std::string, node_command>> outbox;
 
   ~impl() {
     if (lock_fd >= 0)
@@ -276,6 +284,9 @@ struct controller::impl : std::enable_shared_from_this<impl> {
     v.totals = e.totals;
     if (e.cfg)
       v.stages = e.cfg->stages;
+    v.nodes = e.nodes;
+    if (e.state == ctl_state::queued)
+      v.wait_reason = e.wait_reason;
     return v;
   }
 
@@ -381,10 +392,16 @@ struct controller::impl : std::enable_shared_from_this<impl> {
     return n;
   }
 
+  // Cores a job takes on this machine: its driver only, when its workers
+  // run on nodes.
+  int64_t local_cores(const job_entry& e) const {
+    return e.on_nodes ? 1 : std::min(e.rec.cores, cores_total);
+  }
+
   int64_t cores_in_use() const {
     int64_t n = 0;
     for (const auto& [id, e] : jobs)
-      n += e->driver_alive ? std::min(e->rec.cores, cores_total) : 0;
+      n += e->driver_alive ? local_cores(*e) : 0;
     return n;
   }
 
@@ -395,10 +412,139 @@ struct controller::impl : std::enable_shared_from_this<impl> {
         queue.pop_front();
         continue;
       }
-      if (cores_in_use() + std::min(e->rec.cores, cores_total) > cores_total)
-        break; // first in, first out: nothing overtakes the head
+      // First in, first out: nothing overtakes the head.
+      if (!place_on_nodes(*e))
+        break;
+      if (cores_in_use() + local_cores(*e) > cores_total) {
+        e->wait_reason = "waiting for cores on the controller's machine";
+        break;
+      }
       queue.pop_front();
       start_driver(*e);
+    }
+  }
+
+  // ---- jobs on nodes (mu held; NOTE [remote workers]) ----
+
+  // Devices each node holds for the jobs whose drivers run.
+  std::map<std::string, int64_t> node_devices_in_use() const {
+    std::map<std::string, int64_t> used;
+    for (const auto& [id, e] : jobs)
+      if (e->driver_alive && e->on_nodes)
+        for (size_t i = 0; i < e->nodes.size() && i < e->node_need.size(); ++i)
+          used[e->nodes[i]] += e->node_need[i];
+    return used;
+  }
+
+  // Decides where the head job's workers run and, on nodes, picks them and
+  // writes nodes.json; false when it must wait (wait_reason says why).
+  bool place_on_nodes(job_entry& e) {
+    if (!e.cfg)
+      return true;
+    if (!e.need_known) {
+      auto plan = actors::rl::make_plan(*e.cfg);
+      if (plan && plan->uses_workers())
+        e.node_need = plan->devices_per_node();
+      e.need_known = true;
+    }
+    const auto& launcher = e.cfg->resources.launcher;
+    auto ready = nodes->list();
+    bool any_ready = std::any_of(ready.begin(), ready.end(), [](const node_view& n) { return n.state == node_state::ready; });
+    e.on_nodes = !e.node_need.empty() && (launcher == "nodes" || (launcher == "auto" && any_ready));
+    if (!e.on_nodes)
+      return true;
+    auto picked = assign_nodes(e.node_need, ready, node_devices_in_use());
+    if (!picked) {
+      e.wait_reason = context_of(picked.error());
+      return false;
+    }
+    job_nodes jn;
+    jn.bind_host = opt.advertise;
+    for (const auto& name : *picked)
+      for (const auto& n : ready)
+        if (n.name == name)
+          jn.nodes.push_back({n.name, n.address});
+    if (auto ok = write_job_nodes(e.rec.job_dir, jn); !ok) {
+      e.wait_reason = "cannot write " + std::string{nodes_file} + ": " + describe(ok.error());
+      return false;
+    }
+    e.nodes = *picked;
+    e.workers_sent = false;
+    e.wait_reason.clear();
+    return true;
+  }
+
+  // The driver asked for its workers (workers.json): a StartWorker per
+  // worker for its node's agent, or the reason the job cannot have them.
+  std::optional<std::string> request_workers(job_entry& e) {
+    auto w = read_worker_requests(e.rec.job_dir);
+    if (!w || w->pid != e.rec.driver_pid)
+      return std::nullopt; // not yet
+    e.workers_sent = true;
+    std::vector<int64_t> count(e.nodes.size(), 0);
+    for (const auto& x : w->workers) {
+      if (x.node < 0 || static_cast<size_t>(x.node) >= e.nodes.size())
+        return "the driver asked for worker " + std::to_string(x.rank) + " on node " + std::to_string(x.node) +
+               " of " + std::to_string(e.nodes.size());
+      if (++count[static_cast<size_t>(x.node)] > e.node_need[static_cast<size_t>(x.node)])
+        return "the driver asked for more workers on node " + e.nodes[static_cast<size_t>(x.node)] +
+               " than the plan placed there";
+    }
+    for (const auto& x : w->workers) {
+      worker_start s{e.rec.id, x.rank, static_cast<int32_t>(w->workers.size()), x.label, w->driver, w->cwd,
+                     w->timeout_ms};
+      if (auto ok = check_worker_start(s); !ok)
+        return "worker " + std::to_string(x.rank) + ": " + describe(ok.error());
+      outbox.emplace_back(e.nodes[static_cast<size_t>(x.node)], s);
+    }
+    return std::nullopt;
+  }
+
+  // Ends the job with `reason` now: the controller's own verdict (a node
+  // lost, a worker that could not start), recorded before its driver is
+  // killed so that the driver's end reports it.
+  void fail_job(job_entry& e, const std::string& reason) {
+    if (!e.driver_alive || is_final(e.state))
+      return;
+    e.rec.error = reason;
+    if (e.proc)
+      e.proc->kill(SIGKILL);
+    else
+      (void)::kill(static_cast<pid_t>(e.rec.driver_pid), SIGKILL);
+  }
+
+  // What the job was doing on node `node` when it was lost.
+  std::string loss_reason(const job_entry& e, const node_view& n) const {
+    std::string ranks;
+    for (const auto& r : e.roles)
+      if (r.node == n.name && r.stage == e.status.stage && r.status != "failed")
+        ranks += (ranks.empty() ? "" : ", ") + r.role + (r.rank > 0 ? "[dp " + std::to_string(r.rank) + "]" : "") +
+                 " (" + r.process + ")";
+    std::string where = e.status.stage.empty() ? "while it started"
+                                                : "in stage " + e.status.stage + ", step " +
+                                                      std::to_string(e.status.iteration) +
+                                                      (e.status.phase.empty() ? "" : ", phase " + e.status.phase);
+    return "node " + n.name + " (" + n.address + ") was lost (" + n.reason + ") " + where +
+           "; its ranks: " + (ranks.empty() ? "none yet" : ranks);
+  }
+
+  // Lost nodes and worker exits the registry reported.
+  void handle_node_news() {
+    for (const auto& n : std::exchange(lost_nodes, {}))
+      for (auto& [id, e] : jobs)
+        if (e->on_nodes && std::find(e->nodes.begin(), e->nodes.end(), n.name) != e->nodes.end())
+          fail_job(*e, loss_reason(*e, n));
+    for (const auto& [node, x] : std::exchange(worker_exits, {})) {
+      auto e = find(x.job_id);
+      if (!e || !e->on_nodes)
+        continue;
+      bool ours = std::find(e->nodes.begin(), e->nodes.end(), node) != e->nodes.end();
+      if (ours && x.pid == 0) // it never ran
+        fail_job(*e, "node " + node + ": worker " + std::to_string(x.rank) + " " + x.description);
+      else if (ours && (x.code != 0 || x.signal != 0) && e->driver_alive)
+        std::fprintf(stderr, "troupe controller: job %s: worker %d on node %s %s%s%s\n", x.job_id.c_str(), x.rank,
+                     node.c_str(), x.description.c_str(), x.output_tail.empty() ? "" : "; its output ends: ",
+                     x.output_tail.c_str());
     }
   }
 
@@ -410,6 +556,8 @@ struct controller::impl : std::enable_shared_from_this<impl> {
     spec.argv = {opt.executable, "driver", "--job-dir", e.rec.job_dir};
     if (e.rec.resume)
       spec.argv.push_back("--resume");
+    if (e.on_nodes)
+      spec.argv.push_back("--nodes");
     spec.output_path = (fs::path{e.rec.job_dir} / "driver.log").string();
     spec.detached = true;
     auto p = local_process::spawn(spec);
@@ -449,6 +597,9 @@ struct controller::impl : std::enable_shared_from_this<impl> {
         wake.insert(wake.end(), w.begin(), w.end());
         continue;
       }
+      if (e.on_nodes && !e.workers_sent)
+        if (auto refused = request_workers(e))
+          fail_job(e, *refused);
       if (e.attach_deadline_us > 0 && !e.attaching) {
         auto info = read_driver_info(e.rec.job_dir);
         if (info && info->pid == e.rec.driver_pid) {
@@ -468,6 +619,10 @@ struct controller::impl : std::enable_shared_from_this<impl> {
     e.driver_alive = false;
     e.attach_deadline_us = 0;
     e.proc.reset();
+    // Whatever is left of it on its nodes ends there too.
+    if (e.on_nodes)
+      for (const auto& n : e.nodes)
+        outbox.emplace_back(n, job_stop{e.rec.id, "its driver " + how});
     e.rec.exit_reason = how;
     catch_up(e);
     if (!is_final(e.state)) {
@@ -488,18 +643,37 @@ struct controller::impl : std::enable_shared_from_this<impl> {
     while (!stopping) {
       std::vector<std::pair<std::string, driver_info>> to_attach;
       std::vector<std::function<void()>> wake;
+      handle_node_news();
       poll_drivers(to_attach, wake);
       admit();
-      if (!to_attach.empty() || !wake.empty()) {
+      auto sends = std::exchange(outbox, {});
+      if (!to_attach.empty() || !wake.empty() || !sends.empty()) {
         lock.unlock();
         for (auto& w : wake)
           w();
         for (auto& [id, info] : to_attach)
           attach(id, info);
+        send_to_agents(sends);
         lock.lock();
         continue;
       }
       cv.wait_for(lock, std::chrono::milliseconds(50));
+    }
+    auto sends = std::exchange(outbox, {});
+    lock.unlock();
+    send_to_agents(sends);
+  }
+
+  // Without `mu`. A StartWorker its node cannot take fails the job (the
+  // next round: the node is lost, or gone).
+  void send_to_agents(const std::vector<std::pair<std::string, node_command>>& sends) {
+    for (const auto& [node, c] : sends) {
+      if (nodes->send(node, c) || !std::holds_alternative<worker_start>(c))
+        continue;
+      const auto& s = std::get<worker_start>(c);
+      std::lock_guard lock{mu};
+      worker_exits.push_back({node, worker_exit{s.job_id, s.rank, 0, -1, 0,
+                                                "could not start: the node is not ready (lost or left)", ""}});
     }
   }
 
@@ -792,7 +966,19 @@ void controller::impl::recover(job_entry& e) {
   auto info = read_driver_info(e.rec.job_dir);
   if (info && info->pid == e.rec.driver_pid && is_driver_of(info->pid, e.rec.job_dir)) {
     // Re-attach: the feed subscribes from the first event (the job actor
-    // replays its journal), so the in-memory history starts over.
+    // replays its journal), so the in-memory history starts over. A job on
+    // nodes holds its nodes' devices again (its workers were asked for).
+    if (auto jn = read_job_nodes(e.rec.job_dir)) {
+      e.on_nodes = true;
+      for (const auto& n : jn->nodes)
+        e.nodes.push_back(n.name);
+      if (auto plan = e.cfg ? actors::rl::make_plan(*e.cfg) : make_error(errc::internal, "no config");
+          plan && plan->nodes == static_cast<int64_t>(e.nodes.size()))
+        e.node_need = plan->devices_per_node();
+      e.node_need.resize(e.nodes.size(), 1);
+      e.need_known = true;
+      e.workers_sent = true;
+    }
     e.driver_alive = true;
     e.rec.last_seq = 0;
     e.status = {};
@@ -863,6 +1049,25 @@ expected<std::unique_ptr<controller>> controller::open(caf::actor_system& sys, c
     return store.error();
   d->store = std::move(*store);
   d->nodes = std::make_unique<node_registry>(d->opt.nodes);
+  if (d->opt.advertise.empty())
+    d->opt.advertise = runtime::host_name();
+  // The registry's listeners run on an agent's stream (its lock held) or
+  // the sweeper: they leave the news for the supervisor.
+  std::weak_ptr<impl> weak = d;
+  d->nodes->on_lost([weak](const node_view& v) {
+    if (auto c = weak.lock()) {
+      std::lock_guard lock{c->mu};
+      c->lost_nodes.push_back(v);
+      c->cv.notify_all();
+    }
+  });
+  d->nodes->on_worker_exit([weak](const std::string& node, const worker_exit& x) {
+    if (auto c = weak.lock()) {
+      std::lock_guard lock{c->mu};
+      c->worker_exits.emplace_back(node, x);
+      c->cv.notify_all();
+    }
+  });
   if (auto ok = d->load_records(); !ok)
     return ok.error();
   d->supervisor = std::thread{[d] { d->supervise(); }};

@@ -108,6 +108,11 @@ struct job_view {
   std::string resolved_config;
   std::vector<std::string> stages;
   job_totals totals;
+  /// The nodes of its workers, by the plan's node index (NOTE [remote
+  /// workers] in job_nodes.hpp); empty when they run on this machine.
+  std::vector<std::string> nodes;
+  /// Why a queued job waits.
+  std::string wait_reason;
 };
 
 struct submit_request {
@@ -152,6 +157,9 @@ struct controller_options {
   controller_limits limits;
   /// Node agents' heartbeats (NOTE [node membership]).
   node_options nodes;
+  /// The address node agents' workers reach this machine's job drivers at
+  /// (NOTE [remote workers]); "" = this host's name.
+  std::string advertise;
 };
 
 /// One stream of a job's events for a watcher (WatchJob, TailLogs): the

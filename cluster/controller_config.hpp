@@ -70,6 +70,9 @@ void visit(V& v, controller_file& c) {
   v.field("max_message_bytes", c.max_message_bytes, "Largest request message");
   v.section("dashboard", c.dashboard, "The web dashboard (docs/dashboard.md)");
   v.section("nodes", o.nodes, "Node agents (docs/cluster.md)");
+  v.field("advertise", o.advertise,
+          "The address nodes' workers reach this machine's job drivers at; \"\" = the API's listen "
+          "host when it is an address, else this host's name");
 }
 
 void check(const controller_file& c, runtime::config_checks& checks);

@@ -173,6 +173,9 @@ void to_proto(const job_view& v, v1::Job* out) {
   out->set_driver_pid(v.driver_pid);
   out->set_exit_reason(v.exit_reason);
   out->set_queue_position(v.queue_position);
+  for (const auto& n : v.nodes)
+    out->add_nodes(n);
+  out->set_wait_reason(v.wait_reason);
   out->set_resumable(v.resumable);
   for (const auto& t : v.transitions) {
     auto* p = out->add_transitions();
@@ -208,6 +211,8 @@ expected<job_view> from_proto(const v1::Job& j) {
   v.submit_time_us = j.submit_time_us(), v.end_time_us = j.end_time_us(), v.run_dir = j.run_dir();
   v.driver_pid = j.driver_pid(), v.exit_reason = j.exit_reason();
   v.queue_position = j.queue_position(), v.resumable = j.resumable();
+  v.nodes.assign(j.nodes().begin(), j.nodes().end());
+  v.wait_reason = j.wait_reason();
   for (const auto& t : j.transitions()) {
     auto ts = from_proto(t.state());
     if (!ts)
@@ -260,6 +265,34 @@ void to_proto(const node_hello& h, v1::NodeHello* out) {
 
 node_hello from_proto(const v1::NodeHello& h) {
   return {h.name(), h.advertise_host(), from_proto(h.resources()), h.version(), h.pid()};
+}
+
+void to_proto(const worker_start& s, v1::StartWorker* out) {
+  out->set_job_id(s.job_id);
+  out->set_rank(s.rank);
+  out->set_world(s.world);
+  out->set_label(s.label);
+  out->set_driver(s.driver);
+  out->set_cwd(s.cwd);
+  out->set_timeout_ms(s.timeout_ms);
+}
+
+worker_start from_proto(const v1::StartWorker& s) {
+  return {s.job_id(), s.rank(), s.world(), s.label(), s.driver(), s.cwd(), s.timeout_ms()};
+}
+
+void to_proto(const worker_exit& x, v1::WorkerExited* out) {
+  out->set_job_id(x.job_id);
+  out->set_rank(x.rank);
+  out->set_pid(x.pid);
+  out->set_code(x.code);
+  out->set_signal(x.signal);
+  out->set_description(x.description);
+  out->set_output_tail(x.output_tail);
+}
+
+worker_exit from_proto(const v1::WorkerExited& x) {
+  return {x.job_id(), x.rank(), x.pid(), x.code(), x.signal(), x.description(), x.output_tail()};
 }
 
 void to_proto(const node_view& n, v1::Node* out) {

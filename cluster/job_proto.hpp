@@ -7,6 +7,7 @@
 // its name, so a new kind or field needs its .proto line and nothing here.
 
 #include "cluster/controller.hpp"
+#include "cluster/job_nodes.hpp"
 #include "cluster/node_registry.hpp"
 
 #include "troupe/v1/job_service.pb.h"
@@ -30,5 +31,9 @@ void to_proto(const node_hello& h, v1::NodeHello* out);
 node_hello from_proto(const v1::NodeHello& h);
 void to_proto(const node_view& n, v1::Node* out);
 expected<node_view> from_proto(const v1::Node& n);
+void to_proto(const worker_start& s, v1::StartWorker* out);
+worker_start from_proto(const v1::StartWorker& s);
+void to_proto(const worker_exit& x, v1::WorkerExited* out);
+worker_exit from_proto(const v1::WorkerExited& x);
 
 } // namespace troupe::cluster

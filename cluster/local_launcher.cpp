@@ -1,5 +1,7 @@
 #include "cluster/local_launcher.hpp"
 
+#include "runtime/file_io.hpp"
+
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -76,6 +78,7 @@ expected<local_process> local_process::spawn(const process_spec& spec) {
   int exec_pipe[2];
   if (::pipe2(exec_pipe, O_CLOEXEC) != 0)
     return make_error(errc::io_error, spec.name + ": pipe failed: " + std::strerror(errno));
+  const char* cwd = spec.cwd.empty() ? nullptr : spec.cwd.c_str();
   pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -97,27 +100,33 @@ expected<local_process> local_process::spawn(const process_spec& spec) {
       ::dup2(out_fd, STDOUT_FILENO);
       ::dup2(out_fd, STDERR_FILENO);
     }
-    ::execve(argv[0], argv.data(), envp.data());
-    int err = errno;
-    [[maybe_unused]] auto n = ::write(exec_pipe[1], &err, sizeof(err));
+    // The failing step (0: chdir, 1: exec) and its errno.
+    int failure[2] = {0, 0};
+    if (cwd == nullptr || ::chdir(cwd) == 0) {
+      ::execve(argv[0], argv.data(), envp.data());
+      failure[0] = 1;
+    }
+    failure[1] = errno;
+    [[maybe_unused]] auto n = ::write(exec_pipe[1], failure, sizeof(failure));
     ::_exit(127);
   }
   ::close(exec_pipe[1]);
   if (out_fd >= 0)
     ::close(out_fd);
-  int child_errno = 0;
+  int failure[2] = {0, 0};
   ssize_t n;
   do {
-    n = ::read(exec_pipe[0], &child_errno, sizeof(child_errno));
+    n = ::read(exec_pipe[0], failure, sizeof(failure));
   } while (n < 0 && errno == EINTR);
   ::close(exec_pipe[0]);
   local_process proc;
   proc.pid_ = pid;
   proc.name_ = spec.name;
-  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+  if (n == static_cast<ssize_t>(sizeof(failure))) {
     proc.wait_for(5000);
-    return make_error(errc::io_error, spec.name + ": cannot execute " + spec.argv[0] + ": " +
-                                        std::strerror(child_errno));
+    return make_error(errc::io_error, spec.name + (failure[0] == 0 ? ": cannot enter " + spec.cwd
+                                                                   : ": cannot execute " + spec.argv[0]) +
+                                        ": " + std::strerror(failure[1]));
   }
   return proc;
 }
@@ -205,6 +214,17 @@ expected<std::string> self_executable() {
                                         std::strerror(errno));
   buf.resize(static_cast<size_t>(n));
   return buf;
+}
+
+std::string tail_of_file(const std::string& path, size_t max_bytes) {
+  auto text = runtime::read_file(path);
+  if (!text || text->empty())
+    return {};
+  auto start = text->size() > max_bytes ? text->size() - max_bytes : 0;
+  auto out = text->substr(start);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r'))
+    out.pop_back();
+  return out;
 }
 
 } // namespace troupe::cluster

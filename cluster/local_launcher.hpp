@@ -24,6 +24,8 @@ struct process_spec {
   std::vector<std::pair<std::string, std::string>> env;
   /// File receiving the child's stdout and stderr; empty = inherit.
   std::string output_path;
+  /// Working directory of the child; empty = the parent's.
+  std::string cwd;
   /// A session of its own, and no death with the parent: a job's driver
   /// outlives a controller that is restarted (NOTE [controller restart]).
   bool detached = false;
@@ -77,6 +79,10 @@ private:
 /// ("<name> <describe()>"), killing the others, or a timeout naming those
 /// still running.
 expected<void> wait_all(std::vector<local_process>& procs, int64_t timeout_ms);
+
+/// The last `max_bytes` of a process's output file, without its final line
+/// breaks ("" when it cannot be read).
+std::string tail_of_file(const std::string& path, size_t max_bytes);
 
 /// Path of the running executable (/proc/self/exe).
 expected<std::string> self_executable();

@@ -1,6 +1,7 @@
 #include "cluster/node_agent.hpp"
 
 #include "cluster/job_proto.hpp"
+#include "cluster/local_launcher.hpp"
 #include "runtime/host.hpp"
 
 #include "troupe/v1/node_service.grpc.pb.h"
@@ -15,7 +16,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -86,6 +89,109 @@ node_resources detect_resources() {
   return r;
 }
 
+// ---- the workers of jobs on this node ---------------------------------------
+
+namespace {
+
+// The job workers this agent started (NOTE [remote workers] in job_nodes.hpp).
+// Started from the agent's main thread only, which lives as long as the
+// agent: a worker dies with it (PR_SET_PDEATHSIG follows the thread).
+class worker_table {
+public:
+  worker_table(std::string executable, std::string work_dir)
+      : exe_(std::move(executable)), dir_(std::move(work_dir)) {}
+  ~worker_table() { stop_all("the agent ended"); }
+
+  // Starts a worker; on failure, the WorkerExited that says why.
+  std::optional<worker_exit> start(const worker_start& s) {
+    auto refuse = [&](const std::string& why) {
+      return worker_exit{s.job_id, s.rank, 0, -1, 0, "could not start: " + why, ""};
+    };
+    if (auto ok = check_worker_start(s); !ok)
+      return refuse(describe(ok.error()));
+    std::error_code ec;
+    if (!fs::is_directory(s.cwd, ec))
+      return refuse("the job's directory " + s.cwd +
+                    " does not exist on this node (nodes need the job's files at the same path: a shared "
+                    "filesystem)");
+    std::lock_guard lock{mu_};
+    for (const auto& r : running_)
+      if (r.start.job_id == s.job_id && r.start.rank == s.rank)
+        return refuse("worker " + std::to_string(s.rank) + " of job " + s.job_id + " already runs (pid " +
+                      std::to_string(r.proc.pid()) + ")");
+    auto log_dir = fs::path{dir_} / "jobs" / s.job_id;
+    fs::create_directories(log_dir, ec);
+    process_spec spec;
+    spec.name = "worker " + std::to_string(s.rank) + " of job " + s.job_id;
+    spec.argv = worker_argv(exe_, s);
+    spec.cwd = s.cwd;
+    spec.output_path = (log_dir / ("worker-" + std::to_string(s.rank) + ".log")).string();
+    auto p = local_process::spawn(spec);
+    if (!p)
+      return refuse(describe(p.error()));
+    std::fprintf(stderr, "troupe node: started worker %d of job %s (pid %d, output %s)\n", s.rank,
+                 s.job_id.c_str(), static_cast<int>(p->pid()), spec.output_path.c_str());
+    running_.push_back({s, std::move(*p), spec.output_path});
+    return std::nullopt;
+  }
+
+  // Workers that ended since the last call.
+  std::vector<worker_exit> reap() {
+    std::lock_guard lock{mu_};
+    std::vector<worker_exit> out;
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (auto st = it->proc.poll()) {
+        out.push_back(exit_of(*it, *st));
+        it = running_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+
+  // Kills the workers of `job_id` ("" = all) and answers how each ended.
+  std::vector<worker_exit> stop(const std::string& job_id, const std::string& reason) {
+    std::lock_guard lock{mu_};
+    std::vector<worker_exit> out;
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (!job_id.empty() && it->start.job_id != job_id) {
+        ++it;
+        continue;
+      }
+      if (it->proc.running())
+        it->proc.kill(SIGKILL);
+      auto st = it->proc.wait_for(5000);
+      std::fprintf(stderr, "troupe node: ended worker %d of job %s (%s)\n", it->start.rank,
+                   it->start.job_id.c_str(), reason.c_str());
+      out.push_back(st ? exit_of(*it, *st)
+                       : worker_exit{it->start.job_id, it->start.rank, it->proc.pid(), -1, 0, "not reaped", ""});
+      it = running_.erase(it);
+    }
+    return out;
+  }
+
+  std::vector<worker_exit> stop_all(const std::string& reason) { return stop("", reason); }
+
+private:
+  struct running {
+    worker_start start;
+    local_process proc;
+    std::string log;
+  };
+
+  static worker_exit exit_of(const running& r, const exit_status& st) {
+    return {r.start.job_id, r.start.rank, r.proc.pid(), st.code, st.signal, st.describe(), tail_of_file(r.log, 600)};
+  }
+
+  std::string exe_;
+  std::string dir_;
+  std::mutex mu_;
+  std::vector<running> running_;
+};
+
+} // namespace
+
 // ---- the agent -------------------------------------------------------------
 
 namespace {
@@ -102,6 +208,8 @@ struct agent_state {
   bool welcomed = false;
   bool ended = false;
   int64_t heartbeat_ms = 1000;
+  /// Workers a StopJob ended, for the writer to report.
+  std::vector<worker_exit> stopped;
 };
 
 enum class outcome { left, refused, broken };
@@ -125,9 +233,54 @@ v1::AgentMessage hello_of(const node_agent_options& o) {
 
 using agent_stream = grpc::ClientReaderWriter<v1::AgentMessage, v1::ControllerMessage>;
 
-// The session's writer: waits for the welcome, heartbeats, and leaves when
-// a stop is asked for.
-void write_loop(agent_stream& stream, grpc::ClientContext& ctx, agent_state& s, double join_timeout_s) {
+// One session's writes: the writer thread (heartbeats, exits, leaving) and
+// the reader (a worker that could not start) take turns.
+class session_writer {
+public:
+  explicit session_writer(agent_stream& stream) : stream_(stream) {}
+
+  bool send(const v1::AgentMessage& m) {
+    std::lock_guard lock{mu_};
+    return stream_.Write(m);
+  }
+
+  // Reports exits; those the stream did not take wait in `unsent` for the
+  // next session.
+  bool report(std::vector<worker_exit> exits, std::deque<worker_exit>& unsent) {
+    for (size_t i = 0; i < exits.size(); ++i) {
+      v1::AgentMessage m;
+      to_proto(exits[i], m.mutable_worker_exited());
+      if (!send(m)) {
+        unsent.insert(unsent.end(), exits.begin() + static_cast<std::ptrdiff_t>(i), exits.end());
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void done() {
+    std::lock_guard lock{mu_};
+    stream_.WritesDone();
+  }
+
+private:
+  std::mutex mu_;
+  agent_stream& stream_;
+};
+
+// What a session works with besides the stream.
+struct session_context {
+  agent_state& state;
+  worker_table& workers;
+  /// Exits not yet reported (only the session's threads touch it, in turn:
+  /// the writer while it runs).
+  std::deque<worker_exit>& unsent;
+};
+
+// The session's writer: waits for the welcome, then heartbeats and reports
+// worker exits; when a stop is asked for, ends the workers and leaves.
+void write_loop(session_writer& out, grpc::ClientContext& ctx, session_context& c, double join_timeout_s) {
+  auto& s = c.state;
   std::unique_lock lock{s.mu};
   auto join_deadline = clock_type::now() + std::chrono::milliseconds(static_cast<int64_t>(join_timeout_s * 1000));
   if (!s.cv.wait_until(lock, join_deadline, [&] { return s.welcomed || s.ended || s.stop; })) {
@@ -135,30 +288,63 @@ void write_loop(agent_stream& stream, grpc::ClientContext& ctx, agent_state& s, 
     return;
   }
   int64_t seq = 0;
+  auto next_beat = clock_type::now();
   while (!s.ended) {
     if (s.stop) {
       v1::AgentMessage leave;
       leave.mutable_leave()->set_reason("the agent was stopped (signal " + std::to_string(s.signal) + ")");
       lock.unlock();
-      stream.Write(leave);
-      stream.WritesDone();
+      out.report(c.workers.stop_all("the agent was stopped"), c.unsent);
+      out.send(leave);
+      out.done();
       lock.lock();
       if (!s.cv.wait_for(lock, std::chrono::seconds(5), [&] { return s.ended; }))
         ctx.TryCancel();
       return;
     }
-    v1::AgentMessage beat;
-    beat.mutable_heartbeat()->set_seq(++seq);
+    std::vector<worker_exit> exits(c.unsent.begin(), c.unsent.end());
+    c.unsent.clear();
+    exits.insert(exits.end(), s.stopped.begin(), s.stopped.end());
+    s.stopped.clear();
     lock.unlock();
-    bool ok = stream.Write(beat);
+    auto reaped = c.workers.reap();
+    exits.insert(exits.end(), reaped.begin(), reaped.end());
+    bool ok = out.report(std::move(exits), c.unsent);
+    if (ok && clock_type::now() >= next_beat) {
+      v1::AgentMessage beat;
+      beat.mutable_heartbeat()->set_seq(++seq);
+      ok = out.send(beat);
+      next_beat += std::chrono::milliseconds(s.heartbeat_ms);
+    }
     lock.lock();
     if (!ok)
       return; // the reader sees the end
-    s.cv.wait_for(lock, std::chrono::milliseconds(s.heartbeat_ms), [&] { return s.ended || s.stop; });
+    // Exits are looked for a few times per heartbeat.
+    s.cv.wait_for(lock, std::chrono::milliseconds(std::min<int64_t>(s.heartbeat_ms, 100)),
+                  [&] { return s.ended || s.stop; });
   }
 }
 
-session_result attach(v1::NodeService::Stub& stub, const node_agent_options& o, agent_state& s) {
+// A command from the controller, on the reader's (the main) thread.
+void obey(const v1::ControllerMessage& m, session_writer& out, session_context& c) {
+  if (m.has_start_worker()) {
+    if (auto failed = c.workers.start(from_proto(m.start_worker()))) {
+      std::fprintf(stderr, "troupe node: worker %d of job %s: %s\n", failed->rank, failed->job_id.c_str(),
+                   failed->description.c_str());
+      v1::AgentMessage r;
+      to_proto(*failed, r.mutable_worker_exited());
+      out.send(r);
+    }
+  } else if (m.has_stop_job()) {
+    // Their exits are reported by the writer, with the others'.
+    auto ended = c.workers.stop(m.stop_job().job_id(), "the job ended: " + m.stop_job().reason());
+    std::lock_guard lock{c.state.mu};
+    c.state.stopped.insert(c.state.stopped.end(), ended.begin(), ended.end());
+  }
+}
+
+session_result attach(v1::NodeService::Stub& stub, const node_agent_options& o, session_context& c) {
+  auto& s = c.state;
   {
     std::lock_guard lock{s.mu};
     s.welcomed = false;
@@ -167,14 +353,17 @@ session_result attach(v1::NodeService::Stub& stub, const node_agent_options& o, 
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer " + o.secret);
   auto stream = stub.Attach(&ctx);
+  session_writer out{*stream};
   session_result r;
   std::thread writer;
-  if (stream->Write(hello_of(o)))
-    writer = std::thread([&] { write_loop(*stream, ctx, s, std::min(30.0, o.reconnect_s)); });
+  if (out.send(hello_of(o)))
+    writer = std::thread([&] { write_loop(out, ctx, c, std::min(30.0, o.reconnect_s)); });
   v1::ControllerMessage m;
   while (stream->Read(&m)) {
-    if (!m.has_welcome())
+    if (!m.has_welcome()) {
+      obey(m, out, c);
       continue;
+    }
     std::lock_guard lock{s.mu};
     s.welcomed = true;
     r.joined = true;
@@ -223,8 +412,19 @@ int run_node_agent(const node_agent_options& opts, const sigset_t& stop_signals)
   if (!channel)
     return std::fprintf(stderr, "troupe node: %s\n", describe(channel.error()).c_str()), agent_exit_refused;
   auto stub = v1::NodeService::NewStub(*channel);
+  if (o.executable.empty()) {
+    auto exe = self_executable();
+    if (!exe)
+      return std::fprintf(stderr, "troupe node: %s\n", describe(exe.error()).c_str()), agent_exit_refused;
+    o.executable = *exe;
+  }
+  if (o.work_dir.empty())
+    o.work_dir = (fs::temp_directory_path() / ("troupe-node-" + o.name)).string();
 
   agent_state s;
+  worker_table workers{o.executable, o.work_dir};
+  std::deque<worker_exit> unsent;
+  session_context c{s, workers, unsent};
   std::atomic<bool> done{false};
   std::thread signals([&] {
     timespec tick{0, 200 * 1000 * 1000};
@@ -242,7 +442,7 @@ int run_node_agent(const node_agent_options& opts, const sigset_t& stop_signals)
   auto backoff = std::chrono::milliseconds(200);
   int code = agent_exit_left;
   for (;;) {
-    auto r = attach(*stub, o, s);
+    auto r = attach(*stub, o, c);
     if (r.how == outcome::left) {
       std::fprintf(stderr, "troupe node: left %s\n", o.controller.address.c_str());
       break;

@@ -42,7 +42,7 @@ bool valid_node_name(std::string_view name) {
 node_registry::node_registry(node_options o) : opt_(o) {}
 
 expected<uint64_t> node_registry::join(const node_hello& h, const std::string& peer, closer close,
-                                       int64_t now_us) {
+                                       int64_t now_us, sender send) {
   if (!valid_node_name(h.name))
     return make_error(errc::invalid_argument,
                       "name: '" + h.name.substr(0, 80) + "' is not a node name ([A-Za-z0-9._-], 1 to 63)");
@@ -72,6 +72,7 @@ expected<uint64_t> node_registry::join(const node_hello& h, const std::string& p
   e.view.agent_pid = h.pid;
   e.session = next_session_++;
   e.close = std::move(close);
+  e.send = std::move(send);
   auto id = e.session;
   nodes_[h.name] = std::move(e);
   return id;
@@ -97,6 +98,7 @@ void node_registry::leave(uint64_t session, const std::string& reason, int64_t n
     e->view.reason = reason.empty() ? "the agent left" : reason.substr(0, 200);
     e->view.state_time_us = now_us;
     e->close = nullptr;
+    e->send = nullptr;
   }
 }
 
@@ -104,6 +106,7 @@ std::function<void()> node_registry::lose(entry& e, const std::string& reason, i
   e.view.state = node_state::lost;
   e.view.state_time_us = now_us;
   e.view.reason = reason;
+  e.send = nullptr;
   return [view = e.view, closer = std::exchange(e.close, nullptr), listeners = lost_listeners_] {
     if (closer)
       closer(view.reason);
@@ -162,6 +165,38 @@ std::optional<node_view> node_registry::find(const std::string& name) const {
 void node_registry::on_lost(std::function<void(const node_view&)> f) {
   std::lock_guard lock{mu_};
   lost_listeners_.push_back(std::move(f));
+}
+
+bool node_registry::send(const std::string& name, const node_command& c) {
+  sender s;
+  {
+    std::lock_guard lock{mu_};
+    auto it = nodes_.find(name);
+    if (it == nodes_.end() || it->second.view.state != node_state::ready)
+      return false;
+    s = it->second.send;
+  }
+  return s && s(c);
+}
+
+void node_registry::worker_exited(uint64_t session, const worker_exit& x) {
+  std::string name;
+  std::vector<std::function<void(const std::string&, const worker_exit&)>> listeners;
+  {
+    std::lock_guard lock{mu_};
+    auto* e = by_session(session);
+    if (!e)
+      return;
+    name = e->view.name;
+    listeners = exit_listeners_;
+  }
+  for (const auto& f : listeners)
+    f(name, x);
+}
+
+void node_registry::on_worker_exit(std::function<void(const std::string&, const worker_exit&)> f) {
+  std::lock_guard lock{mu_};
+  exit_listeners_.push_back(std::move(f));
 }
 
 } // namespace troupe::cluster

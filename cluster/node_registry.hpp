@@ -18,6 +18,7 @@
 //
 // The table is in memory: agents join again after a controller restart.
 
+#include "cluster/job_nodes.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -92,10 +93,14 @@ public:
   /// at most once, without the registry's lock held.
   using closer = std::function<void(const std::string& reason)>;
 
+  /// Delivers a command to the session's agent; false when its stream ended.
+  using sender = std::function<bool(const node_command&)>;
+
   /// A new session for `hello` seen at `peer`: its id, or invalid_argument
   /// (a bad name, no usable address) / illegal_state (a ready node has the
   /// name).
-  expected<uint64_t> join(const node_hello& hello, const std::string& peer, closer close, int64_t now_us);
+  expected<uint64_t> join(const node_hello& hello, const std::string& peer, closer close, int64_t now_us,
+                          sender send = {});
   void heartbeat(uint64_t session, int64_t now_us);
   /// The agent said it leaves: `left`.
   void leave(uint64_t session, const std::string& reason, int64_t now_us);
@@ -111,11 +116,20 @@ public:
   /// Called (without the lock) for each node that becomes lost.
   void on_lost(std::function<void(const node_view&)> f);
 
+  /// Sends `c` to the agent of node `name` (without the lock held); false
+  /// when the node is not ready or its stream has ended.
+  bool send(const std::string& name, const node_command& c);
+  /// A WorkerExited from a session's agent: the listeners hear it with the
+  /// node's name (a session that is no longer ready is ignored).
+  void worker_exited(uint64_t session, const worker_exit& x);
+  void on_worker_exit(std::function<void(const std::string& node, const worker_exit&)> f);
+
 private:
   struct entry {
     node_view view;
     uint64_t session = 0;
     closer close;
+    sender send;
   };
   entry* by_session(uint64_t session);
   // Marks `e` lost; answers what must be called once the lock is dropped
@@ -127,6 +141,7 @@ private:
   std::map<std::string, entry> nodes_;
   uint64_t next_session_ = 1;
   std::vector<std::function<void(const node_view&)>> lost_listeners_;
+  std::vector<std::function<void(const std::string&, const worker_exit&)>> exit_listeners_;
 };
 
 } // namespace troupe::cluster

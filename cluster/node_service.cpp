@@ -52,6 +52,18 @@ struct node_service::impl final : v1::NodeService::CallbackService {
 
 namespace {
 
+v1::ControllerMessage command_message(const node_command& c) {
+  v1::ControllerMessage m;
+  if (const auto* start = std::get_if<worker_start>(&c)) {
+    to_proto(*start, m.mutable_start_worker());
+  } else {
+    const auto& stop = std::get<job_stop>(c);
+    m.mutable_stop_job()->set_job_id(stop.job_id);
+    m.mutable_stop_job()->set_reason(stop.reason);
+  }
+  return m;
+}
+
 // One agent's stream. gRPC's reactions and the registry's closer (from the
 // sweep thread) meet under the link's mutex; the link outlives the session
 // so that a late closer finds it gone.
@@ -114,6 +126,8 @@ private:
       return refuse(grpc::Status{grpc::StatusCode::INVALID_ARGUMENT, "the first message must be a NodeHello"});
     if (in_.has_heartbeat())
       return svc_.nodes.heartbeat(session_, now_us());
+    if (in_.has_worker_exited())
+      return svc_.nodes.worker_exited(session_, from_proto(in_.worker_exited()));
     if (in_.has_leave()) {
       left_ = true;
       svc_.nodes.leave(session_, in_.leave().reason(), now_us());
@@ -132,7 +146,17 @@ private:
           lk->session->end(grpc::Status{grpc::StatusCode::UNAVAILABLE, "marked lost: " + reason});
       }
     };
-    auto id = svc_.nodes.join(h, peer_, closer, now_us());
+    auto sender = [l = std::weak_ptr<link>(link_)](const node_command& c) {
+      auto lk = l.lock();
+      if (!lk)
+        return false;
+      std::lock_guard lock{lk->mu};
+      if (!lk->session || lk->session->finished_)
+        return false;
+      lk->session->write(command_message(c));
+      return true;
+    };
+    auto id = svc_.nodes.join(h, peer_, closer, now_us(), sender);
     if (!id)
       return refuse(to_grpc_status(with_prefix(id.error(), "NodeHello")), h.name);
     session_ = *id;

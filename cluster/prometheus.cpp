@@ -105,6 +105,7 @@ std::vector<process_info> processes_of(const job_view& v) {
   std::vector<process_info> out;
   std::set<int64_t> seen;
   auto node = runtime::host_name();
+  std::set<std::pair<std::string, int64_t>> remote;
   auto add = [&](const std::string& process, int64_t pid) {
     if (pid <= 0 || !seen.insert(pid).second)
       return;
@@ -112,8 +113,15 @@ std::vector<process_info> processes_of(const job_view& v) {
     out.push_back({node, process, pid, rss >= 0 && !is_final(v.state), std::max<int64_t>(rss, 0)});
   };
   add("driver", v.driver_pid);
-  for (const auto& r : v.roles)
-    add(r.process, r.pid);
+  for (const auto& r : v.roles) {
+    if (r.node.empty()) {
+      add(r.process, r.pid);
+    } else if (remote.insert({r.node, r.pid}).second) {
+      // On another machine: its memory is not ours to read (the dashboard
+      // shows where it runs; its agent knows more).
+      out.push_back({r.node, r.process, r.pid, !is_final(v.state) && r.status != "failed", 0});
+    }
+  }
   return out;
 }
 

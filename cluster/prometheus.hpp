@@ -12,7 +12,8 @@
 namespace troupe::cluster {
 
 struct process_info {
-  /// The machine (this one's host name until node agents report theirs).
+  /// The machine: this one's host name, or the node a worker runs on
+  /// (whose memory is not read from here: rss_bytes 0).
   std::string node;
   /// "driver" or the worker's name, as role events name it.
   std::string process;

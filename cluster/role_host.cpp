@@ -16,10 +16,21 @@ expected<std::unique_ptr<worker_host>> worker_host::launch(caf::actor_system& sy
   if (!plan.uses_workers())
     return make_error(errc::invalid_argument, "worker host: the placement runs no workers");
   options.roles = plan.worker_labels();
-  auto w = local_workers::launch(sys, options);
+  if (options.remote) {
+    if (static_cast<int64_t>(options.remote->nodes.size()) != plan.nodes)
+      return make_error(errc::invalid_argument,
+                        "worker host: the plan has " + std::to_string(plan.nodes) + " nodes, the controller gave " +
+                            std::to_string(options.remote->nodes.size()));
+    options.remote->node_of.clear();
+    for (const auto& d : plan.devices)
+      options.remote->node_of.push_back(d.node);
+  }
+  auto w = worker_set::launch(sys, options);
   if (!w)
     return w.error();
   std::unique_ptr<worker_host> out{new worker_host()};
+  if (options.remote)
+    out->store_host_ = options.remote->bind_host;
   out->workers_ = std::move(*w);
   out->plan_ = plan;
   out->timeout_ms_ = options.timeout_ms;
@@ -35,11 +46,14 @@ expected<std::vector<caf::actor>> worker_host::spawn(caf::actor_system& sys,
     return make_error(errc::invalid_argument, spec.role + ": dp " + std::to_string(spec.dp_size) +
                                                   " but " + std::to_string(a->devices.size()) +
                                                   " devices placed");
-  return actors::rl::spawn_ranks(spec, stores_, [&](const actors::rl::role_spec& s) -> expected<caf::actor> {
-    auto device = a->devices[static_cast<size_t>(s.dp_rank)];
+  return actors::rl::spawn_ranks(spec, stores_, store_host_, [&](const actors::rl::role_spec& rs) -> expected<caf::actor> {
+    auto device = a->devices[static_cast<size_t>(rs.dp_rank)];
     const auto& w = workers_.workers()[static_cast<size_t>(device)];
+    auto s = rs;
+    s.host = w.host;
     auto name = (s.dp_size > 1 ? s.role + "[dp " + std::to_string(s.dp_rank) + "]" : s.role) +
-                " (worker " + std::to_string(w.rank) + ", pid " + std::to_string(w.pid) + ")";
+                " (worker " + std::to_string(w.rank) + (w.node.empty() ? "" : " on node " + w.node) +
+                ", pid " + std::to_string(w.pid) + ")";
     expected<caf::actor> out = make_error(errc::internal, name + ": no answer");
     // Building loads a model (and may wait for the other DP ranks).
     auto bound = std::max<int64_t>(timeout_ms_, s.timeout_ms) * 2;
@@ -56,29 +70,28 @@ expected<std::vector<caf::actor>> worker_host::spawn(caf::actor_system& sys,
   });
 }
 
-int worker_host::process_of(const std::string& role) const {
-  const auto* a = plan_.find(role);
-  return a && !a->devices.empty() ? static_cast<int>(a->devices.front()) : -1;
+std::string worker_host::store_host() const {
+  return store_host_;
 }
 
-// The worker of `role`'s rank `rank`: its device in the plan.
-static int device_of(const actors::rl::placement_plan& plan, const std::string& role, int rank) {
-  const auto* a = plan.find(role);
-  if (!a || rank < 0 || static_cast<size_t>(rank) >= a->devices.size())
-    return -1;
-  return static_cast<int>(a->devices[static_cast<size_t>(rank)]);
+std::string worker_host::address_of(const std::string& role, int rank) const {
+  auto d = plan_.device_of(role, rank);
+  if (d < 0 || static_cast<size_t>(d) >= workers_.workers().size())
+    return role_host::address_of(role, rank);
+  return workers_.workers()[static_cast<size_t>(d)].host;
 }
 
 actors::rl::role_host::place worker_host::where(const std::string& role, int rank) const {
-  auto d = device_of(plan_, role, rank);
+  auto d = plan_.device_of(role, rank);
   if (d < 0 || static_cast<size_t>(d) >= workers_.workers().size())
     return role_host::where(role, rank);
-  return {"worker " + std::to_string(d), workers_.workers()[static_cast<size_t>(d)].pid};
+  const auto& w = workers_.workers()[static_cast<size_t>(d)];
+  return {"worker " + std::to_string(d), w.pid, w.node};
 }
 
 int worker_host::exit_signal(const std::string& role, int rank, int64_t timeout_ms) {
-  auto d = device_of(plan_, role, rank);
-  return d < 0 ? 0 : workers_.exit_signal(d, timeout_ms);
+  auto d = plan_.device_of(role, rank);
+  return d < 0 ? 0 : workers_.exit_signal(static_cast<int>(d), timeout_ms);
 }
 
 caf::error worker_host::check() { return workers_.check(); }
@@ -92,6 +105,10 @@ expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
   auto plan = actors::rl::make_plan(cfg);
   if (!plan)
     return plan.error();
+  if (cfg.resources.launcher == "nodes" && !options.remote)
+    return make_error(errc::invalid_config,
+                      "resources.launcher nodes: node agents start this job's workers; submit it to a "
+                      "controller with nodes (troupe submit), or use launcher local or auto");
   if (!plan->uses_workers())
     return actors::rl::run_job(sys, cfg, opts);
   if (options.log_dir.empty())

@@ -34,19 +34,25 @@ struct registry {
   /// (rank, "worker r (...) lost its connection: reason")
   std::vector<std::pair<size_t, std::string>> lost;
   bool shutting_down = false;
+  /// Workers whose connection closed after the shutdown began.
+  size_t gone = 0;
 };
 
 std::string describe_worker(const worker_info& w) {
-  return "worker " + std::to_string(w.rank) + " (role " + w.role + ", pid " +
-         std::to_string(w.pid) + ")";
+  return "worker " + std::to_string(w.rank) + " (role " + w.role +
+         (w.node.empty() ? "" : ", node " + w.node) + ", pid " + std::to_string(w.pid) + ")";
 }
 
 caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> reg,
-                        std::vector<std::string> roles) {
+                        std::vector<std::string> roles, std::vector<std::string> nodes,
+                        std::vector<std::string> hosts) {
   self->set_down_handler([=](caf::down_msg& dm) {
     std::lock_guard lock{reg->mu};
-    if (reg->shutting_down)
+    if (reg->shutting_down) {
+      ++reg->gone;
+      reg->cv.notify_all();
       return;
+    }
     for (const auto& s : reg->slots)
       if (s && s->handle.address() == dm.source) {
         reg->lost.emplace_back(static_cast<size_t>(s->rank),
@@ -66,8 +72,8 @@ caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> 
           return make_error(errc::invalid_argument,
                             "register: rank " + std::to_string(rank) + " is already registered");
         self->monitor(who);
-        reg->slots[static_cast<size_t>(rank)] =
-            worker_info{rank, roles[static_cast<size_t>(rank)], pid, who};
+        auto r = static_cast<size_t>(rank);
+        reg->slots[r] = worker_info{rank, roles[r], pid, who, nodes[r], hosts[r]};
         reg->cv.notify_all();
         return true;
       },
@@ -158,11 +164,16 @@ int run_worker(const worker_options& o) {
 
 // ---- the launcher --------------------------------------------------------------------
 
-struct local_workers::impl {
+struct worker_set::impl {
   caf::actor_system* sys = nullptr;
   std::shared_ptr<registry> reg;
   caf::actor registrar;
+  uint16_t port = 0;
   std::vector<std::string> roles;
+  /// Per worker: its node's name ("" = local) and address.
+  std::vector<std::string> nodes;
+  std::vector<std::string> hosts;
+  /// Local workers: the processes (empty for remote ones).
   std::vector<local_process> procs;
   std::vector<worker_info> infos;
   std::vector<std::string> logs;
@@ -179,13 +190,21 @@ struct local_workers::impl {
     }
   }
 
+  bool remote() const { return procs.empty(); }
+
   std::string name(size_t r) const {
-    return "worker " + std::to_string(r) + " (role " + roles[r] + ", pid " +
-           std::to_string(procs[r].pid()) + ")";
+    int64_t pid = 0;
+    if (!remote())
+      pid = procs[r].pid();
+    else if (r < infos.size())
+      pid = infos[r].pid;
+    return "worker " + std::to_string(r) + " (role " + roles[r] +
+           (nodes[r].empty() ? "" : ", node " + nodes[r]) +
+           (pid > 0 ? ", pid " + std::to_string(pid) : "") + ")";
   }
 
   std::string log_hint(size_t r) const {
-    return logs[r].empty() ? "" : " (output: " + logs[r] + ")";
+    return r >= logs.size() || logs[r].empty() ? "" : " (output: " + logs[r] + ")";
   }
 
   // A process that ended, or a lost connection; empty when all are well.
@@ -203,102 +222,166 @@ struct local_workers::impl {
       return {};
     // A dead process usually drops its connection first: give it a moment
     // to be reaped, so the error says how it ended.
-    if (auto st = procs[lost->first].wait_for(1000))
-      return make_error(errc::process_failed,
-                        name(lost->first) + " " + st->describe() + log_hint(lost->first));
+    if (!remote())
+      if (auto st = procs[lost->first].wait_for(1000))
+        return make_error(errc::process_failed,
+                          name(lost->first) + " " + st->describe() + log_hint(lost->first));
     return make_error(errc::unavailable, lost->second);
+  }
+
+  expected<void> publish(const launch_options& o) {
+    reg = std::make_shared<registry>();
+    reg->slots.resize(roles.size());
+    registrar = sys->spawn(cluster::registrar, reg, roles, nodes, hosts);
+    auto bind = o.remote ? o.remote->bind_host : std::string{"127.0.0.1"};
+    auto p = sys->middleman().publish(registrar, 0, bind.c_str());
+    if (!p)
+      return make_error(errc::io_error, "launch workers: cannot publish the registrar on " + bind + ": " +
+                                            sys->render(p.error()));
+    port = *p;
+    return {};
+  }
+
+  std::string registrar_address(const launch_options& o) const {
+    auto host = o.remote ? o.remote->bind_host : std::string{"127.0.0.1"};
+    if (host.find(':') != std::string::npos)
+      host = "[" + host + "]";
+    return host + ":" + std::to_string(port);
+  }
+
+  expected<void> start_local(const launch_options& o) {
+    if (!o.log_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(o.log_dir, ec);
+    }
+    for (size_t r = 0; r < roles.size(); ++r) {
+      worker_start ws;
+      ws.rank = static_cast<int32_t>(r);
+      ws.world = static_cast<int32_t>(roles.size());
+      ws.label = roles[r];
+      ws.driver = registrar_address(o);
+      ws.timeout_ms = o.timeout_ms;
+      process_spec spec;
+      spec.name = "worker " + std::to_string(r);
+      spec.argv = worker_argv(o.executable, ws);
+      if (!o.log_dir.empty())
+        spec.output_path = (std::filesystem::path{o.log_dir} / ("worker-" + std::to_string(r) + ".log")).string();
+      logs.push_back(spec.output_path);
+      auto p = local_process::spawn(spec);
+      if (!p)
+        return with_prefix(p.error(), "launch workers: rank " + std::to_string(r));
+      procs.push_back(std::move(*p));
+    }
+    return {};
+  }
+
+  // NOTE [remote workers]: the controller reads workers.json and asks the
+  // nodes' agents to start them.
+  expected<void> request_remote(const launch_options& o) {
+    worker_request_file w;
+    w.pid = ::getpid();
+    w.driver = registrar_address(o);
+    std::error_code ec;
+    w.cwd = std::filesystem::current_path(ec).string();
+    w.timeout_ms = o.timeout_ms;
+    for (size_t r = 0; r < roles.size(); ++r)
+      w.workers.push_back({static_cast<int32_t>(r), o.remote->node_of[r], roles[r]});
+    if (auto ok = write_worker_requests(o.remote->job_dir, w); !ok)
+      return with_prefix(ok.error(), "launch workers: asking for the workers");
+    return {};
+  }
+
+  bool all_registered() const {
+    return std::all_of(reg->slots.begin(), reg->slots.end(), [](const auto& s) { return s.has_value(); });
+  }
+
+  std::string missing() const {
+    std::string out;
+    for (size_t r = 0; r < roles.size(); ++r)
+      if (!reg->slots[r])
+        out += (out.empty() ? "" : ", ") + name(r) + log_hint(r);
+    return out;
+  }
+
+  // Waits for every registration, watching the processes meanwhile.
+  expected<void> await_registrations(int64_t timeout_ms) {
+    auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+    while (true) {
+      {
+        std::unique_lock lock{reg->mu};
+        reg->cv.wait_for(lock, std::chrono::milliseconds(20));
+        if (all_registered())
+          break;
+      }
+      if (auto err = first_failure())
+        return with_prefix(err, "launch workers: before registering");
+      if (clock_type::now() >= deadline) {
+        std::lock_guard lock{reg->mu};
+        return make_error(errc::timeout, "launch workers: not registered after " +
+                                             std::to_string(timeout_ms) + " ms: " + missing());
+      }
+    }
+    std::lock_guard lock{reg->mu};
+    for (auto& slot : reg->slots)
+      infos.push_back(*slot);
+    return {};
   }
 };
 
-local_workers::local_workers() = default;
-local_workers::~local_workers() = default;
-local_workers::local_workers(local_workers&&) noexcept = default;
-local_workers& local_workers::operator=(local_workers&&) noexcept = default;
+worker_set::worker_set() = default;
+worker_set::~worker_set() = default;
+worker_set::worker_set(worker_set&&) noexcept = default;
+worker_set& worker_set::operator=(worker_set&&) noexcept = default;
 
-expected<local_workers> local_workers::launch(caf::actor_system& sys, const launch_options& o) {
+expected<worker_set> worker_set::launch(caf::actor_system& sys, const launch_options& o) {
   if (o.roles.empty())
     return make_error(errc::invalid_argument, "launch workers: no roles");
   if (o.timeout_ms <= 0)
     return make_error(errc::invalid_argument, "launch workers: timeout_ms must be positive");
   auto n = o.roles.size();
-  local_workers out;
+  if (o.remote && o.remote->node_of.size() != n)
+    return make_error(errc::invalid_argument, "launch workers: " + std::to_string(n) + " workers but " +
+                                                  std::to_string(o.remote->node_of.size()) + " nodes given");
+  worker_set out;
   out.impl_ = std::make_unique<impl>();
   auto& d = *out.impl_;
   d.sys = &sys;
   d.roles = o.roles;
-  d.reg = std::make_shared<registry>();
-  d.reg->slots.resize(n);
-  d.registrar = sys.spawn(registrar, d.reg, o.roles);
-  auto port = sys.middleman().publish(d.registrar, 0, "127.0.0.1");
-  if (!port)
-    return make_error(errc::io_error, "launch workers: cannot publish the registrar: " +
-                                          sys.render(port.error()));
-  if (!o.log_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(o.log_dir, ec);
-  }
   for (size_t r = 0; r < n; ++r) {
-    process_spec spec;
-    spec.name = "worker " + std::to_string(r);
-    spec.argv = {o.executable,
-                 "worker",
-                 "--driver",
-                 "127.0.0.1:" + std::to_string(*port),
-                 "--rank",
-                 std::to_string(r),
-                 "--world",
-                 std::to_string(n),
-                 "--role",
-                 o.roles[r],
-                 "--timeout-ms",
-                 std::to_string(o.timeout_ms)};
-    if (!o.log_dir.empty())
-      spec.output_path = (std::filesystem::path{o.log_dir} / ("worker-" + std::to_string(r) + ".log")).string();
-    d.logs.push_back(spec.output_path);
-    auto p = local_process::spawn(spec);
-    if (!p)
-      return with_prefix(p.error(), "launch workers: rank " + std::to_string(r));
-    d.procs.push_back(std::move(*p));
-  }
-  // Wait for every registration, watching the processes meanwhile.
-  auto deadline = clock_type::now() + std::chrono::milliseconds(o.timeout_ms);
-  while (true) {
-    {
-      std::unique_lock lock{d.reg->mu};
-      d.reg->cv.wait_for(lock, std::chrono::milliseconds(20));
-      if (std::all_of(d.reg->slots.begin(), d.reg->slots.end(), [](const auto& s) { return s.has_value(); }))
-        break;
+    if (!o.remote) {
+      d.nodes.emplace_back();
+      d.hosts.emplace_back("127.0.0.1");
+      continue;
     }
-    if (auto err = d.first_failure())
-      return with_prefix(err, "launch workers: before registering");
-    if (clock_type::now() >= deadline) {
-      std::string missing;
-      std::lock_guard lock{d.reg->mu};
-      for (size_t r = 0; r < n; ++r)
-        if (!d.reg->slots[r])
-          missing += (missing.empty() ? "" : ", ") + d.name(r) + d.log_hint(r);
-      return make_error(errc::timeout, "launch workers: not registered after " +
-                                           std::to_string(o.timeout_ms) + " ms: " + missing);
-    }
+    auto k = o.remote->node_of[r];
+    if (k < 0 || static_cast<size_t>(k) >= o.remote->nodes.size())
+      return make_error(errc::invalid_argument, "launch workers: worker " + std::to_string(r) + " on node " +
+                                                    std::to_string(k) + " of " +
+                                                    std::to_string(o.remote->nodes.size()));
+    d.nodes.push_back(o.remote->nodes[static_cast<size_t>(k)].name);
+    d.hosts.push_back(o.remote->nodes[static_cast<size_t>(k)].host);
   }
-  std::lock_guard lock{d.reg->mu};
-  for (auto& s : d.reg->slots)
-    d.infos.push_back(*s);
+  if (auto ok = d.publish(o); !ok)
+    return ok.error();
+  if (auto ok = o.remote ? d.request_remote(o) : d.start_local(o); !ok)
+    return ok.error();
+  if (auto ok = d.await_registrations(o.timeout_ms); !ok)
+    return ok.error();
   return out;
 }
 
-const std::vector<worker_info>& local_workers::workers() const {
+const std::vector<worker_info>& worker_set::workers() const {
   static const std::vector<worker_info> none;
   return impl_ ? impl_->infos : none;
 }
 
-caf::error local_workers::check() {
+caf::error worker_set::check() {
   if (!impl_)
     return {};
   return impl_->first_failure();
 }
 
-caf::error local_workers::wait_for_failure(int64_t timeout_ms) {
+caf::error worker_set::wait_for_failure(int64_t timeout_ms) {
   if (!impl_)
     return {};
   auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
@@ -314,14 +397,14 @@ caf::error local_workers::wait_for_failure(int64_t timeout_ms) {
   }
 }
 
-int local_workers::exit_signal(int rank, int64_t timeout_ms) {
+int worker_set::exit_signal(int rank, int64_t timeout_ms) {
   if (!impl_ || rank < 0 || static_cast<size_t>(rank) >= impl_->procs.size())
     return 0;
   auto st = impl_->procs[static_cast<size_t>(rank)].wait_for(timeout_ms);
   return st ? st->signal : 0;
 }
 
-expected<void> local_workers::shutdown(int64_t timeout_ms) {
+expected<void> worker_set::shutdown(int64_t timeout_ms) {
   if (!impl_)
     return {};
   auto& d = *impl_;
@@ -333,6 +416,14 @@ expected<void> local_workers::shutdown(int64_t timeout_ms) {
     caf::anon_send(w.handle, shutdown_atom::value);
   std::string failures;
   auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+  if (d.remote()) {
+    // Their agents see the processes end; here, their connections close.
+    std::unique_lock lock{d.reg->mu};
+    if (!d.reg->cv.wait_until(lock, deadline, [&] { return d.reg->gone >= d.infos.size(); }))
+      failures = std::to_string(d.infos.size() - d.reg->gone) + " of " + std::to_string(d.infos.size()) +
+                 " remote workers did not close their connections within " + std::to_string(timeout_ms) +
+                 " ms (their agents end them)";
+  }
   for (size_t r = 0; r < d.procs.size(); ++r) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
     auto st = d.procs[r].wait_for(std::max<int64_t>(1, left.count()));

@@ -13,6 +13,7 @@
 // registrar's down message for a remote driver, PR_SET_PDEATHSIG for a
 // local parent. No orphans.
 
+#include "cluster/job_nodes.hpp"
 #include "runtime/error.hpp"
 
 #include <caf/actor.hpp>
@@ -21,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,18 @@ int run_worker(const worker_options& options);
 /// within a few seconds. Call on the config before creating the system.
 void configure_network(caf::actor_system_config& cfg);
 
+/// Workers on node agents (NOTE [remote workers] in job_nodes.hpp).
+struct remote_launch {
+  /// The address the registrar listens on (reached from every node).
+  std::string bind_host;
+  /// The job's folder: workers.json is written there.
+  std::string job_dir;
+  /// Name and address of each node of the job.
+  std::vector<job_node> nodes;
+  /// The node (index into `nodes`) of each worker.
+  std::vector<int64_t> node_of;
+};
+
 struct launch_options {
   /// The troupe executable (cluster::self_executable()).
   std::string executable;
@@ -63,6 +77,9 @@ struct launch_options {
   std::string log_dir;
   /// Bound on starting and registering all workers, and on each request.
   int64_t timeout_ms = 30000;
+  /// Set: the workers run on nodes, started by their agents; unset: they
+  /// are this process's children.
+  std::optional<remote_launch> remote;
 };
 
 struct worker_info {
@@ -70,20 +87,24 @@ struct worker_info {
   std::string role;
   int64_t pid = 0;
   caf::actor handle;
+  /// The node it runs on ("" = this machine) and the node's address.
+  std::string node;
+  std::string host = "127.0.0.1";
 };
 
-/// N local worker processes joined to this process's actor system (which
-/// must have been configured with configure_network).
-class local_workers {
+/// N worker processes joined to this process's actor system (which must
+/// have been configured with configure_network): local children, or
+/// processes the controller's node agents start (NOTE [remote workers]).
+class worker_set {
 public:
-  local_workers();
-  ~local_workers(); ///< Kills workers still running (SIGKILL) and reaps them.
-  local_workers(local_workers&&) noexcept;
-  local_workers& operator=(local_workers&&) noexcept;
+  worker_set();
+  ~worker_set(); ///< Kills local workers still running (SIGKILL) and reaps them.
+  worker_set(worker_set&&) noexcept;
+  worker_set& operator=(worker_set&&) noexcept;
 
-  /// Starts and registers every worker, or fails naming the first that did
-  /// not come up (and stops the others).
-  static expected<local_workers> launch(caf::actor_system& sys, const launch_options& options);
+  /// Starts (or asks for) and registers every worker, or fails naming the
+  /// first that did not come up (and stops the others).
+  static expected<worker_set> launch(caf::actor_system& sys, const launch_options& options);
 
   const std::vector<worker_info>& workers() const;
 
@@ -95,11 +116,12 @@ public:
   /// when none happened.
   caf::error wait_for_failure(int64_t timeout_ms);
   /// The signal that ended worker `rank`, waiting up to `timeout_ms` for it
-  /// to be reaped; 0 when it runs or exited normally.
+  /// to be reaped; 0 when it runs, exited normally or is remote.
   int exit_signal(int rank, int64_t timeout_ms);
 
-  /// Asks every worker to exit, waits up to `timeout_ms`, kills stragglers;
-  /// fails naming any worker that did not exit cleanly.
+  /// Asks every worker to exit, waits up to `timeout_ms`, kills stragglers
+  /// (remote ones: waits for their connections to close; their agents end
+  /// the rest); fails naming any worker that did not exit cleanly.
   expected<void> shutdown(int64_t timeout_ms);
 
 private:

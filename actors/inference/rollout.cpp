@@ -178,6 +178,7 @@ expected<runtime::weight_transport*> open_channel(transport_cache& cache, const 
     runtime::group_options go;
     go.rank = static_cast<int>(side);
     go.world_size = 2;
+    go.interface_host = side == channel_side::publisher ? c.publisher_host : c.receiver_host;
     go.name = c.channel;
     go.timeout_ms = c.timeout_ms;
     auto pg = runtime::make_process_group(g->store, go);

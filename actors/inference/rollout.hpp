@@ -56,12 +56,16 @@ struct weight_channel {
   /// broadcast: "host:port" of the TCPStore where the publisher (rank 0)
   /// and the receiver (rank 1) form their two-rank gloo group.
   std::string store;
+  /// broadcast: the addresses the publisher's and the receiver's processes
+  /// bind their gloo pairs to (their nodes' addresses).
+  std::string publisher_host = "127.0.0.1";
+  std::string receiver_host = "127.0.0.1";
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, weight_channel& x) {
   return f(caf::meta::type_name("weight_channel"), x.kind, x.channel, x.dir, x.keep,
-           x.timeout_ms, x.store);
+           x.timeout_ms, x.store, x.publisher_host, x.receiver_host);
 }
 
 /// The transport options of `c` (runtime/weight_transport.hpp).

@@ -178,12 +178,14 @@ struct role_changed {
   int32_t signal = 0;
   /// The phase it failed in ("" outside one).
   std::string phase;
+  /// The node of its process ("" = the driver's machine).
+  std::string node;
 };
 template <class F>
 void fields(F& f, role_changed& x) {
   f("stage", x.stage), f("role", x.role), f("rank", x.rank), f("process", x.process),
       f("pid", x.pid), f("status", x.status), f("reason", x.reason), f("signal", x.signal),
-      f("phase", x.phase);
+      f("phase", x.phase), f("node", x.node);
 }
 
 struct eval_sample {

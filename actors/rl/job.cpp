@@ -142,7 +142,7 @@ expected<std::vector<caf::actor>> spawn_cast(job_context& ctx, const std::string
   auto announce = [&](const char* status, const std::string& reason) {
     for (int32_t r = 0; r < spec.dp_size; ++r) {
       auto place = ctx.host->where(role, r);
-      ctx.emit(job::role_changed{stage, role, r, place.process, place.pid, status, reason, 0, ""});
+      ctx.emit(job::role_changed{stage, role, r, place.process, place.pid, status, reason, 0, "", place.node});
     }
   };
   announce("started", "");
@@ -186,10 +186,8 @@ expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& mo
 expected<inference::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage) {
   const auto& w = ctx.cfg->weight_sync;
   inference::weight_channel c;
-  // auto: by reference in one process, through shared memory between two.
-  c.kind = w.transport != "auto" ? w.transport
-           : ctx.host->process_of("policy") == ctx.host->process_of("rollout") ? "alias"
-                                                                              : "shm";
+  // The plan chose it for the pair (NOTE [weight transport choice]).
+  c.kind = ctx.plan.weight_transport.empty() ? "alias" : ctx.plan.weight_transport;
   c.channel = ctx.channel_prefix + stage;
   c.dir = w.dir.empty() ? (ctx.run_dir / stage / "weights").string() : w.dir;
   c.keep = w.keep;
@@ -199,6 +197,7 @@ expected<inference::weight_channel> weight_channel_for(job_context& ctx, const s
   if (c.kind == "broadcast") {
     if (!ctx.weight_store) {
       runtime::store_options so;
+      so.host = ctx.host->store_host();
       so.is_server = true;
       so.timeout_ms = c.timeout_ms;
       auto st = runtime::make_tcp_store(so);
@@ -209,6 +208,8 @@ expected<inference::weight_channel> weight_channel_for(job_context& ctx, const s
       ctx.weight_store = server;
     }
     c.store = ctx.weight_store_addr;
+    c.publisher_host = ctx.host->address_of("policy", 0);
+    c.receiver_host = ctx.host->address_of("rollout", 0);
   }
   return c;
 }

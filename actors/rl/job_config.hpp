@@ -323,8 +323,8 @@ void visit(V& v, rl_config& c) {
 /// How the trainer's weights reach the rollout engine after each update
 /// (runtime/weight_transport.hpp).
 struct weight_sync_config {
-  /// auto = the channel that fits the placement (one process: alias; two
-  /// on this host: shm).
+  /// auto = the channel that fits the pair (NOTE [weight transport
+  /// choice] in placement.hpp).
   std::string transport = "auto";
   /// disk: folder of the versions; "" = <run dir>/<stage>/weights.
   std::string dir;
@@ -334,16 +334,23 @@ struct weight_sync_config {
 template <class V>
 void visit(V& v, weight_sync_config& c) {
   v.choice("transport", c.transport, {"auto", "alias", "shm", "disk", "broadcast"},
-           "auto (one process: alias, zero copy; two: shm), alias, shm (shared memory), disk "
-           "(safetensors + manifest), or broadcast (gloo, trainer rank 0 → rollout)");
-  v.field("dir", c.dir, "disk: folder of the published versions; \"\" = <run dir>/<stage>/weights");
+           "auto (one process: alias, zero copy; one host: shm; two hosts: disk when dir is "
+           "set, else broadcast), alias, shm (shared memory), disk (safetensors + manifest), or "
+           "broadcast (gloo, trainer rank 0 → rollout)");
+  v.field("dir", c.dir, "disk: folder of the published versions (across hosts: one both see); "
+                       "\"\" = <run dir>/<stage>/weights");
   v.field("keep", c.keep, "shm and disk: published versions kept");
 }
 
 /// The machines a job may use: nodes × devices per node. A device is one
-/// worker process (on CPU) or one GPU.
+/// worker process (on CPU) or one GPU. NOTE [nodes of a plan] in
+/// placement.hpp says which devices go on which node.
 struct resources_config {
   int64_t nodes = 1;
+  /// Who starts the worker processes: local (the driver, on its machine),
+  /// nodes (the controller's node agents), auto (nodes when the job is run
+  /// by a controller with ready nodes, else local).
+  std::string launcher = "auto";
   /// 0 = as many as the placement's pools need.
   int64_t devices_per_node = 0;
   /// Memory of one device for the planner's check, GiB; 0 = this machine's
@@ -352,9 +359,12 @@ struct resources_config {
 };
 template <class V>
 void visit(V& v, resources_config& c) {
-  v.field("nodes", c.nodes, "Nodes (the local launcher runs one)");
+  v.field("nodes", c.nodes, "Nodes; devices fill them in pool order, devices_per_node each");
+  v.choice("launcher", c.launcher, {"auto", "local", "nodes"},
+           "Who starts the workers: local (the driver's machine), nodes (a controller's node "
+           "agents: troupe node), auto (nodes when a controller with ready nodes runs the job)");
   v.field("devices_per_node", c.devices_per_node,
-          "Devices (worker processes on cpu) per node; 0 = what the pools need");
+          "Devices (worker processes on cpu) per node; 0 = the pools' devices / nodes, rounded up");
   v.field("device_memory_gb", c.device_memory_gb,
           "Memory per device for the planner's estimate check; 0 = host memory / devices");
 }

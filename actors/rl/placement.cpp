@@ -36,11 +36,13 @@ role_placement_config placement_of(const placement_config& p, const std::string&
   return {role, pools.empty() ? std::string{} : pools.front().name, 1, 25};
 }
 
+bool has_stage(const job_config& c, const char* stage) {
+  return std::find(c.stages.begin(), c.stages.end(), stage) != c.stages.end();
+}
+
 // Rows each DP rank of `role` splits (0 = the role is not trained here).
 std::vector<std::pair<std::string, int64_t>> split_rows(const job_config& c, const std::string& role) {
-  auto has = [&](const char* s) {
-    return std::find(c.stages.begin(), c.stages.end(), s) != c.stages.end();
-  };
+  auto has = [&](const char* s) { return has_stage(c, s); };
   std::vector<std::pair<std::string, int64_t>> out;
   const auto& r = c.rl;
   int64_t rl_mb = r.minibatches > 0 ? r.prompts_per_iteration * r.samples_per_prompt / r.minibatches : 0;
@@ -138,14 +140,58 @@ std::vector<std::pair<std::string, std::vector<std::string>>> job_stage_roles(co
   return out;
 }
 
+// NOTE [weight transport choice]: the pair's transport, or why the forced
+// one cannot work.
+expected<std::string> choose_transport(const job_config& cfg, const placement_plan& plan) {
+  const auto& w = cfg.weight_sync;
+  auto from = plan.device_of("policy", 0), to = plan.device_of("rollout", 0);
+  auto node_of = [&](int64_t d) { return d < 0 ? int64_t{0} : plan.devices[static_cast<size_t>(d)].node; };
+  bool one_process = from == to; // both -1 in process
+  bool one_node = node_of(from) == node_of(to);
+  if (w.transport == "auto")
+    return one_process ? "alias" : one_node ? "shm" : w.dir.empty() ? "broadcast" : "disk";
+  auto where = [&](int64_t d) {
+    return d < 0 ? std::string{"the driver's process"}
+                 : "device " + std::to_string(d) + " on node " + std::to_string(node_of(d));
+  };
+  auto refuse = [&](const std::string& why) -> expected<std::string> {
+    return make_error(errc::invalid_config,
+                      "weight_sync.transport " + w.transport + ": the policy (" + where(from) +
+                          ") and the rollout (" + where(to) + ") " + why);
+  };
+  if (w.transport == "alias" && !one_process)
+    return refuse("are in different processes, and alias hands tensors over inside one (use auto, shm, "
+                  "broadcast or disk)");
+  if (w.transport == "shm" && !one_node)
+    return refuse("are on different nodes, and shared memory stays on one (use auto, broadcast or disk "
+                  "with weight_sync.dir)");
+  if (w.transport == "disk" && !one_node && w.dir.empty())
+    return refuse("are on different nodes: set weight_sync.dir to a directory both see (a shared "
+                  "filesystem), or use broadcast");
+  return w.transport;
+}
+
+// Fills in the node of each device (NOTE [nodes of a plan]).
+void assign_nodes(const job_config& cfg, placement_plan& plan) {
+  auto total = static_cast<int64_t>(plan.devices.size());
+  plan.nodes = std::max<int64_t>(cfg.resources.nodes, 1);
+  auto per = cfg.resources.devices_per_node > 0 ? cfg.resources.devices_per_node
+                                                : (total + plan.nodes - 1) / plan.nodes;
+  for (auto& d : plan.devices)
+    d.node = std::min(d.index / std::max<int64_t>(per, 1), plan.nodes - 1);
+}
+
 } // namespace
 
 void check_placement(const job_config& c, runtime::config_checks& checks) {
   const auto& p = c.placement;
   const auto& res = c.resources;
   checks.require(res.nodes >= 1, "resources.nodes", "must be >= 1");
-  checks.require(res.nodes == 1 || p.mode == "in_process", "resources.nodes",
-                 "the local launcher runs one node; nodes > 1 needs a cluster launcher");
+  checks.require(res.nodes == 1 || p.mode != "in_process", "resources.nodes",
+                 "in_process runs every role in the driver's process, on one node; give a mode "
+                 "(colocated, disaggregated, hybrid) and pools to use " + std::to_string(res.nodes));
+  checks.require(res.launcher != "nodes" || p.mode != "in_process", "resources.launcher",
+                 "nodes start worker processes, and in_process runs none; give a mode and pools");
   checks.require(res.devices_per_node >= 0, "resources.devices_per_node", "must be >= 0");
   checks.require(res.device_memory_gb >= 0, "resources.device_memory_gb", "must be >= 0 (0 = host memory / devices)");
   if (p.mode == "in_process") {
@@ -177,6 +223,13 @@ void check_placement(const job_config& c, runtime::config_checks& checks) {
                  "placement.pools",
                  "the pools need " + std::to_string(total) + " devices, resources give " +
                      std::to_string(res.nodes * res.devices_per_node));
+  if (res.nodes >= 1 && total >= 1) {
+    auto per = res.devices_per_node > 0 ? res.devices_per_node : (total + res.nodes - 1) / res.nodes;
+    checks.require((total + per - 1) / per >= res.nodes, "resources.nodes",
+                   std::to_string(res.nodes) + " nodes, but the pools' " + std::to_string(total) +
+                       " devices at " + std::to_string(per) + " per node fill only " +
+                       std::to_string((total + per - 1) / per) + " (NOTE [nodes of a plan])");
+  }
   std::set<std::string> seen;
   for (size_t i = 0; i < p.roles.size(); ++i) {
     auto at = "placement.roles[" + std::to_string(i) + "]";
@@ -239,23 +292,46 @@ std::vector<std::string> placement_plan::worker_labels() const {
   return out;
 }
 
+std::vector<int64_t> placement_plan::devices_per_node() const {
+  std::vector<int64_t> out(static_cast<size_t>(std::max<int64_t>(nodes, 1)), 0);
+  for (const auto& d : devices)
+    if (d.node >= 0 && static_cast<size_t>(d.node) < out.size())
+      ++out[static_cast<size_t>(d.node)];
+  return out;
+}
+
+int64_t placement_plan::device_of(const std::string& role, int64_t rank) const {
+  const auto* a = find(role);
+  if (!a || rank < 0 || static_cast<size_t>(rank) >= a->devices.size())
+    return -1;
+  return a->devices[static_cast<size_t>(rank)];
+}
+
 std::string placement_plan::render() const {
   std::string out = "placement: " + mode + "\n";
   out += "model: " + std::to_string(parameters) + " parameters (policy)\n";
   if (!uses_workers()) {
     out += "every role runs in the driver's process; estimated peak " + gib(driver_peak_bytes) +
            " (NOTE [memory estimate]: weights, gradients, optimizer state, KV pool)\n";
+    if (!weight_transport.empty())
+      out += "weights: policy → rollout by " + weight_transport + "\n";
     return out;
   }
-  out += "devices: " + std::to_string(devices.size()) + " worker processes, " +
-         gib(device_memory_bytes) + " each\n";
-  for (const auto& d : devices) {
-    std::string ranks;
-    for (const auto& r : d.ranks)
-      ranks += (ranks.empty() ? "" : ", ") + r;
-    out += "  device " + std::to_string(d.index) + " (pool " + d.pool + "): " +
-           (ranks.empty() ? "idle" : ranks) + "; peak " + gib(d.peak_bytes) +
-           (d.peak_stage.empty() ? "" : " in " + d.peak_stage) + "\n";
+  out += "devices: " + std::to_string(devices.size()) + " worker processes on " +
+         std::to_string(nodes) + (nodes == 1 ? " node, " : " nodes, ") + gib(device_memory_bytes) +
+         " each\n";
+  for (int64_t n = 0; n < nodes; ++n) {
+    out += "  node " + std::to_string(n) + ":\n";
+    for (const auto& d : devices) {
+      if (d.node != n)
+        continue;
+      std::string ranks;
+      for (const auto& r : d.ranks)
+        ranks += (ranks.empty() ? "" : ", ") + r;
+      out += "    device " + std::to_string(d.index) + " (pool " + d.pool + "): " +
+             (ranks.empty() ? "idle" : ranks) + "; peak " + gib(d.peak_bytes) +
+             (d.peak_stage.empty() ? "" : " in " + d.peak_stage) + "\n";
+    }
   }
   out += "roles:\n";
   for (const auto& r : roles) {
@@ -265,8 +341,24 @@ std::string placement_plan::render() const {
     out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.dp) + ", devices [" +
            devs + "]\n";
   }
+  if (!weight_transport.empty())
+    out += "weights: policy → rollout by " + weight_transport + "\n";
   return out;
 }
+
+namespace {
+
+expected<placement_plan> with_transport(const job_config& cfg, placement_plan plan) {
+  if (!has_stage(cfg, "rl"))
+    return plan;
+  auto t = choose_transport(cfg, plan);
+  if (!t)
+    return with_prefix(t.error(), "placement");
+  plan.weight_transport = *t;
+  return plan;
+}
+
+} // namespace
 
 expected<placement_plan> make_plan(const job_config& cfg) {
   placement_plan plan;
@@ -301,7 +393,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
                           gib(plan.device_memory_bytes) +
                           " (resources.device_memory_gb); use a smaller model or spread the "
                           "roles over devices (placement.mode)");
-    return plan;
+    return with_transport(cfg, std::move(plan));
   }
 
   // Devices: pools laid out in order.
@@ -325,6 +417,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
       a.devices.push_back(first.at(rp.pool) + r);
     plan.roles.push_back(a);
   }
+  assign_nodes(cfg, plan);
   for (auto& d : plan.devices) {
     for (const auto& a : plan.roles)
       for (size_t r = 0; r < a.devices.size(); ++r)
@@ -359,7 +452,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
                             d.peak_stage + ", more than its " + gib(plan.device_memory_bytes) +
                             " (resources.device_memory_gb); spread the roles over more devices");
     }
-  return plan;
+  return with_transport(cfg, std::move(plan));
 }
 
 } // namespace troupe::actors::rl

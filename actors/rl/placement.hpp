@@ -4,6 +4,22 @@
 // job_config.hpp), with an estimate of each device's memory. `troupe plan`
 // prints it; `troupe run` launches the workers it names.
 //
+// NOTE [nodes of a plan]: devices are numbered pool by pool (the pools in
+// their order) and fill the job's resources.nodes in that order,
+// devices_per_node each (0 = the devices divided by the nodes, rounded
+// up): with pools train (2), gen (1) and judge (1) on two nodes, node 0
+// holds the trainers and node 1 the rollout and the judges. Every node
+// holds at least one device. Which machine plays node i is the
+// controller's choice (cluster/node_placement.hpp); the local launcher
+// runs one node.
+//
+// NOTE [weight transport choice]: the pair is the policy's rank 0 and the
+// rollout. auto takes alias when they share a process, shm when they share
+// a node, and across nodes disk when weight_sync.dir is set (a directory
+// every node sees) or else broadcast. A forced choice that cannot work for
+// the pair (alias across processes, shm across nodes, disk across nodes
+// without a shared dir) is refused by make_plan, naming the pair.
+//
 // NOTE [memory estimate]: fp32 bytes per parameter — 16 for a trained role
 // (weights, gradients, AdamW's two moments), 4 for a frozen one (reference,
 // reward model, rollout) — plus the rollout's KV pool. Every DP rank holds a
@@ -33,6 +49,8 @@ struct role_assignment {
 struct device_plan {
   int64_t index = 0;
   std::string pool;
+  /// The node (0 .. nodes-1) of the job that hosts it.
+  int64_t node = 0;
   /// Role names with their ranks, e.g. "policy[dp 0]".
   std::vector<std::string> ranks;
   /// Estimated peak bytes (the largest stage).
@@ -51,6 +69,11 @@ struct placement_plan {
   double device_memory_bytes = 0;
   /// Parameters of the policy model.
   int64_t parameters = 0;
+  /// Nodes the devices fill (NOTE [nodes of a plan]).
+  int64_t nodes = 1;
+  /// How the policy's weights reach the rollout ("" when the job has no rl
+  /// stage; NOTE [weight transport choice]).
+  std::string weight_transport;
 
   bool uses_workers() const { return !devices.empty(); }
   /// The assignment of `role` (every role of the job has one).
@@ -59,6 +82,10 @@ struct placement_plan {
   int64_t dp_of(const std::string& stage, const std::string& role) const;
   /// A worker label per device ("pool:role+role").
   std::vector<std::string> worker_labels() const;
+  /// Devices on each node (its size is `nodes`).
+  std::vector<int64_t> devices_per_node() const;
+  /// The device of rank `rank` of `role`; -1 in process or when unknown.
+  int64_t device_of(const std::string& role, int64_t rank) const;
   /// Human-readable: devices, their ranks and memory estimates.
   std::string render() const;
 };

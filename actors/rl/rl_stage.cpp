@@ -537,7 +537,7 @@ void rl_driver::role_failed(const iteration_state& s, std::string_view phase,
                    ? ctx_.host->exit_signal(role, 0, 2000)
                    : 0;
   ctx_.emit(job::role_changed{"rl", role, 0, place.process, place.pid, "failed", describe(err),
-                              signal, std::string{phase}});
+                              signal, std::string{phase}, place.node});
 }
 
 } // namespace troupe::actors::rl::detail

@@ -92,6 +92,7 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
   go.rank = s.dp_rank;
   go.world_size = s.dp_size;
   go.name = s.dp_group;
+  go.interface_host = s.host;
   go.timeout_ms = s.timeout_ms;
   auto g = runtime::make_process_group(out->store, go);
   if (!g)
@@ -217,7 +218,7 @@ expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec) {
 }
 
 expected<std::vector<caf::actor>> spawn_ranks(
-    const role_spec& spec, std::vector<std::shared_ptr<void>>& stores,
+    const role_spec& spec, std::vector<std::shared_ptr<void>>& stores, const std::string& store_host,
     const std::function<expected<caf::actor>(const role_spec&)>& spawn_one) {
   auto dp = spec.dp_size;
   if (dp < 1)
@@ -229,6 +230,7 @@ expected<std::vector<caf::actor>> spawn_ranks(
     return std::vector<caf::actor>{*a};
   }
   runtime::store_options so;
+  so.host = store_host;
   so.is_server = true;
   so.timeout_ms = spec.timeout_ms;
   auto st = runtime::make_tcp_store(so);
@@ -268,7 +270,7 @@ expected<std::vector<caf::actor>> spawn_ranks(
 
 expected<std::vector<caf::actor>> in_process_host::spawn(caf::actor_system& sys,
                                                           const role_spec& spec) {
-  return spawn_ranks(spec, stores_, [&](const role_spec& s) { return spawn_role(sys, s); });
+  return spawn_ranks(spec, stores_, store_host(), [&](const role_spec& s) { return spawn_role(sys, s); });
 }
 
 } // namespace troupe::actors::rl

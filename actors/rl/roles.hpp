@@ -44,12 +44,14 @@ struct role_spec {
   std::string dp_group;
   /// Bound on the group's rendezvous and collectives.
   int64_t timeout_ms = 60000;
+  /// The address this rank's process binds its gloo pairs to (its node's).
+  std::string host = "127.0.0.1";
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, role_spec& x) {
   return f(caf::meta::type_name("role_spec"), x.stage, x.role, x.job_yaml, x.model_dir, x.dp_rank,
-           x.dp_size, x.dp_store, x.dp_group, x.timeout_ms);
+           x.dp_size, x.dp_store, x.dp_group, x.timeout_ms, x.host);
 }
 
 /// The roles a stage uses, in spawn order.
@@ -61,11 +63,12 @@ expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec);
 
 /// Builds every DP rank of `spec` (spec.dp_size of them) with `spawn_one`,
 /// concurrently (the ranks meet in the group's rendezvous): opens the
-/// group's TCPStore on loopback first (kept in `stores` for the job's
-/// lifetime) and fills in each rank's dp fields. One rank: just spawn_one.
-/// On failure the ranks already built are stopped.
+/// group's TCPStore at `store_host` first (the address the ranks' processes
+/// reach this one at; kept in `stores` for the job's lifetime) and fills in
+/// each rank's dp fields. One rank: just spawn_one. On failure the ranks
+/// already built are stopped.
 expected<std::vector<caf::actor>> spawn_ranks(
-    const role_spec& spec, std::vector<std::shared_ptr<void>>& stores,
+    const role_spec& spec, std::vector<std::shared_ptr<void>>& stores, const std::string& store_host,
     const std::function<expected<caf::actor>(const role_spec&)>& spawn_one);
 
 /// Where role actors run.
@@ -75,15 +78,19 @@ public:
   /// Spawns the role, every DP rank of it (spec.dp_size), and answers one
   /// actor per rank.
   virtual expected<std::vector<caf::actor>> spawn(caf::actor_system& sys, const role_spec& spec) = 0;
-  /// An id of the process that hosts rank 0 of `role` (equal ids = the same
-  /// process, so weights can be aliased).
-  virtual int process_of(const std::string& role) const = 0;
+  /// The address the processes of the roles reach this (the driver's)
+  /// process at: rendezvous stores listen there.
+  virtual std::string store_host() const { return "127.0.0.1"; }
+  /// The address of the process of rank `rank` of `role` (its node's).
+  virtual std::string address_of(const std::string& role, int rank) const { return "127.0.0.1"; }
 
   /// The process of rank `rank` of `role`, for role events: a label
   /// ("driver" for this process) and its pid.
   struct place {
     std::string process;
     int64_t pid = 0;
+    /// "" = the driver's machine.
+    std::string node;
   };
   virtual place where(const std::string& role, int rank) const;
   /// The signal that ended the process of `role`'s rank `rank` (waiting up
@@ -95,7 +102,6 @@ public:
 class in_process_host final : public role_host {
 public:
   expected<std::vector<caf::actor>> spawn(caf::actor_system& sys, const role_spec& spec) override;
-  int process_of(const std::string&) const override { return -1; }
 
 private:
   std::vector<std::shared_ptr<void>> stores_;

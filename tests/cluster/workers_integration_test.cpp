@@ -42,7 +42,7 @@ bool process_gone(int64_t pid) {
 TEST(Workers, StartAnswerAndShutDown) {
   test::temp_dir tmp;
   test::networked_system net;
-  auto w = local_workers::launch(*net.sys, two_workers(tmp));
+  auto w = worker_set::launch(*net.sys, two_workers(tmp));
   ASSERT_TRUE(w) << describe(w.error());
   ASSERT_EQ(w->workers().size(), 2u);
   caf::scoped_actor self{*net.sys};
@@ -73,7 +73,7 @@ TEST(Workers, AKilledWorkerFailsTheJobNamingItWithinTenSeconds) {
   test::networked_system net;
   int64_t survivor = 0;
   {
-    auto w = local_workers::launch(*net.sys, two_workers(tmp));
+    auto w = worker_set::launch(*net.sys, two_workers(tmp));
     ASSERT_TRUE(w) << describe(w.error());
     auto victim = w->workers()[1].pid;
     survivor = w->workers()[0].pid;

@@ -1,0 +1,116 @@
+#pragma once
+// What the controller and a job's driver tell each other when the job's
+// workers run on node agents, and what an agent is asked to start.
+//
+// NOTE [remote workers]: for a job placed on nodes (NOTE [nodes of a plan]
+// in actors/rl/placement.hpp), the controller picks a ready node for each
+// node of the plan, reserves its devices and writes <job dir>/nodes.json
+// (the address the driver listens on, each node's name and address) before
+// it starts the driver with --nodes. The driver publishes its registrar on
+// that address and writes <job dir>/workers.json (its pid, the registrar's
+// address, its working directory, one entry per worker: rank, node, label);
+// the controller reads it and sends each node's agent a StartWorker per
+// worker of that node. The agent checks the request, builds the argv itself
+// (`troupe worker` and nothing else, no shell) and reports every exit. The
+// workers register as local ones do (NOTE [worker lifecycle] in
+// workers.hpp). When the job ends, however it ends, the controller sends
+// StopJob to each of its nodes, and the agents kill what is left of it.
+// Agents kill their workers when they stop, and a worker dies with its
+// agent (PR_SET_PDEATHSIG), so no process of a job outlives its node's
+// agent either.
+
+#include "runtime/error.hpp"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace troupe::cluster {
+
+inline constexpr const char* nodes_file = "nodes.json";
+inline constexpr const char* workers_file = "workers.json";
+
+struct job_node {
+  std::string name;
+  /// Where the node's processes are reached (its advertised address).
+  std::string host;
+};
+
+/// nodes.json: the controller's choice of nodes for a job.
+struct job_nodes {
+  /// The address the driver listens on (reached from every node).
+  std::string bind_host;
+  /// Node i of the plan is nodes[i].
+  std::vector<job_node> nodes;
+};
+
+expected<void> write_job_nodes(const std::string& job_dir, const job_nodes& n);
+expected<job_nodes> read_job_nodes(const std::string& job_dir);
+
+struct worker_entry {
+  int32_t rank = 0;
+  /// The plan's node (an index into job_nodes::nodes).
+  int64_t node = 0;
+  /// "pool:role+role".
+  std::string label;
+};
+
+/// workers.json: the workers a driver waits for.
+struct worker_request_file {
+  int64_t pid = 0;
+  /// The registrar, HOST:PORT.
+  std::string driver;
+  /// The driver's working directory (relative paths of the job resolve there).
+  std::string cwd;
+  int64_t timeout_ms = 30000;
+  std::vector<worker_entry> workers;
+};
+
+expected<void> write_worker_requests(const std::string& job_dir, const worker_request_file& w);
+expected<worker_request_file> read_worker_requests(const std::string& job_dir);
+
+/// One StartWorker, as an agent receives it.
+struct worker_start {
+  std::string job_id;
+  int32_t rank = 0;
+  int32_t world = 1;
+  std::string label;
+  std::string driver;
+  std::string cwd;
+  int64_t timeout_ms = 30000;
+};
+
+/// One WorkerExited, as the controller receives it.
+struct worker_exit {
+  std::string job_id;
+  int32_t rank = 0;
+  int64_t pid = 0;
+  int32_t code = -1;
+  int32_t signal = 0;
+  std::string description;
+  std::string output_tail;
+};
+
+/// One StopJob: end every process of the job on the node.
+struct job_stop {
+  std::string job_id;
+  std::string reason;
+};
+
+/// What the controller sends a node's agent after its welcome.
+using node_command = std::variant<worker_start, job_stop>;
+
+/// Whether a request from the wire may be run: a job id and label of
+/// harmless characters, a HOST:PORT driver, rank < world, an absolute
+/// working directory. The error names the field.
+expected<void> check_worker_start(const worker_start& s);
+
+/// The worker's argv: `<executable> worker --driver ... --rank ...`.
+std::vector<std::string> worker_argv(const std::string& executable, const worker_start& s);
+
+/// Whether `id` may name a job on the wire: [A-Za-z0-9._-]{1,64}.
+bool valid_job_id(std::string_view id);
+
+} // namespace troupe::cluster
