@@ -345,6 +345,14 @@ void print_status(const cluster::job_view& v) {
   if (!s.phase.empty())
     std::printf(" (phase %s)", s.phase.c_str());
   std::printf("\n");
+  if (!v.wait_reason.empty())
+    std::printf("waiting:   %s\n", v.wait_reason.c_str());
+  if (!v.nodes.empty()) {
+    std::printf("nodes:    ");
+    for (size_t i = 0; i < v.nodes.size(); ++i)
+      std::printf(" %zu=%s", i, v.nodes[i].c_str());
+    std::printf("\n");
+  }
   std::printf("progress:  %s", progress_of(v).c_str());
   if (std::isfinite(s.eta_s))
     std::printf("  eta %s", duration(s.eta_s).c_str());
@@ -374,9 +382,9 @@ void print_status(const cluster::job_view& v) {
   if (!v.roles.empty()) {
     std::printf("roles:\n");
     for (const auto& r : v.roles)
-      std::printf("  %-4s %-10s rank %d  %-8s %s pid %lld%s%s\n", r.stage.c_str(), r.role.c_str(), r.rank,
-                  r.status.c_str(), r.process.c_str(), static_cast<long long>(r.pid),
-                  r.reason.empty() ? "" : "  ", r.reason.c_str());
+      std::printf("  %-4s %-10s rank %d  %-8s %s%s%s pid %lld%s%s\n", r.stage.c_str(), r.role.c_str(), r.rank,
+                  r.status.c_str(), r.process.c_str(), r.node.empty() ? "" : " on ", r.node.c_str(),
+                  static_cast<long long>(r.pid), r.reason.empty() ? "" : "  ", r.reason.c_str());
   }
 }
 
@@ -389,7 +397,8 @@ nlohmann::json json_of(const cluster::job_view& v) {
                    {"error", s.error}, {"run_dir", v.run_dir}, {"driver_pid", v.driver_pid},
                    {"exit_reason", v.exit_reason}, {"resumable", v.resumable},
                    {"last_seq", s.last_seq}, {"metrics", s.last_metrics},
-                   {"weight_versions", s.weight_versions}};
+                   {"weight_versions", s.weight_versions}, {"nodes", v.nodes},
+                   {"wait_reason", v.wait_reason}};
   j["eta_s"] = std::isfinite(s.eta_s) ? nlohmann::json(s.eta_s) : nlohmann::json(nullptr);
   return j;
 }

@@ -148,6 +148,9 @@ struct job_entry {
   bool need_known = false;
   bool workers_sent = false;
   std::string wait_reason;
+  /// The controller's own reason for failing the job (a node lost), kept
+  /// ahead of whatever the driver says.
+  std::string verdict;
 };
 
 std::string random_id() {
@@ -346,7 +349,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   }
   void on_body(job_entry& e, const j::event& ev, const j::state_changed& b) {
     if (b.to == j::job_state::failed)
-      e.rec.error = b.reason;
+      e.rec.error = e.verdict.empty() ? b.reason : e.verdict + "; the job failed with: " + b.reason;
     set_state(e, ctl_state_of(b.to), b.reason, ev.time_us);
   }
   template <class T>
@@ -506,6 +509,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   void fail_job(job_entry& e, const std::string& reason) {
     if (!e.driver_alive || is_final(e.state))
       return;
+    e.verdict = reason;
     e.rec.error = reason;
     if (e.proc)
       e.proc->kill(SIGKILL);
@@ -520,20 +524,43 @@ struct controller::impl : std::enable_shared_from_this<impl> {
       if (r.node == n.name && r.stage == e.status.stage && r.status != "failed")
         ranks += (ranks.empty() ? "" : ", ") + r.role + (r.rank > 0 ? "[dp " + std::to_string(r.rank) + "]" : "") +
                  " (" + r.process + ")";
-    std::string where = e.status.stage.empty() ? "while it started"
-                                                : "in stage " + e.status.stage + ", step " +
-                                                      std::to_string(e.status.iteration) +
-                                                      (e.status.phase.empty() ? "" : ", phase " + e.status.phase);
+    // The phase under way, or the last one done (between phases).
+    std::string where = "while the job started";
+    for (auto it = e.events.rbegin(); it != e.events.rend(); ++it) {
+      if (const auto* p = std::get_if<j::phase_started>(&it->body)) {
+        where = "in stage " + p->stage + ", step " + std::to_string(p->iteration) + ", phase " + p->phase;
+        break;
+      }
+      if (const auto* p = std::get_if<j::phase_finished>(&it->body)) {
+        where = "in stage " + p->stage + ", step " + std::to_string(p->iteration) + ", after phase " + p->phase;
+        break;
+      }
+    }
     return "node " + n.name + " (" + n.address + ") was lost (" + n.reason + ") " + where +
            "; its ranks: " + (ranks.empty() ? "none yet" : ranks);
+  }
+
+  // A node lost while the job ran there: the controller fails the job, or,
+  // when the driver failed it first (a collective with a rank on that node
+  // broke), says in its error what happened to the node.
+  void on_node_lost(job_entry& e, const node_view& n) {
+    if (!e.on_nodes || std::find(e.nodes.begin(), e.nodes.end(), n.name) == e.nodes.end())
+      return;
+    bool just_failed = e.state == ctl_state::failed && (e.driver_alive || now_us() - e.rec.end_time_us < 30'000'000);
+    if (!just_failed)
+      return fail_job(e, loss_reason(e, n));
+    if (!e.verdict.empty())
+      return;
+    e.verdict = loss_reason(e, n);
+    e.rec.error = e.verdict + "; the job failed with: " + e.rec.error;
+    persist(e);
   }
 
   // Lost nodes and worker exits the registry reported.
   void handle_node_news() {
     for (const auto& n : std::exchange(lost_nodes, {}))
       for (auto& [id, e] : jobs)
-        if (e->on_nodes && std::find(e->nodes.begin(), e->nodes.end(), n.name) != e->nodes.end())
-          fail_job(*e, loss_reason(*e, n));
+        on_node_lost(*e, n);
     for (const auto& [node, x] : std::exchange(worker_exits, {})) {
       auto e = find(x.job_id);
       if (!e || !e->on_nodes)

@@ -38,8 +38,10 @@ expected<T> field(const json& j, const char* key, const std::string& where) {
   return it->get<T>();
 }
 
+// Letters, digits, '.', '_', '-' and `extra`; never a leading '-' (an
+// argv element that could read as a flag).
 bool harmless(std::string_view s, std::string_view extra, size_t max) {
-  if (s.empty() || s.size() > max)
+  if (s.empty() || s.size() > max || s.front() == '-')
     return false;
   for (char c : s)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' &&
@@ -148,13 +150,13 @@ expected<void> check_worker_start(const worker_start& s) {
     return make_error(errc::invalid_argument, "StartWorker." + field + ": " + why);
   };
   if (!valid_job_id(s.job_id))
-    return bad("job_id", "expected [A-Za-z0-9._-]{1,64}");
+    return bad("job_id", "expected [A-Za-z0-9._-]{1,64}, not starting with '-'");
   if (s.world < 1 || s.world > 4096)
     return bad("world", std::to_string(s.world) + " outside 1..4096");
   if (s.rank < 0 || s.rank >= s.world)
     return bad("rank", std::to_string(s.rank) + " outside 0.." + std::to_string(s.world - 1));
   if (!harmless(s.label, ":+[]", 200))
-    return bad("label", "expected [A-Za-z0-9._:+[]-]{1,200}");
+    return bad("label", "expected [A-Za-z0-9._:+[]-]{1,200}, not starting with '-'");
   auto addr = parse_listen_address(s.driver);
   if (!addr || addr->second < 1 || !harmless(addr->first, ":", 253))
     return bad("driver", "expected HOST:PORT, got '" + s.driver.substr(0, 80) + "'");

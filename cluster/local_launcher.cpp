@@ -30,7 +30,7 @@ local_process::local_process(local_process&& other) noexcept
 
 local_process& local_process::operator=(local_process&& other) noexcept {
   if (this != &other) {
-    this->~local_process();
+    kill_and_reap();
     pid_ = other.pid_;
     name_ = std::move(other.name_);
     status_ = other.status_;
@@ -40,13 +40,17 @@ local_process& local_process::operator=(local_process&& other) noexcept {
 }
 
 local_process::~local_process() {
-  if (running()) {
-    ::kill(pid_, SIGKILL);
-    int st = 0;
-    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-    }
-  }
+  kill_and_reap();
   pid_ = -1;
+}
+
+void local_process::kill_and_reap() {
+  if (!running())
+    return;
+  ::kill(pid_, SIGKILL);
+  int st = 0;
+  while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+  }
 }
 
 expected<local_process> local_process::spawn(const process_spec& spec) {

@@ -70,6 +70,9 @@ public:
   void release();
 
 private:
+  // SIGKILL and reap a process that still runs (members untouched).
+  void kill_and_reap();
+
   pid_t pid_ = -1;
   std::string name_;
   std::optional<exit_status> status_;

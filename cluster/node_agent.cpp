@@ -141,6 +141,8 @@ public:
     std::vector<worker_exit> out;
     for (auto it = running_.begin(); it != running_.end();) {
       if (auto st = it->proc.poll()) {
+        std::fprintf(stderr, "troupe node: worker %d of job %s %s\n", it->start.rank, it->start.job_id.c_str(),
+                     st->describe().c_str());
         out.push_back(exit_of(*it, *st));
         it = running_.erase(it);
       } else {
@@ -162,8 +164,8 @@ public:
       if (it->proc.running())
         it->proc.kill(SIGKILL);
       auto st = it->proc.wait_for(5000);
-      std::fprintf(stderr, "troupe node: ended worker %d of job %s (%s)\n", it->start.rank,
-                   it->start.job_id.c_str(), reason.c_str());
+      std::fprintf(stderr, "troupe node: worker %d of job %s %s (%s)\n", it->start.rank, it->start.job_id.c_str(),
+                   st ? st->describe().c_str() : "not reaped", reason.c_str());
       out.push_back(st ? exit_of(*it, *st)
                        : worker_exit{it->start.job_id, it->start.rank, it->proc.pid(), -1, 0, "not reaped", ""});
       it = running_.erase(it);

@@ -53,4 +53,17 @@ inline std::string tiny_job(const std::string& dir, const std::string& extra = "
          extra;
 }
 
+/// The disaggregated placement of configs/disaggregated.yaml: trainers at
+/// dp 2 on two devices, the rollout on a third, the judges on a fourth.
+inline const char* disaggregated_placement =
+    "placement:\n"
+    "  mode: disaggregated\n"
+    "  pools: [{name: train, devices: 2}, {name: gen, devices: 1}, {name: judge, devices: 1}]\n"
+    "  roles:\n"
+    "    - {role: policy, pool: train, dp: 2}\n"
+    "    - {role: critic, pool: train, dp: 2}\n"
+    "    - {role: rollout, pool: gen}\n"
+    "    - {role: reward, pool: judge}\n"
+    "    - {role: reference, pool: judge}\n";
+
 } // namespace troupe::actors::rl::testing

@@ -85,7 +85,13 @@ TEST(Placement, ChecksRolesPoolsAndDivisibility) {
   e = error_of("", {"placement.pools=[{name: a}]"});
   EXPECT_NE(e.find("placement.pools: in_process runs no workers"), std::string::npos) << e;
   e = error_of("", {"placement.mode=colocated", "resources.devices_per_node=0", "resources.nodes=2"});
-  EXPECT_NE(e.find("resources.nodes: the local launcher runs one node"), std::string::npos) << e;
+  EXPECT_NE(e.find("resources.nodes: 2 nodes, but the pools' 1 devices at 1 per node fill only 1"),
+            std::string::npos)
+      << e;
+  e = error_of("", {"resources.nodes=2"});
+  EXPECT_NE(e.find("resources.nodes: in_process runs every role in the driver's process"), std::string::npos) << e;
+  e = error_of("", {"resources.launcher=nodes"});
+  EXPECT_NE(e.find("resources.launcher: nodes start worker processes"), std::string::npos) << e;
   e = error_of(pools, {"resources.devices_per_node=2"});
   EXPECT_NE(e.find("the pools need 3 devices, resources give 2"), std::string::npos) << e;
   // Errors point at the YAML line of the path.
@@ -120,4 +126,81 @@ TEST(Placement, RefusesAnInProcessJobLargerThanTheMachine) {
   auto big = parse_job(tiny_job("run"), {"model.hidden_size=64", "resources.device_memory_gb=1"});
   ASSERT_TRUE(big);
   EXPECT_TRUE(make_plan(*big));
+}
+
+namespace {
+
+const char* two_pools = "placement:\n  mode: disaggregated\n"
+                        "  pools: [{name: train, devices: 2}, {name: gen, devices: 1}, {name: judge, devices: 1}]\n"
+                        "  roles: [{role: policy, pool: train, dp: 2}, {role: rollout, pool: gen},\n"
+                        "          {role: reward, pool: judge}, {role: reference, pool: judge}]\n";
+
+expected<placement_plan> plan_of(const std::string& extra, std::vector<std::string> sets) {
+  auto c = parse_job(tiny_job("run") + extra, std::move(sets));
+  if (!c)
+    return c.error();
+  return make_plan(*c);
+}
+
+} // namespace
+
+TEST(Placement, DevicesFillTheNodesInPoolOrder) {
+  auto p = plan_of(two_pools, {"resources.nodes=2"});
+  ASSERT_TRUE(p) << describe(p.error());
+  EXPECT_EQ(p->nodes, 2);
+  std::vector<int64_t> nodes;
+  for (const auto& d : p->devices)
+    nodes.push_back(d.node);
+  EXPECT_EQ(nodes, (std::vector<int64_t>{0, 0, 1, 1})) << "2 per node: the trainers, then rollout and judges";
+  EXPECT_EQ(p->devices_per_node(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(p->weight_transport, "broadcast") << "across nodes without a shared dir";
+  auto shown = p->render();
+  EXPECT_NE(shown.find("node 1:\n    device 2 (pool gen): rollout"), std::string::npos) << shown;
+  EXPECT_NE(shown.find("weights: policy → rollout by broadcast"), std::string::npos) << shown;
+
+  p = plan_of(two_pools, {"resources.nodes=4", "resources.devices_per_node=1"});
+  ASSERT_TRUE(p) << describe(p.error());
+  EXPECT_EQ(p->devices_per_node(), (std::vector<int64_t>{1, 1, 1, 1}));
+  p = plan_of(two_pools, {"resources.nodes=3"});
+  ASSERT_FALSE(p) << "4 devices, 2 per node: a third node would hold none";
+  EXPECT_NE(describe(p.error()).find("fill only 2"), std::string::npos) << describe(p.error());
+  p = plan_of(two_pools, {"resources.nodes=2", "weight_sync.dir=/shared/weights"});
+  ASSERT_TRUE(p) << describe(p.error());
+  EXPECT_EQ(p->weight_transport, "disk") << "a directory both nodes see";
+}
+
+TEST(Placement, TheWeightTransportFitsThePairAndImpossibleChoicesAreRefused) {
+  // auto: one process alias, one node shm.
+  auto p = plan_of("", {});
+  ASSERT_TRUE(p) << describe(p.error());
+  EXPECT_EQ(p->weight_transport, "alias");
+  p = plan_of(two_pools, {});
+  ASSERT_TRUE(p) << describe(p.error());
+  EXPECT_EQ(p->weight_transport, "shm");
+  p = plan_of("", {"stages=[sft, rm]"});
+  ASSERT_TRUE(p) << describe(p.error());
+  EXPECT_EQ(p->weight_transport, "") << "no rl stage, no weight sync";
+
+  auto refused = [&](std::vector<std::string> sets) {
+    auto q = plan_of(two_pools, std::move(sets));
+    EXPECT_FALSE(q);
+    return q ? std::string{} : describe(q.error());
+  };
+  auto e = refused({"weight_sync.transport=alias"});
+  EXPECT_NE(e.find("weight_sync.transport alias: the policy (device 0 on node 0) and the rollout (device 2 on "
+                   "node 0) are in different processes"),
+            std::string::npos)
+      << e;
+  e = refused({"resources.nodes=2", "weight_sync.transport=shm"});
+  EXPECT_NE(e.find("the rollout (device 2 on node 1) are on different nodes, and shared memory stays on one"),
+            std::string::npos)
+      << e;
+  e = refused({"resources.nodes=2", "weight_sync.transport=disk"});
+  EXPECT_NE(e.find("set weight_sync.dir to a directory both see"), std::string::npos) << e;
+  // What can work is kept.
+  for (std::string t : {"broadcast", "shm", "disk"}) {
+    auto ok = plan_of(two_pools, {"weight_sync.transport=" + t});
+    ASSERT_TRUE(ok) << t << ": " << describe(ok.error());
+    EXPECT_EQ(ok->weight_transport, t);
+  }
 }

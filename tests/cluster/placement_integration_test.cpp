@@ -9,6 +9,7 @@
 #include "cluster/role_host.hpp"
 #include "tests/actors/job_yaml.hpp"
 #include "tests/cluster/networked_system.hpp"
+#include "tests/cluster/same_learning.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include <caf/all.hpp>
@@ -31,16 +32,7 @@ using troupe::actors::rl::testing::tiny_job;
 
 namespace {
 
-const char* disaggregated =
-    "placement:\n"
-    "  mode: disaggregated\n"
-    "  pools: [{name: train, devices: 2}, {name: gen, devices: 1}, {name: judge, devices: 1}]\n"
-    "  roles:\n"
-    "    - {role: policy, pool: train, dp: 2}\n"
-    "    - {role: critic, pool: train, dp: 2}\n"
-    "    - {role: rollout, pool: gen}\n"
-    "    - {role: reward, pool: judge}\n"
-    "    - {role: reference, pool: judge}\n";
+const std::string disaggregated = troupe::actors::rl::testing::disaggregated_placement;
 
 cluster::launch_options launcher(const test::temp_dir& tmp) {
   cluster::launch_options o;
@@ -48,17 +40,6 @@ cluster::launch_options launcher(const test::temp_dir& tmp) {
   o.log_dir = tmp.file("logs");
   o.timeout_ms = 30000;
   return o;
-}
-
-// metrics.jsonl without the wall-clock metrics.
-std::vector<nlohmann::json> metrics_of(const std::string& run_dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(std::filesystem::path{run_dir} / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    out.push_back(troupe::actors::rl::testing::deterministic_part(nlohmann::json::parse(line)));
-  }
-  return out;
 }
 
 expected<job_summary> run_placed(const job_config& cfg, const test::temp_dir& tmp) {
@@ -79,7 +60,7 @@ TEST(Placement, ColocatedInOneWorkerGivesTheInProcessMetricsExactly) {
   ASSERT_TRUE(a) << describe(a.error());
   auto b = run_placed(*placed, tmp);
   ASSERT_TRUE(b) << describe(b.error());
-  auto ma = metrics_of(local->run.dir), mb = metrics_of(placed->run.dir);
+  auto ma = test::metrics_of(local->run.dir), mb = test::metrics_of(placed->run.dir);
   ASSERT_EQ(ma.size(), 9u); // sft 3 + rm 2 + rl (step 0 + 3)
   EXPECT_EQ(ma, mb);
   // The worker wrote its log under the given folder.
@@ -99,19 +80,7 @@ TEST(Placement, DisaggregatedWithDataParallelTrainersMatchesWithin1e5) {
   ASSERT_TRUE(a) << describe(a.error());
   auto b = run_placed(*placed, tmp);
   ASSERT_TRUE(b) << describe(b.error());
-  auto ma = metrics_of(local->run.dir), mb = metrics_of(placed->run.dir);
-  ASSERT_EQ(ma.size(), mb.size());
-  int compared = 0;
-  for (size_t i = 0; i < ma.size(); ++i)
-    for (auto it = ma[i].begin(); it != ma[i].end(); ++it) {
-      ASSERT_TRUE(mb[i].contains(it.key())) << it.key();
-      if (!it.value().is_number())
-        continue;
-      double x = it.value().get<double>(), y = mb[i][it.key()].get<double>();
-      EXPECT_NEAR(x, y, 1e-5 * std::max(1.0, std::abs(x))) << ma[i]["stage"] << " " << it.key();
-      ++compared;
-    }
-  EXPECT_GT(compared, 100);
+  test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(placed->run.dir));
 }
 
 TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
@@ -125,7 +94,7 @@ TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
   auto local = parse_job(tiny_job(tmp.file("local")), sets);
   ASSERT_TRUE(local) << describe(local.error());
   ASSERT_TRUE(run_placed(*local, tmp));
-  auto want = metrics_of(local->run.dir);
+  auto want = test::metrics_of(local->run.dir);
   for (std::string kind : {"auto", "broadcast"}) {
     auto s = sets;
     s.push_back("weight_sync.transport=" + kind);
@@ -133,7 +102,7 @@ TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run_placed(*cfg, tmp);
     ASSERT_TRUE(r) << kind << ": " << describe(r.error());
-    EXPECT_EQ(metrics_of(cfg->run.dir), want) << kind;
+    EXPECT_EQ(test::metrics_of(cfg->run.dir), want) << kind;
   }
 }
 
@@ -161,12 +130,12 @@ TEST(Placement, KillingAWorkerFailsTheJobNamingTheRoleWithin10s) {
   auto job = std::async(std::launch::async, [&] { return run_job(*ns.sys, *cfg, opts); });
   // Wait until the RL loop runs (a few iterations logged).
   for (int i = 0; i < 600; ++i) {
-    if (metrics_of(cfg->run.dir).size() >= 3)
+    if (test::metrics_of(cfg->run.dir).size() >= 3)
       break;
     ASSERT_NE(job.wait_for(std::chrono::milliseconds(50)), std::future_status::ready)
         << "the job ended before the kill";
   }
-  ASSERT_GE(metrics_of(cfg->run.dir).size(), 3u);
+  ASSERT_GE(test::metrics_of(cfg->run.dir).size(), 3u);
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(::kill(static_cast<pid_t>(pids[1]), SIGKILL), 0);
   ASSERT_EQ(job.wait_for(std::chrono::seconds(10)), std::future_status::ready)

@@ -4,17 +4,47 @@
 // host runs under `ip netns exec`, so it sees only that host's interfaces;
 // a host that "disappears" has its link cut, with no reset sent to anyone.
 // Needs root and iproute2; create() says why when it cannot be made, and
-// the tests skip with that message.
+// the tests skip with that message. (No test framework here: the
+// benchmarks use it too.)
 
 #include "cluster/local_launcher.hpp"
-#include "tests/cluster/control_harness.hpp"
+#include "runtime/file_io.hpp"
 
 #include <unistd.h>
 
+#include <atomic>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace troupe::test {
+
+/// Runs a tool to its end (bounded); false and its output in `why` when it
+/// fails.
+inline bool run_tool(const std::vector<std::string>& argv, int timeout_s, std::string& why) {
+  static std::atomic<int> counter{0};
+  auto out = (std::filesystem::temp_directory_path() /
+              ("troupe-tool-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".log"))
+                 .string();
+  cluster::process_spec spec;
+  spec.name = argv.empty() ? std::string{"tool"} : argv.front();
+  spec.argv = argv;
+  spec.output_path = out;
+  auto p = cluster::local_process::spawn(spec);
+  if (!p) {
+    why = describe(p.error());
+    return false;
+  }
+  auto st = p->wait_for(timeout_s * 1000);
+  auto text = runtime::read_file(out);
+  std::error_code ec;
+  std::filesystem::remove(out, ec);
+  if (st && st->ok())
+    return true;
+  why = spec.name + " " + (st ? st->describe() : std::string{"did not finish"}) + ": " + (text ? *text : "");
+  return false;
+}
 
 class netns_lab {
 public:
@@ -92,10 +122,7 @@ private:
 
   bool ip(std::vector<std::string> args, std::string& why) const {
     args.insert(args.begin(), ip_tool);
-    auto r = run_process(args, 30);
-    if (r.code != 0)
-      why = "ip " + args.at(1) + " ...: " + r.err;
-    return r.code == 0;
+    return run_tool(args, 30, why);
   }
 
   int net_ = 100;
@@ -108,13 +135,10 @@ private:
 /// openssl tool: files cert.pem and key.pem in `dir`. False and `why` when
 /// it cannot be made.
 inline bool make_test_certificate(const std::string& dir, const std::string& ip_address, std::string& why) {
-  auto r = run_process({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-                        dir + "/key.pem", "-out", dir + "/cert.pem", "-days", "1", "-subj", "/CN=troupe-test",
-                        "-addext", "subjectAltName=IP:" + ip_address},
-                       60);
-  if (r.code != 0)
-    why = "openssl req: " + r.err;
-  return r.code == 0;
+  return run_tool({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", dir + "/key.pem",
+                   "-out", dir + "/cert.pem", "-days", "1", "-subj", "/CN=troupe-test", "-addext",
+                   "subjectAltName=IP:" + ip_address},
+                  60, why);
 }
 
 } // namespace troupe::test

@@ -336,29 +336,35 @@
     // Placement: node -> process -> role ranks (pid, memory, weight version).
     let procs = [];
     const renderPlacement = () => {
-      const byProc = new Map();
+      // node name ("" = the controller's machine) -> process key -> ranks
+      const byNode = new Map();
       // The current stage's ranks (each stage starts its own).
       const all = job.roles || [];
       const ranks = all.some((r) => r.stage === job.stage) ? all.filter((r) => r.stage === job.stage) : all;
       for (const r of ranks) {
+        const n = r.node || "";
+        if (!byNode.has(n)) byNode.set(n, new Map());
+        const procsHere = byNode.get(n);
         const key = `${r.process}|${r.pid}`;
-        if (!byProc.has(key)) byProc.set(key, { process: r.process, pid: num(r.pid), ranks: [] });
-        byProc.get(key).ranks.push(r);
+        if (!procsHere.has(key)) procsHere.set(key, { process: r.process, pid: num(r.pid), ranks: [] });
+        procsHere.get(key).ranks.push(r);
       }
-      const mem = new Map(procs.map((p) => [num(p.pid), p]));
-      const node = h("div", { class: "node" }, h("div", { class: "name" }, procs.length ? procs[0].node : "this machine"),
-        h("div", { class: "procs" }, [...byProc.values()].map((p) => {
-          const info = mem.get(p.pid);
-          return h("div", { class: "proc" },
-            h("div", {}, h("b", {}, p.process), ` pid ${p.pid}`),
-            h("div", { class: "muted" }, info ? (info.alive ? fmtBytes(info.rss_bytes) : "exited") : "–"),
-            h("div", {}, p.ranks.map((r) => {
-              const v = (job.weight_versions || {})[r.role];
-              return h("span", { class: `rank ${r.status === "failed" ? "failed" : ""}`, title: r.reason || r.status },
-                `${r.role}:${r.rank} ${r.status}${v !== undefined ? ` v${v}` : ""}`);
-            })));
-        })));
-      els.placement.replaceChildren(node);
+      const local = procs.length ? procs[0].node : "this machine";
+      const mem = new Map(procs.filter((p) => p.node === local).map((p) => [num(p.pid), p]));
+      const nodes = [...byNode.entries()].map(([name, procsHere]) =>
+        h("div", { class: "node" }, h("div", { class: "name" }, name || local),
+          h("div", { class: "procs" }, [...procsHere.values()].map((p) => {
+            const info = name ? null : mem.get(p.pid);
+            return h("div", { class: "proc" },
+              h("div", {}, h("b", {}, p.process), ` pid ${p.pid}`),
+              h("div", { class: "muted" }, info ? (info.alive ? fmtBytes(info.rss_bytes) : "exited") : name ? "on node " + name : "–"),
+              h("div", {}, p.ranks.map((r) => {
+                const v = (job.weight_versions || {})[r.role];
+                return h("span", { class: `rank ${r.status === "failed" ? "failed" : ""}`, title: r.reason || r.status },
+                  `${r.role}:${r.rank} ${r.status}${v !== undefined ? ` v${v}` : ""}`);
+              })));
+          }))));
+      els.placement.replaceChildren(...nodes);
     };
     const loadProcs = async () => {
       try {

@@ -1,0 +1,312 @@
+// Jobs across machines as users run them: a controller and node agents as
+// real processes, on loopback or on hosts made of network namespaces (TLS
+// between them). The disaggregated job runs its trainers on one host and
+// its rollout on another and learns as in one process, weights going by
+// broadcast; a host whose agent and workers are killed fails the job within
+// 5 s naming the node, its ranks and the phase; a job that needs more nodes
+// than are ready waits queued with the reason and starts nothing; and no
+// worker is left anywhere afterwards.
+
+#include "actors/rl/job.hpp"
+#include "cluster/role_host.hpp"
+#include "tests/actors/job_yaml.hpp"
+#include "tests/cluster/control_harness.hpp"
+#include "tests/cluster/networked_system.hpp"
+#include "tests/cluster/same_learning.hpp"
+#include "tests/support/netns.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+using namespace troupe;
+using troupe::actors::rl::testing::parse_job;
+using troupe::actors::rl::testing::tiny_job;
+
+namespace {
+
+const std::string disaggregated_on_two_nodes =
+    std::string{troupe::actors::rl::testing::disaggregated_placement} + "resources: {nodes: 2, launcher: nodes}\n";
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Command lines of the processes running now (pid → argv joined by spaces).
+std::map<int, std::string> processes() {
+  std::map<int, std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    std::ifstream in(e.path() / "cmdline", std::ios::binary);
+    std::string text{std::istreambuf_iterator<char>(in), {}};
+    for (auto& c : text)
+      c = c == '\0' ? ' ' : c;
+    if (!text.empty())
+      out[std::stoi(name)] = text;
+  }
+  return out;
+}
+
+// Workers of a driver whose registrar is at `host` (any port).
+std::vector<int> workers_of_driver_at(const std::string& host) {
+  std::vector<int> out;
+  for (const auto& [pid, cmd] : processes())
+    if (cmd.find(" worker --driver " + host + ":") != std::string::npos)
+      out.push_back(pid);
+  return out;
+}
+
+int parent_of(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text{std::istreambuf_iterator<char>(in), {}};
+  auto close = text.rfind(')');
+  if (close == std::string::npos)
+    return -1;
+  std::istringstream rest{text.substr(close + 2)};
+  char state = 0;
+  int ppid = -1;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+std::vector<nlohmann::json> events_of(const std::string& run_dir, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(std::filesystem::path{run_dir} / "events.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("kind", "") == kind)
+      out.push_back(j);
+  }
+  return out;
+}
+
+// A controller on host 0 of `lab` (TLS: it listens on a routable address)
+// with fast heartbeats, and agents host-1 .. host-N on the others.
+struct cluster_on_hosts {
+  test::netns_lab& lab;
+  test::temp_dir tmp;
+  std::string cert, key;
+  test::controller_process ctl{tmp.file("state")};
+  std::vector<std::unique_ptr<test::node_process>> agents;
+
+  explicit cluster_on_hosts(test::netns_lab& l) : lab(l) {
+    std::string why;
+    EXPECT_TRUE(test::make_test_certificate(tmp.path().string(), lab.address(0), why)) << why;
+    cert = tmp.file("cert.pem"), key = tmp.file("key.pem");
+    ctl.place(lab.on(0, {}), lab.address(0) + ":0");
+    auto cfg = tmp.write("controller.yaml", "nodes: {heartbeat_ms: 200, lost_after_ms: 2000}\n");
+    ctl.start({"--config", cfg, "--tls-cert", cert, "--tls-key", key});
+    for (int h = 1; h < lab.hosts(); ++h) {
+      agents.push_back(std::make_unique<test::node_process>());
+      agents.back()->start(ctl, "host-" + std::to_string(h), {"--tls-ca", cert, "--cores", "2"}, {}, lab.on(h, {}));
+    }
+  }
+
+  ~cluster_on_hosts() {
+    for (auto& a : agents)
+      a->stop(SIGTERM);
+    ctl.stop();
+  }
+
+  // `troupe ARGS` as a client on the controller's host.
+  test::cli_result cli(std::vector<std::string> args, int timeout_s = 300) {
+    std::vector<std::string> argv{TROUPE_BINARY_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    for (const auto& a : {std::string{"--address"}, ctl.address(), std::string{"--tls-ca"}, cert,
+                          std::string{"--state-dir"}, ctl.state_dir()})
+      argv.push_back(a);
+    return test::run_process(lab.on(0, argv), timeout_s);
+  }
+
+  nlohmann::json status(const std::string& id) {
+    auto r = cli({"status", id, "--json"}, 60);
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    return j.is_object() ? j : nlohmann::json::object();
+  }
+
+  bool all_ready() {
+    auto r = cli({"nodes", "--json"}, 60);
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    int ready = 0;
+    if (j.is_array())
+      for (const auto& n : j)
+        ready += n.value("state", "") == "ready" ? 1 : 0;
+    return ready == static_cast<int>(agents.size());
+  }
+
+  std::string logs() {
+    std::string out = "controller: " + ctl.log();
+    for (auto& a : agents)
+      out += "\nagent: " + a->log();
+    return out;
+  }
+};
+
+// Three hosts: the controller's and two nodes, ready (skips where hosts
+// cannot be made).
+class MultiHost : public ::testing::Test {
+protected:
+  void SetUp() override {
+    std::string why;
+    lab = test::netns_lab::create(3, why);
+    if (!lab)
+      GTEST_SKIP() << why;
+    cluster = std::make_unique<cluster_on_hosts>(*lab);
+    ASSERT_TRUE(test::eventually([&] { return cluster->all_ready(); }, 60)) << cluster->logs();
+  }
+
+  std::unique_ptr<test::netns_lab> lab;
+  std::unique_ptr<cluster_on_hosts> cluster;
+};
+
+} // namespace
+
+TEST_F(MultiHost, TheDisaggregatedJobLearnsAcrossHostsAsInOneProcess) {
+  auto& c = *cluster;
+
+  // The same job in one process, for the numbers.
+  auto local = parse_job(tiny_job(c.tmp.file("local")));
+  ASSERT_TRUE(local) << describe(local.error());
+  {
+    test::networked_system ns;
+    auto ran = cluster::run_placed_job(*ns.sys, *local, {}, {});
+    ASSERT_TRUE(ran) << describe(ran.error());
+  }
+
+  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
+  auto r = c.cli({"submit", spec, "--wait"}, 600);
+  ASSERT_EQ(r.code, 0) << r.out << r.err << c.logs();
+  auto id = r.out.substr(0, r.out.find('\n'));
+  auto s = c.status(id);
+  ASSERT_EQ(s.value("state", ""), "succeeded") << s.dump(2);
+  EXPECT_EQ(s["nodes"], nlohmann::json::array({"host-1", "host-2"})) << "node 0 (trainers) picked first by name";
+  auto run_dir = s.value("run_dir", "");
+  test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(run_dir));
+
+  // Weights crossed hosts by broadcast; each role ran on its node.
+  auto syncs = events_of(run_dir, "weight_sync");
+  ASSERT_FALSE(syncs.empty());
+  for (const auto& e : syncs)
+    EXPECT_EQ(e.value("transport", ""), "broadcast") << e.dump();
+  std::map<std::string, std::string> node_of;
+  for (const auto& e : events_of(run_dir, "role"))
+    if (e.value("stage", "") == "rl")
+      node_of[e.value("role", "")] = e.value("node", "");
+  EXPECT_EQ(node_of["policy"], "host-1");
+  EXPECT_EQ(node_of["critic"], "host-1");
+  EXPECT_EQ(node_of["rollout"], "host-2");
+  EXPECT_EQ(node_of["reward"], "host-2");
+
+  // Every worker ended with the job, on every host.
+  EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at(lab->address(0)).empty(); }, 10));
+  EXPECT_NE(c.agents[0]->log().find("started worker 0 of job " + id), std::string::npos) << c.logs();
+  EXPECT_NE(c.agents[1]->log().find("started worker 2 of job " + id), std::string::npos) << c.logs();
+}
+
+TEST_F(MultiHost, AHostKilledMidRunFailsTheJobWithin5sNamingItAndLeavesNothing) {
+  auto& c = *cluster;
+  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
+  auto r = c.cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless)}, 60);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto id = r.out.substr(0, r.out.find('\n'));
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        auto s = c.status(id);
+        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
+      },
+      300))
+      << c.logs();
+
+  // Host 2 goes down hard: its agent and every process it started.
+  auto agent = c.agents[1]->pid();
+  std::vector<int> children;
+  for (const auto& [pid, cmd] : processes())
+    if (parent_of(pid) == agent)
+      children.push_back(pid);
+  ASSERT_FALSE(children.empty()) << "host-2 runs the rollout and the judges";
+  auto killed_us = now_us();
+  c.agents[1]->signal(SIGKILL);
+  for (int pid : children)
+    ::kill(pid, SIGKILL);
+
+  nlohmann::json s;
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        s = c.status(id);
+        return s.value("state", "") == "failed";
+      },
+      30))
+      << s.dump(2) << c.logs();
+  auto took_us = s.value("end_time_us", int64_t{0}) - killed_us;
+  EXPECT_LT(took_us, 5'000'000) << "failed " << took_us / 1000 << " ms after the kill";
+  auto error = s.value("error", "");
+  EXPECT_NE(error.find("host-2"), std::string::npos) << error;
+  EXPECT_NE(error.find("rollout"), std::string::npos) << error;
+  EXPECT_NE(error.find("phase"), std::string::npos) << error;
+  // Host 1's workers are ended too (StopJob), and no driver is left.
+  EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at(lab->address(0)).empty(); }, 10))
+      << c.agents[0]->log();
+  auto host1 = c.agents[0]->log();
+  EXPECT_TRUE(host1.find("worker 0 of job " + id + " exited") != std::string::npos ||
+              host1.find("worker 0 of job " + id + " killed") != std::string::npos)
+      << host1;
+}
+
+TEST(NodeQueue, AJobNeedingMoreNodesThanAreReadyWaitsQueuedAndStartsNothing) {
+  // On loopback: the agents are "nodes" of this machine.
+  test::temp_dir tmp;
+  test::controller_process ctl{tmp.file("state")};
+  ctl.start();
+  test::node_process one, two;
+  one.start(ctl, "one", {"--advertise", "127.0.0.1", "--cores", "2"});
+  auto api = ctl.client();
+  ASSERT_TRUE(test::node_reaches(api, "one", cluster::node_state::ready)) << one.log();
+
+  auto spec = tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
+  auto id = test::submit(ctl, spec);
+  ASSERT_FALSE(id.empty());
+  std::optional<cluster::job_view> v;
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        auto g = api.get(id);
+        if (g)
+          v = *g;
+        return v && !v->wait_reason.empty();
+      },
+      30));
+  EXPECT_EQ(v->state, cluster::ctl_state::queued);
+  EXPECT_NE(v->wait_reason.find("waiting for nodes: the plan needs 2 nodes with 2, 2 free devices"),
+            std::string::npos)
+      << v->wait_reason;
+  EXPECT_NE(v->wait_reason.find("one (2 of 2 free)"), std::string::npos) << v->wait_reason;
+  EXPECT_EQ(v->driver_pid, 0) << "never half-started";
+  EXPECT_TRUE(workers_of_driver_at("127.0.0.1").empty());
+  auto shown = ctl.cli({"status", id});
+  EXPECT_NE(shown.out.find("waiting:   waiting for nodes"), std::string::npos) << shown.out;
+
+  // A second node joins: the job starts on both and finishes.
+  two.start(ctl, "two", {"--advertise", "127.0.0.1", "--cores", "2"});
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        auto g = api.get(id);
+        return g && cluster::is_final(g->state);
+      },
+      300))
+      << ctl.log() << one.log() << two.log();
+  auto done = api.get(id);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->state, cluster::ctl_state::succeeded) << done->status.error;
+  EXPECT_EQ(done->nodes, (std::vector<std::string>{"one", "two"}));
+  EXPECT_TRUE(done->wait_reason.empty());
+  EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at("127.0.0.1").empty(); }, 10));
+  EXPECT_TRUE(one.stop(SIGTERM).ok()) << one.log();
+  EXPECT_TRUE(two.stop(SIGTERM).ok()) << two.log();
+  ctl.stop();
+}

@@ -1,0 +1,126 @@
+// Which ready node plays each node of a plan (NOTE [node slots]), the files
+// a controller and a driver exchange for a job on nodes, and the checks an
+// agent makes before it runs a StartWorker from the wire.
+#include "cluster/job_nodes.hpp"
+#include "cluster/node_placement.hpp"
+#include "tests/support/temp_dir.hpp"
+
+#include "runtime/file_io.hpp"
+
+#include <gtest/gtest.h>
+
+using namespace troupe;
+using namespace troupe::cluster;
+
+namespace {
+
+node_view node(const std::string& name, int cores, int gpus = 0, node_state state = node_state::ready) {
+  node_view v;
+  v.name = name;
+  v.state = state;
+  v.address = "10.0.0.1";
+  v.resources.cores = cores;
+  v.resources.gpus = gpus;
+  return v;
+}
+
+} // namespace
+
+TEST(NodePlacement, ADeviceIsAGpuOrOnACpuMachineACore) {
+  EXPECT_EQ(device_slots({16, 0, 8}), 8);
+  EXPECT_EQ(device_slots({4, 0, 0}), 4);
+  EXPECT_EQ(device_slots({0, 0, 0}), 1);
+}
+
+TEST(NodePlacement, EachNodeOfThePlanGetsADistinctReadyNodeThatFitsIt) {
+  std::vector<node_view> nodes{node("a", 2), node("b", 4), node("c", 8, 0, node_state::lost), node("d", 1)};
+  auto got = assign_nodes({2, 1}, nodes, {});
+  ASSERT_TRUE(got) << describe(got.error());
+  // The larger need first, each on the tightest fit: 2 on a (2 free), 1 on d.
+  EXPECT_EQ(*got, (std::vector<std::string>{"a", "d"}));
+  // Devices held by running jobs count.
+  got = assign_nodes({2, 1}, nodes, {{"a", 1}});
+  ASSERT_TRUE(got) << describe(got.error());
+  EXPECT_EQ(*got, (std::vector<std::string>{"b", "a"})) << "a's 1 free device fits as tightly as d's: by name";
+  // A node is never two of the plan's nodes, even with room for both.
+  got = assign_nodes({1, 1}, {node("big", 64)}, {});
+  ASSERT_FALSE(got);
+  EXPECT_EQ(context_of(got.error()),
+            "waiting for nodes: the plan needs 2 nodes with 1, 1 free devices; ready: big (64 of 64 free)");
+  got = assign_nodes({3}, nodes, {{"b", 2}});
+  ASSERT_FALSE(got);
+  EXPECT_EQ(context_of(got.error()), "waiting for nodes: the plan needs 1 node with 3 free devices; ready: a (2 "
+                                     "of 2 free), b (2 of 4 free), d (1 of 1 free)")
+      << "the lost node is not offered";
+  got = assign_nodes({1}, {}, {});
+  ASSERT_FALSE(got);
+  EXPECT_NE(context_of(got.error()).find("ready: none"), std::string::npos);
+}
+
+TEST(JobNodes, TheControllersChoiceAndTheDriversRequestRoundTrip) {
+  test::temp_dir tmp;
+  auto dir = tmp.path().string();
+  ASSERT_TRUE(write_job_nodes(dir, {"10.1.0.1", {{"a", "10.1.0.2"}, {"b", "10.1.0.3"}}}));
+  auto n = read_job_nodes(dir);
+  ASSERT_TRUE(n) << describe(n.error());
+  EXPECT_EQ(n->bind_host, "10.1.0.1");
+  ASSERT_EQ(n->nodes.size(), 2u);
+  EXPECT_EQ(n->nodes[1].name, "b");
+  EXPECT_EQ(n->nodes[1].host, "10.1.0.3");
+
+  worker_request_file w{42, "10.1.0.1:5000", "/srv/jobs", 30000, {{0, 0, "train:policy"}, {1, 1, "gen:rollout"}}};
+  ASSERT_TRUE(write_worker_requests(dir, w));
+  auto r = read_worker_requests(dir);
+  ASSERT_TRUE(r) << describe(r.error());
+  EXPECT_EQ(r->pid, 42);
+  EXPECT_EQ(r->driver, "10.1.0.1:5000");
+  ASSERT_EQ(r->workers.size(), 2u);
+  EXPECT_EQ(r->workers[1].node, 1);
+  EXPECT_EQ(r->workers[1].label, "gen:rollout");
+
+  // Damaged files are errors naming the file and the field, never a crash.
+  auto path = dir + "/" + workers_file;
+  ASSERT_TRUE(runtime::write_file_atomic(path, R"({"pid": 1, "driver": "x:1", "cwd": "/", "timeout_ms": 5,
+                                                   "workers": [{"rank": 1, "node": 0, "label": "a"}]})"));
+  auto bad = read_worker_requests(dir);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("workers[0]: rank 1 out of order"), std::string::npos) << describe(bad.error());
+  ASSERT_TRUE(runtime::write_file_atomic(path, R"({"pid": "1"})"));
+  bad = read_worker_requests(dir);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("'pid' is missing or of the wrong type"), std::string::npos);
+  ASSERT_TRUE(runtime::write_file_atomic(dir + "/" + nodes_file, "[1, 2"));
+  EXPECT_FALSE(read_job_nodes(dir));
+}
+
+TEST(JobNodes, AnAgentRunsOnlyAWorkerWithHarmlessValues) {
+  worker_start ok{"job-1a2b", 1, 4, "train:policy+critic", "10.0.0.1:4000", "/srv/jobs", 30000};
+  EXPECT_TRUE(check_worker_start(ok));
+  EXPECT_EQ(worker_argv("/bin/troupe", ok),
+            (std::vector<std::string>{"/bin/troupe", "worker", "--driver", "10.0.0.1:4000", "--rank", "1", "--world",
+                                      "4", "--role", "train:policy+critic", "--timeout-ms", "30000"}));
+  auto refused = [&](worker_start s) {
+    auto r = check_worker_start(s);
+    EXPECT_FALSE(r);
+    return r ? std::string{} : describe(r.error());
+  };
+  auto s = ok;
+  s.job_id = "../../etc";
+  EXPECT_NE(refused(s).find("StartWorker.job_id"), std::string::npos);
+  s = ok, s.label = "x; rm -rf /";
+  EXPECT_NE(refused(s).find("StartWorker.label"), std::string::npos);
+  s = ok, s.label = "--driver";
+  EXPECT_NE(refused(s).find("not starting with '-'"), std::string::npos) << "it would read as a flag";
+  s = ok, s.rank = 4;
+  EXPECT_NE(refused(s).find("StartWorker.rank: 4 outside 0..3"), std::string::npos);
+  s = ok, s.world = 0;
+  EXPECT_NE(refused(s).find("StartWorker.world"), std::string::npos);
+  s = ok, s.driver = "10.0.0.1";
+  EXPECT_NE(refused(s).find("StartWorker.driver: expected HOST:PORT"), std::string::npos);
+  s = ok, s.driver = "$(reboot):1";
+  EXPECT_NE(refused(s).find("StartWorker.driver"), std::string::npos);
+  s = ok, s.cwd = "relative/dir";
+  EXPECT_NE(refused(s).find("StartWorker.cwd: expected an absolute path"), std::string::npos);
+  s = ok, s.timeout_ms = 0;
+  EXPECT_NE(refused(s).find("StartWorker.timeout_ms"), std::string::npos);
+}
