@@ -17,8 +17,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <thread>
 #include <iostream>
 #include <unistd.h>
 
@@ -415,6 +417,20 @@ int follow_job(cluster::api_client& api, const std::string& id, bool show) {
   return exit_code_of(final->state);
 }
 
+// The wait reason of a job still queued after `seconds` (nullopt once it
+// left the queue).
+std::optional<std::string> stuck_in_queue(cluster::api_client& api, const std::string& id, double seconds) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  for (;;) {
+    auto v = api.get(id);
+    if (!v || v->state != ctl_state::queued)
+      return std::nullopt;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return v->wait_reason.empty() ? std::string{"still queued"} : v->wait_reason;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
 } // namespace
 
 int submit_command(const client_flags& c, const submit_command_options& o) {
@@ -441,6 +457,12 @@ int submit_command(const client_flags& c, const submit_command_options& o) {
   std::fflush(stdout);
   if (!o.wait && !o.follow)
     return 0;
+  if (o.give_up_queued_s > 0)
+    if (auto stuck = stuck_in_queue(*api, v->status.id, o.give_up_queued_s)) {
+      (void)api->cancel(v->status.id, true);
+      std::fprintf(stderr, "troupe submit: job %s cannot start: %s\n", v->status.id.c_str(), stuck->c_str());
+      return 2;
+    }
   return follow_job(*api, v->status.id, o.follow);
 }
 
@@ -595,6 +617,9 @@ int node_command(const client_flags& c, const node_command_options& n) {
   o.name = n.name;
   o.advertise = n.advertise;
   o.resources = cluster::detect_resources();
+  // Under srun: what the allocation gives this node.
+  if (auto cpus = env("SLURM_CPUS_ON_NODE"); !cpus.empty() && n.cores < 0)
+    o.resources.cores = std::max(1, std::atoi(cpus.c_str()));
   if (n.cores >= 0)
     o.resources.cores = n.cores;
   if (n.memory_gb >= 0)

@@ -50,6 +50,9 @@ struct submit_command_options {
   /// Wait for the end (exit status from the final state), showing progress.
   bool wait = false;
   bool follow = false;
+  /// With wait / follow: a job still queued with a wait reason after this
+  /// many seconds is cancelled, and the reason is the error (0 = wait on).
+  double give_up_queued_s = 0;
 };
 
 /// Exit statuses of --wait and watch: 0 succeeded, 1 failed or lost, 130
@@ -80,6 +83,20 @@ struct node_command_options {
 int node_command(const client_flags& c, const node_command_options& n);
 /// `troupe nodes`: the joined agents.
 int nodes_command(const client_flags& c, bool json);
+
+struct slurm_run_options {
+  std::string file;
+  std::vector<std::string> overrides;
+  /// "" = <submit dir>/troupe-slurm-<job id>.
+  std::string state_dir;
+  /// Bound on the controller's start and on every agent joining.
+  double start_timeout_s = 120;
+};
+
+/// `troupe slurm run` (docs/cluster.md, "On Slurm"): inside an allocation,
+/// a controller on this node and an agent per allocated node (srun), the
+/// job submitted and followed; exits like `submit --wait`.
+int slurm_run_command(const slurm_run_options& o);
 int metrics_command(const client_flags& c, const std::string& id, const std::vector<std::string>& keys,
                     bool json);
 

@@ -15,6 +15,7 @@ packages=(
   libsqlite3-dev python3-grpcio python3-grpc-tools
   chromium chromium-driver python3-selenium
   iproute2 openssl
+  slurm-wlm munge
 )
 
 missing=()
