@@ -63,6 +63,17 @@ std::vector<int> workers_of_driver_at(const std::string& host) {
   return out;
 }
 
+int parent_of(int pid);
+
+// The processes `pid` started (an agent's workers).
+std::vector<int> children_of(int pid) {
+  std::vector<int> out;
+  for (const auto& [p, cmd] : processes())
+    if (parent_of(p) == pid)
+      out.push_back(p);
+  return out;
+}
+
 int parent_of(int pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string text{std::istreambuf_iterator<char>(in), {}};
@@ -226,10 +237,7 @@ TEST_F(MultiHost, AHostKilledMidRunFailsTheJobWithin5sNamingItAndLeavesNothing) 
 
   // Host 2 goes down hard: its agent and every process it started.
   auto agent = c.agents[1]->pid();
-  std::vector<int> children;
-  for (const auto& [pid, cmd] : processes())
-    if (parent_of(pid) == agent)
-      children.push_back(pid);
+  auto children = children_of(agent);
   ASSERT_FALSE(children.empty()) << "host-2 runs the rollout and the judges";
   auto killed_us = now_us();
   c.agents[1]->signal(SIGKILL);
@@ -287,7 +295,7 @@ TEST(NodeQueue, AJobNeedingMoreNodesThanAreReadyWaitsQueuedAndStartsNothing) {
       << v->wait_reason;
   EXPECT_NE(v->wait_reason.find("one (2 of 2 free)"), std::string::npos) << v->wait_reason;
   EXPECT_EQ(v->driver_pid, 0) << "never half-started";
-  EXPECT_TRUE(workers_of_driver_at("127.0.0.1").empty());
+  EXPECT_TRUE(children_of(one.pid()).empty()) << "no worker on the ready node";
   auto shown = ctl.cli({"status", id});
   EXPECT_NE(shown.out.find("waiting:   waiting for nodes"), std::string::npos) << shown.out;
 
@@ -305,7 +313,7 @@ TEST(NodeQueue, AJobNeedingMoreNodesThanAreReadyWaitsQueuedAndStartsNothing) {
   EXPECT_EQ(done->state, cluster::ctl_state::succeeded) << done->status.error;
   EXPECT_EQ(done->nodes, (std::vector<std::string>{"one", "two"}));
   EXPECT_TRUE(done->wait_reason.empty());
-  EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at("127.0.0.1").empty(); }, 10));
+  EXPECT_TRUE(test::eventually([&] { return children_of(one.pid()).empty() && children_of(two.pid()).empty(); }, 10));
   EXPECT_TRUE(one.stop(SIGTERM).ok()) << one.log();
   EXPECT_TRUE(two.stop(SIGTERM).ok()) << two.log();
   ctl.stop();

@@ -121,9 +121,15 @@ grep -q '"val/score/mean"' "$metrics" || fail "no held-out score in $metrics"
 events=$(dirname "$metrics")/events.jsonl
 grep -q "\"node\":\"$node\"" "$events" || { dump; fail "no role ran on node $node"; }
 grep -q "started worker 0 of job" troupe-slurm-*/agents.log || { dump; fail "the agent started no worker"; }
-# Nothing of the job is left.
-if pgrep -f "$troupe (worker|node|controller|driver)" >/dev/null; then
-  pgrep -af "$troupe" >&2
-  fail "troupe processes left after the batch job"
-fi
+# Nothing of the job is left: no troupe process of this test (named by its
+# directory, or working in it, as the workers do) still runs. Other tests'
+# processes may run beside it.
+left=()
+for pid in $(pgrep -f "$troupe" || true); do
+  cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null || true)
+  cmd=$( (tr '\0' ' ' <"/proc/$pid/cmdline") 2>/dev/null || true)
+  case "$cmd" in "$troupe "*) ;; *) continue ;; esac # troupe itself, not a script naming it
+  case "$cwd $cmd" in *"$tmp"*) left+=("$pid: $cmd") ;; esac
+done
+[ ${#left[@]} -eq 0 ] || { printf '%s\n' "${left[@]}" >&2; fail "troupe processes left after the batch job"; }
 echo "PASS: sbatch ran the quickstart through troupe slurm run ($rl rl lines)"
