@@ -2,8 +2,9 @@
 // real processes, on loopback or on hosts made of network namespaces (TLS
 // between them). The disaggregated job runs its trainers on one host and
 // its rollout on another and learns as in one process, weights going by
-// broadcast; a host whose agent and workers are killed fails the job within
-// 5 s naming the node, its ranks and the phase; a job that needs more nodes
+// broadcast; a host whose agent and workers are killed, or that is cut off
+// the network, fails the job within 5 s naming the node, its ranks and the
+// phase; a job that needs more nodes
 // than are ready waits queued with the reason and starts nothing; and no
 // worker is left anywhere afterwards.
 
@@ -265,6 +266,42 @@ TEST_F(MultiHost, AHostKilledMidRunFailsTheJobWithin5sNamingItAndLeavesNothing) 
   EXPECT_TRUE(host1.find("worker 0 of job " + id + " exited") != std::string::npos ||
               host1.find("worker 0 of job " + id + " killed") != std::string::npos)
       << host1;
+}
+
+TEST_F(MultiHost, AHostCutOffTheNetworkMidRunFailsTheJobWithin5sNamingIt) {
+  // Nothing resets a connection: the controller finds the node silent
+  // (lost_after_ms 2000 here) and fails the job.
+  auto& c = *cluster;
+  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
+  auto r = c.cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless)}, 60);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto id = r.out.substr(0, r.out.find('\n'));
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        auto s = c.status(id);
+        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
+      },
+      300))
+      << c.logs();
+  auto cut_us = now_us();
+  ASSERT_TRUE(lab->cut(2));
+  nlohmann::json s;
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        s = c.status(id);
+        return s.value("state", "") == "failed";
+      },
+      30))
+      << s.dump(2) << c.logs();
+  auto took_us = s.value("end_time_us", int64_t{0}) - cut_us;
+  EXPECT_LT(took_us, 5'000'000) << "failed " << took_us / 1000 << " ms after the cut";
+  auto error = s.value("error", "");
+  EXPECT_NE(error.find("node host-2"), std::string::npos) << error;
+  EXPECT_NE(error.find("rollout"), std::string::npos) << error;
+  // Host 1's workers are ended; host 2's agent, cut off, still runs its own
+  // (it is stopped with the cluster, and they die with it).
+  auto host1 = c.agents[0]->pid();
+  EXPECT_TRUE(test::eventually([&] { return children_of(host1).empty(); }, 10)) << c.agents[0]->log();
 }
 
 TEST(NodeQueue, AJobNeedingMoreNodesThanAreReadyWaitsQueuedAndStartsNothing) {
