@@ -7,8 +7,8 @@
 // it sees); once every agent has joined, it submits the job and follows it
 // like `submit --wait`. A job the allocation can never hold is cancelled
 // with the controller's reason rather than waited on. At the end the srun
-// step is signalled (its agents leave and end their workers), then the
-// controller; the exit status is the job's. One node: everything on
+// step's tasks get SIGTERM (scancel --signal: its agents end their workers
+// and leave), then the controller stops; the exit status is the job's. One node: everything on
 // loopback. More: the controller listens on all interfaces behind a
 // certificate made for this run (openssl, in the state dir), and the agents
 // trust it.
@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include <sys/stat.h>
@@ -40,6 +41,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+constexpr const char* agents_step_name = "troupe-agents";
 
 int fail(const std::string& what) {
   std::fprintf(stderr, "troupe slurm run: %s\n", what.c_str());
@@ -152,12 +154,49 @@ expected<cluster::local_process> start_agents(const run_setup& s, const std::str
   cluster::process_spec spec;
   spec.name = "srun (node agents)";
   spec.argv = {s.srun, "--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=0",
-               "--job-name=troupe-agents", s.exe, "node", "--controller", address, "--secret",
+               std::string{"--job-name="} + agents_step_name, s.exe, "node", "--controller", address, "--secret",
                (fs::path{s.state} / "cluster_secret").string(), "--reconnect-s", "60"};
   if (s.tls)
     spec.argv.insert(spec.argv.end(), {"--tls-ca", s.cert});
   spec.output_path = (fs::path{s.state} / "agents.log").string();
   return cluster::local_process::spawn(spec);
+}
+
+// Runs a Slurm tool to its end; its output ("" when it failed).
+std::string slurm_tool(const std::string& state, const std::vector<std::string>& argv) {
+  cluster::process_spec spec;
+  spec.name = argv.front();
+  spec.argv = argv;
+  spec.output_path = (fs::path{state} / "slurm-tool.out").string();
+  auto p = cluster::local_process::spawn(spec);
+  if (!p)
+    return {};
+  auto st = p->wait_for(30000);
+  return st && st->ok() ? cluster::tail_of_file(spec.output_path, 1 << 16) : std::string{};
+}
+
+// Ends the agents' step: SIGTERM to its tasks (each agent ends its workers
+// and leaves), then srun exits; srun itself turns a signal into killing the
+// step, so it is only signalled when the step lingers.
+void stop_agents(const run_setup& s, cluster::local_process& srun) {
+  auto squeue = find_in_path("squeue"), scancel = find_in_path("scancel");
+  // squeue lists the job's steps as "<job>.<step> <name>".
+  std::string step;
+  if (!squeue.empty()) {
+    std::istringstream lines{slurm_tool(s.state, {squeue, "-h", "-s", "-j", s.alloc.job_id, "-o", "%i %j"})};
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream fields{line};
+      std::string id, name;
+      if (fields >> id >> name && name == agents_step_name)
+        step = id;
+    }
+  }
+  if (!step.empty() && !scancel.empty()) {
+    slurm_tool(s.state, {scancel, "--signal=TERM", step});
+    if (srun.wait_for(30000))
+      return;
+  }
+  stop(srun, 60);
 }
 
 } // namespace
@@ -234,7 +273,7 @@ int slurm_run_command(const slurm_run_options& o) {
     so.give_up_queued_s = 15;
     code = submit_command(c, so);
   }
-  stop(*agents, 60);
+  stop_agents(s, *agents);
   stop(*ctl, 120);
   return code;
 }

@@ -121,6 +121,8 @@ grep -q '"val/score/mean"' "$metrics" || fail "no held-out score in $metrics"
 events=$(dirname "$metrics")/events.jsonl
 grep -q "\"node\":\"$node\"" "$events" || { dump; fail "no role ran on node $node"; }
 grep -q "started worker 0 of job" troupe-slurm-*/agents.log || { dump; fail "the agent started no worker"; }
+# The agent was stopped, not killed: it left.
+grep -q "troupe node: left" troupe-slurm-*/agents.log || { dump; fail "the agent did not leave"; }
 # Nothing of the job is left: no troupe process of this test (named by its
 # directory, or working in it, as the workers do) still runs. Other tests'
 # processes may run beside it.
