@@ -87,6 +87,25 @@ void add_node_commands(CLI::App& app, const std::shared_ptr<control_flags>& f, s
   });
 }
 
+// `troupe slurm run`: a job inside a Slurm allocation.
+void add_slurm_commands(CLI::App& app, const std::shared_ptr<control_flags>& f, std::vector<runner>& out) {
+  auto* slurm = app.add_subcommand("slurm", "Run jobs inside a Slurm allocation (docs/cluster.md)");
+  slurm->require_subcommand(1);
+  auto* srun = slurm->add_subcommand(
+      "run", "In an allocation (sbatch, salloc): a controller here, an agent per node (srun), the job; "
+             "exits with its result");
+  srun->add_option("file", f->slurm.file, "Job YAML file")->required();
+  srun->add_option("--set", f->slurm.overrides, "Override a key (repeatable)");
+  srun->add_option("--state-dir", f->slurm.state_dir,
+                   "The controller's state dir, on a filesystem every node sees (default: "
+                   "<submit dir>/troupe-slurm-<job id>)");
+  srun->add_option("--start-timeout-s", f->slurm.start_timeout_s, "Bound on the controller and agents starting")
+      ->check(CLI::PositiveNumber);
+  out.push_back([=]() -> std::optional<int> {
+    return srun->parsed() ? std::optional<int>{slurm_run_command(f->slurm)} : std::nullopt;
+  });
+}
+
 } // namespace
 
 std::vector<runner> add_control_commands(CLI::App& app) {
@@ -192,22 +211,7 @@ std::vector<runner> add_control_commands(CLI::App& app) {
                              : std::nullopt;
   });
   add_node_commands(app, f, out);
-
-  auto* slurm = app.add_subcommand("slurm", "Run jobs inside a Slurm allocation (docs/cluster.md)");
-  slurm->require_subcommand(1);
-  auto* srun = slurm->add_subcommand(
-      "run", "In an allocation (sbatch, salloc): a controller here, an agent per node (srun), the job; "
-             "exits with its result");
-  srun->add_option("file", f->slurm.file, "Job YAML file")->required();
-  srun->add_option("--set", f->slurm.overrides, "Override a key (repeatable)");
-  srun->add_option("--state-dir", f->slurm.state_dir,
-                   "The controller's state dir, on a filesystem every node sees (default: "
-                   "<submit dir>/troupe-slurm-<job id>)");
-  srun->add_option("--start-timeout-s", f->slurm.start_timeout_s, "Bound on the controller and agents starting")
-      ->check(CLI::PositiveNumber);
-  out.push_back([=]() -> std::optional<int> {
-    return srun->parsed() ? std::optional<int>{slurm_run_command(f->slurm)} : std::nullopt;
-  });
+  add_slurm_commands(app, f, out);
   return out;
 }
 

@@ -143,6 +143,24 @@ struct cluster_on_hosts {
     return j.is_object() ? j : nlohmann::json::object();
   }
 
+  // Submits the disaggregated job with endless RL on both nodes and waits
+  // for its first RL step; its id ("" and a failure when it did not get
+  // there).
+  std::string submit_endless() {
+    auto spec = tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
+    auto r = cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless)}, 60);
+    EXPECT_EQ(r.code, 0) << r.err;
+    auto id = r.out.substr(0, r.out.find('\n'));
+    bool stepped = r.code == 0 && test::eventually(
+                                      [&] {
+                                        auto s = status(id);
+                                        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
+                                      },
+                                      300);
+    EXPECT_TRUE(stepped) << logs();
+    return stepped ? id : std::string{};
+  }
+
   bool all_ready() {
     auto r = cli({"nodes", "--json"}, 60);
     auto j = nlohmann::json::parse(r.out, nullptr, false);
@@ -224,17 +242,8 @@ TEST_F(MultiHost, TheDisaggregatedJobLearnsAcrossHostsAsInOneProcess) {
 
 TEST_F(MultiHost, AHostKilledMidRunFailsTheJobWithin5sNamingItAndLeavesNothing) {
   auto& c = *cluster;
-  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
-  auto r = c.cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless)}, 60);
-  ASSERT_EQ(r.code, 0) << r.err;
-  auto id = r.out.substr(0, r.out.find('\n'));
-  ASSERT_TRUE(test::eventually(
-      [&] {
-        auto s = c.status(id);
-        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
-      },
-      300))
-      << c.logs();
+  auto id = c.submit_endless();
+  ASSERT_FALSE(id.empty());
 
   // Host 2 goes down hard: its agent and every process it started.
   auto agent = c.agents[1]->pid();
@@ -272,17 +281,8 @@ TEST_F(MultiHost, AHostCutOffTheNetworkMidRunFailsTheJobWithin5sNamingIt) {
   // Nothing resets a connection: the controller finds the node silent
   // (lost_after_ms 2000 here) and fails the job.
   auto& c = *cluster;
-  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
-  auto r = c.cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless)}, 60);
-  ASSERT_EQ(r.code, 0) << r.err;
-  auto id = r.out.substr(0, r.out.find('\n'));
-  ASSERT_TRUE(test::eventually(
-      [&] {
-        auto s = c.status(id);
-        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
-      },
-      300))
-      << c.logs();
+  auto id = c.submit_endless();
+  ASSERT_FALSE(id.empty());
   auto cut_us = now_us();
   ASSERT_TRUE(lab->cut(2));
   nlohmann::json s;
