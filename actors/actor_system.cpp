@@ -37,6 +37,10 @@ void configure(caf::actor_system_config& cfg) {
   cfg.add_message_type<inference::request_output>("request_output");
   cfg.add_message_type<std::vector<inference::request_output>>("std::vector<request_output>");
   cfg.add_message_type<inference::engine_metrics>("engine_metrics");
+  cfg.add_message_type<inference::generation>("generation");
+  cfg.add_message_type<train::served_batch>("served<tensor_batch>");
+  cfg.add_message_type<train::served_metrics>("served<metric_map>");
+  cfg.add_message_type<train::served_bytes>("served<int64_t>");
   cfg.add_message_type<job::event>("job_event");
   cfg.add_message_type<job::job_status>("job_status");
 }

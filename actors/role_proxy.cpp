@@ -1,6 +1,7 @@
 #include "actors/role_proxy.hpp"
 
-#include "actors/inference/engine.hpp"
+#include "actors/inference/rollout.hpp"
+#include "actors/train/engine_actor.hpp"
 #include "runtime/error.hpp"
 #include "runtime/tensor_batch.hpp"
 
@@ -65,12 +66,13 @@ caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, s
         h.id(), caf::behavior{
                     [relay](runtime::tensor_batch& x) { relay(x); },
                     [relay](std::map<std::string, double>& x) { relay(x); },
-                    [relay](std::vector<inference::request_output>& x) { relay(x); },
+                    [relay](train::served_batch& x) { relay(x); },
+                    [relay](train::served_metrics& x) { relay(x); },
+                    [relay](train::served_bytes& x) { relay(x); },
+                    [relay](inference::generation& x) { relay(x); },
                     [relay](inference::engine_metrics& x) { relay(x); },
                     [relay](std::string& x) { relay(x); },
                     [relay](int64_t& x) { relay(x); },
-                    [relay](double& x) { relay(x); },
-                    [relay](bool& x) { relay(x); },
                     [relay](caf::error& x) { relay(x); },
                 });
     return caf::delegated<caf::message>{};

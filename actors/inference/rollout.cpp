@@ -14,7 +14,7 @@ namespace troupe::actors::inference {
 namespace {
 
 struct open_call {
-  caf::typed_response_promise<std::vector<request_output>> promise;
+  caf::typed_response_promise<generation> promise;
   std::vector<std::string> order; ///< request ids, in the caller's order
   std::map<std::string, request_output> done;
 };
@@ -65,11 +65,12 @@ void on_step(self_ptr self) {
     auto id = out.id;
     call.done.emplace(std::move(id), std::move(out));
     if (call.done.size() == call.order.size()) {
-      std::vector<request_output> sorted;
-      sorted.reserve(call.order.size());
+      generation g;
+      g.outputs.reserve(call.order.size());
       for (const auto& rid : call.order)
-        sorted.push_back(std::move(call.done.at(rid)));
-      call.promise.deliver(std::move(sorted));
+        g.outputs.push_back(std::move(call.done.at(rid)));
+      g.engine = st.eng->metrics();
+      call.promise.deliver(std::move(g));
       st.calls.erase(call_id);
     }
   }
@@ -80,10 +81,10 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
   self->state.eng = std::move(eng);
   return {
       [=](generate_atom, std::vector<generate_request>& requests)
-          -> caf::result<std::vector<request_output>> {
+          -> caf::result<generation> {
         auto& st = self->state;
         if (requests.empty())
-          return std::vector<request_output>{};
+          return generation{{}, st.eng->metrics()};
         if (st.calls.empty()) // a new batch: a new window for the KV peak
           st.eng->reset_kv_peak();
         open_call call;
@@ -91,7 +92,7 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
           call.order.push_back(r.id);
         if (auto ok = st.eng->add_requests(std::move(requests)); !ok)
           return ok.error();
-        call.promise = self->make_response_promise<std::vector<request_output>>();
+        call.promise = self->make_response_promise<generation>();
         auto id = st.next_call++;
         for (const auto& rid : call.order)
           st.call_of[rid] = id;

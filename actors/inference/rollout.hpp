@@ -91,10 +91,22 @@ expected<runtime::weight_transport*> open_channel(transport_cache& cache, const 
 /// the sender must not modify the tensors until the update is answered).
 using shared_weights = std::shared_ptr<const std::map<std::string, at::Tensor>>;
 
+/// The answer to a generate request: the outputs in request order, and the
+/// engine's counters when it answered (NOTE [busy on replies]: the driver
+/// reads a step's rollout work from consecutive answers).
+struct generation {
+  std::vector<request_output> outputs;
+  engine_metrics engine;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation& x) {
+  return f(caf::meta::type_name("generation"), x.outputs, x.engine);
+}
+
 using rollout_actor = caf::typed_actor<
-    /// Generates to completion; outputs in request order.
-    caf::replies_to<generate_atom, std::vector<generate_request>>::with<
-        std::vector<request_output>>,
+    /// Generates to completion.
+    caf::replies_to<generate_atom, std::vector<generate_request>>::with<generation>,
     /// Loads weight version v between steps; answers v.
     caf::replies_to<load_weights_atom, int64_t, shared_weights>::with<int64_t>,
     /// Receives version v from the channel (opened on first use and kept),

@@ -214,6 +214,23 @@ expected<inference::weight_channel> weight_channel_for(job_context& ctx, const s
   return c;
 }
 
+std::vector<inference::request_output> take_generation(job_context& ctx, inference::generation&& g) {
+  if (g.engine.steps >= ctx.rollout_seen.steps)
+    ctx.rollout_seen = g.engine;
+  return std::move(g.outputs);
+}
+
+expected<std::vector<inference::request_output>> generate(job_context& ctx,
+                                                           const inference::rollout_actor& rollout,
+                                                           std::vector<inference::generate_request> reqs,
+                                                           const std::string& what) {
+  auto g = ask<inference::generation>(ctx.self, rollout, ctx.timeout_of(request_kind::generate), what,
+                                      inference::generate_atom::value, std::move(reqs));
+  if (!g)
+    return g.error();
+  return take_generation(ctx, std::move(*g));
+}
+
 expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const std::string& stage,
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version) {
@@ -227,13 +244,16 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
     // A collective: both ends must be in it at once.
     auto p = self->request(trainer, ctx.timeout_of(request_kind::weights), train::publish_atom::value, version, channel);
     auto r = self->request(rollout, ctx.timeout_of(request_kind::weights), inference::receive_weights_atom::value, version, channel);
-    p.receive([&](int64_t b) { sent = b; },
+    p.receive([&](train::served_bytes& b) {
+                ctx.roles_busy_s += b.busy_s;
+                sent = b.value;
+              },
               [&](caf::error& e) { sent = request_error(e, "policy: publish weights", ctx.timeout_of(request_kind::weights)); });
     r.receive([&](int64_t b) { got = b; },
               [&](caf::error& e) { got = request_error(e, "rollout: receive weights", ctx.timeout_of(request_kind::weights)); });
   } else {
-    sent = ask<int64_t>(self, trainer, ctx.timeout_of(request_kind::weights), "policy: publish weights",
-                        train::publish_atom::value, version, channel);
+    sent = ask_served<int64_t>(ctx, trainer, request_kind::weights, "policy: publish weights",
+                               train::publish_atom::value, version, channel);
     if (sent)
       got = ask<int64_t>(self, rollout, ctx.timeout_of(request_kind::weights), "rollout: receive weights",
                          inference::receive_weights_atom::value, version, channel);
@@ -271,8 +291,7 @@ void emit_samples(job_context& ctx, const std::string& stage, int64_t step,
   ctx.emit(std::move(ev));
 }
 
-expected<void> evaluate_pass(caf::blocking_actor* self, job_context& ctx,
-                             const inference::rollout_actor& rollout, double temperature,
+expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& rollout, double temperature,
                              int64_t samples, const std::string& prefix, train::metric_map& m,
                              const std::string& stage, int64_t step) {
   const auto& eval = ctx.data.eval;
@@ -288,9 +307,7 @@ expected<void> evaluate_pass(caf::blocking_actor* self, job_context& ctx,
     r.sampling.seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), 71, i});
     reqs.push_back(std::move(r));
   }
-  auto outs = ask<std::vector<inference::request_output>>(self, rollout, ctx.timeout_of(request_kind::generate),
-                                                          "rollout: evaluation",
-                                                          inference::generate_atom::value, reqs);
+  auto outs = generate(ctx, rollout, std::move(reqs), "rollout: evaluation");
   if (!outs)
     return outs.error();
   std::vector<std::vector<int64_t>> responses;
@@ -332,13 +349,13 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
                         const std::string& stage, int64_t step) {
   const auto& r = ctx.cfg->rl;
   if (r.eval_temperature > 0) {
-    if (auto ok = evaluate_pass(self, ctx, rollout, r.eval_temperature, r.eval_samples, "val/", m, stage, step);
+    if (auto ok = evaluate_pass(ctx, rollout, r.eval_temperature, r.eval_samples, "val/", m, stage, step);
         !ok)
       return ok;
-    if (auto ok = evaluate_pass(self, ctx, rollout, 0, 1, "val/greedy/", m, stage, step); !ok)
+    if (auto ok = evaluate_pass(ctx, rollout, 0, 1, "val/greedy/", m, stage, step); !ok)
       return ok;
   } else {
-    if (auto ok = evaluate_pass(self, ctx, rollout, 0, 1, "val/", m, stage, step); !ok)
+    if (auto ok = evaluate_pass(ctx, rollout, 0, 1, "val/", m, stage, step); !ok)
       return ok;
   }
   // Evaluation prompts must not leave cached prefixes behind: the next

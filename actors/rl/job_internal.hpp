@@ -59,6 +59,11 @@ struct job_context {
   /// The TCPStore of broadcast weight channels (opened on first use).
   std::shared_ptr<void> weight_store;
   std::string weight_store_addr;
+  /// NOTE [busy on replies]: seconds the trainers and the reward spent on
+  /// this job's requests so far, and the rollout's counters of its latest
+  /// answer.
+  double roles_busy_s = 0;
+  inference::engine_metrics rollout_seen;
 
   job_context() = default;
   job_context(const job_context&) = delete;
@@ -115,6 +120,28 @@ expected<R> ask(caf::blocking_actor* self, const Handle& h, caf::timespan timeou
                [&](caf::error& err) { out = request_error(err, what, timeout); });
   return out;
 }
+
+/// A request whose reply carries the role's serving time (NOTE [busy on
+/// replies]): the value; the seconds are added to ctx.roles_busy_s.
+template <class R, class Handle, class... Ts>
+expected<R> ask_served(job_context& ctx, const Handle& h, request_kind kind, const std::string& what,
+                       Ts&&... xs) {
+  auto r = ask<train::served<R>>(ctx.self, h, ctx.timeout_of(kind), what, std::forward<Ts>(xs)...);
+  if (!r)
+    return r.error();
+  ctx.roles_busy_s += r->busy_s;
+  return std::move(r->value);
+}
+
+/// The rollout's answer `g`: keeps its engine counters when they are the
+/// newest seen (answers to overlapping calls may arrive in any order).
+std::vector<inference::request_output> take_generation(job_context& ctx, inference::generation&& g);
+
+/// Generates `reqs` to completion on `rollout`: the outputs in order.
+expected<std::vector<inference::request_output>> generate(job_context& ctx,
+                                                           const inference::rollout_actor& rollout,
+                                                           std::vector<inference::generate_request> reqs,
+                                                           const std::string& what);
 
 /// Wall-clock seconds since construction.
 struct stopwatch {

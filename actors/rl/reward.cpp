@@ -51,7 +51,6 @@ struct reward_state {
   std::shared_ptr<const models::tokenizer> tok;
   std::shared_ptr<train::train_engine> model;
   bool fail_next = false;
-  double busy_s = 0;
   static inline const char* name = "reward";
 };
 
@@ -101,7 +100,7 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
     }
   });
   return {
-      [=](reward_atom, const reward_request& req) -> caf::result<runtime::tensor_batch> {
+      [=](reward_atom, const reward_request& req) -> caf::result<train::served_batch> {
         auto& st = self->state;
         if (st.fail_next) {
           st.fail_next = false;
@@ -109,20 +108,20 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
         }
         auto t0 = std::chrono::steady_clock::now();
         auto r = guarded("score", [&] { return score(st, req); });
-        st.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        auto busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (!r)
           return with_prefix(r.error(), "reward");
-        return std::move(*r);
+        return train::served_batch{std::move(*r), busy};
       },
-      [=](train::busy_atom) { return self->state.busy_s; },
-      [=](inference::release_atom, const std::string& dir) -> caf::result<int64_t> {
+      [=](inference::release_atom, const std::string& dir) -> caf::result<train::served_bytes> {
         auto& st = self->state;
         if (!st.model)
-          return int64_t{0};
+          return train::served_bytes{};
+        auto t0 = std::chrono::steady_clock::now();
         auto freed = train::release_engine(*st.model, dir, "reward");
         if (!freed)
           return with_prefix(freed.error(), "reward: release");
-        return *freed;
+        return train::served_bytes{*freed, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
       },
       [=](train::inject_failure_atom) { self->state.fail_next = true; },
   };

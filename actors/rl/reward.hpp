@@ -39,13 +39,13 @@ struct reward_spec {
 
 using reward_atom = caf::atom_constant<caf::atom("reward")>;
 
-/// Answers "scores" [B] (fp32), plus "rule_scores" and / or "model_scores".
+/// Answers "scores" [B] (fp32), plus "rule_scores" and / or "model_scores"
+/// (with the seconds it took: NOTE [busy on replies]).
 using reward_actor = caf::typed_actor<
-    caf::replies_to<reward_atom, reward_request>::with<runtime::tensor_batch>,
-    caf::replies_to<train::busy_atom>::with<double>,
+    caf::replies_to<reward_atom, reward_request>::with<train::served_batch>,
     /// Co-located offload: the reward model's weights to a file in the
     /// folder until the next score; answers the bytes freed (0 for a rule).
-    caf::replies_to<inference::release_atom, std::string>::with<int64_t>,
+    caf::replies_to<inference::release_atom, std::string>::with<train::served_bytes>,
     caf::reacts_to<train::inject_failure_atom>>;
 
 /// The response text for the rule: tokens up to the first EOS (exclusive),

@@ -110,7 +110,6 @@ private:
                                 const std::vector<std::pair<std::string, std::string>>& fresh);
   expected<void> release_after(iteration_state& s, std::string_view phase);
   expected<void> save_checkpoint();
-  expected<double> roles_busy();
   std::vector<int64_t> prompts_of(int64_t it) const;
   std::vector<inference::generate_request> gen_requests(int64_t it) const;
   void inject(std::string_view phase, int64_t it);
@@ -123,8 +122,6 @@ private:
   rl_progress progress_;
   /// Settings recorded by an earlier run of this job, not yet applied.
   std::vector<recorded_setting> replay_;
-  /// The rollout engine's counters at the last step (per-step rollout metrics).
-  inference::engine_metrics last_engine_;
   stopwatch stage_clock_;
   /// A generation running ahead (staleness 1): collecting it fills
   /// prefetched_ with (its iteration, its outputs).

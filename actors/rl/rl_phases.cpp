@@ -62,9 +62,7 @@ expected<void> rl_driver::gen(iteration_state& s) {
     outs = std::move(prefetched_->second);
     prefetched_.reset();
   } else {
-    outs = ask<std::vector<inference::request_output>>(
-        self, roles_.rollout, ctx_.timeout_of(request_kind::generate), "rollout: gen",
-        inference::generate_atom::value, gen_requests(s.it));
+    outs = generate(ctx_, roles_.rollout, gen_requests(s.it), "rollout: gen");
   }
   if (!outs)
     return outs.error();
@@ -94,7 +92,7 @@ expected<void> rl_driver::gen(iteration_state& s) {
                                             inference::generate_atom::value, gen_requests(next)));
     collect_ahead_ = [this, h, next] {
       expected<std::vector<inference::request_output>> o = make_error(errc::internal, "no reply");
-      h->receive([&](std::vector<inference::request_output>& x) { o = std::move(x); },
+      h->receive([&](inference::generation& g) { o = take_generation(ctx_, std::move(g)); },
                  [&](caf::error& e) {
                    o = request_error(e, "rollout: gen (ahead)",
                                      ctx_.timeout_of(request_kind::generate));
@@ -109,9 +107,8 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
   if (!algo_.policy_old_logprobs) {
     s.old_lp = s.eng_lp;
   } else {
-    auto lp = ask<runtime::tensor_batch>(
-        ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::compute), "policy: old_log_prob",
-        train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
+    auto lp = ask_served<runtime::tensor_batch>(
+        ctx_, roles_.policy, request_kind::compute, "policy: old_log_prob", train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
     if (!lp)
       return lp.error();
     s.old_lp = log_probs_of(lp);
@@ -126,9 +123,8 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
 }
 
 expected<void> rl_driver::ref(iteration_state& s) {
-  auto lp = ask<runtime::tensor_batch>(
-      ctx_.self, *roles_.reference, ctx_.timeout_of(request_kind::compute), "reference: ref",
-      train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
+  auto lp = ask_served<runtime::tensor_batch>(
+      ctx_, *roles_.reference, request_kind::compute, "reference: ref", train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
   if (!lp)
     return lp.error();
   s.ref_lp = log_probs_of(lp);
@@ -137,9 +133,8 @@ expected<void> rl_driver::ref(iteration_state& s) {
 }
 
 expected<void> rl_driver::values(iteration_state& s) {
-  auto v =
-      ask<runtime::tensor_batch>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::compute),
-                                 "critic: values", train::values_atom::value, s.batch);
+  auto v = ask_served<runtime::tensor_batch>(ctx_, *roles_.critic, request_kind::compute, "critic: values",
+                                            train::values_atom::value, s.batch);
   if (!v)
     return v.error();
   s.values = value_or_throw(v->get("values"));
@@ -153,9 +148,8 @@ expected<void> rl_driver::reward(iteration_state& s) {
   value_or_throw(req.batch.set("attention_mask", value_or_throw(s.batch.get("attention_mask"))));
   req.responses = s.responses;
   req.answers = s.answers;
-  auto sc =
-      ask<runtime::tensor_batch>(ctx_.self, roles_.reward, ctx_.timeout_of(request_kind::compute),
-                                 "reward: score", reward_atom::value, req);
+  auto sc = ask_served<runtime::tensor_batch>(ctx_, roles_.reward, request_kind::compute, "reward: score",
+                                             reward_atom::value, req);
   if (!sc)
     return sc.error();
   s.scores = value_or_throw(sc->get("scores"));
@@ -233,9 +227,8 @@ expected<void> rl_driver::update_critic(iteration_state& s) {
   o.loss_agg = r.loss_agg;
   o.shuffle_seed =
       mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 61, static_cast<uint64_t>(s.it)});
-  auto res =
-      ask<train::metric_map>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::compute),
-                             "critic: update_critic", train::update_critic_atom::value, s.batch, o);
+  auto res = ask_served<train::metric_map>(ctx_, *roles_.critic, request_kind::compute, "critic: update_critic",
+                                           train::update_critic_atom::value, s.batch, o);
   if (!res)
     return res.error();
   s.m.insert(res->begin(), res->end());
@@ -257,9 +250,8 @@ expected<void> rl_driver::update_actor(iteration_state& s) {
   o.lr = r.actor_optim.lr;
   o.shuffle_seed =
       mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 62, static_cast<uint64_t>(s.it)});
-  auto res =
-      ask<train::metric_map>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::compute),
-                             "policy: update_actor", train::update_policy_atom::value, s.batch, o);
+  auto res = ask_served<train::metric_map>(ctx_, roles_.policy, request_kind::compute, "policy: update_actor",
+                                           train::update_policy_atom::value, s.batch, o);
   if (!res)
     return res.error();
   s.m.insert(res->begin(), res->end());
@@ -293,17 +285,17 @@ expected<void> rl_driver::release_after(iteration_state& s, std::string_view pha
     freed = ask<int64_t>(ctx_.self, roles_.rollout, ctx_.timeout_of(request_kind::control),
                          "rollout: release", inference::release_atom::value);
   else if (phase == "ref")
-    freed = ask<int64_t>(ctx_.self, *roles_.reference, ctx_.timeout_of(request_kind::state),
-                         "reference: release", inference::release_atom::value, dir);
+    freed = ask_served<int64_t>(ctx_, *roles_.reference, request_kind::state, "reference: release",
+                                inference::release_atom::value, dir);
   else if (phase == "reward" && algo_.reward_model) // a rule holds nothing to free
-    freed = ask<int64_t>(ctx_.self, roles_.reward, ctx_.timeout_of(request_kind::state),
-                         "reward: release", inference::release_atom::value, dir);
+    freed = ask_served<int64_t>(ctx_, roles_.reward, request_kind::state, "reward: release",
+                                inference::release_atom::value, dir);
   else if (phase == "update_critic")
-    freed = ask<int64_t>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::state),
-                         "critic: release", inference::release_atom::value, dir);
+    freed = ask_served<int64_t>(ctx_, *roles_.critic, request_kind::state, "critic: release",
+                                inference::release_atom::value, dir);
   else if (phase == "weight_sync") // the policy's optimizer state, until its next update
-    freed = ask<int64_t>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::state),
-                         "policy: release", inference::release_atom::value, dir);
+    freed = ask_served<int64_t>(ctx_, roles_.policy, request_kind::state, "policy: release",
+                                inference::release_atom::value, dir);
   else
     return {};
   if (!freed)

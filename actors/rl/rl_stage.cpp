@@ -298,10 +298,9 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
     return f;
   if (auto ok = apply_settings(it, orders->settings); !ok)
     return ok.error();
-  auto busy0 = roles_busy();
-  if (!busy0)
-    return busy0.error();
-  const auto engine0 = last_engine_;
+  // NOTE [busy on replies]: the roles' compute time arrives with their answers.
+  const double busy0 = ctx_.roles_busy_s;
+  const auto engine0 = ctx_.rollout_seen;
   stopwatch step_clock;
   struct step {
     const char* phase;
@@ -330,13 +329,12 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
       return ok.error();
   }
   double step_s = std::max(1e-9, step_clock.seconds() - s.held_s);
-  auto busy1 = roles_busy();
-  if (!busy1)
-    return busy1.error();
+  const auto& engine1 = ctx_.rollout_seen;
+  double busy = ctx_.roles_busy_s - busy0 + engine1.busy_seconds - engine0.busy_seconds;
   // Time of the step not spent computing inside a role: messaging,
   // batching, scheduling, copies and the driver's own arithmetic.
-  s.m["perf/orchestration_share"] = std::max(0.0, 1.0 - (*busy1 - *busy0) / step_s);
-  add_rollout_metrics(s.m, engine0, last_engine_);
+  s.m["perf/orchestration_share"] = std::max(0.0, 1.0 - busy / step_s);
+  add_rollout_metrics(s.m, engine0, engine1);
   s.m["timing_s/step"] = step_s;
   s.m["training/global_step"] = static_cast<double>(it + 1);
   auto attention = s.batch.get("attention_mask");
@@ -459,36 +457,6 @@ expected<void> rl_driver::save_checkpoint() {
       {"stage", "rl"}, {"iteration", progress_.iteration}, {"kl_coef", progress_.beta}};
   files["driver.json"] = j.dump() + "\n";
   return commit_checkpoint(ctx_, "rl", progress_.iteration, "iter", files);
-}
-
-// Seconds the roles have spent computing so far (handlers of the trainers and
-// the reward, engine steps of the rollout).
-expected<double> rl_driver::roles_busy() {
-  double total = 0;
-  auto add = [&](const auto& actor, const char* role) -> expected<void> {
-    auto b = ask<double>(ctx_.self, actor, ctx_.timeout_of(request_kind::control), std::string{role} + ": busy",
-                         train::busy_atom::value);
-    if (!b)
-      return b.error();
-    total += *b;
-    return {};
-  };
-  if (auto ok = add(roles_.policy, "policy"); !ok)
-    return ok.error();
-  if (roles_.reference)
-    if (auto ok = add(*roles_.reference, "reference"); !ok)
-      return ok.error();
-  if (roles_.critic)
-    if (auto ok = add(*roles_.critic, "critic"); !ok)
-      return ok.error();
-  if (auto ok = add(roles_.reward, "reward"); !ok)
-    return ok.error();
-  auto em = ask<inference::engine_metrics>(ctx_.self, roles_.rollout, ctx_.timeout_of(request_kind::control),
-                                           "rollout: metrics", inference::metrics_atom::value);
-  if (!em)
-    return em.error();
-  last_engine_ = *em;
-  return total + em->busy_seconds;
 }
 
 // Fault injection (debug.*): the role of `phase` fails its next request.

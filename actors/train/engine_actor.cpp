@@ -18,17 +18,16 @@ struct engine_state {
   std::shared_ptr<train_engine> eng;
   std::string role;
   bool fail_next = false;
-  double busy_s = 0;
   inference::transport_cache transports;
   static inline const char* name = "train_engine";
 };
 
 using self_ptr = engine_actor::stateful_pointer<engine_state>;
 
-// Runs one request: the injected failure throws (ending the actor, as a crash
-// would); errors get the role and request as prefix.
+// Runs one request and times it: the injected failure throws (ending the
+// actor, as a crash would); errors get the role and request as prefix.
 template <class T, class F>
-caf::result<T> serve(self_ptr self, const char* request, F&& f) {
+expected<served<T>> run(self_ptr self, const char* request, F&& f) {
   auto& st = self->state;
   if (st.fail_next) {
     st.fail_next = false;
@@ -36,10 +35,28 @@ caf::result<T> serve(self_ptr self, const char* request, F&& f) {
   }
   auto t0 = std::chrono::steady_clock::now();
   expected<T> r = f(*st.eng);
-  st.busy_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!r)
     return with_prefix(r.error(), st.role + ": " + request);
+  return served<T>{std::move(*r), busy};
+}
+
+// A request whose reply carries its serving time (NOTE [busy on replies]).
+template <class T, class F>
+caf::result<served<T>> serve_timed(self_ptr self, const char* request, F&& f) {
+  auto r = run<T>(self, request, std::forward<F>(f));
+  if (!r)
+    return r.error();
   return std::move(*r);
+}
+
+// A request that answers its value alone.
+template <class T, class F>
+caf::result<T> serve(self_ptr self, const char* request, F&& f) {
+  auto r = run<T>(self, request, std::forward<F>(f));
+  if (!r)
+    return r.error();
+  return std::move(r->value);
 }
 
 engine_actor::behavior_type behavior(self_ptr self, std::string role,
@@ -59,21 +76,21 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
   using runtime::tensor_batch;
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
-        return serve<tensor_batch>(self, "log_probs",
+        return serve_timed<tensor_batch>(self, "log_probs",
                                    [&](train_engine& e) { return e.log_probs(b, temperature, entropy); });
       },
       [=](values_atom, const tensor_batch& b) {
-        return serve<tensor_batch>(self, "values", [&](train_engine& e) { return e.values(b); });
+        return serve_timed<tensor_batch>(self, "values", [&](train_engine& e) { return e.values(b); });
       },
       [=](scores_atom, const tensor_batch& b) {
-        return serve<tensor_batch>(self, "scores", [&](train_engine& e) { return e.scores(b); });
+        return serve_timed<tensor_batch>(self, "scores", [&](train_engine& e) { return e.scores(b); });
       },
       [=](update_policy_atom, const tensor_batch& b, const policy_update_options& o) {
-        return serve<metric_map>(self, "update_policy",
+        return serve_timed<metric_map>(self, "update_policy",
                                  [&](train_engine& e) { return e.update_policy(b, o); });
       },
       [=](update_critic_atom, const tensor_batch& b, const critic_update_options& o) {
-        return serve<metric_map>(self, "update_critic",
+        return serve_timed<metric_map>(self, "update_critic",
                                  [&](train_engine& e) { return e.update_critic(b, o); });
       },
       [=](sft_step_atom, const tensor_batch& b) {
@@ -95,7 +112,7 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
             });
       },
       [=](publish_atom, int64_t version, const inference::weight_channel& c) {
-        return serve<int64_t>(self, "publish_weights", [&](train_engine& e) -> expected<int64_t> {
+        return serve_timed<int64_t>(self, "publish_weights", [&](train_engine& e) -> expected<int64_t> {
           auto t = inference::open_channel(self->state.transports, c, inference::channel_side::publisher);
           if (!t)
             return t.error();
@@ -127,9 +144,8 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
           return e.steps();
         });
       },
-      [=](busy_atom) { return self->state.busy_s; },
       [=](inference::release_atom, const std::string& dir) {
-        return serve<int64_t>(self, "release", [&](train_engine& e) {
+        return serve_timed<int64_t>(self, "release", [&](train_engine& e) {
           return release_engine(e, dir, self->state.role);
         });
       },

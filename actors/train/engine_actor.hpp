@@ -7,6 +7,7 @@
 // own timeout — never a hang.
 
 #include "actors/inference/rollout.hpp"
+#include "actors/train/served.hpp"
 #include "actors/train/train_engine.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
@@ -33,17 +34,20 @@ using publish_atom = caf::atom_constant<caf::atom("publish")>;
 using save_model_atom = caf::atom_constant<caf::atom("savemodel")>;
 using save_state_atom = caf::atom_constant<caf::atom("savestate")>;
 using load_state_atom = caf::atom_constant<caf::atom("loadstate")>;
-/// Seconds spent serving requests so far (compute, for the orchestration share).
-using busy_atom = caf::atom_constant<caf::atom("busy")>;
 /// Testing: the next request of any kind fails by throwing (an actor crash).
 using inject_failure_atom = caf::atom_constant<caf::atom("injfail")>;
 
+/// The requests of an RL step answer served<T> (NOTE [busy on replies]).
+using served_batch = served<runtime::tensor_batch>;
+using served_metrics = served<metric_map>;
+using served_bytes = served<int64_t>;
+
 using engine_actor = caf::typed_actor<
-    caf::replies_to<log_probs_atom, runtime::tensor_batch, double, bool>::with<runtime::tensor_batch>,
-    caf::replies_to<values_atom, runtime::tensor_batch>::with<runtime::tensor_batch>,
-    caf::replies_to<scores_atom, runtime::tensor_batch>::with<runtime::tensor_batch>,
-    caf::replies_to<update_policy_atom, runtime::tensor_batch, policy_update_options>::with<metric_map>,
-    caf::replies_to<update_critic_atom, runtime::tensor_batch, critic_update_options>::with<metric_map>,
+    caf::replies_to<log_probs_atom, runtime::tensor_batch, double, bool>::with<served_batch>,
+    caf::replies_to<values_atom, runtime::tensor_batch>::with<served_batch>,
+    caf::replies_to<scores_atom, runtime::tensor_batch>::with<served_batch>,
+    caf::replies_to<update_policy_atom, runtime::tensor_batch, policy_update_options>::with<served_metrics>,
+    caf::replies_to<update_critic_atom, runtime::tensor_batch, critic_update_options>::with<served_metrics>,
     caf::replies_to<sft_step_atom, runtime::tensor_batch>::with<metric_map>,
     caf::replies_to<rm_step_atom, runtime::tensor_batch>::with<metric_map>,
     caf::replies_to<rm_eval_atom, runtime::tensor_batch>::with<metric_map>,
@@ -51,17 +55,16 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<export_atom>::with<inference::shared_weights>,
     /// Publishes the model's weights (HF names) as version v on the channel
     /// (opened on first use and kept); answers the bytes published.
-    caf::replies_to<publish_atom, int64_t, inference::weight_channel>::with<int64_t>,
+    caf::replies_to<publish_atom, int64_t, inference::weight_channel>::with<served_bytes>,
     /// Writes the model as a HF directory; answers the directory.
     caf::replies_to<save_model_atom, std::string>::with<std::string>,
     /// Training state as bytes, and back.
     caf::replies_to<save_state_atom>::with<std::string>,
     caf::replies_to<load_state_atom, std::string>::with<int64_t>,
-    caf::replies_to<busy_atom>::with<double>,
     /// Co-located offload to a file in the folder, until next needed: a
     /// trainer's optimizer state (gradients freed), a frozen model's
     /// weights; answers the bytes freed.
-    caf::replies_to<inference::release_atom, std::string>::with<int64_t>,
+    caf::replies_to<inference::release_atom, std::string>::with<served_bytes>,
     caf::reacts_to<inject_failure_atom>>;
 
 /// Co-located offload of `e` to a file in `dir` named after `role` (the

@@ -67,6 +67,33 @@ expected<tensor_batch> concat_rows(const std::vector<tensor_batch>& parts) {
   return tensor_batch::concat(parts);
 }
 
+expected<int64_t> sum_bytes(const std::vector<int64_t>& xs) {
+  int64_t total = 0;
+  for (auto x : xs)
+    total += x;
+  return total;
+}
+
+// NOTE [busy on replies]: the ranks compute side by side, so the group's
+// reply carries `combine` of the ranks' values and its slowest rank's seconds.
+template <class Combine>
+auto slowest(Combine combine) {
+  return [combine](const auto& parts) {
+    using T = std::decay_t<decltype(parts[0].value)>;
+    std::vector<T> values;
+    values.reserve(parts.size());
+    double busy = 0;
+    for (const auto& p : parts) {
+      values.push_back(p.value);
+      busy = std::max(busy, p.busy_s);
+    }
+    expected<T> v = combine(values);
+    if (!v)
+      return expected<served<T>>{v.error()};
+    return expected<served<T>>{served<T>{std::move(*v), busy}};
+  };
+}
+
 // The rows of `b` divided over at most `n` ranks (fewer when b is smaller).
 expected<std::vector<tensor_batch>> split_rows(const tensor_batch& b, size_t n) {
   auto parts = static_cast<int64_t>(std::min<size_t>(n, static_cast<size_t>(std::max<int64_t>(b.size(), 1))));
@@ -157,7 +184,7 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
   };
   // minibatch: rank r steps through its slice of every minibatch, unshuffled.
   auto minibatch_update = [=](auto atom, const tensor_batch& b, const auto& o,
-                              const char* what) -> caf::result<metric_map> {
+                              const char* what) -> caf::result<served_metrics> {
     auto shares = minibatch_shares(b, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle, n());
     if (!shares)
       return prefixed(shares.error(), what);
@@ -166,26 +193,26 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
     local.minibatches = o.epochs * o.minibatches;
     local.shuffle = false;
     auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*shares));
-    return fan_out<metric_map, metric_map>(
+    return fan_out<served_metrics, served_metrics>(
         self, n(), [=](size_t r) { return self->request(rank(r), caf::infinite, atom, (*shared)[r], local); },
-        group_metrics);
+        slowest(group_metrics));
   };
   auto first = [](const auto& parts) -> expected<std::decay_t<decltype(parts[0])>> { return parts[0]; };
 
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
-        return split<tensor_batch>(
+        return split<served_batch>(
             self, b, "log_probs", "",
             [=](const engine_actor& a, const tensor_batch& p) {
               return self->request(a, caf::infinite, log_probs_atom::value, p, temperature, entropy);
             },
-            concat_rows);
+            slowest(concat_rows));
       },
       [=](values_atom, const tensor_batch& b) {
-        return split<tensor_batch>(self, b, "values", "", ask(values_atom::value), concat_rows);
+        return split<served_batch>(self, b, "values", "", ask(values_atom::value), slowest(concat_rows));
       },
       [=](scores_atom, const tensor_batch& b) {
-        return split<tensor_batch>(self, b, "scores", "", ask(scores_atom::value), concat_rows);
+        return split<served_batch>(self, b, "scores", "", ask(scores_atom::value), slowest(concat_rows));
       },
       [=](update_policy_atom a, const tensor_batch& b, const policy_update_options& o) {
         return minibatch_update(a, b, o, "update_policy");
@@ -217,24 +244,11 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
             [=](size_t r) { return self->request(rank(r), caf::infinite, load_state_atom::value, bytes); },
             first);
       },
-      [=](busy_atom) {
-        // The ranks compute side by side: the group is busy as long as its busiest rank.
-        return fan_out<double, double>(
-            self, n(), [=](size_t r) { return self->request(rank(r), caf::infinite, busy_atom::value); },
-            [](const std::vector<double>& xs) -> expected<double> {
-              return *std::max_element(xs.begin(), xs.end());
-            });
-      },
       [=](inference::release_atom, const std::string& dir) {
-        return fan_out<int64_t, int64_t>(
+        return fan_out<served_bytes, served_bytes>(
             self, n(),
             [=](size_t r) { return self->request(rank(r), caf::infinite, inference::release_atom::value, dir); },
-            [](const std::vector<int64_t>& xs) -> expected<int64_t> {
-              int64_t total = 0;
-              for (auto x : xs)
-                total += x;
-              return total;
-            });
+            slowest(sum_bytes));
       },
       [=](inject_failure_atom) { self->send(rank(0), inject_failure_atom::value); },
   };

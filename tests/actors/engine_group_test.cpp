@@ -133,20 +133,24 @@ TEST_P(EngineGroupPolicy, TwoRanksMatchOneEngine) {
     o.minibatches = step == 0 ? 2 : 1;
     auto batch = rl_batch(8, 100 + static_cast<uint64_t>(step));
     o.shuffle_seed = 7 + static_cast<uint64_t>(step);
-    auto a = s.ask<train::metric_map>(s.single, train::update_policy_atom::value, batch, o);
-    auto b = s.ask<train::metric_map>(s.group, train::update_policy_atom::value, batch, o);
+    auto a = s.ask<train::served_metrics>(s.single, train::update_policy_atom::value, batch, o);
+    auto b = s.ask<train::served_metrics>(s.group, train::update_policy_atom::value, batch, o);
     ASSERT_TRUE(a) << describe(a.error());
     ASSERT_TRUE(b) << describe(b.error());
-    expect_same_metrics(*a, *b);
+    expect_same_metrics(a->value, b->value);
+    // The replies carry the seconds served (the group: its slowest rank).
+    EXPECT_GT(a->busy_s, 0.0);
+    EXPECT_GT(b->busy_s, 0.0);
   }
   EXPECT_LT(s.weight_gap(), tolerance);
   // Forward passes split over the ranks give the single engine's answers.
   auto batch = rl_batch(7, 999); // 7 rows: ranks get 4 and 3
-  auto a = s.ask<runtime::tensor_batch>(s.single, train::log_probs_atom::value, batch, 1.0, true);
-  auto b = s.ask<runtime::tensor_batch>(s.group, train::log_probs_atom::value, batch, 1.0, true);
+  auto a = s.ask<train::served_batch>(s.single, train::log_probs_atom::value, batch, 1.0, true);
+  auto b = s.ask<train::served_batch>(s.group, train::log_probs_atom::value, batch, 1.0, true);
   ASSERT_TRUE(a && b);
-  EXPECT_LT((a->get("log_probs").value() - b->get("log_probs").value()).abs().max().item<double>(),
+  EXPECT_LT((a->value.get("log_probs").value() - b->value.get("log_probs").value()).abs().max().item<double>(),
             tolerance);
+  EXPECT_GT(b->busy_s, 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(LossAggregation, EngineGroupPolicy,
@@ -165,10 +169,10 @@ TEST(EngineGroup, CriticAndSftMatchOneEngine) {
       o.epochs = step == 0 ? 2 : 1;
       o.minibatches = step == 0 ? 2 : 1;
       auto batch = rl_batch(8, 200 + static_cast<uint64_t>(step));
-      auto a = s.ask<train::metric_map>(s.single, train::update_critic_atom::value, batch, o);
-      auto b = s.ask<train::metric_map>(s.group, train::update_critic_atom::value, batch, o);
+      auto a = s.ask<train::served_metrics>(s.single, train::update_critic_atom::value, batch, o);
+      auto b = s.ask<train::served_metrics>(s.group, train::update_critic_atom::value, batch, o);
       ASSERT_TRUE(a && b);
-      expect_same_metrics(*a, *b);
+      expect_same_metrics(a->value, b->value);
     }
     EXPECT_LT(s.weight_gap(), tolerance);
   }
@@ -194,7 +198,7 @@ TEST(EngineGroup, RefusesWhatDoesNotDivideAndNamesTheRole) {
   EXPECT_NE(describe(r.error()).find("policy: sft_step"), std::string::npos) << describe(r.error());
   train::policy_update_options o;
   o.minibatches = 2; // 6 rows → minibatches of 3: not divisible by 2 ranks
-  auto u = s.ask<train::metric_map>(s.group, train::update_policy_atom::value, rl_batch(6, 2), o);
+  auto u = s.ask<train::served_metrics>(s.group, train::update_policy_atom::value, rl_batch(6, 2), o);
   ASSERT_FALSE(u);
   EXPECT_NE(describe(u.error()).find("does not divide over 2 DP ranks"), std::string::npos)
       << describe(u.error());

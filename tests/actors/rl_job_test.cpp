@@ -330,6 +330,29 @@ TEST(RlJob, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
       << describe(bad.error());
 }
 
+TEST(RlJob, EachStepsRolloutCountersAndBusyTimeAreItsOwn) {
+  // NOTE [busy on replies]: the roles' seconds and the rollout's counters
+  // come with their answers; the evaluations between steps (here after
+  // every one, and before the first) must not leak into the next step.
+  test::temp_dir tmp;
+  auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=3", "rl.eval_every=1"});
+  ASSERT_TRUE(cfg);
+  auto r = run(*cfg);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  auto lines = stage_lines(r.metrics, "rl");
+  ASSERT_EQ(lines.size(), 4u);
+  for (size_t step = 1; step <= 3; ++step) {
+    const auto& j = lines[step];
+    auto rows = j["perf/total_num_tokens"].get<double>() > 0 ? 4.0 * (*cfg).rl.samples_per_prompt : 0.0;
+    EXPECT_DOUBLE_EQ(j["rollout/generated_tokens"].get<double>(), j["response_length/mean"].get<double>() * rows)
+        << "step " << step << ": the step's own generation only";
+    auto share = j["perf/orchestration_share"].get<double>();
+    EXPECT_GE(share, 0.0) << step;
+    EXPECT_LT(share, 1.0) << "step " << step << ": the roles' compute was counted";
+    EXPECT_GT(j["rollout/tokens_per_s"].get<double>(), 0.0) << step;
+  }
+}
+
 TEST(RlJob, AStopBeforeAnyUpdateAbandonsTheIterationAndResumes) {
   test::temp_dir tmp;
   auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=2"});

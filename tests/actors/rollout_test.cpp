@@ -42,7 +42,7 @@ struct rollout_fixture : ::testing::Test {
     caf::scoped_actor self{sys};
     expected<std::vector<request_output>> out = make_error(errc::timeout, "no answer");
     self->request(r, kTimeout, generate_atom::value, std::move(reqs))
-        .receive([&](std::vector<request_output>& o) { out = std::move(o); },
+        .receive([&](generation& g) { out = std::move(g.outputs); },
                  [&](caf::error& e) { out = std::move(e); });
     return out;
   }
@@ -86,8 +86,12 @@ TEST_F(rollout_fixture, concurrent_callers_share_steps_and_get_their_own_outputs
   self->send(rollout, generate_atom::value, a);
   self->send(rollout, generate_atom::value, b);
   std::map<std::string, std::vector<request_output>> got;
+  std::vector<engine_metrics> answered; // the engine's counters on each answer
   for (int i = 0; i < 2; ++i)
-    self->receive([&](std::vector<request_output>& outs) { got[outs.at(0).id] = std::move(outs); },
+    self->receive([&](generation& g) {
+                    answered.push_back(g.engine);
+                    got[g.outputs.at(0).id] = std::move(g.outputs);
+                  },
                   [&](caf::error& e) { FAIL() << sys.render(e); },
                   caf::after(kTimeout) >> [&] { FAIL() << "rollout did not answer"; });
   ASSERT_EQ(got.size(), 2u);
@@ -103,6 +107,13 @@ TEST_F(rollout_fixture, concurrent_callers_share_steps_and_get_their_own_outputs
   EXPECT_LT(metrics.steps, alone_a->metrics().steps + alone_b->metrics().steps)
       << "the two calls ran in shared steps";
   EXPECT_EQ(metrics.finished_requests, 7);
+  // Each answer carries the counters as they stood when it was sent: the
+  // last one has every request finished and all the busy time so far.
+  ASSERT_EQ(answered.size(), 2u);
+  EXPECT_LE(answered[0].finished_requests, answered[1].finished_requests);
+  EXPECT_EQ(answered[1].finished_requests, 7);
+  EXPECT_EQ(answered[1].generated_tokens, metrics.generated_tokens);
+  EXPECT_DOUBLE_EQ(answered[1].busy_seconds, metrics.busy_seconds);
   auto named = rollout_metrics(metrics);
   ASSERT_FALSE(named.empty());
   EXPECT_EQ(named.front().first, "rollout/tokens_per_s");
