@@ -95,26 +95,24 @@ expected<models::llama_config> model_shape(const job_config& cfg) {
 }
 
 // Estimated bytes of one rank of `role` in `stage` (NOTE [memory estimate]).
+// NOTE [memory estimate]: fp32 weights cost 4 bytes a parameter; a role
+// that trains in the stage adds its gradients and Adam's two moments (16);
+// lm-headed roles count the vocabulary head; the rollout adds its KV pool; a
+// rule-only reward holds no model. Read off the role-traits table.
 double role_bytes(const job_config& cfg, const models::llama_config& m, const std::string& stage,
                   const std::string& role) {
-  auto lm = static_cast<double>(parameters(m, true));
-  auto scalar = static_cast<double>(parameters(m, false));
-  if (role == "rollout") {
+  const auto* t = find_role(role);
+  if (!t || (t->id == role_id::reward && stage == "rl" && !uses_reward_model(cfg.rl.reward)))
+    return 0;
+  auto params = static_cast<double>(parameters(m, t->head == "lm"));
+  double bytes = (t->trains_in(stage) ? 16 : 4) * params;
+  if (t->id == role_id::rollout) {
     const auto& e = cfg.rl.rollout;
-    double kv = e.num_blocks > 0 ? static_cast<double>(e.num_blocks * e.block_size * m.num_hidden_layers *
-                                                       2 * m.num_key_value_heads * m.resolved_head_dim() * 4)
-                                 : e.kv_cache_mb * 1024.0 * 1024.0;
-    return 4 * lm + kv;
+    bytes += e.num_blocks > 0 ? static_cast<double>(e.num_blocks * e.block_size * m.num_hidden_layers * 2 *
+                                                    m.num_key_value_heads * m.resolved_head_dim() * 4)
+                              : e.kv_cache_mb * 1024.0 * 1024.0;
   }
-  if (role == "policy")
-    return 16 * lm;
-  if (role == "critic")
-    return 16 * scalar;
-  if (role == "reference")
-    return 4 * lm;
-  if (role == "reward")
-    return stage == "rm" ? 16 * scalar : (uses_reward_model(cfg.rl.reward) ? 4 * scalar : 0);
-  return 0;
+  return bytes;
 }
 
 std::string gib(double bytes) {

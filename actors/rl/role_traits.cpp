@@ -6,15 +6,15 @@ const std::vector<role_traits>& all_roles() {
   static const std::vector<role_traits> table{
       {role_id::policy,
        "policy",
-       true,
+       {"sft", "rl"},
        "lm",
        41,
        {"old_log_prob", "update_actor", "weight_sync"},
        true},
-      {role_id::critic, "critic", true, "value", 42, {"values", "update_critic"}, true},
-      {role_id::reference, "reference", false, "lm", 43, {"ref"}, true},
-      {role_id::reward, "reward", false, "reward", 44, {"reward"}, true},
-      {role_id::rollout, "rollout", false, "lm", 45, {"gen", "evaluate"}, false},
+      {role_id::critic, "critic", {"rl"}, "value", 42, {"values", "update_critic"}, true},
+      {role_id::reference, "reference", {}, "lm", 43, {"ref"}, true},
+      {role_id::reward, "reward", {"rm"}, "reward", 44, {"reward"}, true},
+      {role_id::rollout, "rollout", {}, "lm", 45, {"gen", "evaluate"}, false},
   };
   return table;
 }

@@ -15,8 +15,8 @@ enum class role_id { policy, critic, reference, reward, rollout };
 struct role_traits {
   role_id id;
   std::string_view name;
-  /// Trained in the rl stage (an optimizer; DP ranks allowed).
-  bool trained_in_rl;
+  /// The stages that train it (an optimizer; DP ranks allowed).
+  std::vector<std::string_view> trained_in;
   /// The model head: lm, value or reward.
   std::string_view head;
   /// Salt of the seed its model is loaded with (fresh heads equal everywhere).
@@ -25,6 +25,13 @@ struct role_traits {
   std::vector<std::string_view> rl_phases;
   /// debug.fail_role may name it (its actor fails its next request on demand).
   bool injectable;
+
+  bool trains_in(std::string_view stage) const {
+    for (auto s : trained_in)
+      if (s == stage)
+        return true;
+    return false;
+  }
 };
 
 /// Every role, in spawn order.
