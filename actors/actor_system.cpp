@@ -17,6 +17,18 @@ namespace troupe::actors {
 using ping_atom = caf::atom_constant<caf::atom("ping")>;
 
 void configure(caf::actor_system_config& cfg) {
+  // NOTE [scheduler polling]: an idle CAF worker first spins briefly
+  // (aggressive polling), then by default polls 500 times with a 50 us
+  // sleep between tries before it waits on its condition variable. The job
+  // actor and the event sinks wake the workers a few dozen times per RL
+  // iteration, so with the default all four workers spent most of the
+  // iteration in that sleep-and-poll phase: ~20,000 wake-ups a second that
+  // preempt the roles' LibTorch threads (a PPO step 10-12 % slower on two
+  // cores, bench_job before/after). Without the moderate phase a worker
+  // goes from spinning straight to its condition variable, which an enqueue
+  // notifies: the round trip stays the same (bench_job) and compute keeps
+  // the cores.
+  cfg.set("work-stealing.moderate-poll-attempts", size_t{0});
   cfg.add_error_category(error_category(), [](uint8_t code, caf::atom_value,
                                               const caf::message& ctx) {
     std::string out{to_string(static_cast<errc>(code))};

@@ -9,8 +9,11 @@ rounds; the ratios after / before are printed. Build the older revision in a
 worktree of its own (docs/benchmarks.md says how) and pass its bench_job.
 
 Read from each run: the actor round trip p50, the PPO step median and the
-orchestration share median with no job command pending. bench_job's output
-changed when the job actor came (issue 13); both forms are read.
+orchestration share median with no job command pending, and where the
+revision has it (issue 16 on), the step median of the same job without its
+TensorBoard files: the before revision had no exporters, so that is the
+like-for-like step. bench_job's output changed when the job actor came
+(issue 13); both forms are read.
 """
 
 import argparse
@@ -28,6 +31,10 @@ PATTERNS = {
     "orchestration share median (%)": [
         r"PPO step, no command pending:.*orchestration share median ([0-9.]+)%",
         r"orchestration share: median ([0-9.]+)%",
+    ],
+    "PPO step, no exporters (s)": [
+        r"PPO step with TensorBoard files: median [0-9.]+ s; without: ([0-9.]+) s",
+        r"PPO step \(quickstart shape, 128 responses\): median ([0-9.]+) s",
     ],
 }
 

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <chrono>
@@ -96,12 +97,16 @@ TEST(RlJob, PpoRunsEveryStageAndLogsVerlMetrics) {
           "critic/rule_score/mean"})
       EXPECT_TRUE(j.contains(key)) << "iteration " << i << ": " << key;
     EXPECT_EQ(j["training/global_step"].get<double>(), static_cast<double>(i));
-    // The phases account for the step (within 2%).
+    // The phases account for the step: within 2 %, or 1 ms on this toy
+    // step of ~16 ms, where waking the job actor for the two events of each
+    // phase can cost a few hundred microseconds on a loaded 2-core machine
+    // (NOTE [scheduler polling]); bench_job checks 2 % on real steps.
     double phases = 0;
     for (const auto& [k, v] : j.items())
       if (k.rfind("timing_s/", 0) == 0 && k != "timing_s/step" && k != "timing_s/testing")
         phases += v.get<double>();
-    EXPECT_NEAR(phases, j["timing_s/step"].get<double>(), 0.02 * j["timing_s/step"].get<double>());
+    double step = j["timing_s/step"].get<double>();
+    EXPECT_NEAR(phases, step, std::max(0.02 * step, 1e-3));
     // The policy recomputes what the engine sampled: the two agree.
     EXPECT_LT(j["rollout/logprob_diff"].get<double>(), 1e-4);
   }
