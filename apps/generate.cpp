@@ -48,14 +48,10 @@ int run_generate(const generate_options& o) {
                              std::to_string((*model)->config().vocab_size)));
   std::vector<generate_request> requests;
   std::set<std::string> ids;
-  // Text prompts start with the tokenizer's BOS when it has one (as HF's
-  // Llama post-processor does); prompt_ids are used exactly as given.
-  auto encode = [&](const std::string& text) {
-    auto ids = (*tok)->encode(text);
-    if (auto bos = (*tok)->bos_id())
-      ids.insert(ids.begin(), *bos);
-    return ids;
-  };
+  // Text prompts get the tokenizer's special tokens (its post-processor, or
+  // add_bos_token / add_eos_token of tokenizer_config.json, as HF's
+  // add_special_tokens does); prompt_ids are used exactly as given.
+  auto encode = [&](const std::string& text) { return (*tok)->encode(text, {true}); };
   auto add = [&](std::string id, std::vector<int64_t> prompt) -> expected<void> {
     if (!ids.insert(id).second)
       return make_error(errc::invalid_argument, "duplicate id '" + id + "'");

@@ -3,6 +3,7 @@
 #include "apps/cli.hpp"
 #include "apps/generate.hpp"
 #include "apps/run.hpp"
+#include "apps/tokenize.hpp"
 #include "cluster/api_server.hpp"
 #include "cluster/env.hpp"
 #include "cluster/local_launcher.hpp"
@@ -122,6 +123,27 @@ runner add_generate(CLI::App& app) {
   };
 }
 
+runner add_tokenize(CLI::App& app) {
+  auto* tok = app.add_subcommand(
+      "tokenize", "Show how a model's tokenizer cuts text into ids and pieces, or decode ids");
+  auto o = std::make_shared<troupe::apps::tokenize_options>();
+  tok->add_option("--model", o->model, "HF model directory with tokenizer.json (or the file)")
+      ->required();
+  auto* text = tok->add_option("--text", o->text,
+                               "The text (or ids with --decode); default: all of stdin, verbatim");
+  tok->add_flag("--json", o->json, "Print ids and pieces (or the decoded text) as JSON");
+  tok->add_flag("--decode", o->decode, "The input is ids (JSON array or separated by spaces/commas)");
+  tok->add_flag("--add-special", o->add_special,
+                "Add the tokenizer's special tokens (BOS/EOS) as a model's prompt gets them");
+  tok->add_flag("--skip-special", o->skip_special, "Leave special tokens out of decoded text");
+  return [tok, o, text]() -> std::optional<int> {
+    if (!tok->parsed())
+      return std::nullopt;
+    o->text_given = text->count() > 0;
+    return troupe::apps::run_tokenize(*o);
+  };
+}
+
 runner add_run(CLI::App& app) {
   struct flags {
     troupe::apps::run_command_options ro;
@@ -227,7 +249,8 @@ int main(int argc, char** argv) {
   CLI::App app{"troupe: actor-based distributed RLHF"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string{"troupe "} + TROUPE_VERSION);
-  std::vector<runner> runners{add_env(app), add_generate(app), add_run(app), add_worker(app)};
+  std::vector<runner> runners{add_env(app), add_generate(app), add_tokenize(app), add_run(app),
+                              add_worker(app)};
   for (auto& r : troupe::apps::add_control_commands(app))
     runners.push_back(std::move(r));
   CLI11_PARSE(app, argc, argv);

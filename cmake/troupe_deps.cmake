@@ -39,6 +39,9 @@ find_package(SQLite3 REQUIRED)
 # zlib and brotli, and its pkg-config flags must match that build.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET GLOBAL cpp-httplib)
+# Oniguruma: the regex engine of Hugging Face tokenizers (tokenizer.json Split /
+# Replace patterns, NOTE [tokenizer patterns]).
+pkg_check_modules(ONIGURUMA REQUIRED IMPORTED_TARGET GLOBAL oniguruma)
 
 # CUDA: compile the .cu kernels when nvcc is there (build machines have CUDA
 # 13 without a GPU; kernels are tested on a GPU machine).

@@ -1,6 +1,7 @@
 #include "models/config.hpp"
 
 #include "runtime/file_io.hpp"
+#include "runtime/jsonl.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -76,13 +77,7 @@ bool known_dtype(std::string_view d) {
   return d == "float32" || d == "float16" || d == "bfloat16";
 }
 
-const char* type_name(const json& j) {
-  if (j.is_number_integer())
-    return "integer";
-  if (j.is_number_float())
-    return "number";
-  return j.type_name();
-}
+using runtime::json_type_name;
 
 // Typed access to the keys of one JSON object; the first failure is kept.
 class key_reader {
@@ -200,7 +195,7 @@ private:
 
   void wrong_type(const std::string& key, const char* expected_what, const json& got) {
     fail(errc::invalid_config, key,
-         std::string{"expected "} + expected_what + ", got " + type_name(got));
+         std::string{"expected "} + expected_what + ", got " + json_type_name(got));
   }
 
   const json& obj_;
@@ -221,7 +216,7 @@ expected<std::optional<rope_scaling_config>> read_rope_scaling(const json& v,
     return std::optional<rope_scaling_config>{};
   if (!v.is_object())
     return make_error(errc::invalid_config,
-                      prefix + "key 'rope_scaling': expected an object, got " + type_name(v));
+                      prefix + "key 'rope_scaling': expected an object, got " + json_type_name(v));
   key_reader r{v, prefix + "rope_scaling: "};
   std::string type;
   if (r.has("rope_type"))
@@ -272,7 +267,7 @@ expected<llama_config> parse_hf_config(const std::string& json_text,
     return make_error(errc::parse_error, prefix + "not valid JSON: " + e.what());
   }
   if (!j.is_object())
-    return make_error(errc::parse_error, prefix + "expected a JSON object, got " + type_name(j));
+    return make_error(errc::parse_error, prefix + "expected a JSON object, got " + json_type_name(j));
   key_reader r{j, prefix};
 
   // Architecture: architectures[0], else model_type; both must agree.
@@ -293,7 +288,7 @@ expected<llama_config> parse_hf_config(const std::string& json_text,
   if (const auto* mt = r.find("model_type")) {
     if (!mt->is_string())
       return make_error(errc::invalid_config,
-                        prefix + "key 'model_type': expected a string, got " + type_name(*mt));
+                        prefix + "key 'model_type': expected a string, got " + json_type_name(*mt));
     auto name = mt->get<std::string>();
     const auto* by_type = find_model_type(name);
     if (arch == nullptr && by_type == nullptr)
@@ -388,7 +383,7 @@ expected<llama_config> parse_hf_config(const std::string& json_text,
   if (const auto* labels = r.find("id2label"); r.ok() && labels && !is_causal_lm(c.architecture)) {
     if (!labels->is_object())
       r.fail(errc::invalid_config, "id2label",
-             std::string{"expected an object, got "} + type_name(*labels));
+             std::string{"expected an object, got "} + json_type_name(*labels));
     else if (labels->size() != 1)
       r.fail(errc::unsupported, "id2label",
              std::to_string(labels->size()) +

@@ -3,8 +3,6 @@
 #include "models/tokenizer_unicode.hpp"
 #include "runtime/file_io.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 
 namespace troupe::models {
@@ -37,9 +35,12 @@ byte_tokenizer::byte_tokenizer() {
   special_ = {bos_token, eos_token, pad_token};
 }
 
-std::vector<int64_t> byte_tokenizer::encode(std::string_view text) const {
+std::vector<int64_t> byte_tokenizer::encode(std::string_view text,
+                                            const encode_options& opts) const {
   std::vector<int64_t> out;
-  out.reserve(text.size());
+  out.reserve(text.size() + 1);
+  if (opts.add_special_tokens)
+    out.push_back(bos_token);
   for (unsigned char b : text)
     out.push_back(b);
   return out;
@@ -72,52 +73,15 @@ std::optional<int64_t> byte_tokenizer::token_to_id(std::string_view token) const
   return std::nullopt;
 }
 
-// ---- load_tokenizer ---------------------------------------------------------
-
-namespace {
-
-// Reads "bos_token" / "eos_token" / "pad_token" of tokenizer_config.json: a
-// string, {"content": string, ...} or null.
-expected<special_token_ids> read_tokenizer_config(const std::string& path, const tokenizer& tok) {
-  auto text = runtime::read_file(path, uint64_t{64} << 20);
-  if (!text)
-    return text.error();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(*text);
-  } catch (const nlohmann::json::exception& e) {
-    return make_error(errc::parse_error, path + ": not valid JSON: " + e.what());
-  }
-  if (!j.is_object())
-    return make_error(errc::parse_error, path + ": expected a JSON object");
-  special_token_ids ids;
-  for (auto [key, slot] : {std::pair{"bos_token", &ids.bos}, std::pair{"eos_token", &ids.eos},
-                           std::pair{"pad_token", &ids.pad}}) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null())
-      continue;
-    const nlohmann::json* content = &*it;
-    if (it->is_object()) {
-      auto c = it->find("content");
-      if (c == it->end())
-        return make_error(errc::parse_error,
-                          path + ": " + key + ": expected a string or an object with 'content'");
-      content = &*c;
-    }
-    if (!content->is_string())
-      return make_error(errc::parse_error,
-                        path + ": " + key + ": expected a string, got " + content->type_name());
-    auto token = content->get<std::string>();
-    auto id = tok.token_to_id(token);
-    if (!id)
-      return make_error(errc::invalid_config,
-                        path + ": " + key + ": token '" + token + "' is not in the vocabulary");
-    *slot = *id;
-  }
-  return ids;
+std::optional<std::string> byte_tokenizer::id_to_token(int64_t id) const {
+  if (id < 0 || id >= size)
+    return std::nullopt;
+  if (id >= 256)
+    return std::string{byte_special_names[id - 256]};
+  return std::string(1, static_cast<char>(id));
 }
 
-} // namespace
+// ---- load_tokenizer ---------------------------------------------------------
 
 expected<std::unique_ptr<tokenizer>> load_tokenizer(const std::string& dir_or_file) {
   namespace fs = std::filesystem;
@@ -127,17 +91,17 @@ expected<std::unique_ptr<tokenizer>> load_tokenizer(const std::string& dir_or_fi
     file /= "tokenizer.json";
   if (!fs::exists(file, ec))
     return make_error(errc::not_found, "no tokenizer.json at " + dir_or_file);
-  auto bpe = bpe_tokenizer::from_file(file.string());
-  if (!bpe)
-    return bpe.error();
-  auto tok = std::make_unique<bpe_tokenizer>(std::move(*bpe));
+  auto hf = hf_tokenizer::from_file(file.string());
+  if (!hf)
+    return hf.error();
+  auto tok = std::make_unique<hf_tokenizer>(std::move(*hf));
   auto config = file.parent_path() / "tokenizer_config.json";
   if (fs::is_regular_file(config, ec)) {
-    auto ids = read_tokenizer_config(config.string(), *tok);
-    if (!ids)
-      return ids.error();
-    if (auto ok = tok->set_special_ids(*ids); !ok)
-      return with_prefix(ok.error(), config.string());
+    auto text = runtime::read_file(config.string(), uint64_t{64} << 20);
+    if (!text)
+      return text.error();
+    if (auto ok = tok->apply_config(*text, config.string()); !ok)
+      return ok.error();
   }
   return std::unique_ptr<tokenizer>{std::move(tok)};
 }

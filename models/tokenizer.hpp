@@ -1,11 +1,11 @@
 #pragma once
 // Tokenizers: text <-> token ids.
 //
-// `encode` never adds BOS/EOS (callers or chat templates do, using bos_id()
-// / eos_id()); text matching an added token (e.g. "<|endoftext|>") becomes
-// that token. `decode` returns valid UTF-8: byte sequences that do not form
-// UTF-8 (a multi-byte character cut between tokens) become U+FFFD, as HF does.
-// A loaded tokenizer is immutable and safe to use from several threads.
+// `encode` adds special tokens (BOS, EOS) only when asked; text matching an
+// added token (e.g. "<|endoftext|>") becomes that token. `decode` returns
+// valid UTF-8: byte sequences that do not form UTF-8 (a multi-byte character
+// cut between tokens) become U+FFFD, as HF does. A loaded tokenizer is
+// immutable and safe to use from several threads.
 
 #include "runtime/error.hpp"
 
@@ -17,6 +17,14 @@
 #include <vector>
 
 namespace troupe::models {
+
+/// Options of tokenizer::encode.
+struct encode_options {
+  /// Add the special tokens the tokenizer puts around a text (its
+  /// post-processor, or tokenizer_config.json's add_bos_token /
+  /// add_eos_token), as Hugging Face's add_special_tokens does.
+  bool add_special_tokens = false;
+};
 
 /// Options of tokenizer::decode.
 struct decode_options {
@@ -36,8 +44,11 @@ class tokenizer {
 public:
   virtual ~tokenizer() = default;
 
-  /// Token ids of `text` (no BOS/EOS added).
-  virtual std::vector<int64_t> encode(std::string_view text) const = 0;
+  /// Token ids of `text`.
+  virtual std::vector<int64_t> encode(std::string_view text, const encode_options& opts) const = 0;
+
+  /// Token ids of `text`, without special tokens.
+  std::vector<int64_t> encode(std::string_view text) const { return encode(text, {}); }
 
   /// Text of `ids`; an id outside [0, vocab_size()) or without a token is an
   /// out_of_range error naming it and its position.
@@ -56,6 +67,13 @@ public:
   /// Whether `id` is a special token (skipped by skip_special_tokens).
   virtual bool is_special(int64_t id) const = 0;
 
+  /// The stored text of token `id` (e.g. "Ġthe", "▁the", "<0x0A>").
+  virtual std::optional<std::string> id_to_token(int64_t id) const = 0;
+
+  /// The longest input the model takes, from tokenizer_config.json
+  /// (model_max_length; nullopt when absent or a placeholder like 1e30).
+  std::optional<int64_t> model_max_length() const { return model_max_length_; }
+
   /// The BOS token id, if the tokenizer has one.
   std::optional<int64_t> bos_id() const { return special_.bos; }
   /// The EOS token id, if the tokenizer has one.
@@ -69,6 +87,7 @@ public:
 
 protected:
   special_token_ids special_;
+  std::optional<int64_t> model_max_length_;
 };
 
 /// Raw bytes as tokens: ids 0..255 are the bytes, then 256 = "<pad>",
@@ -84,58 +103,79 @@ public:
 
   byte_tokenizer();
 
-  std::vector<int64_t> encode(std::string_view text) const override;
+  using tokenizer::encode;
+  /// add_special_tokens puts <bos> in front.
+  std::vector<int64_t> encode(std::string_view text, const encode_options& opts) const override;
   using tokenizer::decode;
   expected<std::string> decode(const std::vector<int64_t>& ids,
                                const decode_options& opts) const override;
   int64_t vocab_size() const override { return size; }
   std::optional<int64_t> token_to_id(std::string_view token) const override;
   bool is_special(int64_t id) const override { return id >= pad_token && id < size; }
+  std::optional<std::string> id_to_token(int64_t id) const override;
 };
 
-/// Byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Llama 3, Qwen2
-/// families): model BPE with vocab and merges, added tokens, normalizer null
-/// or NFC, pre-tokenizer ByteLevel (GPT-2 regex) or Sequence[Split(regex of
-/// Llama 3 or Qwen2), ByteLevel(use_regex=false)], decoder ByteLevel.
-class bpe_tokenizer final : public tokenizer {
+/// A Hugging Face tokenizer.json pipeline (NOTE [tokenizer pipeline] in
+/// tokenizer_pipeline.hpp): normalizers NFC / NFD / NFKC / NFKD, Lowercase,
+/// Strip, StripAccents, Prepend, Replace, BertNormalizer, Nmt, Sequence;
+/// pre-tokenizers ByteLevel, Split (any Oniguruma regex or string),
+/// Metaspace, Digits, Punctuation, Whitespace, WhitespaceSplit,
+/// CharDelimiterSplit, BertPreTokenizer, Sequence; models BPE (byte-level,
+/// or over characters with byte_fallback, unk_token / fuse_unk,
+/// ignore_merges, subword affixes), WordPiece and WordLevel; post-processors
+/// TemplateProcessing, ByteLevel, Bert / Roberta processing, Sequence;
+/// decoders ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace,
+/// WordPiece, BPEDecoder, CTC, Sequence; added tokens with special,
+/// normalized, lstrip / rstrip and single_word. Anything else is refused
+/// naming the component and its JSON path. Ids equal the reference
+/// implementation's (tests/models/tokenizer_reference_test.cpp).
+class hf_tokenizer final : public tokenizer {
 public:
   /// Parses tokenizer.json text; errors start with `source_name` and give
   /// the JSON path ("model.merges[12]: expected a string or a pair").
-  static expected<bpe_tokenizer> from_json(const std::string& json_text,
-                                           const std::string& source_name);
+  static expected<hf_tokenizer> from_json(const std::string& json_text,
+                                          const std::string& source_name);
 
   /// Reads and parses a tokenizer.json file.
-  static expected<bpe_tokenizer> from_file(const std::string& path);
+  static expected<hf_tokenizer> from_file(const std::string& path);
 
-  bpe_tokenizer(bpe_tokenizer&&) noexcept;
-  bpe_tokenizer& operator=(bpe_tokenizer&&) noexcept;
-  ~bpe_tokenizer() override;
+  /// Applies a tokenizer_config.json: bos_token / eos_token / pad_token (a
+  /// string or {"content": ...}), add_bos_token / add_eos_token (when
+  /// either is present they decide the special tokens of
+  /// add_special_tokens, as transformers does for Llama-style tokenizers),
+  /// model_max_length. Errors name `source_name` and the key. Call before
+  /// sharing the tokenizer.
+  expected<void> apply_config(const std::string& json_text, const std::string& source_name);
 
-  std::vector<int64_t> encode(std::string_view text) const override;
+  hf_tokenizer(hf_tokenizer&&) noexcept;
+  hf_tokenizer& operator=(hf_tokenizer&&) noexcept;
+  ~hf_tokenizer() override;
+
+  using tokenizer::encode;
+  std::vector<int64_t> encode(std::string_view text, const encode_options& opts) const override;
   using tokenizer::decode;
   expected<std::string> decode(const std::vector<int64_t>& ids,
                                const decode_options& opts) const override;
   int64_t vocab_size() const override;
   std::optional<int64_t> token_to_id(std::string_view token) const override;
   bool is_special(int64_t id) const override;
+  std::optional<std::string> id_to_token(int64_t id) const override;
 
-  /// The pre-tokenizer split of `text` (between added tokens, after the
-  /// normalizer), as byte strings of the input; for tests and debugging.
+  /// The words of `text` the model receives (between added tokens, after
+  /// the normalizer and the pre-tokenizer, ByteLevel characters shown as
+  /// such); for tests and debugging.
   std::vector<std::string> pre_tokenize(std::string_view text) const;
-
-  /// The stored text of token `id` (byte-level symbols, e.g. "Ġthe").
-  std::optional<std::string> id_to_token(int64_t id) const;
 
 private:
   struct impl;
 
-  explicit bpe_tokenizer(std::unique_ptr<impl> p);
+  explicit hf_tokenizer(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
 
-/// Loads a tokenizer from a tokenizer.json file or a directory holding one;
-/// BOS / EOS / pad come from tokenizer_config.json beside it when present
-/// ("bos_token": "<s>" or {"content": "<s>"}).
+/// Loads a tokenizer from a tokenizer.json file or a directory holding one,
+/// with the tokenizer_config.json beside it when present
+/// (hf_tokenizer::apply_config).
 expected<std::unique_ptr<tokenizer>> load_tokenizer(const std::string& dir_or_file);
 
 } // namespace troupe::models

@@ -1,5 +1,6 @@
 #pragma once
-// JSON Lines reading with errors that say file:line and why.
+// JSON Lines reading with errors that say file:line and why, and small JSON
+// helpers.
 
 #include "runtime/error.hpp"
 
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace troupe::runtime {
 
@@ -16,5 +18,13 @@ namespace troupe::runtime {
 /// error, stops reading with an error prefixed "<path>:<line>: ".
 expected<int64_t> read_jsonl(const std::string& path,
                              const std::function<expected<void>(const nlohmann::json&)>& on_record);
+
+/// A short name of a JSON value's type for messages: "integer", "number",
+/// "string", "object", ...
+const char* json_type_name(const nlohmann::json& j);
+
+/// `bytes` in base64 (RFC 4648, with padding): arbitrary bytes, invalid
+/// UTF-8 included, carried in a JSON string.
+std::string base64(std::string_view bytes);
 
 } // namespace troupe::runtime

@@ -1,5 +1,7 @@
 #include "runtime/safetensors.hpp"
 
+#include "runtime/jsonl.hpp"
+
 #include "runtime/torch_guard.hpp"
 
 #include <ATen/ATen.h>
@@ -135,14 +137,6 @@ expected<void> write_all(int fd, const void* src, uint64_t n, const std::string&
     done += static_cast<uint64_t>(w);
   }
   return caf::unit;
-}
-
-const char* json_type_name(const json& j) {
-  if (j.is_number_unsigned() || j.is_number_integer())
-    return "integer";
-  if (j.is_number_float())
-    return "number";
-  return j.type_name();
 }
 
 std::string render(const std::vector<int64_t>& shape) {

@@ -12,7 +12,7 @@ packages=(
   libyaml-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
-  libsqlite3-dev python3-grpcio python3-grpc-tools
+  libsqlite3-dev python3-grpcio python3-grpc-tools libonig-dev
   chromium chromium-driver python3-selenium
   iproute2 openssl
   slurm-wlm munge
@@ -59,12 +59,14 @@ for alt in libblas.so.3-x86_64-linux-gnu liblapack.so.3-x86_64-linux-gnu \
     echo "setup: $alt -> $target"
   fi
 done
-# The dashboard's charting library, from npm at the version web/package-lock.json
-# pins; the build embeds it (cluster/CMakeLists.txt). npm comes with Node.js;
-# Debian's npm package where there is none.
-web="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/web"
-if [ ! -f "$web/node_modules/uplot/dist/uPlot.iife.min.js" ] ||
-   [ "$web/package-lock.json" -nt "$web/node_modules/.package-lock.json" ]; then
+# npm packages at the versions a package-lock.json pins, installed with `npm ci`
+# when missing or older than the lock file. npm comes with Node.js; Debian's
+# npm package where there is none.
+npm_ci() {
+  local dir=$1 marker=$2
+  if [ -f "$dir/node_modules/$marker" ] && [ ! "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    return
+  fi
   if ! command -v npm >/dev/null 2>&1; then
     if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
       echo "setup: npm is missing and not root; rerun as root" >&2
@@ -72,7 +74,13 @@ if [ ! -f "$web/node_modules/uplot/dist/uPlot.iife.min.js" ] ||
     fi
     $SUDO apt-get install -y -qq --no-install-recommends npm
   fi
-  echo "setup: npm ci in web/"
-  (cd "$web" && npm ci --no-audit --no-fund --loglevel=error)
-fi
+  echo "setup: npm ci in ${dir#"$root"/}"
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+}
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The dashboard's charting library; the build embeds it (cluster/CMakeLists.txt).
+npm_ci "$root/web" uplot/dist/uPlot.iife.min.js
+# Real tokenizer files and Hugging Face's Node binding of tokenizers, the
+# reference the tokenizer tests compare with (tests/reference/package.json).
+npm_ci "$root/tests/reference" tokenizers/package.json
 echo "setup: done"

@@ -1,4 +1,5 @@
 #include "models/tokenizer.hpp"
+#include "models/tokenizer_pattern.hpp"
 #include "models/tokenizer_split.hpp"
 #include "models/tokenizer_unicode.hpp"
 #include "runtime/error.hpp"
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -78,12 +80,12 @@ json small_tokenizer_json() {
     else
       merge_list.push_back(json::array({a, b}));
   }
-  vocab["Ġworld"] = 268; // reachable only with ignore_merges
+  vocab["Ġworld"] = 267; // reachable only with ignore_merges
   return json{
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
-      {"added_tokens", json::array({{{"id", 267},
+      {"added_tokens", json::array({{{"id", 268},
                                      {"content", "<|endoftext|>"},
                                      {"single_word", false},
                                      {"lstrip", false},
@@ -130,8 +132,8 @@ json split_tokenizer_json(split_pattern p, bool nfc) {
   return j;
 }
 
-bpe_tokenizer make(const json& j) {
-  auto t = bpe_tokenizer::from_json(j.dump(), "tokenizer.json");
+hf_tokenizer make(const json& j) {
+  auto t = hf_tokenizer::from_json(j.dump(), "tokenizer.json");
   if (!t)
     throw std::runtime_error(describe(t.error())); // gtest reports it as a failure
   return std::move(*t);
@@ -191,6 +193,93 @@ TEST(Unicode, LossyUtf8MatchesTheStandardSubstitution) {
             "a");                                                          // truncated 4-byte
   EXPECT_EQ(unicode::to_valid_utf8("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD"); // surrogate
   EXPECT_EQ(unicode::to_valid_utf8("\xC0\xAF"), "\uFFFD\uFFFD");           // overlong
+}
+
+TEST(Unicode, CategoriesOfMarksPunctuationAndSymbols) {
+  using unicode::category;
+  EXPECT_EQ(unicode::general_category(U'A'), category::Lu);
+  EXPECT_EQ(unicode::general_category(U'\u0301'), category::Mn);
+  EXPECT_EQ(unicode::general_category(U'\u0378'), category::Cn); // unassigned
+  EXPECT_EQ(unicode::general_category(U'\U0001F600'), category::So);
+  EXPECT_EQ(unicode::general_category(U'\U000E0001'), category::Cf);
+  for (char32_t cp : {U'.', U'!', U'(', U'_', U'«', U'、', U'\u2014'})
+    EXPECT_TRUE(unicode::is_punctuation(cp)) << static_cast<uint32_t>(cp);
+  for (char32_t cp : {U'+', U'$', U'^', U'€', U'😀', U'©'})
+    EXPECT_TRUE(unicode::is_symbol(cp)) << static_cast<uint32_t>(cp);
+  for (char32_t cp : {U'\u0301', U'\u093F', U'\u20DD'})
+    EXPECT_TRUE(unicode::is_mark(cp)) << static_cast<uint32_t>(cp);
+  EXPECT_TRUE(unicode::is_word_char(U'_'));
+  EXPECT_TRUE(unicode::is_word_char(U'\u0301'));
+  EXPECT_FALSE(unicode::is_word_char(U'-'));
+}
+
+TEST(Unicode, TheFourNormalizationFormsAndLowercase) {
+  using unicode::normal_form;
+  EXPECT_EQ(unicode::normalize("\u00E9", normal_form::nfd), "e\u0301");
+  EXPECT_EQ(unicode::normalize("\uFB01", normal_form::nfc), "\uFB01"); // ﬁ: compatibility only
+  EXPECT_EQ(unicode::normalize("\uFB01", normal_form::nfkc), "fi");
+  EXPECT_EQ(unicode::normalize("\u00BD", normal_form::nfkd), "1\u20442");
+  EXPECT_EQ(unicode::normalize("\u1E9B\u0323", normal_form::nfkc), "\u1E69"); // UAX 15's example
+  EXPECT_EQ(unicode::normalize("\u1E9B\u0323", normal_form::nfkd), "s\u0323\u0307");
+  EXPECT_EQ(unicode::normalize("\uAC01", normal_form::nfd), "\u1100\u1161\u11A8");
+  EXPECT_EQ(unicode::normalize("\uFF28\uFF49", normal_form::nfkc), "Hi"); // fullwidth
+  EXPECT_EQ(unicode::lowercase("HeLLo ÄÖÜ ΣΑΣ İ"), "hello äöü σασ i\u0307");
+}
+
+// ---- patterns and split behaviours ------------------------------------------------
+
+std::vector<std::pair<size_t, size_t>> cut_ranges(const tok::pattern& p, const std::string& text) {
+  return tok::apply_behavior(p.find_matches(text), tok::split_behavior::isolated, false);
+}
+
+// The three family regexes run on hand-written scanners; Oniguruma itself
+// must cut random text made of the characters they care about the same way.
+TEST(SplitPattern, ScannersEqualOnigurumaOnRandomText) {
+  const std::vector<std::string> alphabet = {
+      "a", "Z", "é", "ß", "中", "ſ", "'", "s", "S", "t", "re", "VE", "m", "L", "d", "D", " ",
+      "  ", "\t", "\n", "\r", "\u00A0", "\u3000", "1", "٣", "½", "!", ".", "(", "😀", "\u0301",
+      "_", "-", "\u2028", "\u200B"};
+  json dummy = nullptr;
+  tok::json_at where{dummy, "test"};
+  std::mt19937 rng(7);
+  for (auto family : {split_pattern::gpt2, split_pattern::llama3, split_pattern::qwen2}) {
+    std::string re{split_pattern_regex(family)};
+    auto fast = tok::pattern::regex(re, where);
+    auto onig = tok::pattern::oniguruma(re, where);
+    for (int n = 0; n < 3000; ++n) {
+      std::string text;
+      int len = static_cast<int>(rng() % 12);
+      for (int k = 0; k < len; ++k)
+        text += alphabet[rng() % alphabet.size()];
+      ASSERT_EQ(cut_ranges(fast, text), cut_ranges(onig, text))
+          << "family " << static_cast<int>(family) << " on " << json(text).dump();
+    }
+  }
+}
+
+TEST(SplitPattern, BehavioursFollowTheReference) {
+  json dummy = nullptr;
+  tok::json_at where{dummy, "test"};
+  const std::string text = "the-final--countdown";
+  auto dash = tok::pattern::literal("-");
+  auto pieces = [&](tok::split_behavior b, bool invert) {
+    strings out;
+    for (auto [s, e] : tok::apply_behavior(dash.find_matches(text), b, invert))
+      out.push_back(text.substr(s, e - s));
+    return out;
+  };
+  using B = tok::split_behavior;
+  EXPECT_EQ(pieces(B::removed, false), (strings{"the", "final", "countdown"}));
+  EXPECT_EQ(pieces(B::isolated, false), (strings{"the", "-", "final", "-", "-", "countdown"}));
+  EXPECT_EQ(pieces(B::merged_with_previous, false), (strings{"the-", "final-", "-", "countdown"}));
+  EXPECT_EQ(pieces(B::merged_with_next, false), (strings{"the", "-final", "-", "-countdown"}));
+  EXPECT_EQ(pieces(B::contiguous, false), (strings{"the", "-", "final", "--", "countdown"}));
+  EXPECT_EQ(pieces(B::removed, true), (strings{"-", "-", "-"}));
+  auto regex = tok::pattern::oniguruma("\\p{N}{1,3}", where);
+  EXPECT_EQ(cut_ranges(regex, "ab12345c"),
+            (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 5}, {5, 7}, {7, 8}}));
+  json bad = "(";
+  EXPECT_THROW(tok::pattern::oniguruma("(", tok::json_at{bad, "p"}), tok::json_failure);
 }
 
 // ---- split patterns (expected pieces computed with the regexes in Python) ----------
@@ -259,9 +348,9 @@ TEST(ByteTokenizer, SpecialTokensAndErrors) {
   EXPECT_FALSE(t.decode({-1}));
 }
 
-// ---- byte-level BPE ------------------------------------------------------------------
+// ---- tokenizer.json pipelines ------------------------------------------------------------------
 
-TEST(BpeTokenizer, EncodesWithRankedMerges) {
+TEST(HfTokenizer, EncodesWithRankedMerges) {
   auto t = make(small_tokenizer_json());
   EXPECT_EQ(t.vocab_size(), 270);
   // "Hello" -> H e ll o -> H ell o -> Hell o;  " world" -> Ġw o r l d -> Ġw or l d -> Ġwor l d;
@@ -272,37 +361,37 @@ TEST(BpeTokenizer, EncodesWithRankedMerges) {
   EXPECT_EQ(t.encode("the"), (ids{116, 257}));
   EXPECT_EQ(t.encode("ü"), (ids{0xC3, 0xBC}));
   EXPECT_EQ(t.encode(""), ids{});
-  EXPECT_EQ(t.pre_tokenize("Hello world's 123"), (strings{"Hello", " world", "'s", " 123"}));
+  EXPECT_EQ(t.pre_tokenize("Hello world's 123"), (strings{"Hello", "Ġworld", "'s", "Ġ123"}));
   EXPECT_EQ(t.id_to_token(258), "Ġthe");
   EXPECT_EQ(t.id_to_token(32), "Ġ");
   EXPECT_EQ(t.token_to_id("Ġthe"), 258);
-  EXPECT_EQ(t.token_to_id("<|endoftext|>"), 267);
+  EXPECT_EQ(t.token_to_id("<|endoftext|>"), 268);
   EXPECT_FALSE(t.token_to_id("nope"));
 }
 
-TEST(BpeTokenizer, AddedTokensAreMatchedWholeFirst) {
+TEST(HfTokenizer, AddedTokensAreMatchedWholeFirst) {
   auto t = make(small_tokenizer_json());
-  EXPECT_EQ(t.encode("<|endoftext|> the<|endoftext|>"), (ids{267, 258, 267}));
-  EXPECT_EQ(t.encode("hello<|endoftext|>"), (ids{257, 259, 111, 267}));
+  EXPECT_EQ(t.encode("<|endoftext|> the<|endoftext|>"), (ids{268, 258, 268}));
+  EXPECT_EQ(t.encode("hello<|endoftext|>"), (ids{257, 259, 111, 268}));
   EXPECT_EQ(t.encode("<|endoftext"), (ids{60, 124, 101, 110, 100, 111, 102, 116, 101, 120, 116}));
   EXPECT_EQ(t.encode("a<tool>b"), (ids{97, 269, 98}));
-  EXPECT_TRUE(t.is_special(267));
+  EXPECT_TRUE(t.is_special(268));
   EXPECT_FALSE(t.is_special(269));
-  EXPECT_EQ(*t.decode({257, 267, 258}), "he<|endoftext|> the");
-  EXPECT_EQ(*t.decode({257, 267, 258, 269}, {.skip_special_tokens = true}), "he the<tool>");
+  EXPECT_EQ(*t.decode({257, 268, 258}), "he<|endoftext|> the");
+  EXPECT_EQ(*t.decode({257, 268, 258, 269}, {.skip_special_tokens = true}), "he the<tool>");
 }
 
-TEST(BpeTokenizer, IgnoreMergesTakesWholeVocabularyWords) {
+TEST(HfTokenizer, IgnoreMergesTakesWholeVocabularyWords) {
   auto j = small_tokenizer_json();
   EXPECT_EQ(make(j).encode(" world"), (ids{264, 108, 100}));
   j["model"]["ignore_merges"] = true;
-  EXPECT_EQ(make(j).encode(" world"), (ids{268}));
+  EXPECT_EQ(make(j).encode(" world"), (ids{267}));
 }
 
-TEST(BpeTokenizer, SplitPatternFamiliesAndNfc) {
+TEST(HfTokenizer, SplitPatternFamiliesAndNfc) {
   auto llama = make(split_tokenizer_json(split_pattern::llama3, false));
   EXPECT_EQ(llama.pre_tokenize("Hello world's 1234567"),
-            (strings{"Hello", " world", "'s", " ", "123", "456", "7"}));
+            (strings{"Hello", "Ġworld", "'s", "Ġ", "123", "456", "7"}));
   EXPECT_EQ(llama.encode("Hello world's 12"), (ids{261, 111, 264, 108, 100, 266, 32, 265}));
   auto qwen = make(split_tokenizer_json(split_pattern::qwen2, true));
   EXPECT_EQ(qwen.encode(" 12"), (ids{32, 49, 50}));     // one digit per piece: "12" never merges
@@ -310,7 +399,7 @@ TEST(BpeTokenizer, SplitPatternFamiliesAndNfc) {
   EXPECT_EQ(llama.encode("e\u0301"), (ids{101, 0xCC, 0x81}));
 }
 
-TEST(BpeTokenizer, RoundTripsMultilingualTextForEveryFamily) {
+TEST(HfTokenizer, RoundTripsMultilingualTextForEveryFamily) {
   std::vector<json> configs = {small_tokenizer_json(),
                                split_tokenizer_json(split_pattern::llama3, false),
                                split_tokenizer_json(split_pattern::qwen2, false)};
@@ -325,7 +414,7 @@ TEST(BpeTokenizer, RoundTripsMultilingualTextForEveryFamily) {
   }
 }
 
-TEST(BpeTokenizer, DecodeRejectsBadIdsNamingThem) {
+TEST(HfTokenizer, DecodeRejectsBadIdsNamingThem) {
   auto t = make(small_tokenizer_json());
   for (int64_t id : {int64_t{-1}, int64_t{270}, int64_t{1} << 40}) {
     auto r = t.decode({72, id});
@@ -339,7 +428,7 @@ TEST(BpeTokenizer, DecodeRejectsBadIdsNamingThem) {
   EXPECT_EQ(*t.decode({0xE4, 0xBD}), "\uFFFD"); // half of 你
 }
 
-TEST(BpeTokenizer, IsSafeToShareAcrossThreads) {
+TEST(HfTokenizer, IsSafeToShareAcrossThreads) {
   auto t = make(split_tokenizer_json(split_pattern::llama3, false));
   auto expected_ids = t.encode(multilingual);
   std::vector<ids> results(4);
@@ -362,10 +451,10 @@ struct bad_tokenizer {
   const char* reason;
 };
 
-TEST(BpeTokenizer, RejectsMalformedJsonNamingThePath) {
+TEST(HfTokenizer, RejectsMalformedJsonNamingThePath) {
   std::vector<bad_tokenizer> cases = {
       {"merge_not_string", [](json& j) { j["model"]["merges"][1] = 5; }, errc::parse_error,
-       "model.merges[1]: expected a string or a pair, got 5"},
+       "model.merges[1]: expected a string or a pair of strings, got 5"},
       {"merge_three_parts", [](json& j) { j["model"]["merges"][0] = "a b c"; }, errc::parse_error,
        "model.merges[0]: expected two tokens separated by one space"},
       {"merge_unknown_token",
@@ -379,59 +468,78 @@ TEST(BpeTokenizer, RejectsMalformedJsonNamingThePath) {
       {"no_vocab", [](json& j) { j["model"].erase("vocab"); }, errc::parse_error,
        "model: missing key 'vocab'"},
       {"vocab_id_string", [](json& j) { j["model"]["vocab"]["he"] = "7"; }, errc::parse_error,
-       "model.vocab.he: expected a non-negative 32-bit integer id, got \"7\""},
+       "model.vocab.he: expected an integer in [0, 2147483647], got \"7\""},
       {"vocab_id_negative", [](json& j) { j["model"]["vocab"]["he"] = -3; }, errc::parse_error,
-       "model.vocab.he: expected a non-negative 32-bit integer id, got -3"},
+       "model.vocab.he: expected an integer in [0, 2147483647], got -3"},
       {"vocab_duplicate_id", [](json& j) { j["model"]["vocab"]["zzz"] = 5; }, errc::parse_error,
-       "is also the id of"},
+       "model.vocab: id 5 is both"},
       {"sparse_ids", [](json& j) { j["model"]["vocab"]["zzz"] = 1000000000; }, errc::parse_error,
        "id 1000000000 is far beyond"},
-      {"missing_byte", [](json& j) { j["model"]["vocab"].erase("Ā"); }, errc::parse_error,
-       "model.vocab: missing the byte-level symbol 'Ā' of byte 0x00"},
       {"model_type", [](json& j) { j["model"]["type"] = "Unigram"; }, errc::unsupported,
-       "model.type: 'Unigram' is not supported"},
-      {"byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }, errc::unsupported,
-       "model.byte_fallback"},
-      {"added_no_id", [](json& j) { j["added_tokens"][0].erase("id"); }, errc::parse_error,
-       "added_tokens[0].id: expected a non-negative 32-bit integer"},
+       "model.type: model 'Unigram' is not supported (supported: BPE, WordPiece, WordLevel)"},
+      {"dropout", [](json& j) { j["model"]["dropout"] = 0.1; }, errc::unsupported,
+       "model.dropout: BPE dropout is not supported"},
+      {"unk_not_in_vocab", [](json& j) { j["model"]["unk_token"] = "<unk>"; }, errc::parse_error,
+       "model.unk_token: '<unk>' is not in model.vocab"},
+      {"added_bad_id", [](json& j) { j["added_tokens"][0]["id"] = "x"; }, errc::parse_error,
+       "added_tokens[0].id: expected an integer"},
+      {"added_no_content", [](json& j) { j["added_tokens"][1].erase("content"); },
+       errc::parse_error, "added_tokens[1]: missing key 'content'"},
       {"added_bad_flag", [](json& j) { j["added_tokens"][1]["special"] = "yes"; },
        errc::parse_error, "added_tokens[1].special: expected a boolean, got string"},
       {"normalizer",
        [](json& j) {
-         j["normalizer"] = {{"type", "NFKC"}};
+         j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}};
        },
-       errc::unsupported, "normalizer.type: normalizer 'NFKC' is not supported"},
+       errc::unsupported, "normalizer.type: normalizer 'Precompiled' is not supported"},
+      {"nested_normalizer",
+       [](json& j) {
+         j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"kind", "x"}}}}};
+       },
+       errc::parse_error, "normalizer.normalizers[1]: expected an object with a string 'type'"},
       {"pre_tokenizer",
        [](json& j) {
-         j["pre_tokenizer"] = {{"type", "Metaspace"}};
+         j["pre_tokenizer"] = {{"type", "UnicodeScripts"}};
        },
-       errc::unsupported, "pre_tokenizer.type: pre-tokenizer 'Metaspace' is not supported"},
-      {"pre_tokenizer_null", [](json& j) { j["pre_tokenizer"] = nullptr; }, errc::unsupported,
-       "pre_tokenizer: null"},
-      {"unknown_regex",
+       errc::unsupported, "pre_tokenizer.type: pre-tokenizer 'UnicodeScripts' is not supported"},
+      {"bad_regex",
        [](json& j) {
          j = split_tokenizer_json(split_pattern::llama3, false);
-         j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+";
+         j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a";
        },
-       errc::unsupported,
-       "pre_tokenizer.pretokenizers[0].pattern.Regex: unknown split pattern '\\w+'"},
+       errc::parse_error, "pre_tokenizer.pretokenizers[0].pattern.Regex: invalid regex '(a'"},
+      {"bad_behavior",
+       [](json& j) {
+         j = split_tokenizer_json(split_pattern::llama3, false);
+         j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways";
+       },
+       errc::unsupported, "pre_tokenizer.pretokenizers[0].behavior: unknown split behavior 'Sideways'"},
       {"decoder",
        [](json& j) {
-         j["decoder"] = {{"type", "WordPiece"}};
+         j["decoder"] = {{"type", "Mystery"}};
        },
-       errc::unsupported, "decoder.type: decoder 'WordPiece' is not supported"},
+       errc::unsupported, "decoder.type: decoder 'Mystery' is not supported"},
+      {"post_processor",
+       [](json& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"},
+                                {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}}},
+                                {"special_tokens", json::object()}};
+       },
+       errc::parse_error, "post_processor.single[0].SpecialToken.id: '<s>' is not in special_tokens"},
+      {"truncation", [](json& j) { j["truncation"] = {{"max_length", 5}}; }, errc::unsupported,
+       "truncation: not supported"},
   };
   for (const auto& c : cases) {
     auto j = small_tokenizer_json();
     c.edit(j);
-    auto t = bpe_tokenizer::from_json(j.dump(), "tokenizer.json");
+    auto t = hf_tokenizer::from_json(j.dump(), "tokenizer.json");
     ASSERT_FALSE(t) << c.label;
     EXPECT_EQ(code_of(t.error()), c.code) << c.label << ": " << describe(t.error());
     auto msg = context_of(t.error());
     EXPECT_EQ(msg.rfind("tokenizer.json: ", 0), 0u) << c.label << ": " << msg;
     EXPECT_NE(msg.find(c.reason), std::string::npos) << c.label << ": " << msg;
   }
-  auto t = bpe_tokenizer::from_json("{\"model\": [", "tokenizer.json");
+  auto t = hf_tokenizer::from_json("{\"model\": [", "tokenizer.json");
   ASSERT_FALSE(t);
   EXPECT_EQ(code_of(t.error()), errc::parse_error);
   EXPECT_NE(context_of(t.error()).find("tokenizer.json: not valid JSON"), std::string::npos);
@@ -447,14 +555,14 @@ TEST(LoadTokenizer, ReadsDirectoryWithTokenizerConfig) {
                 .dump());
   auto t = load_tokenizer(dir.file("model"));
   ASSERT_TRUE(t) << describe(t.error());
-  EXPECT_EQ((*t)->bos_id(), 267);
-  EXPECT_EQ((*t)->eos_id(), 267);
+  EXPECT_EQ((*t)->bos_id(), 268);
+  EXPECT_EQ((*t)->eos_id(), 268);
   EXPECT_FALSE((*t)->pad_id());
   EXPECT_EQ((*t)->encode(" the"), (ids{258}));
 
   auto by_file = load_tokenizer(dir.file("model/tokenizer.json"));
   ASSERT_TRUE(by_file);
-  EXPECT_EQ((*by_file)->eos_id(), 267);
+  EXPECT_EQ((*by_file)->eos_id(), 268);
 
   dir.write("model/tokenizer_config.json", R"({"eos_token": "</s>"})");
   auto bad = load_tokenizer(dir.file("model"));
@@ -475,4 +583,123 @@ TEST(LoadTokenizer, ReadsDirectoryWithTokenizerConfig) {
   ASSERT_FALSE(broken);
   EXPECT_NE(context_of(broken.error()).find("broken/tokenizer.json: "), std::string::npos)
       << context_of(broken.error());
+}
+
+// ---- SentencePiece-style BPE (Llama 2, Mistral, Gemma) ---------------------------------
+
+namespace {
+
+// "▁" words over characters, <0xXX> byte tokens, <unk>, and the Llama 2
+// pipeline: Prepend + Replace normalizers, a BOS template, the
+// Replace / ByteFallback / Fuse / Strip decoders.
+json sentencepiece_json() {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "<0x%02X>", b);
+    vocab[hex] = 3 + b;
+  }
+  int64_t next = 259;
+  for (const char* t : {"\u2581", "h", "e", "l", "o", "w", "r", "d", "\u2581h", "\u2581he", "ll",
+                        "\u2581hell", "\u2581hello", "\u2581w", "or", "\u2581wor", "\u2581world", "中"})
+    vocab[t] = next++;
+  json merges = {"\u2581 h", "\u2581h e", "l l", "\u2581he ll", "\u2581hell o", "\u2581 w", "o r",
+                 "\u2581w or", "\u2581wor l"};
+  vocab["\u2581worl"] = next++;
+  merges.push_back("\u2581worl d");
+  json added = json::array();
+  for (int i = 0; i < 3; ++i)
+    added.push_back({{"id", i}, {"content", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>"},
+                     {"special", true}, {"normalized", false}});
+  return {{"added_tokens", added},
+          {"normalizer",
+           {{"type", "Sequence"},
+            {"normalizers",
+             {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}}},
+          {"pre_tokenizer", nullptr},
+          {"post_processor",
+           {{"type", "TemplateProcessing"},
+            {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+            {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+          {"decoder",
+           {{"type", "Sequence"},
+            {"decoders",
+             {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+              {{"type", "ByteFallback"}},
+              {{"type", "Fuse"}},
+              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+          {"model",
+           {{"type", "BPE"}, {"unk_token", "<unk>"}, {"fuse_unk", true}, {"byte_fallback", true},
+            {"vocab", vocab}, {"merges", merges}}}};
+}
+
+} // namespace
+
+TEST(HfTokenizer, SentencePieceStyleBpeWithByteFallback) {
+  auto t = make(sentencepiece_json());
+  const int64_t hello = *t.token_to_id("\u2581hello"), world = *t.token_to_id("\u2581world");
+  EXPECT_EQ(t.encode("hello world"), (ids{hello, world}));
+  EXPECT_EQ(t.encode("hello world", {true}), (ids{1, hello, world}));
+  EXPECT_EQ(t.encode(""), ids{});
+  EXPECT_EQ(t.encode("", {true}), (ids{1}));
+  // Prepend fires once per piece between added tokens.
+  EXPECT_EQ(t.encode("hello<s>world"), (ids{hello, 1, world}));
+  // é is not in the vocabulary: its UTF-8 bytes as <0xXX> tokens.
+  EXPECT_EQ(t.encode("\u00E9"), (ids{*t.token_to_id("\u2581"), 3 + 0xC3, 3 + 0xA9}));
+  EXPECT_EQ(*t.decode(t.encode("hello world \u00E9 中")), "hello world \u00E9 中");
+  EXPECT_EQ(*t.decode({1, hello, world}), "<s> hello world");
+  EXPECT_EQ(*t.decode({1, hello, world}, {.skip_special_tokens = true}), "hello world");
+  // A byte run that is not UTF-8: one U+FFFD per byte of the run.
+  EXPECT_EQ(*t.decode({3 + 0xE4, 3 + 0xBD, hello}), "\uFFFD\uFFFD hello");
+  EXPECT_EQ(t.id_to_token(3 + 0x0A), "<0x0A>");
+  // Without byte fallback unknown characters become <unk>, fused.
+  auto j = sentencepiece_json();
+  j["model"]["byte_fallback"] = false;
+  EXPECT_EQ(make(j).encode("\u00E9\u00E8"), (ids{*t.token_to_id("\u2581"), 0}));
+  j["model"]["fuse_unk"] = false;
+  EXPECT_EQ(make(j).encode("\u00E9\u00E8"), (ids{*t.token_to_id("\u2581"), 0, 0}));
+}
+
+TEST(HfTokenizer, InvalidUtf8IsReadAsReplacementCharacters) {
+  auto t = make(small_tokenizer_json());
+  // One U+FFFD (EF BF BD) per maximal ill-formed subsequence, as a binding
+  // of the reference receives such bytes.
+  EXPECT_EQ(t.encode("a\xFF"), t.encode("a\uFFFD"));
+  EXPECT_EQ(t.encode("\xF0\x9F\x98"), t.encode("\uFFFD"));
+  EXPECT_EQ(t.encode("\xC0\xAF"), t.encode("\uFFFD\uFFFD"));
+}
+
+TEST(LoadTokenizer, AddBosAndEosTokensOfTheConfigDecideTheSpecialTokens) {
+  test::temp_dir dir;
+  dir.write("m/tokenizer.json", sentencepiece_json().dump());
+  auto load = [&](const json& config) {
+    dir.write("m/tokenizer_config.json", config.dump());
+    return load_tokenizer(dir.file("m"));
+  };
+  auto t = load({{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"add_bos_token", true},
+                 {"add_eos_token", true}, {"model_max_length", 4096}});
+  ASSERT_TRUE(t) << describe(t.error());
+  const int64_t hello = *(*t)->token_to_id("\u2581hello");
+  EXPECT_EQ((*t)->encode("hello", {true}), (ids{1, hello, 2}));
+  EXPECT_EQ((*t)->encode("hello"), (ids{hello}));
+  EXPECT_EQ((*t)->model_max_length(), 4096);
+  t = load({{"bos_token", "<s>"}, {"add_bos_token", false}, {"model_max_length", 1e30}});
+  ASSERT_TRUE(t);
+  EXPECT_EQ((*t)->encode("hello", {true}), (ids{hello}));
+  EXPECT_FALSE((*t)->model_max_length());
+  t = load({{"eos_token", "</s>"}}); // no add_* keys: the template of tokenizer.json
+  ASSERT_TRUE(t);
+  EXPECT_EQ((*t)->encode("hello", {true}), (ids{1, hello}));
+  auto bad = load({{"add_eos_token", true}});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(code_of(bad.error()), errc::invalid_config);
+  EXPECT_NE(context_of(bad.error()).find("add_eos_token: true, but there is no eos_token"),
+            std::string::npos)
+      << context_of(bad.error());
+  bad = load({{"model_max_length", -5}});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(context_of(bad.error()).find("model_max_length: expected a positive length"),
+            std::string::npos);
 }

@@ -91,3 +91,17 @@ TEST(Jsonl, ReadsObjectsAndReportsFileLineOnBadInput) {
   ASSERT_FALSE(r);
   EXPECT_EQ(describe(r.error()), "invalid_argument: " + good + ":1: field 'prompt': too short");
 }
+
+TEST(Jsonl, TypeNamesAndBase64) {
+  EXPECT_STREQ(runtime::json_type_name(nlohmann::json(3)), "integer");
+  EXPECT_STREQ(runtime::json_type_name(nlohmann::json(3u)), "integer");
+  EXPECT_STREQ(runtime::json_type_name(nlohmann::json(0.5)), "number");
+  EXPECT_STREQ(runtime::json_type_name(nlohmann::json("x")), "string");
+  EXPECT_STREQ(runtime::json_type_name(nlohmann::json::array()), "array");
+  // RFC 4648's test vectors, and bytes that are not UTF-8.
+  const std::pair<std::string, std::string> vectors[] = {
+      {"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},         {"foo", "Zm9v"},
+      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}, {std::string("\xFF\x00\xFE", 3), "/wD+"}};
+  for (const auto& [in, out] : vectors)
+    EXPECT_EQ(runtime::base64(in), out) << in;
+}
