@@ -1,4 +1,5 @@
-// troupe: the command-line entry point. Thin: parse, validate, run.
+// troupe-engine: the commands that need LibTorch (NOTE [lean client] in
+// apps/cli.hpp). Thin: parse, validate, run.
 #include "actors/actor_system.hpp"
 #include "apps/cli.hpp"
 #include "apps/generate.hpp"
@@ -54,10 +55,11 @@ int run_env(bool json, bool smoke, int world, int64_t timeout_ms) {
   return ok ? 0 : 1;
 }
 
+using troupe::apps::command_help;
 using troupe::apps::runner;
 
 runner add_env(CLI::App& app) {
-  auto* env = app.add_subcommand("env", "Report versions, devices and c10d backends; run smoke tests");
+  auto* env = app.add_subcommand("env", command_help("env"));
   struct flags {
     bool json = false;
     bool no_smoke = false;
@@ -78,7 +80,7 @@ runner add_env(CLI::App& app) {
 }
 
 runner add_generate(CLI::App& app) {
-  auto* gen = app.add_subcommand("generate", "Generate with the inference engine from an HF model directory");
+  auto* gen = app.add_subcommand("generate", command_help("generate"));
   struct flags {
     troupe::apps::generate_options go;
     uint64_t seed = 0;
@@ -124,8 +126,7 @@ runner add_generate(CLI::App& app) {
 }
 
 runner add_tokenize(CLI::App& app) {
-  auto* tok = app.add_subcommand(
-      "tokenize", "Show how a model's tokenizer cuts text into ids and pieces, or decode ids");
+  auto* tok = app.add_subcommand("tokenize", command_help("tokenize"));
   auto o = std::make_shared<troupe::apps::tokenize_options>();
   tok->add_option("--model", o->model, "HF model directory with tokenizer.json (or the file)")
       ->required();
@@ -157,25 +158,23 @@ runner add_run(CLI::App& app) {
     bool driver_nodes = false;
   };
   auto f = std::make_shared<flags>();
-  auto* run = app.add_subcommand("run", "Run an RLHF job (sft → rm → rl) from a YAML config");
+  auto* run = app.add_subcommand("run", command_help("run"));
   run->add_option("config", f->ro.config_path, "Job YAML file")->required();
   run->add_option("--set", f->ro.overrides, "Override a key: --set rl.iterations=10 (repeatable)");
   run->add_flag("--resume", f->ro.resume, "Continue the run in run.dir from its checkpoints");
 
-  auto* plan = app.add_subcommand(
-      "plan", "Check a job's placement and print which worker hosts what, with memory estimates");
+  auto* plan = app.add_subcommand("plan", command_help("plan"));
   plan->add_option("config", f->plan_path, "Job YAML file")->required();
   plan->add_option("--set", f->plan_sets, "Override a key (repeatable)");
 
-  auto* config = app.add_subcommand("config", "Inspect job configs");
+  auto* config = app.add_subcommand("config", command_help("config"));
   config->require_subcommand(1);
   auto* show = config->add_subcommand("show", "Print the resolved config (defaults, overrides)");
   show->add_option("config", f->show_path, "Job YAML file")->required();
   show->add_option("--set", f->show_sets, "Override a key (repeatable)");
   show->add_flag("--no-comments", f->no_comments, "Leave out the key descriptions");
 
-  auto* driver = app.add_subcommand(
-      "driver", "Run a controller's job (started by `troupe controller`, not by hand)");
+  auto* driver = app.add_subcommand("driver", command_help("driver"));
   driver->add_option("--job-dir", f->job_dir, "The job's folder (spec.yaml)")->required();
   driver->add_flag("--resume", f->driver_resume, "Continue from the run's checkpoints");
   driver->add_flag("--nodes", f->driver_nodes,
@@ -219,8 +218,7 @@ runner add_worker(CLI::App& app) {
     int64_t timeout_ms = 60000;
   };
   auto f = std::make_shared<flags>();
-  auto* worker = app.add_subcommand(
-      "worker", "Host rank actors for a driver (started by troupe's launchers, not by hand)");
+  auto* worker = app.add_subcommand("worker", command_help("worker"));
   worker->add_option("--driver", f->driver_address, "The driver's registrar, HOST:PORT")->required();
   worker->add_option("--rank", f->wo.rank, "This worker's rank")->required()->check(CLI::NonNegativeNumber);
   worker->add_option("--world", f->wo.world, "Number of workers")->required()->check(CLI::PositiveNumber);
@@ -251,7 +249,11 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string{"troupe "} + TROUPE_VERSION);
   std::vector<runner> runners{add_env(app), add_generate(app), add_tokenize(app), add_run(app),
                               add_worker(app)};
-  for (auto& r : troupe::apps::add_control_commands(app))
+  for (auto& r : troupe::apps::add_daemon_commands(app))
+    runners.push_back(std::move(r));
+  // The client commands work here too (the front is what people type; the
+  // startup benchmark compares the two paths).
+  for (auto& r : troupe::apps::add_client_commands(app))
     runners.push_back(std::move(r));
   CLI11_PARSE(app, argc, argv);
   for (auto& r : runners)

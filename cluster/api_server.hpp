@@ -15,6 +15,7 @@
 //     settings (controller_limits).
 
 #include "cluster/controller.hpp"
+#include "cluster/credentials.hpp"
 
 #include <memory>
 #include <string>
@@ -41,11 +42,6 @@ struct api_options {
   int64_t max_message_bytes = 4 << 20;
 };
 
-/// "host:port" split; errors say what is wrong with the address.
-expected<std::pair<std::string, int>> parse_listen_address(const std::string& address);
-/// 127.0.0.0/8, ::1 and localhost.
-bool is_loopback_host(const std::string& host);
-
 class api_server {
 public:
   /// Listens (refusing a non-loopback address without TLS) and serves.
@@ -65,19 +61,5 @@ private:
   api_server() = default;
   std::unique_ptr<impl> impl_;
 };
-
-/// A random token (32 bytes from the kernel, hex).
-expected<std::string> make_token();
-/// Whether `given` is the `secret`, in time independent of where they
-/// differ (false for an empty secret).
-bool same_secret(std::string_view given, std::string_view secret);
-/// A token file's text without its line end.
-expected<std::string> read_token_file(const std::string& path);
-/// A secret's file (token, cluster secret) without its line end; refused
-/// when others can read it.
-expected<std::string> read_secret_file(const std::string& path);
-/// Reads the token from `path`, or creates it there (mode 0600) when absent;
-/// refuses a token file that others can read.
-expected<std::string> load_or_create_token(const std::string& path);
 
 } // namespace troupe::cluster

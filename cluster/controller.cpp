@@ -42,41 +42,11 @@ namespace troupe::cluster {
 namespace j = actors::job;
 namespace fs = std::filesystem;
 
-// ---- states --------------------------------------------------------------
-
-namespace {
-
-constexpr std::string_view ctl_state_names[ctl_state_count] = {
-    "queued", "pending", "preparing", "running", "paused", "succeeded", "failed", "cancelled", "lost"};
-
-} // namespace
-
-std::string_view to_string(ctl_state s) noexcept {
-  return ctl_state_names[static_cast<int>(s)];
-}
-
-std::optional<ctl_state> parse_ctl_state(std::string_view s) noexcept {
-  for (int i = 0; i < ctl_state_count; ++i)
-    if (ctl_state_names[i] == s)
-      return static_cast<ctl_state>(i);
-  return std::nullopt;
-}
-
-ctl_state ctl_state_of(j::job_state s) noexcept {
-  // The job actor's states keep their names.
-  return *parse_ctl_state(j::to_string(s));
-}
-
 void count(job_totals& t, const j::event_body& b) {
   if (auto* w = std::get_if<j::weight_synced>(&b))
     ++t.weight_syncs, t.weight_sync_bytes += w->bytes, t.weight_sync_seconds += w->seconds;
   else if (auto* c = std::get_if<j::checkpoint_saved>(&b))
     ++t.checkpoints, t.checkpoint_bytes += c->bytes;
-}
-
-bool is_final(ctl_state s) noexcept {
-  return s == ctl_state::succeeded || s == ctl_state::failed || s == ctl_state::cancelled ||
-         s == ctl_state::lost;
 }
 
 // ---- driver.json ---------------------------------------------------------

@@ -5,15 +5,6 @@
 
 namespace troupe::cluster {
 
-std::string_view to_string(node_state s) noexcept {
-  switch (s) {
-  case node_state::ready: return "ready";
-  case node_state::lost: return "lost";
-  case node_state::left: return "left";
-  }
-  return "?";
-}
-
 std::string host_of_peer(const std::string& peer) {
   auto colon = peer.find(':');
   if (colon == std::string::npos)

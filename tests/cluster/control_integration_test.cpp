@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <future>
+#include <mutex>
 
 using namespace troupe;
 using namespace troupe::cluster;
@@ -162,15 +163,24 @@ TEST(Control, PausesUpdatesResumesAndCancelsARunningJob) {
   EXPECT_EQ(resumed.code, 0) << resumed.err;
   ASSERT_TRUE(reaches(api, id, ctl_state::running, 60));
 
-  // Both accepted settings arrive as events; the refused pair changed nothing.
+  // Both accepted settings arrive as events (at the next iteration: the
+  // cancel waits for them); the refused pair changed nothing.
+  std::mutex mu;
   std::vector<std::string> settings;
   auto watcher = std::async(std::launch::async, [&] {
     return api.watch(id, 1, [&](const j::event& e) {
-      if (auto* s = std::get_if<j::setting_updated>(&e.body))
+      if (auto* s = std::get_if<j::setting_updated>(&e.body)) {
+        std::lock_guard<std::mutex> lock{mu};
         settings.push_back(s->key + "=" + s->value);
+      }
     });
   });
-  ASSERT_TRUE(test::eventually([&] { return get_job(api, id).status.last_seq > 0; }, 10));
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock{mu};
+        return settings.size() >= 2;
+      },
+      60));
   auto cancel = ctl.cli({"cancel", id});
   EXPECT_EQ(cancel.code, 0) << cancel.err;
   auto watched = ctl.cli({"watch", id});

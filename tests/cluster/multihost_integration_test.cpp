@@ -271,9 +271,15 @@ TEST_F(MultiHost, AHostKilledMidRunFailsTheJobWithin5sNamingItAndLeavesNothing) 
   // Host 1's workers are ended too (StopJob), and no driver is left.
   EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at(lab->address(0)).empty(); }, 10))
       << c.agents[0]->log();
-  auto host1 = c.agents[0]->log();
-  EXPECT_TRUE(host1.find("worker 0 of job " + id + " exited") != std::string::npos ||
-              host1.find("worker 0 of job " + id + " killed") != std::string::npos)
+  // The agent logs the exit once it has reaped the worker.
+  std::string host1;
+  EXPECT_TRUE(test::eventually(
+      [&] {
+        host1 = c.agents[0]->log();
+        return host1.find("worker 0 of job " + id + " exited") != std::string::npos ||
+               host1.find("worker 0 of job " + id + " killed") != std::string::npos;
+      },
+      10))
       << host1;
 }
 
