@@ -2,6 +2,7 @@
 
 #include "models/llama.hpp"
 #include "models/tokenizer.hpp"
+#include "runtime/compute.hpp"
 #include "runtime/file_io.hpp"
 #include "runtime/jsonl.hpp"
 
@@ -91,7 +92,14 @@ int run_generate(const generate_options& o) {
     if (!n)
       return fail(n.error());
   }
-  auto eng = actors::inference::engine::make(*model, o.engine);
+  // The KV pool holds what these requests need at once (NOTE [kv pool size]).
+  auto engine_config = o.engine;
+  for (const auto& r : requests) {
+    engine_config.expected_sequences += r.sampling.n;
+    engine_config.expected_tokens = std::max(
+        engine_config.expected_tokens, static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens);
+  }
+  auto eng = actors::inference::engine::make(*model, engine_config);
   if (!eng)
     return fail(eng.error());
   // Validate every request up front so a bad one names itself before any work.
@@ -131,12 +139,17 @@ int run_generate(const generate_options& o) {
     std::fprintf(stderr,
                  "generated %lld tokens for %lld requests in %.3f s: %.1f tokens/s, TTFT %.1f ms, "
                  "ITL %.2f ms, prefill tokens %lld of %lld (prefix hit rate %.2f), "
-                 "preemptions %lld, KV blocks %lld\n",
+                 "preemptions %lld, KV blocks %lld (%.1f MiB), peak RSS %.1f MiB\n",
                  static_cast<long long>(m.generated_tokens),
                  static_cast<long long>(m.finished_requests), m.busy_seconds, m.tokens_per_second(),
                  m.mean_ttft_ms(), m.mean_itl_ms(), static_cast<long long>(m.prefill_tokens_computed),
                  static_cast<long long>(m.prompt_tokens), m.prefix_hit_rate,
-                 static_cast<long long>(m.preemptions), static_cast<long long>(m.num_blocks));
+                 static_cast<long long>(m.preemptions), static_cast<long long>(m.num_blocks),
+                 static_cast<double>(m.num_blocks * actors::inference::kv_block_bytes(
+                                                       engine_config, (*model)->config(),
+                                                       (*model)->parameters().begin()->element_size())) /
+                     (1 << 20),
+                 static_cast<double>(runtime::resident_set().peak) / (1 << 20));
   }
   return 0;
 }

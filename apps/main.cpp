@@ -105,8 +105,8 @@ runner add_generate(CLI::App& app) {
   gen->add_option("--stop-token-ids", go.sampling.stop_token_ids, "Extra stop token ids");
   gen->add_flag("--ignore-eos", go.sampling.ignore_eos, "Do not stop at EOS");
   gen->add_option("--block-size", go.engine.block_size, "Tokens per KV block");
-  gen->add_option("--num-blocks", go.engine.num_blocks, "KV blocks (0 = from --kv-cache-mb)");
-  gen->add_option("--kv-cache-mb", go.engine.kv_cache_mb, "KV pool size when --num-blocks is 0");
+  gen->add_option("--num-blocks", go.engine.num_blocks, "KV blocks (0 = what the requests need at once, within --kv-cache-mb)");
+  gen->add_option("--kv-cache-mb", go.engine.kv_cache_mb, "The KV pool's cap when --num-blocks is 0 (MiB)");
   gen->add_option("--max-num-seqs", go.engine.max_num_seqs, "Running sequences at most");
   gen->add_option("--max-batched-tokens", go.engine.max_batched_tokens, "Tokens per step at most");
   gen->add_flag("--no-prefix-caching", f->no_prefix, "Disable prefix reuse");

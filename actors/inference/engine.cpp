@@ -548,17 +548,10 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
   d.vocab = mc.vocab_size;
   d.eos = mc.eos_token_ids;
   d.max_model_len = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
-  auto num_blocks = config.num_blocks;
-  if (num_blocks == 0) {
-    auto param = *model->parameters().begin();
-    auto bytes_per_block = 2 * mc.num_hidden_layers * config.block_size * mc.num_key_value_heads *
-                           mc.resolved_head_dim() * static_cast<int64_t>(param.element_size());
-    num_blocks = static_cast<int64_t>(config.kv_cache_mb * 1024 * 1024) / bytes_per_block;
-    if (num_blocks < 1)
-      return make_error(errc::invalid_config,
-                        "engine.kv_cache_mb: " + std::to_string(config.kv_cache_mb) +
-                          " MiB holds no block of " + std::to_string(bytes_per_block) + " bytes");
-  }
+  auto sized = kv_pool_blocks(config, mc, static_cast<int64_t>((*model->parameters().begin()).element_size()));
+  if (!sized)
+    return sized.error();
+  auto num_blocks = *sized;
   auto kv = guarded("allocating the KV pool", [&] {
     return model->make_paged_cache(num_blocks, config.block_size);
   });
@@ -571,6 +564,30 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
     d.prefixes = std::make_unique<prefix_cache>(*d.blocks);
   d.m.num_blocks = num_blocks;
   return e;
+}
+
+int64_t kv_block_bytes(const engine_config& c, const models::llama_config& m, int64_t element_size) {
+  return 2 * m.num_hidden_layers * c.block_size * m.num_key_value_heads * m.resolved_head_dim() *
+         element_size;
+}
+
+expected<int64_t> kv_pool_blocks(const engine_config& c, const models::llama_config& m,
+                                 int64_t element_size) {
+  if (c.num_blocks > 0)
+    return c.num_blocks;
+  auto block_bytes = kv_block_bytes(c, m, element_size);
+  auto cap = static_cast<int64_t>(c.kv_cache_mb * 1024 * 1024) / block_bytes;
+  if (cap < 1)
+    return make_error(errc::invalid_config, "engine.kv_cache_mb: " + std::to_string(c.kv_cache_mb) +
+                                                " MiB holds no block of " +
+                                                std::to_string(block_bytes) + " bytes");
+  auto context = c.max_model_len > 0 ? c.max_model_len : m.max_position_embeddings;
+  auto blocks_of = [&](int64_t tokens) { return (tokens + c.block_size - 1) / c.block_size; };
+  auto sequences = c.expected_sequences > 0 ? std::min(c.expected_sequences, c.max_num_seqs)
+                                            : c.max_num_seqs;
+  auto tokens = c.expected_tokens > 0 ? std::min(c.expected_tokens, context) : context;
+  auto need = std::max(sequences * blocks_of(tokens), blocks_of(context));
+  return std::min(need, cap);
 }
 
 expected<void> engine::add_request(generate_request request) {

@@ -16,6 +16,7 @@
 // sample their first tokens from the same logits with their own streams.
 
 #include "actors/inference/sampler.hpp"
+#include "models/config.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -37,9 +38,9 @@ namespace troupe::actors::inference {
 struct engine_config {
   /// Tokens per KV block.
   int64_t block_size = 16;
-  /// KV blocks in the pool; 0 = as many as fit in kv_cache_mb.
+  /// KV blocks in the pool; 0 = sized to the work (NOTE [kv pool size]).
   int64_t num_blocks = 0;
-  /// KV pool budget when num_blocks is 0 (MiB, all layers, K and V).
+  /// The KV pool's cap when num_blocks is 0 (MiB, all layers, K and V).
   double kv_cache_mb = 256;
   /// Running sequences at most.
   int64_t max_num_seqs = 64;
@@ -51,7 +52,26 @@ struct engine_config {
   bool enable_prefix_caching = true;
   /// Seed sequence for requests that carry no seed.
   uint64_t seed = 0;
+  /// The work the caller expects, for sizing the KV pool (not job keys:
+  /// callers derive them): sequences alive at once, and tokens (prompt +
+  /// generation) of the longest; 0 = unknown (max_num_seqs / the context).
+  int64_t expected_sequences = 0;
+  int64_t expected_tokens = 0;
 };
+
+/// Bytes of one KV block of `model` (K and V, every layer) with elements
+/// of `element_size` bytes.
+int64_t kv_block_bytes(const engine_config& c, const models::llama_config& model,
+                       int64_t element_size);
+
+/// NOTE [kv pool size]: the blocks of the KV pool. num_blocks when given;
+/// else what the work can hold at once — the expected sequences (at most
+/// max_num_seqs) of the expected longest length, at least one sequence of
+/// the whole context, so that any request the engine accepts fits — and
+/// never more than kv_cache_mb. The planner's memory estimate uses the same
+/// rule. Errors when the cap holds no block.
+expected<int64_t> kv_pool_blocks(const engine_config& c, const models::llama_config& model,
+                                 int64_t element_size);
 
 /// Checks ranges; messages name the field ("engine.block_size: ...").
 expected<void> validate(const engine_config& c);
@@ -61,8 +81,8 @@ expected<void> validate(const engine_config& c);
 template <class V>
 void visit(V& v, engine_config& c) {
   v.field("block_size", c.block_size, "Tokens per KV block");
-  v.field("num_blocks", c.num_blocks, "KV blocks; 0 = as many as fit in kv_cache_mb");
-  v.field("kv_cache_mb", c.kv_cache_mb, "KV pool size when num_blocks is 0 (MiB)");
+  v.field("num_blocks", c.num_blocks, "KV blocks; 0 = sized to the work, within kv_cache_mb");
+  v.field("kv_cache_mb", c.kv_cache_mb, "The KV pool's cap when num_blocks is 0 (MiB)");
   v.field("max_num_seqs", c.max_num_seqs, "Running sequences at most");
   v.field("max_batched_tokens", c.max_batched_tokens, "Tokens per engine step at most");
   v.field("max_model_len", c.max_model_len, "Prompt + generation limit; 0 = the model's context");

@@ -104,12 +104,6 @@ caf::error request_error(const caf::error& err, const std::string& what, caf::ti
   return make_error(errc::internal, what + ": " + caf::to_string(err));
 }
 
-inference::engine_config engine_settings(const job_config& cfg) {
-  auto e = cfg.rl.rollout;
-  e.seed = static_cast<uint64_t>(cfg.run.seed);
-  return e;
-}
-
 namespace {
 
 // Shared-memory channels are named after the job's process and the job

@@ -11,6 +11,18 @@
 
 namespace troupe::actors::rl {
 
+inference::engine_config engine_settings(const job_config& cfg) {
+  auto e = cfg.rl.rollout;
+  e.seed = static_cast<uint64_t>(cfg.run.seed);
+  const auto& r = cfg.rl;
+  e.expected_sequences = std::max(r.prompts_per_iteration * r.samples_per_prompt * (r.staleness > 0 ? 2 : 1),
+                                  cfg.data.eval_size * r.eval_samples);
+  bool task_prompts = cfg.data.train_file.empty() && cfg.data.eval_file.empty();
+  auto prompt = task_prompts ? max_task_prompt_tokens(cfg.data) : 0;
+  e.expected_tokens = prompt > 0 ? prompt + r.generation.max_tokens : 0;
+  return e;
+}
+
 namespace {
 
 std::string num(double x) {

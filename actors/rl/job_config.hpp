@@ -480,6 +480,12 @@ bool uses_reward_model(const reward_config& c);
 /// (its characters + BOS); 0 when the task settings are invalid.
 int64_t max_task_prompt_tokens(const data_config& c);
 
+/// The rollout engine's settings: rl.rollout, the run's seed, and the work
+/// it expects (NOTE [kv pool size]): the larger of an iteration's
+/// responses and an evaluation's, each at most the built-in task's longest
+/// prompt plus rl.generation.max_tokens (unknown with prompt files).
+inference::engine_config engine_settings(const job_config& cfg);
+
 /// Loads and checks a job file with `--set` overrides.
 expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides);
 

@@ -178,9 +178,6 @@ expected<inference::rollout_actor> spawn_rollout_role(job_context& ctx, const st
 /// The rl stage's reward role; `model_dir` "" for a rule-only reward.
 expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& model_dir);
 
-/// The rollout engine settings of the job.
-inference::engine_config engine_settings(const job_config& cfg);
-
 expected<stage_summary> run_rl_stage(job_context& ctx);
 
 } // namespace troupe::actors::rl::detail

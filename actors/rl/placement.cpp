@@ -106,11 +106,11 @@ double role_bytes(const job_config& cfg, const models::llama_config& m, const st
     return 0;
   auto params = static_cast<double>(parameters(m, t->head == "lm"));
   double bytes = (t->trains_in(stage) ? 16 : 4) * params;
-  if (t->id == role_id::rollout) {
-    const auto& e = cfg.rl.rollout;
-    bytes += e.num_blocks > 0 ? static_cast<double>(e.num_blocks * e.block_size * m.num_hidden_layers * 2 *
-                                                    m.num_key_value_heads * m.resolved_head_dim() * 4)
-                              : e.kv_cache_mb * 1024.0 * 1024.0;
+  if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
+    auto e = engine_settings(cfg);
+    auto blocks = inference::kv_pool_blocks(e, m, 4);
+    bytes += blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, m, 4))
+                    : e.kv_cache_mb * 1024.0 * 1024.0;
   }
   return bytes;
 }

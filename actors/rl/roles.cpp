@@ -148,7 +148,7 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   if (!model)
     return with_prefix(model.error(), "loading " + s.model_dir);
   if (s.role == "rollout") {
-    auto a = inference::spawn_rollout(sys, *model, detail::engine_settings(cfg));
+    auto a = inference::spawn_rollout(sys, *model, engine_settings(cfg));
     if (!a)
       return a.error();
     return caf::actor_cast<caf::actor>(*a);

@@ -295,3 +295,45 @@ TEST(Engine, AddRequestsQueuesAllOrNone) {
   ASSERT_TRUE(outs) << describe(outs.error());
   EXPECT_EQ(outs->size(), 3u);
 }
+
+// NOTE [kv pool size]: the pool holds the expected work, at least one
+// sequence of the whole context, at most kv_cache_mb; num_blocks wins.
+TEST(KvPoolSize, FollowsTheWorkWithinTheCap) {
+  models::llama_config m;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.num_hidden_layers = 3;
+  m.max_position_embeddings = 256;
+  engine_config c; // block_size 16, max_num_seqs 64, cap 256 MiB
+  const int64_t block = 2 * 3 * 16 * 2 * 16 * 4;
+  EXPECT_EQ(kv_block_bytes(c, m, 4), block);
+  // Unknown work: max_num_seqs sequences of the whole context.
+  EXPECT_EQ(*kv_pool_blocks(c, m, 4), 64 * 16);
+  // Two sequences of 40 tokens: 2 x 3 blocks, but one whole context (16).
+  c.expected_sequences = 2;
+  c.expected_tokens = 40;
+  EXPECT_EQ(*kv_pool_blocks(c, m, 4), 16);
+  // 100 sequences of 40 tokens: max_num_seqs (64) of them, 3 blocks each.
+  c.expected_sequences = 100;
+  EXPECT_EQ(*kv_pool_blocks(c, m, 4), 64 * 3);
+  // The cap.
+  c.kv_cache_mb = 10.0 * block / (1 << 20);
+  EXPECT_EQ(*kv_pool_blocks(c, m, 4), 10);
+  c.kv_cache_mb = 0.5 * block / (1 << 20);
+  auto none = kv_pool_blocks(c, m, 4);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(code_of(none.error()), errc::invalid_config);
+  // An explicit pool.
+  c.num_blocks = 7;
+  EXPECT_EQ(*kv_pool_blocks(c, m, 4), 7);
+  // An engine made without a pool size holds what its requests need.
+  auto model = tiny_model(); // tests/actors/tiny_engine.hpp
+  engine_config sized;
+  sized.expected_sequences = 1;
+  sized.expected_tokens = 8;
+  auto e = engine::make(model, sized);
+  ASSERT_TRUE(e) << describe(e.error());
+  auto ctx = model->config().max_position_embeddings;
+  EXPECT_EQ((*e)->metrics().num_blocks, (ctx + 15) / 16);
+}
