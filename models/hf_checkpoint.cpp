@@ -61,7 +61,8 @@ bool looks_like_shard(const std::string& name) {
          digits(prefix.size() + 9);
 }
 
-expected<tensor_map> load_sharded(const std::string& dir, const std::string& index_path) {
+expected<tensor_map> load_sharded(const std::string& dir, const std::string& index_path,
+                                  const runtime::tensor_target& target) {
   auto text = runtime::read_file(index_path, uint64_t{64} << 20);
   if (!text)
     return text.error();
@@ -102,7 +103,7 @@ expected<tensor_map> load_sharded(const std::string& dir, const std::string& ind
   tensor_map out;
   for (auto& [file, names] : listed) {
     auto path = join(dir, file);
-    auto shard = load_safetensors(path);
+    auto shard = load_safetensors(path, target);
     if (!shard)
       return shard.error();
     for (auto& [name, t] : *shard) {
@@ -148,16 +149,16 @@ expected<void> remove_stale_shards(const std::string& dir, const std::set<std::s
 
 } // namespace
 
-expected<tensor_map> load_hf_weights(const std::string& dir) {
+expected<tensor_map> load_hf_weights(const std::string& dir, const runtime::tensor_target& target) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return make_error(errc::not_found, "no such checkpoint directory: " + dir);
   auto single = join(dir, hf_weights_file);
   if (is_regular_file(single))
-    return load_safetensors(single);
+    return load_safetensors(single, target);
   auto index = join(dir, hf_index_file);
   if (is_regular_file(index))
-    return load_sharded(dir, index);
+    return load_sharded(dir, index, target);
   for (const char* legacy : {"pytorch_model.bin", "pytorch_model.bin.index.json"})
     if (is_regular_file(join(dir, legacy)))
       return make_error(errc::unsupported, dir + ": found " + legacy +

@@ -34,8 +34,9 @@ struct hf_checkpoint {
 };
 
 /// Loads the safetensors weights of `dir` (model.safetensors, else the shards
-/// of model.safetensors.index.json), checking the index against the shards.
-expected<tensor_map> load_hf_weights(const std::string& dir);
+/// of model.safetensors.index.json), checking the index against the shards;
+/// `target` names tensors to read into in place (runtime::load_safetensors).
+expected<tensor_map> load_hf_weights(const std::string& dir, const runtime::tensor_target& target = {});
 
 /// Loads config.json and the weights of `dir`.
 expected<hf_checkpoint> load_hf_checkpoint_dir(const std::string& dir);

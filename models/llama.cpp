@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 namespace troupe::models {
@@ -663,7 +664,8 @@ expected<void> assign_hf_weights(llama_model& model,
   return guarded("copying weights", [&] {
     torch::NoGradGuard no_grad;
     for (auto& [name, src] : mapped)
-      params.at(name).copy_(src);
+      if (!src.is_same(params.at(name)) && src.data_ptr() != params.at(name).data_ptr())
+        params.at(name).copy_(src); // read in place already otherwise
   });
 }
 
@@ -680,13 +682,28 @@ std::map<std::string, torch::Tensor> export_hf_weights(const llama_model& model)
 
 expected<llama_model> load_pretrained(const std::string& dir, head_kind head,
                                       bool allow_missing_head) {
-  auto ckpt = load_hf_checkpoint_dir(dir);
-  if (!ckpt)
-    return ckpt.error();
-  auto model = make_llama(ckpt->config, head);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return make_error(errc::not_found, "no such checkpoint directory: " + dir);
+  auto config = load_hf_config((std::filesystem::path{dir} / hf_config_file).string());
+  if (!config)
+    return config.error();
+  auto model = make_llama(*config, head);
   if (!model)
     return with_prefix(model.error(), dir);
-  if (auto ok = assign_hf_weights(*model, ckpt->tensors, allow_missing_head); !ok)
+  // The stored tensors are read straight into the parameters they map to
+  // (one copy of the weights in memory, not two).
+  std::map<std::string, torch::Tensor> by_hf_name;
+  for (auto& [name, param] : (*model)->named_weights())
+    if (auto hf = to_hf_name(name, head))
+      by_hf_name.emplace(*hf, param);
+  auto tensors = load_hf_weights(dir, [&](const std::string& hf) {
+    auto it = by_hf_name.find(hf);
+    return it == by_hf_name.end() ? torch::Tensor{} : it->second.detach();
+  });
+  if (!tensors)
+    return tensors.error();
+  if (auto ok = assign_hf_weights(*model, *tensors, allow_missing_head); !ok)
     return with_prefix(ok.error(), dir);
   return model;
 }

@@ -395,7 +395,7 @@ expected<string_map> read_safetensors_metadata(const std::string& path) {
   return std::move(h->metadata);
 }
 
-expected<tensor_map> load_safetensors(const std::string& path) {
+expected<tensor_map> load_safetensors(const std::string& path, const tensor_target& target) {
   fd_guard f;
   auto header = open_and_read_header(path, f);
   if (!header)
@@ -409,6 +409,12 @@ expected<tensor_map> load_safetensors(const std::string& path) {
   for (const auto& t : header->tensors) {
     const auto* entry = find_dtype(t.dtype);
     auto tensor = guarded("allocating tensor '" + t.name + "' of " + path, [&] {
+      if (target) {
+        auto into = target(t.name);
+        if (into.defined() && into.device().is_cpu() && into.is_contiguous() &&
+            into.scalar_type() == *entry->type && into.sizes() == at::IntArrayRef(t.shape))
+          return into;
+      }
       return at::empty(t.shape, at::TensorOptions().dtype(*entry->type).device(at::kCPU));
     });
     if (!tensor)

@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -73,8 +74,15 @@ expected<safetensors_header> read_safetensors_header(const std::string& path);
 /// Reads the "__metadata__" object (empty when the file has none).
 expected<string_map> read_safetensors_metadata(const std::string& path);
 
-/// Loads every tensor into an owned, contiguous CPU tensor of the stored dtype.
-expected<tensor_map> load_safetensors(const std::string& path);
+/// Where a stored tensor may be read to: a contiguous CPU tensor to fill in
+/// place, or an undefined tensor for a fresh one.
+using tensor_target = std::function<at::Tensor(const std::string& name)>;
+
+/// Loads every tensor into a contiguous CPU tensor of the stored dtype: the
+/// one `target` names when its dtype and shape are the stored ones (read in
+/// place, no second copy: a model loads straight into its parameters), else
+/// a fresh one.
+expected<tensor_map> load_safetensors(const std::string& path, const tensor_target& target = {});
 
 /// Writes `tensors` (any device, any layout; copied to contiguous CPU one at
 /// a time) and `metadata` to `path` atomically: temporary file, fsync, rename.
