@@ -2,6 +2,7 @@
 // baseline in the same run. Model: the 15M-parameter Llama shape (dim 288,
 // 6 layers, 6 heads, vocab 32000, context 256), fp32, CPU, random weights.
 #include "actors/inference/engine.hpp"
+#include "bench/llama_shapes.hpp"
 #include "models/llama.hpp"
 #include "runtime/compute.hpp"
 
@@ -9,8 +10,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -23,19 +24,6 @@ namespace {
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-models::llama_config shape_15m() {
-  models::llama_config c;
-  c.vocab_size = 32000;
-  c.hidden_size = 288;
-  c.intermediate_size = 768;
-  c.num_hidden_layers = 6;
-  c.num_attention_heads = 6;
-  c.num_key_value_heads = 6;
-  c.max_position_embeddings = 256;
-  c.tie_word_embeddings = true; // as llama2.c's stories15M
-  return c;
 }
 
 std::vector<int64_t> prompt_of(int len, int salt) {
@@ -125,7 +113,7 @@ int main(int argc, char** argv) {
   int batch_rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 10;
   runtime::set_compute_threads(0);
   torch::manual_seed(0);
-  auto model = models::make_llama(shape_15m(), models::head_kind::lm);
+  auto model = models::make_llama(bench::shape_15m(), models::head_kind::lm);
   if (!model)
     return 1;
   auto m = *model;
@@ -133,7 +121,8 @@ int main(int argc, char** argv) {
   int64_t params = 0;
   for (const auto& p : m->parameters())
     params += p.numel();
-  std::printf("model: %.2fM parameters, fp32; ATen threads %d\n", params / 1e6, at::get_num_threads());
+  std::printf("model: %.2fM parameters, fp32; ATen threads %d\n", params / 1e6,
+              at::get_num_threads());
 
   // Machines here are shared and noisy: every comparison interleaves its two
   // sides over kTrials rounds and keeps each side's best.
@@ -163,15 +152,20 @@ int main(int argc, char** argv) {
     std::printf("batch 32: best %.1f tokens/s over %d rounds\n", best, batch_rounds);
     return 0;
   }
-  auto [kv, full] = best_of([&] { return run(*e, {{"kv", prompt_of(16, 1), greedy(240)}}); },
-                            [&] { return full_recompute(m, 16, 240); });
+  auto [kv, full] = best_of(
+      [&] {
+        return run(*e, {{"kv", prompt_of(16, 1), greedy(240)}});
+      },
+      [&] { return full_recompute(m, 16, 240); });
   std::printf("decode with KV cache vs full recompute (batch 1, 16 + 240 tokens): %.1f vs %.1f "
               "tokens/s = %.1fx\n",
               kv, full, kv / full);
 
   // 2. Batch 32 vs batch 1 aggregate tokens/s (16-token prompts, 64 tokens each).
   auto [b32, one] = best_of([&] { return run(*e, batch); },
-                            [&] { return run(*e, {{"single", prompt_of(16, 99), greedy(64)}}); });
+                            [&] {
+                              return run(*e, {{"single", prompt_of(16, 99), greedy(64)}});
+                            });
   std::printf("batch 32 vs batch 1 aggregate throughput: %.1f vs %.1f tokens/s = %.1fx\n", b32, one,
               b32 / one);
 
@@ -204,18 +198,19 @@ int main(int argc, char** argv) {
     independent.push_back({"i" + std::to_string(i), prompt_of(200, 3), p1});
   }
   run(*plain_engine, independent, &prefill_plain, &wall_plain);
-  std::printf("n=8 samples of a 200-token prompt, 32 tokens each: prefix sharing %lld prefill tokens in "
-              "%.3f s vs without %lld in %.3f s (%.1fx fewer tokens, %.2fx wall time)\n",
-              static_cast<long long>(prefill_shared), wall_shared,
-              static_cast<long long>(prefill_plain), wall_plain,
-              static_cast<double>(prefill_plain) / static_cast<double>(prefill_shared),
-              wall_plain / wall_shared);
+  std::printf(
+      "n=8 samples of a 200-token prompt, 32 tokens each: prefix sharing %lld prefill tokens in "
+      "%.3f s vs without %lld in %.3f s (%.1fx fewer tokens, %.2fx wall time)\n",
+      static_cast<long long>(prefill_shared), wall_shared, static_cast<long long>(prefill_plain),
+      wall_plain, static_cast<double>(prefill_plain) / static_cast<double>(prefill_shared),
+      wall_plain / wall_shared);
 
   // 4. Batch-1 decode bandwidth vs memcpy (the batch-1 run of section 2).
   double bw = memcpy_gbps();
   double achieved = static_cast<double>(params) * 4 * one / 1e9;
-  std::printf("batch-1 decode reads %.1f MB of parameters per token: %.2f GB/s achieved vs memcpy %.2f "
-              "GB/s = %.0f%%\n",
-              params * 4 / 1e6, achieved, bw, 100 * achieved / bw);
+  std::printf(
+      "batch-1 decode reads %.1f MB of parameters per token: %.2f GB/s achieved vs memcpy %.2f "
+      "GB/s = %.0f%%\n",
+      params * 4 / 1e6, achieved, bw, 100 * achieved / bw);
   return 0;
 }

@@ -14,6 +14,7 @@
 //
 // Usage: bench_startup [runs] [extra generate flags...]
 #include "actors/inference/engine.hpp"
+#include "bench/llama_shapes.hpp"
 #include "models/llama.hpp"
 
 #include <nlohmann/json.hpp>
@@ -22,10 +23,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <fcntl.h>
 #include <spawn.h>
 #include <sstream>
 #include <string>
@@ -95,8 +96,8 @@ struct series {
 };
 
 void print(const series& s) {
-  std::printf("  %-48s median %7.1f ms  p90 %7.1f ms", s.name.c_str(), 1e3 * percentile(s.seconds, 0.5),
-              1e3 * percentile(s.seconds, 0.9));
+  std::printf("  %-48s median %7.1f ms  p90 %7.1f ms", s.name.c_str(),
+              1e3 * percentile(s.seconds, 0.5), 1e3 * percentile(s.seconds, 0.9));
   if (s.peak_rss_mb > 0)
     std::printf("  peak RSS %6.1f MiB", s.peak_rss_mb);
   std::printf("%s\n", s.failed ? "  (a run FAILED)" : "");
@@ -119,22 +120,10 @@ double ratio(const series& a, const series& b) {
   return percentile(a.seconds, 0.5) / percentile(b.seconds, 0.5);
 }
 
-models::llama_config shape_15m() {
-  models::llama_config c;
-  c.vocab_size = 32000;
-  c.hidden_size = 288;
-  c.intermediate_size = 768;
-  c.num_hidden_layers = 6;
-  c.num_attention_heads = 6;
-  c.num_key_value_heads = 6;
-  c.max_position_embeddings = 256;
-  return c;
-}
-
 // A random Llama of the 15M shape saved as an HF directory.
 bool write_model(const std::string& dir) {
   torch::manual_seed(1);
-  auto m = models::make_llama(shape_15m(), models::head_kind::lm);
+  auto m = models::make_llama(bench::shape_15m(), models::head_kind::lm);
   return m && models::save_pretrained(*m, dir);
 }
 
@@ -158,15 +147,16 @@ int main(int argc, char** argv) {
   auto state = (dir / "state").string();
   pid_t ctl = -1;
   {
-    std::vector<std::string> a{engine, "controller", "--listen", "127.0.0.1:0", "--dashboard", "off",
-                               "--state-dir", state};
+    std::vector<std::string> a{engine,        "controller", "--listen",    "127.0.0.1:0",
+                               "--dashboard", "off",        "--state-dir", state};
     std::vector<char*> args;
     for (auto& s : a)
       args.push_back(s.data());
     args.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, (dir / "controller.log").c_str(), O_WRONLY | O_CREAT, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, (dir / "controller.log").c_str(), O_WRONLY | O_CREAT,
+                                     0600);
     posix_spawn(&ctl, args[0], &fa, nullptr, args.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
   }
@@ -177,17 +167,19 @@ int main(int argc, char** argv) {
                            {"troupe-engine --help (loads LibTorch)", {engine, "--help"}}};
   std::vector<series> client{{"troupe jobs (front)", {front, "jobs", "--state-dir", state}},
                              {"troupe-engine jobs", {engine, "jobs", "--state-dir", state}}};
-  std::vector<std::string> gen{front, "generate", "--model", model, "--prompt", "Once upon a time",
-                               "--max-tokens", "1", "--temperature", "0"};
+  std::vector<std::string> gen{
+      front,          "generate", "--model",       model, "--prompt", "Once upon a time",
+      "--max-tokens", "1",        "--temperature", "0"};
   for (int i = 2; i < argc; ++i)
     gen.push_back(argv[i]);
   // The former default pool: 256 MiB of blocks, whatever the requests.
   auto old_gen = gen;
   old_gen.push_back("--num-blocks");
   old_gen.push_back(std::to_string(256ll * 1024 * 1024 /
-                                   actors::inference::kv_block_bytes({}, shape_15m(), 4)));
-  std::vector<series> engine_start{{"troupe generate, 1 token (15M shape)", gen},
-                                   {"troupe-engine --version (process start)", {engine, "--version"}}};
+                                   actors::inference::kv_block_bytes({}, bench::shape_15m(), 4)));
+  std::vector<series> engine_start{
+      {"troupe generate, 1 token (15M shape)", gen},
+      {"troupe-engine --version (process start)", {engine, "--version"}}};
   std::vector<series> memory{{"generate, KV pool sized to the requests", gen},
                              {"generate, KV pool of 256 MiB (former default)", old_gen}};
   auto err = (dir / "stderr.txt").string();
@@ -210,8 +202,9 @@ int main(int argc, char** argv) {
   std::printf("an engine process:\n");
   for (const auto& s : engine_start)
     print(s);
-  std::printf("  generate beyond the bare process start: %.1f ms (median)\n",
-              1e3 * (percentile(engine_start[0].seconds, 0.5) - percentile(engine_start[1].seconds, 0.5)));
+  std::printf(
+      "  generate beyond the bare process start: %.1f ms (median)\n",
+      1e3 * (percentile(engine_start[0].seconds, 0.5) - percentile(engine_start[1].seconds, 0.5)));
   std::printf("memory of troupe generate (15M shape, one request):\n");
   for (const auto& s : memory)
     print(s);

@@ -1,13 +1,15 @@
 #include "models/llama.hpp"
 
+#include "kernels/cpu/fused_decode.hpp"
 #include "kernels/paged_attention.hpp"
 #include "models/hf_checkpoint.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <cmath>
-#include <limits>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 namespace troupe::models {
@@ -89,8 +91,8 @@ struct rotary {
 /// `inv_freq` [head_dim / 2] fp32 comes from rope_inv_freq(config).
 rotary rotary_tables(const torch::Tensor& positions, const torch::Tensor& inv_freq,
                      torch::ScalarType dtype) {
-  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) *
-               inv_freq.to(positions.device()); // [..., D/2]
+  auto freqs =
+      positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq.to(positions.device()); // [..., D/2]
   auto emb = torch::cat({freqs, freqs}, -1);
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
@@ -110,11 +112,11 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
 
 struct attention_impl : nn::Module {
   attention_impl(const llama_config& c)
-    : n_heads(c.num_attention_heads), n_kv(c.num_key_value_heads),
-      head_dim(c.resolved_head_dim()) {
+      : n_heads(c.num_attention_heads), n_kv(c.num_key_value_heads),
+        head_dim(c.resolved_head_dim()) {
     auto freqs = rope_inv_freq(c);
     inv_freq = torch::tensor(std::vector<double>(freqs.begin(), freqs.end()), torch::kFloat64)
-                 .to(torch::kFloat32);
+                   .to(torch::kFloat32);
     wq = register_module("wq", make_linear(c.hidden_size, n_heads * head_dim, c.qkv_bias));
     wk = register_module("wk", make_linear(c.hidden_size, n_kv * head_dim, c.qkv_bias));
     wv = register_module("wv", make_linear(c.hidden_size, n_kv * head_dim, c.qkv_bias));
@@ -169,8 +171,7 @@ struct attention_impl : nn::Module {
     auto opts = torch::TensorOptions().dtype(torch::kBool).device(x.device());
     auto causal = torch::ones({T, S}, opts).tril(past); // query i sees keys <= past + i
     auto allowed = causal.view({1, 1, 1, T, S}) & key_mask.view({B, 1, 1, 1, S});
-    scores = scores.masked_fill(allowed.logical_not(),
-                                std::numeric_limits<float>::lowest() / 2);
+    scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest() / 2);
     auto probs = torch::softmax(scores, -1).to(v.scalar_type());
     auto out = torch::matmul(probs.view({B, n_kv, group * T, S}), v); // [B,kv,G*T,D]
     out = out.view({B, n_heads, T, head_dim}).transpose(1, 2).reshape({B, T, n_heads * head_dim});
@@ -261,17 +262,20 @@ expected<head_kind> parse_head_kind(const std::string& name) {
 
 std::string to_string(head_kind kind) {
   switch (kind) {
-    case head_kind::lm: return "lm";
-    case head_kind::value: return "value";
-    case head_kind::reward: return "reward";
+  case head_kind::lm:
+    return "lm";
+  case head_kind::value:
+    return "value";
+  case head_kind::reward:
+    return "reward";
   }
   return "lm";
 }
 
 llama_model_impl::llama_model_impl(const llama_config& config, head_kind head)
-  : config_(config), head_(head) {
+    : config_(config), head_(head) {
   tok_embeddings_ = register_module(
-    "tok_embeddings", nn::Embedding(nn::EmbeddingOptions(config.vocab_size, config.hidden_size)));
+      "tok_embeddings", nn::Embedding(nn::EmbeddingOptions(config.vocab_size, config.hidden_size)));
   layers_ = register_module("layers", nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
     layers_->push_back(block(config));
@@ -305,8 +309,10 @@ kv_cache llama_model_impl::make_cache(int64_t batch, int64_t capacity) const {
     cache.values.push_back(torch::zeros(shape, ref.options()));
   }
   auto dev = ref.device();
-  cache.key_mask = torch::zeros({batch, capacity}, torch::TensorOptions().dtype(torch::kBool).device(dev));
-  cache.next_position = torch::zeros({batch}, torch::TensorOptions().dtype(torch::kLong).device(dev));
+  cache.key_mask =
+      torch::zeros({batch, capacity}, torch::TensorOptions().dtype(torch::kBool).device(dev));
+  cache.next_position =
+      torch::zeros({batch}, torch::TensorOptions().dtype(torch::kLong).device(dev));
   return cache;
 }
 
@@ -397,10 +403,133 @@ caf::error check_paged_step(const llama_config& config, head_kind head, size_t l
 
 } // namespace
 
+namespace {
+
+/// A paged step's indices as the fused kernel reads them.
+struct decode_indices {
+  torch::Tensor tokens, positions, slots, context_lens; // [N] int64
+  torch::Tensor tables;                                 // [N, W] int32
+};
+
+/// The step's indices when it is a decode step the fused kernel can run
+/// with every read in bounds: one new token per request, logits of each
+/// (logit_rows absent or 0..N-1), CPU indices, slots and the tables' used
+/// blocks inside the pools, positions and lengths within the tables.
+std::optional<decode_indices> decode_step_indices(const paged_batch& batch,
+                                                  const paged_kv_cache& cache,
+                                                  const torch::Tensor& logit_rows) {
+  auto n = batch.input_ids.numel();
+  const auto& qs = batch.query_start;
+  if (n == 0 || !qs.defined() || qs.numel() != n + 1 || !batch.block_tables.defined() ||
+      batch.block_tables.dim() != 2 || batch.block_tables.size(0) != n ||
+      !batch.context_lens.defined() || batch.context_lens.numel() != n)
+    return std::nullopt;
+  for (const auto* t : {&batch.input_ids, &batch.positions, &batch.slot_mapping,
+                        &batch.block_tables, &batch.context_lens, &qs})
+    if (!t->device().is_cpu())
+      return std::nullopt;
+  auto steps = torch::arange(n + 1, torch::kLong);
+  if (!torch::equal(qs.to(torch::kLong), steps) ||
+      (logit_rows.defined() && !torch::equal(logit_rows.to(torch::kLong), steps.narrow(0, 0, n))))
+    return std::nullopt;
+  auto i64 = [](const torch::Tensor& t) { return t.to(torch::kLong).contiguous(); };
+  decode_indices d{i64(batch.input_ids), i64(batch.positions), i64(batch.slot_mapping),
+                   i64(batch.context_lens), batch.block_tables.to(torch::kInt32).contiguous()};
+  const int64_t width = d.tables.size(1), bs = cache.block_size;
+  const int64_t* pos = d.positions.data_ptr<int64_t>();
+  const int64_t* slot = d.slots.data_ptr<int64_t>();
+  const int64_t* ctx = d.context_lens.data_ptr<int64_t>();
+  const int32_t* table = d.tables.data_ptr<int32_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    if (pos[r] < 0 || ctx[r] < 1 || ctx[r] > width * bs || slot[r] < 0 ||
+        slot[r] >= cache.num_blocks * bs)
+      return std::nullopt;
+    for (int64_t k = 0; k < (ctx[r] + bs - 1) / bs; ++k)
+      if (table[r * width + k] < 0 || table[r * width + k] >= cache.num_blocks)
+        return std::nullopt;
+  }
+  return d;
+}
+
+} // namespace
+
+kernels::cpu::decode_model llama_model_impl::decode_view(paged_kv_cache& cache) {
+  auto ptr = [](const torch::Tensor& t) -> const float* {
+    return t.defined() ? t.data_ptr<float>() : nullptr;
+  };
+  kernels::cpu::decode_model m;
+  m.dim = config_.hidden_size;
+  m.hidden = config_.intermediate_size;
+  m.n_heads = config_.num_attention_heads;
+  m.n_kv = config_.num_key_value_heads;
+  m.head_dim = config_.resolved_head_dim();
+  m.vocab = config_.vocab_size;
+  m.eps = static_cast<float>(config_.rms_norm_eps);
+  m.block_size = cache.block_size;
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    auto* b = layers_[i]->as<block_impl>();
+    auto& a = *b->attn;
+    auto& f = *b->ffn;
+    if (i == 0)
+      m.inv_freq = a.inv_freq.data_ptr<float>();
+    m.layers.push_back({ptr(b->attention_norm->weight), ptr(a.wq->weight), ptr(a.wk->weight),
+                        ptr(a.wv->weight), ptr(a.wo->weight), ptr(a.wq->bias), ptr(a.wk->bias),
+                        ptr(a.wv->bias), ptr(a.wo->bias), ptr(b->ffn_norm->weight),
+                        ptr(f.w1->weight), ptr(f.w3->weight), ptr(f.w2->weight), ptr(f.w1->bias),
+                        ptr(f.w3->bias), ptr(f.w2->bias), cache.k[i].data_ptr<float>(),
+                        cache.v[i].data_ptr<float>()});
+  }
+  m.final_norm = ptr(norm_->as<rms_norm_impl>()->weight);
+  m.embedding = ptr(tok_embeddings_->weight);
+  m.lm_head = output_ ? ptr(output_->weight) : m.embedding;
+  return m;
+}
+
+bool llama_model_impl::fusable_weights(const paged_kv_cache& cache) {
+  for (const auto& p : parameters())
+    if (!p.device().is_cpu() || p.scalar_type() != torch::kFloat32 || !p.is_contiguous())
+      return false;
+  for (const auto& pool : {cache.k, cache.v})
+    for (const auto& t : pool)
+      if (!t.is_contiguous() || t.scalar_type() != torch::kFloat32)
+        return false;
+  return true;
+}
+
+torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_cache& cache,
+                                           const torch::Tensor& logit_rows) {
+  if (!fused_decode_ || head_ != head_kind::lm || !fusable_weights(cache))
+    return {};
+  auto indices = decode_step_indices(batch, cache, logit_rows);
+  if (!indices)
+    return {};
+  std::unique_lock<std::mutex> lock{*team_mu_, std::try_to_lock};
+  if (!lock.owns_lock())
+    return {};
+  auto threads = std::max(1, at::get_num_threads());
+  if (!team_ || team_->size() != threads)
+    team_ = std::make_shared<kernels::cpu::thread_team>(threads);
+  auto n = indices->tokens.numel();
+  auto logits = torch::empty({n, config_.vocab_size}, torch::kFloat32);
+  kernels::cpu::decode_batch b;
+  b.size = n;
+  b.tokens = indices->tokens.data_ptr<int64_t>();
+  b.positions = indices->positions.data_ptr<int64_t>();
+  b.slots = indices->slots.data_ptr<int64_t>();
+  b.block_tables = indices->tables.data_ptr<int32_t>();
+  b.table_width = indices->tables.size(1);
+  b.context_lens = indices->context_lens.data_ptr<int64_t>();
+  b.logits = logits.data_ptr<float>();
+  kernels::cpu::fused_decode(decode_view(cache), b, *team_);
+  return logits;
+}
+
 torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv_cache& cache,
                                               const torch::Tensor& logit_rows) {
   throw_if(check_paged_step(config_, head_, layers_->size(), batch, cache, logit_rows));
   torch::NoGradGuard no_grad;
+  if (auto logits = fused_step(batch, cache, logit_rows); logits.defined())
+    return logits;
   auto x = tok_embeddings_->forward(batch.input_ids); // [N, hidden]
   auto rope = rotary_for_layer0(layers_, batch.positions, x.scalar_type());
   for (size_t i = 0; i < layers_->size(); ++i)
@@ -420,8 +549,8 @@ torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
   auto B = input_ids.size(0);
   auto T = input_ids.size(1);
   auto bool_opts = torch::TensorOptions().dtype(torch::kBool).device(input_ids.device());
-  auto mask = attention_mask.defined() ? attention_mask.to(torch::kBool)
-                                       : torch::ones({B, T}, bool_opts);
+  auto mask =
+      attention_mask.defined() ? attention_mask.to(torch::kBool) : torch::ones({B, T}, bool_opts);
   TORCH_CHECK(mask.sizes() == input_ids.sizes(), "attention_mask ", mask.sizes(),
               " does not match input_ids ", input_ids.sizes());
   auto counts = mask.to(torch::kLong).cumsum(1); // real tokens so far, inclusive
@@ -432,8 +561,8 @@ torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
                 " layers, model has ", layers_->size());
     TORCH_CHECK(cache->key_mask.size(0) == B, "kv cache batch ", cache->key_mask.size(0),
                 " does not match input batch ", B);
-    TORCH_CHECK(cache->length + T <= cache->capacity, "kv cache overflow: ", cache->length,
-                " + ", T, " tokens > capacity ", cache->capacity);
+    TORCH_CHECK(cache->length + T <= cache->capacity, "kv cache overflow: ", cache->length, " + ",
+                T, " tokens > capacity ", cache->capacity);
     positions = (cache->next_position.unsqueeze(1) + counts - 1).clamp_min(0);
     cache->key_mask.narrow(1, cache->length, T).copy_(mask);
     key_mask = cache->key_mask.narrow(1, 0, cache->length + T);
@@ -455,24 +584,25 @@ torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
 torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
                                            const torch::Tensor& attention_mask) {
   switch (head_) {
-    case head_kind::lm:
-      // linear, not matmul(h, W.t()): 4-5x faster on CPU.
-      return dense(hidden, output_ ? output_->weight : tok_embeddings_->weight);
-    case head_kind::value:
-      return score_head_->forward(hidden).squeeze(-1);
-    case head_kind::reward: {
-      auto T = hidden.size(1);
-      torch::Tensor last;
-      if (attention_mask.defined()) {
-        auto idx = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
-        last = (attention_mask.to(torch::kLong) * idx).argmax(1);
-      } else {
-        last = torch::full({hidden.size(0)}, T - 1,
-                           torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
-      }
-      auto h = hidden.index({torch::arange(hidden.size(0), last.options()), last});
-      return score_head_->forward(h).squeeze(-1);
+  case head_kind::lm:
+    // linear, not matmul(h, W.t()): 4-5x faster on CPU.
+    return dense(hidden, output_ ? output_->weight : tok_embeddings_->weight);
+  case head_kind::value:
+    return score_head_->forward(hidden).squeeze(-1);
+  case head_kind::reward: {
+    auto T = hidden.size(1);
+    torch::Tensor last;
+    if (attention_mask.defined()) {
+      auto idx =
+          torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
+      last = (attention_mask.to(torch::kLong) * idx).argmax(1);
+    } else {
+      last = torch::full({hidden.size(0)}, T - 1,
+                         torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
     }
+    auto h = hidden.index({torch::arange(hidden.size(0), last.options()), last});
+    return score_head_->forward(h).squeeze(-1);
+  }
   }
   return hidden;
 }
@@ -522,15 +652,11 @@ struct name_rule {
 
 // Per-layer names, relative to "layers.{i}." / "model.layers.{i}.".
 constexpr name_rule layer_rules[] = {
-  {"attention.wq.", "self_attn.q_proj."},
-  {"attention.wk.", "self_attn.k_proj."},
-  {"attention.wv.", "self_attn.v_proj."},
-  {"attention.wo.", "self_attn.o_proj."},
-  {"feed_forward.w1.", "mlp.gate_proj."},
-  {"feed_forward.w3.", "mlp.up_proj."},
-  {"feed_forward.w2.", "mlp.down_proj."},
-  {"attention_norm.", "input_layernorm."},
-  {"ffn_norm.", "post_attention_layernorm."},
+    {"attention.wq.", "self_attn.q_proj."},     {"attention.wk.", "self_attn.k_proj."},
+    {"attention.wv.", "self_attn.v_proj."},     {"attention.wo.", "self_attn.o_proj."},
+    {"feed_forward.w1.", "mlp.gate_proj."},     {"feed_forward.w3.", "mlp.up_proj."},
+    {"feed_forward.w2.", "mlp.down_proj."},     {"attention_norm.", "input_layernorm."},
+    {"ffn_norm.", "post_attention_layernorm."},
 };
 
 bool starts_with(const std::string& s, std::string_view prefix) {
@@ -595,7 +721,8 @@ expected<std::string> from_hf_name(const std::string& name, head_kind head) {
 
 std::string hf_architecture(const llama_config& config, head_kind head) {
   auto family = config.architecture;
-  for (const char* suffix : {"ForCausalLM", "ForTokenClassification", "ForSequenceClassification"}) {
+  for (const char* suffix :
+       {"ForCausalLM", "ForTokenClassification", "ForSequenceClassification"}) {
     auto pos = family.rfind(suffix);
     if (pos != std::string::npos && pos + std::strlen(suffix) == family.size()) {
       family = family.substr(0, pos);
@@ -603,16 +730,19 @@ std::string hf_architecture(const llama_config& config, head_kind head) {
     }
   }
   switch (head) {
-    case head_kind::lm: return family + "ForCausalLM";
-    case head_kind::value: return family + "ForTokenClassification";
-    case head_kind::reward: return family + "ForSequenceClassification";
+  case head_kind::lm:
+    return family + "ForCausalLM";
+  case head_kind::value:
+    return family + "ForTokenClassification";
+  case head_kind::reward:
+    return family + "ForSequenceClassification";
   }
   return family + "ForCausalLM";
 }
 
 expected<void> assign_hf_weights(llama_model& model,
-                               const std::map<std::string, torch::Tensor>& hf_tensors,
-                               bool allow_missing_head) {
+                                 const std::map<std::string, torch::Tensor>& hf_tensors,
+                                 bool allow_missing_head) {
   auto params = model->named_weights();
   auto head = model->head();
   std::map<std::string, torch::Tensor> mapped;
@@ -640,7 +770,8 @@ expected<void> assign_hf_weights(llama_model& model,
     return list;
   };
   if (!unexpected.empty())
-    return make_error(errc::not_found, "unexpected tensors in checkpoint: " + name_list(unexpected));
+    return make_error(errc::not_found,
+                      "unexpected tensors in checkpoint: " + name_list(unexpected));
   std::vector<std::string> missing;
   for (const auto& [name, param] : params) {
     auto hf = to_hf_name(name, head);
@@ -654,8 +785,8 @@ expected<void> assign_hf_weights(llama_model& model,
     }
     if (it->second.sizes() != param.sizes()) {
       std::ostringstream os;
-      os << "tensor '" << shown << "' has shape " << it->second.sizes()
-         << ", the model expects " << param.sizes();
+      os << "tensor '" << shown << "' has shape " << it->second.sizes() << ", the model expects "
+         << param.sizes();
       return make_error(errc::shape_mismatch, os.str());
     }
   }

@@ -18,8 +18,14 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
+
+namespace troupe::kernels::cpu {
+class thread_team;
+struct decode_model;
+} // namespace troupe::kernels::cpu
 
 namespace troupe::models {
 
@@ -88,14 +94,12 @@ public:
   /// Final-norm hidden states [B, T, hidden]. `attention_mask` [B, T] may be
   /// undefined (all real). With a cache, the new tokens are appended to it and
   /// attend to every cached real token.
-  torch::Tensor hidden_states(const torch::Tensor& input_ids,
-                              const torch::Tensor& attention_mask,
+  torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                               kv_cache* cache = nullptr);
 
   /// The head's output: logits [B, T, V] (lm), values [B, T] (value), or
   /// scores [B] (reward, at each row's last real token).
-  torch::Tensor forward(const torch::Tensor& input_ids,
-                        const torch::Tensor& attention_mask,
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         kv_cache* cache = nullptr);
 
   /// Applies the head to hidden states (for callers that slice first).
@@ -119,7 +123,22 @@ public:
   /// Parameters by troupe name ("layers.0.attention.wq.weight", ...).
   std::map<std::string, torch::Tensor> named_weights() const;
 
+  /// Whether forward_paged runs decode steps (one new token per request)
+  /// through the fused CPU kernel (NOTE [fused decode] in
+  /// kernels/cpu/fused_decode.hpp; fp32 lm models on the CPU; default on).
+  void set_fused_decode(bool on) { fused_decode_ = on; }
+  bool fused_decode() const { return fused_decode_; }
+
 private:
+  /// The fused kernel's logits [N, V] for a decode step it can run (one
+  /// token per request, fp32 weights on the CPU), else an undefined tensor.
+  torch::Tensor fused_step(const paged_batch& batch, paged_kv_cache& cache,
+                           const torch::Tensor& logit_rows);
+  /// Whether the weights and pools are the fused kernel's (fp32, CPU, dense).
+  bool fusable_weights(const paged_kv_cache& cache);
+  /// The kernel's view of the weights and of `cache`'s pools.
+  kernels::cpu::decode_model decode_view(paged_kv_cache& cache);
+
   llama_config config_;
   head_kind head_;
   torch::nn::Embedding tok_embeddings_{nullptr};
@@ -127,6 +146,11 @@ private:
   std::shared_ptr<torch::nn::Module> norm_;
   torch::nn::Linear output_{nullptr};     // lm head when untied
   torch::nn::Linear score_head_{nullptr}; // value or reward head
+  bool fused_decode_ = true;
+  // The fused kernel's threads, and who runs them: a second caller at the
+  // same time (two engines on one model) takes the ATen path instead.
+  std::shared_ptr<kernels::cpu::thread_team> team_;
+  std::shared_ptr<std::mutex> team_mu_ = std::make_shared<std::mutex>();
 };
 TORCH_MODULE_IMPL(llama_model, llama_model_impl);
 
@@ -135,8 +159,7 @@ expected<llama_model> make_llama(const llama_config& config, head_kind head);
 
 /// Safe wrapper of forward(): shape/dtype errors come back as errors.
 expected<torch::Tensor> run_forward(llama_model& model, const torch::Tensor& input_ids,
-                                    const torch::Tensor& attention_mask,
-                                    kv_cache* cache = nullptr);
+                                    const torch::Tensor& attention_mask, kv_cache* cache = nullptr);
 
 /// Safe wrapper of forward_paged(): bad batches come back as errors with the
 /// kernels' codes (shape_mismatch, out_of_range, ...).
@@ -162,8 +185,8 @@ std::string hf_architecture(const llama_config& config, head_kind head);
 /// checkpoint without a value/reward head leaves a fresh head (allowed only
 /// when `allow_missing_head`, e.g. a critic initialised from a policy).
 expected<void> assign_hf_weights(llama_model& model,
-                               const std::map<std::string, torch::Tensor>& hf_tensors,
-                               bool allow_missing_head = false);
+                                 const std::map<std::string, torch::Tensor>& hf_tensors,
+                                 bool allow_missing_head = false);
 
 /// The model's parameters under HF names (contiguous CPU copies), ready to be
 /// written as a checkpoint that HF transformers loads.

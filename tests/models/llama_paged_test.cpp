@@ -269,3 +269,75 @@ TEST(LlamaPaged, RunForwardPagedReturnsErrorsWithTheirCodes) {
   // The member throws a c10::Error (TORCH_CHECK style).
   EXPECT_THROW(critic->forward_paged(good, critic_cache), c10::Error);
 }
+
+// NOTE [fused decode]: decode steps (one new token per request) run the
+// fused CPU kernel; they must agree with the ATen path (the same model,
+// fusing off) and with dense recompute, and write the same K/V, with 1 and
+// 2 threads, one request or five of different lengths, for GQA, biases and
+// a tied head. A step with a prompt in it takes the ATen path.
+TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
+  const int threads_before = at::get_num_threads();
+  for (int variant = 0; variant < 3; ++variant) {
+    auto config = tiny_config();
+    if (variant >= 1) {
+      config.qkv_bias = true;
+      config.o_bias = true;
+      config.mlp_bias = true;
+    }
+    if (variant == 2) {
+      config.tie_word_embeddings = true;
+      config.num_key_value_heads = 1;
+    }
+    torch::manual_seed(13 + variant);
+    auto m = make_llama(config, head_kind::lm);
+    ASSERT_TRUE(m) << describe(m.error());
+    auto model = *m;
+    model->eval();
+    {
+      torch::NoGradGuard no_grad; // non-zero biases, so that they count
+      for (auto& [name, t] : model->named_weights())
+        if (name.find("bias") != std::string::npos)
+          t.normal_(0, 0.1);
+    }
+    for (int threads : {1, 2})
+      for (size_t batch : {1, 5}) {
+        SCOPED_TRACE("variant " + std::to_string(variant) + ", threads " + std::to_string(threads) +
+                     ", batch " + std::to_string(batch));
+        at::set_num_threads(threads);
+        auto fused_cache = model->make_paged_cache(48, 4);
+        auto aten_cache = model->make_paged_cache(48, 4);
+        pager fused_pages{48, 4, 5}, aten_pages{48, 4, 5};
+        std::vector<request> fr(batch), ar(batch);
+        std::vector<request*> fp, ap;
+        std::vector<std::vector<int64_t>> prompts;
+        for (size_t r = 0; r < batch; ++r) {
+          fp.push_back(&fr[r]);
+          ap.push_back(&ar[r]);
+          prompts.push_back(random_tokens(static_cast<int64_t>(3 + 4 * r), 3 + r));
+        }
+        model->set_fused_decode(true); // the prompts: the ATen path either way
+        model->forward_paged(fused_pages.step(fp, prompts), fused_cache);
+        model->forward_paged(aten_pages.step(ap, prompts), aten_cache);
+        std::vector<std::vector<int64_t>> next(batch, std::vector<int64_t>{5});
+        for (int s = 0; s < 8; ++s) {
+          model->set_fused_decode(true);
+          auto fused = model->forward_paged(fused_pages.step(fp, next), fused_cache);
+          model->set_fused_decode(false);
+          auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
+          ASSERT_EQ(fused.sizes(), aten.sizes());
+          EXPECT_LT(max_abs_diff(fused, aten), 1e-5) << "step " << s;
+          for (size_t r = 0; r < batch; ++r) {
+            auto row = static_cast<int64_t>(r);
+            EXPECT_LT(max_abs_diff(fused[row], dense_logits(model, fr[r].tokens)[-1]), 1e-5)
+                << "step " << s << ", request " << r;
+            next[r] = {greedy(fused[row])};
+          }
+          for (size_t l = 0; l < fused_cache.k.size(); ++l) {
+            EXPECT_LT(max_abs_diff(fused_cache.k[l], aten_cache.k[l]), 1e-5);
+            EXPECT_LT(max_abs_diff(fused_cache.v[l], aten_cache.v[l]), 1e-5);
+          }
+        }
+      }
+  }
+  at::set_num_threads(threads_before);
+}

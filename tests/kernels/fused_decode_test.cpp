@@ -1,0 +1,212 @@
+// The fused CPU decode's pieces (kernels/cpu/fused_decode.hpp): the dot
+// product against a double-precision sum, the thread team's runs and
+// barriers, and one whole step against a plain per-op reference written in
+// LibTorch (the model-level comparison with the ATen path is in
+// tests/models/llama_paged_test.cpp).
+#include "kernels/cpu/fused_decode.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+namespace cpu = troupe::kernels::cpu;
+
+namespace {
+
+TEST(FusedDecode, DotMatchesADoubleSumForEveryTailLength) {
+  torch::manual_seed(3);
+  for (int64_t n : {0, 1, 7, 15, 16, 17, 63, 64, 65, 127, 288, 768, 1001}) {
+    auto a = torch::randn({n + 1}), b = torch::randn({n + 1});
+    // Offset by one float: the kernel must not assume aligned rows.
+    const float* pa = a.data_ptr<float>() + 1;
+    const float* pb = b.data_ptr<float>() + 1;
+    double ref = 0, mag = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref += static_cast<double>(pa[i]) * pb[i];
+      mag += std::abs(static_cast<double>(pa[i]) * pb[i]);
+    }
+    EXPECT_NEAR(cpu::dot(pa, pb, n), ref, 1e-6 * (mag + 1)) << "n " << n;
+  }
+}
+
+TEST(FusedDecode, TeamRunsEveryMemberAndBarriersOrderThePhases) {
+  for (int size : {1, 2, 3, 4}) {
+    cpu::thread_team team{size};
+    ASSERT_EQ(team.size(), size);
+    // Each phase every member writes its own slot, then after the barrier
+    // every member reads all slots of that phase: a barrier that let one
+    // member through early would show a stale value.
+    constexpr int kPhases = 200;
+    std::vector<std::atomic<int>> slot(static_cast<size_t>(size));
+    std::atomic<int> wrong{0}, calls{0};
+    for (int run = 0; run < 20; ++run) {
+      team.run([&](int member) {
+        calls.fetch_add(1);
+        for (int p = 0; p < kPhases; ++p) {
+          slot[static_cast<size_t>(member)].store(run * kPhases + p);
+          team.barrier();
+          for (int other = 0; other < size; ++other)
+            if (slot[static_cast<size_t>(other)].load() != run * kPhases + p)
+              wrong.fetch_add(1);
+          team.barrier();
+        }
+      });
+    }
+    EXPECT_EQ(calls.load(), 20 * size) << "size " << size;
+    EXPECT_EQ(wrong.load(), 0) << "size " << size;
+  }
+}
+
+// A two-layer GQA decoder with biases, written op by op in LibTorch.
+struct reference_model {
+  int64_t dim = 32, hidden = 48, n_heads = 4, n_kv = 2, head_dim = 8, vocab = 40;
+  int64_t block_size = 4, num_blocks = 12;
+  float eps = 1e-5f;
+  struct layer {
+    torch::Tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, ffn_norm, w1, w3, w2, b1, b3, b2;
+    torch::Tensor k_cache, v_cache;
+  };
+  std::vector<layer> layers;
+  torch::Tensor inv_freq, final_norm, lm_head, embedding;
+
+  reference_model() {
+    torch::manual_seed(11);
+    auto r = [](std::initializer_list<int64_t> s) { return torch::randn(s) * 0.2; };
+    for (int i = 0; i < 2; ++i)
+      layers.push_back({1 + r({dim}), r({n_heads * head_dim, dim}), r({n_kv * head_dim, dim}),
+                        r({n_kv * head_dim, dim}), r({dim, n_heads * head_dim}),
+                        r({n_heads * head_dim}), r({n_kv * head_dim}), r({n_kv * head_dim}),
+                        r({dim}), 1 + r({dim}), r({hidden, dim}), r({hidden, dim}),
+                        r({dim, hidden}), r({hidden}), r({hidden}), r({dim}),
+                        r({num_blocks, block_size, n_kv, head_dim}),
+                        r({num_blocks, block_size, n_kv, head_dim})});
+    inv_freq = torch::pow(10000.0, -torch::arange(0, head_dim, 2, torch::kFloat64) / head_dim)
+                   .to(torch::kFloat32);
+    final_norm = 1 + r({dim});
+    lm_head = r({vocab, dim});
+    embedding = r({vocab, dim});
+  }
+
+  torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w) const {
+    return w * (x * torch::rsqrt(x.pow(2).mean(-1, true) + eps));
+  }
+  torch::Tensor rope(const torch::Tensor& v, int64_t pos) const { // [H, D]
+    auto angle = static_cast<float>(pos) * inv_freq;
+    auto c = torch::cat({angle.cos(), angle.cos()}), s = torch::cat({angle.sin(), angle.sin()});
+    auto half = head_dim / 2;
+    auto rot = torch::cat({-v.narrow(1, half, half), v.narrow(1, 0, half)}, 1);
+    return v * c + rot * s;
+  }
+
+  // Logits of `token` at `pos`; writes its K/V at `slot`; attends over
+  // `table`'s first pos + 1 positions (the caches' other rows are filler).
+  torch::Tensor step(int64_t token, int64_t pos, int64_t slot, const std::vector<int32_t>& table) {
+    auto x = embedding[token].clone();
+    for (auto& L : layers) {
+      auto xn = norm(x, L.attn_norm);
+      auto q = rope((torch::mv(L.wq, xn) + L.bq).view({n_heads, head_dim}), pos);
+      auto k = rope((torch::mv(L.wk, xn) + L.bk).view({n_kv, head_dim}), pos);
+      auto v = (torch::mv(L.wv, xn) + L.bv).view({n_kv, head_dim});
+      L.k_cache.view({-1, n_kv, head_dim})[slot].copy_(k);
+      L.v_cache.view({-1, n_kv, head_dim})[slot].copy_(v);
+      std::vector<int64_t> rows;
+      for (int64_t p = 0; p <= pos; ++p)
+        rows.push_back(table[static_cast<size_t>(p / block_size)] * block_size + p % block_size);
+      auto idx = torch::tensor(rows);
+      auto K = L.k_cache.view({-1, n_kv, head_dim}).index_select(0, idx); // [T, KV, D]
+      auto V = L.v_cache.view({-1, n_kv, head_dim}).index_select(0, idx);
+      std::vector<torch::Tensor> heads;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        auto kv = h / (n_heads / n_kv);
+        auto w = torch::softmax(torch::mv(K.select(1, kv), q[h]) / std::sqrt(float(head_dim)), 0);
+        heads.push_back(torch::mv(V.select(1, kv).t(), w));
+      }
+      x = x + torch::mv(L.wo, torch::cat(heads)) + L.bo;
+      auto hn = norm(x, L.ffn_norm);
+      auto g = torch::mv(L.w1, hn) + L.b1;
+      x = x + torch::mv(L.w2, torch::silu(g) * (torch::mv(L.w3, hn) + L.b3)) + L.b2;
+    }
+    return torch::mv(lm_head, norm(x, final_norm));
+  }
+
+  cpu::decode_model view() {
+    cpu::decode_model m;
+    m.dim = dim, m.hidden = hidden, m.n_heads = n_heads, m.n_kv = n_kv, m.head_dim = head_dim;
+    m.vocab = vocab, m.eps = eps, m.block_size = block_size;
+    m.inv_freq = inv_freq.data_ptr<float>();
+    for (auto& L : layers) {
+      auto p = [](const torch::Tensor& t) { return t.data_ptr<float>(); };
+      m.layers.push_back({p(L.attn_norm), p(L.wq), p(L.wk), p(L.wv), p(L.wo), p(L.bq), p(L.bk),
+                          p(L.bv), p(L.bo), p(L.ffn_norm), p(L.w1), p(L.w3), p(L.w2), p(L.b1),
+                          p(L.b3), p(L.b2), p(L.k_cache), p(L.v_cache)});
+    }
+    m.final_norm = final_norm.data_ptr<float>();
+    m.lm_head = lm_head.data_ptr<float>();
+    m.embedding = embedding.data_ptr<float>();
+    return m;
+  }
+};
+
+// Requests of different lengths decoded together: each request's tokens
+// and block table are its own; every step's logits and K/V must equal the
+// per-op reference's, for batches that fill whole tiles and leave remainders.
+TEST(FusedDecode, BatchedStepsMatchAPerOpReferenceAndWriteTheSameKv) {
+  for (int threads : {1, 2, 3})
+    for (int64_t batch : {1, 3, 5}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + ", batch " + std::to_string(batch));
+      reference_model ref, fused;
+      for (size_t l = 0; l < ref.layers.size(); ++l) { // the same caches to start with
+        fused.layers[l].k_cache.copy_(ref.layers[l].k_cache);
+        fused.layers[l].v_cache.copy_(ref.layers[l].v_cache);
+      }
+      auto m = fused.view();
+      cpu::thread_team team{threads};
+      // Request r owns blocks 2r + 1 and 2r, in that order (out of order,
+      // so that the tables' indirection counts); request r starts r % 2
+      // positions in and crosses into its second block.
+      const int64_t width = 2;
+      std::vector<int32_t> tables;
+      for (int64_t r = 0; r < batch; ++r)
+        tables.insert(tables.end(), {static_cast<int32_t>(2 * r + 1), static_cast<int32_t>(2 * r)});
+      std::vector<float> logits(static_cast<size_t>(batch * fused.vocab));
+      for (int64_t step = 0; step < 6; ++step) {
+        std::vector<int64_t> tokens, pos, slots, ctx;
+        for (int64_t r = 0; r < batch; ++r) {
+          auto p = r % 2 + step;
+          const int32_t* table = tables.data() + r * width;
+          tokens.push_back((p * 7 + 3 + r * 11) % fused.vocab);
+          pos.push_back(p);
+          slots.push_back(table[p / 4] * 4 + p % 4);
+          ctx.push_back(p + 1);
+        }
+        cpu::decode_batch b;
+        b.size = batch;
+        b.tokens = tokens.data();
+        b.positions = pos.data();
+        b.slots = slots.data();
+        b.block_tables = tables.data();
+        b.table_width = width;
+        b.context_lens = ctx.data();
+        b.logits = logits.data();
+        cpu::fused_decode(m, b, team);
+        for (int64_t r = 0; r < batch; ++r) {
+          std::vector<int32_t> table(tables.begin() + r * width, tables.begin() + (r + 1) * width);
+          auto want = ref.step(tokens[r], pos[r], slots[r], table);
+          auto got = torch::from_blob(logits.data() + r * fused.vocab, {fused.vocab});
+          EXPECT_LT((got - want).abs().max().item<float>(), 2e-5)
+              << "step " << step << ", request " << r;
+        }
+        for (size_t l = 0; l < ref.layers.size(); ++l) {
+          EXPECT_LT((fused.layers[l].k_cache - ref.layers[l].k_cache).abs().max().item<float>(),
+                    1e-5);
+          EXPECT_LT((fused.layers[l].v_cache - ref.layers[l].v_cache).abs().max().item<float>(),
+                    1e-5);
+        }
+      }
+    }
+}
+
+} // namespace
