@@ -428,9 +428,18 @@ std::optional<decode_indices> decode_step_indices(const paged_batch& batch,
                         &batch.block_tables, &batch.context_lens, &qs})
     if (!t->device().is_cpu())
       return std::nullopt;
-  auto steps = torch::arange(n + 1, torch::kLong);
-  if (!torch::equal(qs.to(torch::kLong), steps) ||
-      (logit_rows.defined() && !torch::equal(logit_rows.to(torch::kLong), steps.narrow(0, 0, n))))
+  // 0, 1, ..., len - 1: one token per request, and the logits of each.
+  auto is_iota = [](const torch::Tensor& t, int64_t len) {
+    if (t.numel() != len)
+      return false;
+    auto v = t.to(torch::kCPU, torch::kLong).contiguous();
+    const int64_t* p = v.data_ptr<int64_t>();
+    for (int64_t i = 0; i < len; ++i)
+      if (p[i] != i)
+        return false;
+    return true;
+  };
+  if (!is_iota(qs, n + 1) || (logit_rows.defined() && !is_iota(logit_rows, n)))
     return std::nullopt;
   auto i64 = [](const torch::Tensor& t) { return t.to(torch::kLong).contiguous(); };
   decode_indices d{i64(batch.input_ids), i64(batch.positions), i64(batch.slot_mapping),

@@ -274,7 +274,8 @@ TEST(LlamaPaged, RunForwardPagedReturnsErrorsWithTheirCodes) {
 // fused CPU kernel; they must agree with the ATen path (the same model,
 // fusing off) and with dense recompute, and write the same K/V, with 1 and
 // 2 threads, one request or five of different lengths, for GQA, biases and
-// a tied head. A step with a prompt in it takes the ATen path.
+// a tied head. The prompts' step runs with fusing on too (the ATen path
+// takes it) and must leave the same caches.
 TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
   const int threads_before = at::get_num_threads();
   for (int variant = 0; variant < 3; ++variant) {
