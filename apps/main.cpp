@@ -110,6 +110,10 @@ runner add_generate(CLI::App& app) {
   gen->add_option("--max-num-seqs", go.engine.max_num_seqs, "Running sequences at most");
   gen->add_option("--max-batched-tokens", go.engine.max_batched_tokens, "Tokens per step at most");
   gen->add_flag("--no-prefix-caching", f->no_prefix, "Disable prefix reuse");
+  gen->add_option("--decode-panels", go.engine.decode_panels,
+                  "CPU decode of batches from a packed copy of the weights: auto (when "
+                  "requests batch), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   gen->add_flag("--quiet", f->quiet, "Do not print the metrics line to stderr");
   gen->add_option("--threads", f->threads, "CPU compute threads (0 = one per core)")
       ->check(CLI::NonNegativeNumber);

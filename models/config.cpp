@@ -1,5 +1,6 @@
 #include "models/config.hpp"
 
+#include "kernels/cpu/fused_decode.hpp"
 #include "runtime/file_io.hpp"
 #include "runtime/jsonl.hpp"
 
@@ -599,6 +600,16 @@ std::vector<double> rope_inv_freq(const llama_config& c) {
     }
   }
   return out;
+}
+
+int64_t decode_panels_bytes(const llama_config& c) {
+  using kernels::cpu::packed_size;
+  const int64_t D = c.hidden_size, hd = c.resolved_head_dim();
+  const int64_t q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
+  const int64_t layer = packed_size(q + 2 * kv, D) + packed_size(D, q) +
+                        packed_size(2 * c.intermediate_size, D) +
+                        packed_size(D, c.intermediate_size);
+  return 4 * (c.num_hidden_layers * layer + packed_size(c.vocab_size, D));
 }
 
 } // namespace troupe::models

@@ -73,6 +73,10 @@ std::string to_hf_config_json(const llama_config& c);
 /// one invalid_config / unsupported error that names the keys.
 expected<void> validate(const llama_config& c);
 
+/// Bytes of the packed copy of an fp32 lm model's weights that fused CPU
+/// decode steps of several requests read (llama_model_impl::set_decode_panels).
+int64_t decode_panels_bytes(const llama_config& c);
+
 /// The RoPE inverse frequencies theta^(-2i/d) for i in [0, d/2), with
 /// rope_scaling applied (d = resolved_head_dim()).
 std::vector<double> rope_inv_freq(const llama_config& c);

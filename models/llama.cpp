@@ -462,6 +462,84 @@ std::optional<decode_indices> decode_step_indices(const paged_batch& batch,
 
 } // namespace
 
+/// The packed copy of the weights (NOTE [packed panels]) and the state of
+/// the parameters it was made from: their storage and LibTorch's count of
+/// in-place writes to each.
+struct packed_decode_weights {
+  std::vector<torch::Tensor> panels; // each 64-byte aligned (LibTorch's CPU allocator)
+  std::vector<kernels::cpu::decode_panels> layers;
+  const float* lm_head = nullptr;
+  std::vector<std::pair<const void*, int64_t>> made_from;
+  int64_t bytes = 0;
+};
+
+namespace {
+
+std::vector<std::pair<const void*, int64_t>> parameter_state(const torch::nn::Module& m) {
+  std::vector<std::pair<const void*, int64_t>> out;
+  for (const auto& p : m.parameters())
+    out.emplace_back(p.data_ptr(), p._version());
+  return out;
+}
+
+} // namespace
+
+void llama_model_impl::set_decode_panels(bool on) {
+  decode_panels_ = on;
+  if (!on)
+    drop_decode_panels();
+}
+
+int64_t llama_model_impl::decode_panels_bytes() const {
+  std::lock_guard<std::mutex> lock{*team_mu_};
+  return panels_ ? panels_->bytes : 0;
+}
+
+void llama_model_impl::drop_decode_panels() {
+  std::lock_guard<std::mutex> lock{*team_mu_};
+  panels_.reset();
+}
+
+const packed_decode_weights& llama_model_impl::packed_weights() {
+  auto state = parameter_state(*this);
+  if (panels_ && panels_->made_from == state)
+    return *panels_;
+  panels_.reset(); // the old copy goes before the new one is made
+  auto p = std::make_shared<packed_decode_weights>();
+  auto pack = [&](int64_t rows, int64_t cols, auto&& fill) {
+    auto t = torch::empty({kernels::cpu::packed_size(rows, cols)}, torch::kFloat32);
+    fill(t.data_ptr<float>());
+    p->bytes += t.numel() * 4;
+    p->panels.push_back(t);
+    return t.data_ptr<float>();
+  };
+  auto matrix = [&](const torch::Tensor& w) {
+    auto c = w.contiguous();
+    return pack(c.size(0), c.size(1), [&](float* out) {
+      kernels::cpu::pack_panels(c.data_ptr<float>(), c.size(0), c.size(1), out);
+    });
+  };
+  for (const auto& layer : *layers_) {
+    auto* b = layer->as<block_impl>();
+    auto& a = *b->attn;
+    auto& f = *b->ffn;
+    kernels::cpu::decode_panels l;
+    l.qkv = matrix(torch::cat({a.wq->weight, a.wk->weight, a.wv->weight}));
+    l.wo = matrix(a.wo->weight);
+    const auto& w1 = f.w1->weight;
+    l.w13 = pack(2 * w1.size(0), w1.size(1), [&](float* out) {
+      kernels::cpu::pack_swiglu(w1.data_ptr<float>(), f.w3->weight.data_ptr<float>(), w1.size(0),
+                                w1.size(1), out);
+    });
+    l.w2 = matrix(f.w2->weight);
+    p->layers.push_back(l);
+  }
+  p->lm_head = matrix(output_ ? output_->weight : tok_embeddings_->weight);
+  p->made_from = std::move(state);
+  panels_ = std::move(p);
+  return *panels_;
+}
+
 kernels::cpu::decode_model llama_model_impl::decode_view(paged_kv_cache& cache) {
   auto ptr = [](const torch::Tensor& t) -> const float* {
     return t.defined() ? t.data_ptr<float>() : nullptr;
@@ -493,6 +571,16 @@ kernels::cpu::decode_model llama_model_impl::decode_view(paged_kv_cache& cache) 
   m.lm_head = output_ ? ptr(output_->weight) : m.embedding;
   return m;
 }
+
+namespace {
+
+void with_panels(kernels::cpu::decode_model& m, const packed_decode_weights& p) {
+  for (size_t i = 0; i < m.layers.size(); ++i)
+    m.layers[i].panels = p.layers[i];
+  m.lm_head_panels = p.lm_head;
+}
+
+} // namespace
 
 bool llama_model_impl::fusable_weights(const paged_kv_cache& cache) {
   for (const auto& p : parameters())
@@ -529,7 +617,10 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   b.table_width = indices->tables.size(1);
   b.context_lens = indices->context_lens.data_ptr<int64_t>();
   b.logits = logits.data_ptr<float>();
-  kernels::cpu::fused_decode(decode_view(cache), b, *team_);
+  auto view = decode_view(cache);
+  if (decode_panels_ && n > 1)
+    with_panels(view, packed_weights());
+  kernels::cpu::fused_decode(view, b, *team_);
   return logits;
 }
 
@@ -806,6 +897,7 @@ expected<void> assign_hf_weights(llama_model& model,
     for (auto& [name, src] : mapped)
       if (!src.is_same(params.at(name)) && src.data_ptr() != params.at(name).data_ptr())
         params.at(name).copy_(src); // read in place already otherwise
+    model->drop_decode_panels();
   });
 }
 

@@ -82,6 +82,8 @@ struct paged_batch {
   torch::Tensor query_start;  // [R+1] int64
 };
 
+struct packed_decode_weights;
+
 class llama_model_impl : public torch::nn::Module {
 public:
   /// Builds a randomly initialised model (normal(0, 0.02) weights, unit norms,
@@ -129,6 +131,19 @@ public:
   void set_fused_decode(bool on) { fused_decode_ = on; }
   bool fused_decode() const { return fused_decode_; }
 
+  /// Whether fused decode steps of more than one request read a packed copy
+  /// of the weights (NOTE [packed panels] in kernels/cpu/fused_decode.hpp;
+  /// default off: it costs a second copy of the weights). The copy is made
+  /// at the first such step, and made again after the weights change
+  /// (assign_hf_weights, or any in-place write LibTorch counts); off frees it.
+  void set_decode_panels(bool on);
+  bool decode_panels() const { return decode_panels_; }
+  /// Bytes of the packed copy now (0 when none is made).
+  int64_t decode_panels_bytes() const;
+  /// Drops the packed copy (the weights were written where LibTorch cannot
+  /// see it, or its memory is wanted); the next batched step makes it again.
+  void drop_decode_panels();
+
 private:
   /// The fused kernel's logits [N, V] for a decode step it can run (one
   /// token per request, fp32 weights on the CPU), else an undefined tensor.
@@ -138,6 +153,9 @@ private:
   bool fusable_weights(const paged_kv_cache& cache);
   /// The kernel's view of the weights and of `cache`'s pools.
   kernels::cpu::decode_model decode_view(paged_kv_cache& cache);
+  /// The packed copy of the weights as they are now (made again when the
+  /// parameters changed since). The caller holds team_mu_.
+  const packed_decode_weights& packed_weights();
 
   llama_config config_;
   head_kind head_;
@@ -147,6 +165,9 @@ private:
   torch::nn::Linear output_{nullptr};     // lm head when untied
   torch::nn::Linear score_head_{nullptr}; // value or reward head
   bool fused_decode_ = true;
+  bool decode_panels_ = false;
+  // The packed copy and the parameters' state it was made from.
+  std::shared_ptr<packed_decode_weights> panels_;
   // The fused kernel's threads, and who runs them: a second caller at the
   // same time (two engines on one model) takes the ATen path instead.
   std::shared_ptr<kernels::cpu::thread_team> team_;

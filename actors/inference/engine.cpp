@@ -510,9 +510,18 @@ expected<void> validate(const engine_config& c) {
   if (c.max_model_len < 0)
     bad.push_back("engine.max_model_len: expected an integer >= 0 (0 = the model's), got " +
                   std::to_string(c.max_model_len));
+  if (c.decode_panels != "auto" && c.decode_panels != "on" && c.decode_panels != "off")
+    bad.push_back("engine.decode_panels: expected auto, on or off, got '" + c.decode_panels + "'");
   if (auto err = make_error_list(errc::invalid_config, bad))
     return err;
   return caf::unit;
+}
+
+bool packs_decode_panels(const engine_config& c) {
+  if (c.decode_panels != "auto")
+    return c.decode_panels == "on";
+  return (c.expected_sequences > 0 ? std::min(c.expected_sequences, c.max_num_seqs)
+                                   : c.max_num_seqs) >= 2;
 }
 
 double engine_metrics::tokens_per_second() const {
@@ -543,6 +552,7 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
   auto& d = *e->impl_;
   d.model = model;
   d.model->eval();
+  d.model->set_decode_panels(packs_decode_panels(config));
   d.config = config;
   const auto& mc = model->config();
   d.vocab = mc.vocab_size;
@@ -716,6 +726,8 @@ expected<int64_t> engine::release_kv_cache() {
       bytes += t.numel() * static_cast<int64_t>(t.element_size());
   d.kv.k.clear();
   d.kv.v.clear();
+  bytes += d.model->decode_panels_bytes();
+  d.model->drop_decode_panels();
   d.kv_released = true;
   return bytes;
 }

@@ -57,7 +57,18 @@ struct engine_config {
   /// generation) of the longest; 0 = unknown (max_num_seqs / the context).
   int64_t expected_sequences = 0;
   int64_t expected_tokens = 0;
+  /// NOTE [decode panels]: decode steps of several requests on an fp32 CPU
+  /// model can read a packed second copy of the weights (NOTE [packed
+  /// panels] in kernels/cpu/fused_decode.hpp), faster at batch sizes from
+  /// 2 up and as large again as the weights. "auto" packs when the steps
+  /// will batch: the expected sequences (else max_num_seqs) are 2 or more;
+  /// "on", "off". The planner's memory estimate uses the same rule.
+  std::string decode_panels = "auto";
 };
+
+/// Whether an engine with this config packs its weights when its model is
+/// fp32 on the CPU (NOTE [decode panels]).
+bool packs_decode_panels(const engine_config& c);
 
 /// Bytes of one KV block of `model` (K and V, every layer) with elements
 /// of `element_size` bytes.
@@ -87,6 +98,8 @@ void visit(V& v, engine_config& c) {
   v.field("max_batched_tokens", c.max_batched_tokens, "Tokens per engine step at most");
   v.field("max_model_len", c.max_model_len, "Prompt + generation limit; 0 = the model's context");
   v.field("enable_prefix_caching", c.enable_prefix_caching, "Share prompt KV between samples");
+  v.choice("decode_panels", c.decode_panels, {"auto", "on", "off"},
+           "CPU decode of batches from a packed copy of the weights (auto: when steps batch)");
 }
 
 struct generate_request {
@@ -214,8 +227,9 @@ public:
   void clear_prefix_cache();
   /// Starts a new window for engine_metrics::kv_peak_utilization.
   void reset_kv_peak();
-  /// Frees the KV pool while idle (co-located offload: the memory goes to
-  /// the roles that train meanwhile); the next step allocates it again.
+  /// Frees the KV pool and the packed decode weights while idle (co-located
+  /// offload: the memory goes to the roles that train meanwhile); the next
+  /// step allocates them again.
   /// Answers the bytes freed (0 when already released); an error while
   /// requests run.
   expected<int64_t> release_kv_cache();

@@ -97,8 +97,8 @@ expected<models::llama_config> model_shape(const job_config& cfg) {
 // Estimated bytes of one rank of `role` in `stage` (NOTE [memory estimate]).
 // NOTE [memory estimate]: fp32 weights cost 4 bytes a parameter; a role
 // that trains in the stage adds its gradients and Adam's two moments (16);
-// lm-headed roles count the vocabulary head; the rollout adds its KV pool; a
-// rule-only reward holds no model. Read off the role-traits table.
+// lm-headed roles count the vocabulary head; the rollout adds its KV pool
+// and its packed decode weights; a rule-only reward holds no model. Read off the role-traits table.
 double role_bytes(const job_config& cfg, const models::llama_config& m, const std::string& stage,
                   const std::string& role) {
   const auto* t = find_role(role);
@@ -111,6 +111,8 @@ double role_bytes(const job_config& cfg, const models::llama_config& m, const st
     auto blocks = inference::kv_pool_blocks(e, m, 4);
     bytes += blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, m, 4))
                     : e.kv_cache_mb * 1024.0 * 1024.0;
+    if (inference::packs_decode_panels(e)) // NOTE [decode panels]
+      bytes += static_cast<double>(models::decode_panels_bytes(m));
   }
   return bytes;
 }
@@ -310,7 +312,8 @@ std::string placement_plan::render() const {
   out += "model: " + std::to_string(parameters) + " parameters (policy)\n";
   if (!uses_workers()) {
     out += "every role runs in the driver's process; estimated peak " + gib(driver_peak_bytes) +
-           " (NOTE [memory estimate]: weights, gradients, optimizer state, KV pool)\n";
+           " (NOTE [memory estimate]: weights, gradients, optimizer state, KV pool, packed "
+           "decode weights)\n";
     if (!weight_transport.empty())
       out += "weights: policy → rollout by " + weight_transport + "\n";
     return out;

@@ -123,6 +123,10 @@ TROUPE_INLINE lanes load(const float* p) {
   return *reinterpret_cast<const lanes_unaligned*>(p);
 }
 
+TROUPE_INLINE void store(float* p, lanes v) {
+  *reinterpret_cast<lanes_unaligned*>(p) = v;
+}
+
 typedef float half_lanes __attribute__((vector_size(kLanes * sizeof(float) / 2)));
 typedef float quarter_lanes __attribute__((vector_size(kLanes * sizeof(float) / 4)));
 
@@ -324,14 +328,222 @@ swiglu_rows(const float* w1, const float* w3, const float* b1, const float* b3, 
   });
 }
 
-// out = weight ⊙ x · rsqrt(mean(x²) + eps), in fp32 (the ATen path's order).
-void rms_norm(const float* x, const float* weight, float eps, int64_t n, float* out) {
+// ---- packed panels (NOTE [packed panels]) ----
+
+// out = silu(g) · u over 16 floats, at vector width: silu(g) = g ·
+// sigmoid(g), with e = exp(-|g|) by the softmax's polynomial, sigmoid(g) =
+// 1 / (1 + e) for g >= 0 and e / (1 + e) below. A NaN stays NaN.
+TROUPE_INLINE void silu_times(const float* g, const float* u, float* out) {
+  for (int j = 0; j < kLanes; ++j) {
+    float e = detail::exp_nonpositive(-std::fabs(g[j]));
+    out[j] = g[j] * ((g[j] >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[j];
+  }
+}
+
+static_assert(kPanelRows == 2 * kLanes, "a panel's rows are two vectors");
+
+// Tokens per panel tile at most: 2 T accumulators + 2 weight vectors + a
+// broadcast in the AVX-512 register file (32), in AVX2's (16, two registers
+// per vector) or SSE's.
+int max_panel_tokens() {
+  static const int tokens = __builtin_cpu_supports("avx512f") ? 12
+                            : __builtin_cpu_supports("avx2")  ? 3
+                                                              : 1;
+  return tokens;
+}
+constexpr int kMaxPanelTokens = 12;
+
+// emit(t, sums) with the panel's rows · X[t] (kPanelRows floats) for T
+// tokens of a k-major X (token t's k-th input at x[k · ldx + t]).
+// Meanwhile it prefetches the lines [pf, pf_end), pf_step bytes (one or two
+// lines) per step along k.
+
+template <int T, class Emit>
+TROUPE_INLINE void panel_tile(const float* panel, int64_t n, const float* x, int64_t ldx,
+                              const char* pf, const char* pf_end, int64_t pf_step, Emit&& emit) {
+  lanes lo[T], hi[T];
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t)
+    lo[t] = hi[t] = lanes{};
+  for (int64_t k = 0; k < n; ++k, panel += kPanelRows, x += ldx) {
+    if (pf < pf_end) {
+      __builtin_prefetch(pf, 0, 2);
+      __builtin_prefetch(pf + pf_step - 64, 0, 2);
+      pf += pf_step;
+    }
+    lanes w0 = load(panel), w1 = load(panel + kLanes);
+#pragma GCC unroll 12
+    for (int t = 0; t < T; ++t) { // a vector times a scalar: the scalar broadcast
+      lo[t] += w0 * x[t];
+      hi[t] += w1 * x[t];
+    }
+  }
+  // Out of the registers first: what emit does with them must not make
+  // the compiler keep the accumulators in memory during the loop.
+  alignas(64) float out[T][kPanelRows];
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) {
+    *reinterpret_cast<lanes*>(out[t]) = lo[t];
+    *reinterpret_cast<lanes*>(out[t] + kLanes) = hi[t];
+  }
+  for (int t = 0; t < T; ++t)
+    emit(t, static_cast<const float*>(out[t]));
+}
+
+template <class Emit>
+TROUPE_INLINE void panel_tile_of(int tokens, const float* panel, int64_t n, const float* x,
+                                 int64_t ldx, const char* pf, const char* pf_end, int64_t pf_step,
+                                 Emit&& emit) {
+  switch (tokens) {
+#define TROUPE_PANEL_CASE(T)                                                                       \
+  case T:                                                                                          \
+    return panel_tile<T>(panel, n, x, ldx, pf, pf_end, pf_step, emit);
+    TROUPE_PANEL_CASE(12)
+    TROUPE_PANEL_CASE(11)
+    TROUPE_PANEL_CASE(10)
+    TROUPE_PANEL_CASE(9)
+    TROUPE_PANEL_CASE(8)
+    TROUPE_PANEL_CASE(7)
+    TROUPE_PANEL_CASE(6)
+    TROUPE_PANEL_CASE(5)
+    TROUPE_PANEL_CASE(4)
+    TROUPE_PANEL_CASE(3)
+    TROUPE_PANEL_CASE(2)
+#undef TROUPE_PANEL_CASE
+  default:
+    return panel_tile<1>(panel, n, x, ldx, pf, pf_end, pf_step, emit);
+  }
+}
+
+// For panels [p0, p1) of a packed matrix with n columns and `batch` inputs
+// X k-major [n, batch]: calls emit(panel, token, sums). The batch is cut
+// into equal tiles of at most max_panel_tokens(); a panel stays in cache
+// while its tiles run, so the weights stream from memory once per step.
+template <class Emit>
+TROUPE_INLINE void matmul_panels(const float* panels, const float* x, int64_t batch, int64_t p0,
+                                 int64_t p1, int64_t n, Emit&& emit) {
+  const int64_t most = max_panel_tokens();
+  const int64_t tiles = (batch + most - 1) / most;
+  // The next panel, from memory while this one computes: spread over the
+  // tiles, a line per step along k (two when one tile must fetch more lines
+  // than it has steps; a panel is 2 n lines).
+  const int64_t lines = 2 * n, per_tile = (lines + tiles - 1) / tiles;
+  const int64_t pf_step = per_tile > n ? 128 : 64;
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* panel = panels + p * kPanelRows * n;
+    const char* next = reinterpret_cast<const char*>(panel + (p + 1 < p1 ? kPanelRows * n : 0));
+    const char* next_end = next + (p + 1 < p1 ? 64 * lines : 0);
+    for (int64_t i = 0, t0 = 0; i < tiles; ++i) {
+      const int64_t t1 = batch * (i + 1) / tiles;
+      const char* pf = std::min(next_end, next + 64 * per_tile * i);
+      panel_tile_of(static_cast<int>(t1 - t0), panel, n, x + t0, batch, pf,
+                    std::min(next_end, pf + 64 * per_tile), pf_step,
+                    [&](int t, const float* sums) { emit(p, t0 + t, sums); });
+      t0 = t1;
+    }
+  }
+}
+
+// Adds bias[r0, r0 + n) to out[0, n) (a null bias adds nothing). Biases are
+// added in loops of their own: a loop that reads a bias only when it is not
+// null would be vectorised into masked loads, which at a null address cost
+// a microcode assist each.
+TROUPE_INLINE void add_bias(float* out, const float* bias, int64_t r0, int64_t n) {
+  if (bias)
+    for (int64_t j = 0; j < n; ++j)
+      out[j] += bias[r0 + j];
+}
+
+// The biases of rows [r0, r0 + n) of the q | k | v row space (any may be null).
+struct qkv_bias {
+  const float *q, *k, *v;
+  int64_t q_rows, kv_rows;
+  void add(float* out, int64_t r0, int64_t n) const {
+    const int64_t starts[3] = {0, q_rows, q_rows + kv_rows},
+                  ends[3] = {q_rows, q_rows + kv_rows, q_rows + 2 * kv_rows};
+    const float* b[3] = {q, k, v};
+    for (int s = 0; s < 3; ++s) {
+      auto lo = std::max(r0, starts[s]), hi = std::min(r0 + n, ends[s]);
+      if (lo < hi)
+        add_bias(out + (lo - r0), b[s], lo - starts[s], hi - lo);
+    }
+  }
+};
+
+struct row_bias {
+  const float* b;
+  void add(float* out, int64_t r0, int64_t n) const { add_bias(out, b, r0, n); }
+};
+
+// Y[t][r] (+)= W[r] · X[t] + bias[r] for the rows of panels [p0, p1) of a
+// packed W with `rows` rows; X k-major [n, batch], Y [batch, ldy].
+template <class Bias>
+TROUPE_INLINE void linear_panels_impl(const float* panels, int64_t rows, const Bias& bias,
+                                      const float* x, int64_t batch, float* y, int64_t ldy,
+                                      int64_t p0, int64_t p1, int64_t n, bool accumulate) {
+  matmul_panels(panels, x, batch, p0, p1, n, [&](int64_t p, int64_t t, const float* sums) {
+    const int64_t r0 = p * kPanelRows;
+    const int64_t valid = std::min<int64_t>(kPanelRows, rows - r0);
+    float v[kPanelRows];
+    for (int j = 0; j < kPanelRows; ++j)
+      v[j] = sums[j];
+    bias.add(v, r0, valid);
+    float* out = y + t * ldy + r0;
+    if (valid == kPanelRows) { // (a copy of a run-time length becomes rep movs: slow to start)
+      for (int h = 0; h < kPanelRows; h += kLanes)
+        store(out + h, accumulate ? load(out + h) + load(v + h) : load(v + h));
+      return;
+    }
+    for (int64_t j = 0; j < valid; ++j)
+      out[j] = accumulate ? out[j] + v[j] : v[j];
+  });
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void
+linear_panels(const float* panels, int64_t rows, const float* bias, const float* x, int64_t batch,
+              float* y, int64_t ldy, int64_t p0, int64_t p1, int64_t n, bool accumulate) {
+  linear_panels_impl(panels, rows, row_bias{bias}, x, batch, y, ldy, p0, p1, n, accumulate);
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void
+qkv_panels(const float* panels, const qkv_bias& bias, const float* x, int64_t batch, float* y,
+           int64_t p0, int64_t p1, int64_t n) {
+  const int64_t rows = bias.q_rows + 2 * bias.kv_rows;
+  linear_panels_impl(panels, rows, bias, x, batch, y, rows, p0, p1, n, false);
+}
+
+// H k-major [hidden, batch]: H[r][t] = silu(W1[r] · X[t] + b1) · (W3[r] ·
+// X[t] + b3) for the hidden rows of SwiGLU panels [p0, p1).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void
+swiglu_panels(const float* panels, int64_t hidden, const float* b1, const float* b3, const float* x,
+              int64_t batch, float* h, int64_t p0, int64_t p1, int64_t n) {
+  constexpr int64_t kHalf = kPanelRows / 2;
+  matmul_panels(panels, x, batch, p0, p1, n, [&](int64_t p, int64_t t, const float* sums) {
+    const int64_t r0 = p * kHalf;
+    const int valid = static_cast<int>(std::min<int64_t>(kHalf, hidden - r0));
+    float gate[kHalf], up[kHalf], out[kHalf];
+    for (int j = 0; j < kHalf; ++j) {
+      gate[j] = sums[j];
+      up[j] = sums[kHalf + j];
+    }
+    add_bias(gate, b1, r0, valid);
+    add_bias(up, b3, r0, valid);
+    silu_times(gate, up, out);
+    for (int j = 0; j < valid; ++j)
+      h[(r0 + j) * batch + t] = out[j];
+  });
+}
+
+// out = weight ⊙ x · rsqrt(mean(x²) + eps), in fp32 (the ATen path's order);
+// `out` strided by `stride` (1: a row; the batch: k-major).
+void rms_norm(const float* x, const float* weight, float eps, int64_t n, float* out,
+              int64_t stride) {
   double ss = 0; // matches mean() over fp32 closely for these short rows
   for (int64_t i = 0; i < n; ++i)
     ss += static_cast<double>(x[i]) * x[i];
   auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
   for (int64_t i = 0; i < n; ++i)
-    out[i] = weight[i] * (x[i] * inv);
+    out[i * stride] = weight[i] * (x[i] * inv);
 }
 
 // Rotate-half RoPE of one head in place: for i < D/2 the pair (i, i + D/2)
@@ -361,46 +573,54 @@ TROUPE_INLINE void each_cached(const float* pool, const int32_t* block_table, in
   }
 }
 
-// One query head over its request's cached positions: out = softmax(q·K /
-// sqrt(D)) V, reading K/V rows in place through the block table.
+// Attention of one request's query heads that read KV heads [j0, j1):
+// out[h] = softmax(q[h] · K / sqrt(D)) V for each such head h, reading the
+// K/V rows in place through the block table, a position at a time: a
+// position's rows of these KV heads are adjacent in the pools, so each pass
+// over K or V is one sequential stream (a head at a time, it was a stride
+// the prefetchers follow poorly), and each K/V row is read once for its
+// whole group of query heads. q and out are the request's rows of every
+// head [n_heads · D]; scores holds (j1 − j0) · group · context_len floats,
+// inv_sum (j1 − j0) · group.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void
-attend_head(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table,
-            int64_t block_size, int64_t n_kv, int64_t kv_head, int64_t head_dim,
-            int64_t context_len, float* scores, float* out) {
+attend_heads(const float* q, const float* k_cache, const float* v_cache, const int32_t* block_table,
+             int64_t block_size, int64_t n_kv, int64_t group, int64_t j0, int64_t j1,
+             int64_t head_dim, int64_t context_len, float* scores, float* inv_sum, float* out) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  each_cached(k_cache, block_table, block_size, n_kv, kv_head, head_dim, context_len,
-              [&](int64_t p, const float* k) { scores[p] = row_dot(q, k, head_dim); });
-  // The weights exp(scale · (s − max)) in place, at vector width (the
-  // sampler's kernel); a NaN score leaves them unwritten: NaN out, as ATen.
-  auto stats = detail::softmax_row(scores, context_len, scale, scores);
-  if (stats.argmax < 0) {
-    std::fill_n(out, head_dim, std::numeric_limits<float>::quiet_NaN());
-    return;
-  }
-  const auto sum = static_cast<float>(stats.sum);
-  constexpr int64_t kMaxVectors = 16; // head_dim up to 256 in registers' worth of lanes
-  if (head_dim % kLanes == 0 && head_dim / kLanes <= kMaxVectors) {
-    const int64_t vectors = head_dim / kLanes;
-    lanes acc[kMaxVectors] = {};
-    each_cached(v_cache, block_table, block_size, n_kv, kv_head, head_dim, context_len,
-                [&](int64_t p, const float* v) {
-                  float w = scores[p] / sum;
-                  for (int64_t j = 0; j < vectors; ++j)
-                    acc[j] += w * load(v + j * kLanes);
-                });
-    for (int64_t j = 0; j < vectors; ++j)
-      for (int l = 0; l < kLanes; ++l)
-        out[j * kLanes + l] = acc[j][l];
-    return;
-  }
-  for (int64_t d = 0; d < head_dim; ++d)
-    out[d] = 0;
-  each_cached(v_cache, block_table, block_size, n_kv, kv_head, head_dim, context_len,
-              [&](int64_t p, const float* v) {
-                float w = scores[p] / sum;
-                for (int64_t d = 0; d < head_dim; ++d)
-                  out[d] += w * v[d];
+  const int64_t h0 = j0 * group, heads = (j1 - j0) * group;
+  auto score = [&](int64_t h) { return scores + (h - h0) * context_len; };
+  each_cached(k_cache, block_table, block_size, n_kv, j0, head_dim, context_len,
+              [&](int64_t p, const float* k) {
+                for (int64_t h = h0; h < h0 + heads; ++h)
+                  score(h)[p] =
+                      row_dot(q + h * head_dim, k + (h / group - j0) * head_dim, head_dim);
               });
+  // The weights exp(scale · (s − max)) in place, at vector width (the
+  // sampler's kernel), and 1 / their sum; a NaN score makes its head's
+  // output NaN, as ATen (marked by a negative inv_sum).
+  for (int64_t h = h0; h < h0 + heads; ++h) {
+    auto stats = detail::softmax_row(score(h), context_len, scale, score(h));
+    inv_sum[h - h0] = stats.argmax < 0 ? -1.0f : static_cast<float>(1.0 / stats.sum);
+    std::fill_n(out + h * head_dim, head_dim, 0.0f);
+  }
+  const bool vectors = head_dim % kLanes == 0;
+  each_cached(v_cache, block_table, block_size, n_kv, j0, head_dim, context_len,
+              [&](int64_t p, const float* v) {
+                for (int64_t h = h0; h < h0 + heads; ++h) {
+                  const float w = inv_sum[h - h0] < 0 ? 0.0f : score(h)[p] * inv_sum[h - h0];
+                  const float* vh = v + (h / group - j0) * head_dim;
+                  float* o = out + h * head_dim;
+                  if (vectors)
+                    for (int64_t d = 0; d < head_dim; d += kLanes)
+                      store(o + d, load(o + d) + w * load(vh + d));
+                  else
+                    for (int64_t d = 0; d < head_dim; ++d)
+                      o[d] += w * vh[d];
+                }
+              });
+  for (int64_t h = h0; h < h0 + heads; ++h)
+    if (inv_sum[h - h0] < 0)
+      std::fill_n(out + h * head_dim, head_dim, std::numeric_limits<float>::quiet_NaN());
 }
 
 // [begin, end) of member `t` of `size` over n items (contiguous, balanced;
@@ -411,7 +631,9 @@ std::pair<int64_t, int64_t> share(int64_t n, int t, int size, int64_t unit = 1) 
 }
 
 // The step's activations, shared by the team (each member writes only its
-// own rows or items of them).
+// own rows or items of them). The projections' inputs (the normalised
+// residual, the attention output, the FFN's hidden rows) are token rows for
+// the stored weights and k-major for the panels (NOTE [packed panels]).
 struct activations {
   std::vector<float> x, qkv, att, h;
   std::vector<float> cos, sin; // [size, head_dim / 2]: each token's RoPE angles, for every layer
@@ -434,6 +656,150 @@ struct activations {
   const float* sin_of(int64_t t, int64_t head_dim) const { return sin.data() + t * (head_dim / 2); }
 };
 
+// One decode step, run by every member of the team: each method is the
+// member's share of one stage, and the stages are separated by barriers.
+class step {
+public:
+  step(const decode_model& m, const decode_batch& b, int me, int members, activations& a)
+      : m_(m), b_(b), a_(a), me_(me), n_(members), B_(b.size), D_(m.dim), HD_(m.head_dim),
+        q_rows_(m.n_heads * HD_), kv_rows_(m.n_kv * HD_), qkv_rows_(q_rows_ + 2 * kv_rows_),
+        packed_(m.packed() && B_ > 1), xn_(static_cast<size_t>(B_ * D_)),
+        head_out_(static_cast<size_t>(q_rows_)), inv_sum_(static_cast<size_t>(m.n_heads)) {
+    int64_t max_context = 0;
+    for (int64_t t = 0; t < B_; ++t)
+      max_context = std::max(max_context, b.context_lens[t]);
+    scores_.resize(static_cast<size_t>(m.n_heads * max_context));
+  }
+
+  // The member's own copy of the normalised residual, laid out for the
+  // projections (no barrier: every member computes all of it).
+  void normalise(const float* weight) {
+    for (int64_t t = 0; t < B_; ++t)
+      rms_norm(a_.x.data() + t * D_, weight, m_.eps, D_, xn_.data() + at(t, 0, D_), at(0, 1, D_));
+  }
+
+  // q | k | v rows of the normalised residual.
+  void project_qkv(const decode_layer& L) {
+    if (packed_) {
+      auto [p0, p1] = panels_of(qkv_rows_);
+      qkv_panels(L.panels.qkv, {L.bq, L.bk, L.bv, q_rows_, kv_rows_}, xn_.data(), B_, a_.qkv.data(),
+                 p0, p1, D_);
+      return;
+    }
+    auto [r0, r1] = share(qkv_rows_, me_, n_, kRows);
+    auto part = [&](int64_t base, int64_t rows, const float* w, const float* bias) {
+      auto lo = std::max(r0, base), hi = std::min(r1, base + rows);
+      if (lo < hi)
+        linear_rows(w, bias, xn_.data(), B_, a_.qkv.data() + base, qkv_rows_, lo - base, hi - base,
+                    D_, false);
+    };
+    part(0, q_rows_, L.wq, L.bq);
+    part(q_rows_, kv_rows_, L.wk, L.bk);
+    part(q_rows_ + kv_rows_, kv_rows_, L.wv, L.bv);
+  }
+
+  // RoPE of the query heads; RoPE of the key heads and the K/V write.
+  void rope_and_store(const decode_layer& L) {
+    const int64_t heads = m_.n_heads + m_.n_kv;
+    auto [h0, h1] = share(B_ * heads, me_, n_);
+    for (int64_t item = h0; item < h1; ++item) {
+      auto t = item / heads, hd = item % heads;
+      float* row = a_.qkv.data() + t * qkv_rows_;
+      if (hd < m_.n_heads) {
+        rope(row + hd * HD_, a_.cos_of(t, HD_), a_.sin_of(t, HD_), HD_);
+        continue;
+      }
+      auto j = hd - m_.n_heads;
+      float* k = row + q_rows_ + j * HD_;
+      const float* v = row + q_rows_ + kv_rows_ + j * HD_;
+      rope(k, a_.cos_of(t, HD_), a_.sin_of(t, HD_), HD_);
+      auto slot = (b_.slots[t] * m_.n_kv + j) * HD_;
+      std::copy_n(k, HD_, L.k_cache + slot);
+      std::copy_n(v, HD_, L.v_cache + slot);
+    }
+  }
+
+  // Attention by request, or by (request, range of KV heads) when the
+  // requests are fewer than the members.
+  void attend(const decode_layer& L) {
+    const int64_t group = m_.n_heads / m_.n_kv;
+    const int64_t parts = std::min<int64_t>(m_.n_kv, (n_ + B_ - 1) / B_);
+    auto [i0, i1] = share(B_ * parts, me_, n_);
+    for (int64_t item = i0; item < i1; ++item) {
+      auto t = item / parts;
+      auto [j0, j1] = share(m_.n_kv, static_cast<int>(item % parts), static_cast<int>(parts));
+      float* out = packed_ ? head_out_.data() : a_.att.data() + t * q_rows_;
+      attend_heads(a_.qkv.data() + t * qkv_rows_, L.k_cache, L.v_cache,
+                   b_.block_tables + t * b_.table_width, m_.block_size, m_.n_kv, group, j0, j1, HD_,
+                   b_.context_lens[t], scores_.data(), inv_sum_.data(), out);
+      if (packed_)
+        for (int64_t d = j0 * group * HD_; d < j1 * group * HD_; ++d)
+          a_.att[static_cast<size_t>(at(t, d, q_rows_))] = out[d];
+    }
+  }
+
+  // x += Wo · attention (+ bo).
+  void project_out(const decode_layer& L) {
+    residual(L.wo, L.panels.wo, L.bo, a_.att.data(), q_rows_);
+  }
+
+  // The FFN's hidden rows: silu(W1 · xn) ⊙ (W3 · xn).
+  void gate_up(const decode_layer& L) {
+    if (packed_) {
+      auto [p0, p1] = panels_of(2 * m_.hidden);
+      swiglu_panels(L.panels.w13, m_.hidden, L.b1, L.b3, xn_.data(), B_, a_.h.data(), p0, p1, D_);
+      return;
+    }
+    auto [f0, f1] = share(m_.hidden, me_, n_, kRows);
+    swiglu_rows(L.w1, L.w3, L.b1, L.b3, xn_.data(), B_, a_.h.data(), m_.hidden, f0, f1, D_);
+  }
+
+  // x += W2 · h (+ b2).
+  void project_down(const decode_layer& L) {
+    residual(L.w2, L.panels.w2, L.b2, a_.h.data(), m_.hidden);
+  }
+
+  void lm_head() {
+    if (packed_) {
+      auto [p0, p1] = panels_of(m_.vocab);
+      linear_panels(m_.lm_head_panels, m_.vocab, nullptr, xn_.data(), B_, b_.logits, m_.vocab, p0,
+                    p1, D_, false);
+      return;
+    }
+    auto [v0, v1] = share(m_.vocab, me_, n_, kRows);
+    linear_rows(m_.lm_head, nullptr, xn_.data(), B_, b_.logits, m_.vocab, v0, v1, D_, false);
+  }
+
+private:
+  // Where token t's element i of an input of n elements lives.
+  int64_t at(int64_t t, int64_t i, int64_t n) const { return packed_ ? i * B_ + t : t * n + i; }
+
+  // The member's panels of a packed matrix with `rows` rows.
+  std::pair<int64_t, int64_t> panels_of(int64_t rows) const {
+    return share((rows + kPanelRows - 1) / kPanelRows, me_, n_);
+  }
+
+  // The member's rows of x [B, dim] += W · in + bias.
+  void residual(const float* rows, const float* panels, const float* bias, const float* in,
+                int64_t n) {
+    if (packed_) {
+      auto [p0, p1] = panels_of(D_);
+      linear_panels(panels, D_, bias, in, B_, a_.x.data(), D_, p0, p1, n, true);
+      return;
+    }
+    auto [o0, o1] = share(D_, me_, n_, kRows);
+    linear_rows(rows, bias, in, B_, a_.x.data(), D_, o0, o1, n, true);
+  }
+
+  const decode_model& m_;
+  const decode_batch& b_;
+  activations& a_;
+  const int me_, n_;
+  const int64_t B_, D_, HD_, q_rows_, kv_rows_, qkv_rows_;
+  const bool packed_;
+  std::vector<float> xn_, head_out_, inv_sum_, scores_;
+};
+
 } // namespace
 
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) float
@@ -441,76 +807,51 @@ dot(const float* a, const float* b, int64_t n) {
   return row_dot(a, b, n);
 }
 
+int64_t packed_size(int64_t rows, int64_t cols) {
+  return (rows + kPanelRows - 1) / kPanelRows * kPanelRows * cols;
+}
+
+void pack_panels(const float* w, int64_t rows, int64_t cols, float* out) {
+  for (int64_t p = 0; p < rows; p += kPanelRows, out += kPanelRows * cols)
+    for (int64_t j = 0; j < kPanelRows; ++j)
+      for (int64_t k = 0; k < cols; ++k)
+        out[k * kPanelRows + j] = p + j < rows ? w[(p + j) * cols + k] : 0.0f;
+}
+
+void pack_swiglu(const float* w1, const float* w3, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t kHalf = kPanelRows / 2;
+  for (int64_t p = 0; p < rows; p += kHalf, out += kPanelRows * cols)
+    for (int64_t j = 0; j < kPanelRows; ++j) {
+      const float* w = j < kHalf ? w1 : w3;
+      const int64_t r = p + j % kHalf;
+      for (int64_t k = 0; k < cols; ++k)
+        out[k * kPanelRows + j] = r < rows ? w[r * cols + k] : 0.0f;
+    }
+}
+
 void fused_decode(const decode_model& m, const decode_batch& b, thread_team& team) {
-  const int64_t B = b.size, D = m.dim, HD = m.head_dim;
-  const int64_t q_rows = m.n_heads * HD, kv_rows = m.n_kv * HD;
-  const int64_t qkv_rows = q_rows + 2 * kv_rows;
-  const int64_t group = m.n_heads / m.n_kv;
-  int64_t max_context = 0;
-  for (int64_t t = 0; t < B; ++t)
-    max_context = std::max(max_context, b.context_lens[t]);
-  activations a{m, b, qkv_rows, q_rows};
+  const int64_t q_rows = m.n_heads * m.head_dim;
+  activations a{m, b, q_rows + 2 * m.n_kv * m.head_dim, q_rows};
   team.run([&](int me) {
-    const int n = team.size();
-    std::vector<float> xn(static_cast<size_t>(B * D)), scores(static_cast<size_t>(max_context));
-    auto normalise = [&](const float* weight) {
-      for (int64_t t = 0; t < B; ++t)
-        rms_norm(a.x.data() + t * D, weight, m.eps, D, xn.data() + t * D);
-    };
-    auto [o0, o1] = share(D, me, n, kRows);
+    step s{m, b, me, team.size(), a};
     for (const auto& L : m.layers) {
-      // q | k | v rows of the normalised residual.
-      normalise(L.attn_norm);
-      auto [r0, r1] = share(qkv_rows, me, n, kRows);
-      auto part = [&](int64_t base, int64_t rows, const float* w, const float* bias) {
-        auto lo = std::max(r0, base), hi = std::min(r1, base + rows);
-        if (lo < hi)
-          linear_rows(w, bias, xn.data(), B, a.qkv.data() + base, qkv_rows, lo - base, hi - base, D,
-                      false);
-      };
-      part(0, q_rows, L.wq, L.bq);
-      part(q_rows, kv_rows, L.wk, L.bk);
-      part(q_rows + kv_rows, kv_rows, L.wv, L.bv);
+      s.normalise(L.attn_norm);
+      s.project_qkv(L);
       team.barrier();
-      // RoPE of the query heads; RoPE of the key heads and the K/V write.
-      const int64_t heads = m.n_heads + m.n_kv;
-      auto [h0, h1] = share(B * heads, me, n);
-      for (int64_t item = h0; item < h1; ++item) {
-        auto t = item / heads, hd = item % heads;
-        float* row = a.qkv.data() + t * qkv_rows;
-        if (hd < m.n_heads) {
-          rope(row + hd * HD, a.cos_of(t, HD), a.sin_of(t, HD), HD);
-          continue;
-        }
-        auto j = hd - m.n_heads;
-        float* k = row + q_rows + j * HD;
-        const float* v = row + q_rows + kv_rows + j * HD;
-        rope(k, a.cos_of(t, HD), a.sin_of(t, HD), HD);
-        auto slot = (b.slots[t] * m.n_kv + j) * HD;
-        std::copy_n(k, HD, L.k_cache + slot);
-        std::copy_n(v, HD, L.v_cache + slot);
-      }
+      s.rope_and_store(L);
       team.barrier();
-      auto [a0, a1] = share(B * m.n_heads, me, n);
-      for (int64_t item = a0; item < a1; ++item) {
-        auto t = item / m.n_heads, hd = item % m.n_heads;
-        attend_head(a.qkv.data() + t * qkv_rows + hd * HD, L.k_cache, L.v_cache,
-                    b.block_tables + t * b.table_width, m.block_size, m.n_kv, hd / group, HD,
-                    b.context_lens[t], scores.data(), a.att.data() + t * q_rows + hd * HD);
-      }
+      s.attend(L);
       team.barrier();
-      linear_rows(L.wo, L.bo, a.att.data(), B, a.x.data(), D, o0, o1, q_rows, true);
+      s.project_out(L);
       team.barrier();
-      normalise(L.ffn_norm);
-      auto [f0, f1] = share(m.hidden, me, n, kRows);
-      swiglu_rows(L.w1, L.w3, L.b1, L.b3, xn.data(), B, a.h.data(), m.hidden, f0, f1, D);
+      s.normalise(L.ffn_norm);
+      s.gate_up(L);
       team.barrier();
-      linear_rows(L.w2, L.b2, a.h.data(), B, a.x.data(), D, o0, o1, m.hidden, true);
+      s.project_down(L);
       team.barrier();
     }
-    normalise(m.final_norm);
-    auto [v0, v1] = share(m.vocab, me, n, kRows);
-    linear_rows(m.lm_head, nullptr, xn.data(), B, b.logits, m.vocab, v0, v1, D, false);
+    s.normalise(m.final_norm);
+    s.lm_head();
   });
 }
 

@@ -13,15 +13,17 @@
 // is folded into the rows' input (each thread normalises the residual for
 // itself instead of waiting for one), RoPE, the K/V write and attention are
 // split by (request, head), and the team meets at a barrier between
-// dependent steps (6 per layer), not at a fork and join. Weights are used
-// in their stored row-major [out, in] layout, so nothing is repacked when
-// they change: at B = 1 each output row is one sequential dot product, the
-// whole matrix one stream the hardware prefetchers follow; at B > 1 a tile
-// of 4 rows meets 4 tokens at a time (16 accumulators, one transposing
-// reduction), every weight byte loaded from memory once per step, the next
-// tile's rows prefetched while this one computes. Attention reads K/V in
-// place through the block tables, a block at a time, with the sampler's
-// vectorised softmax. The numbers follow the ATen path's definitions
+// dependent steps (6 per layer), not at a fork and join. At B = 1 the
+// weights are read in their stored row-major [out, in] layout: each output
+// row is one sequential dot product, the whole matrix one stream the
+// hardware prefetchers follow. At B > 1 the step is bound by arithmetic;
+// given a packed copy of the weights (NOTE [packed panels]), a tile of 32
+// rows meets up to 12 tokens with no horizontal sums; without one, a tile of
+// 4 stored rows meets 4 tokens at a time (16 accumulators, one transposing
+// reduction), the next tile's rows prefetched while this one computes.
+// Either way every weight byte comes from memory once per step. Attention
+// reads K/V in place through the block tables, a block at a time, with the
+// sampler's vectorised softmax. The numbers follow the ATen path's definitions
 // (RMSNorm in fp32, rotate-half RoPE, softmax over the cached positions);
 // sums run in another order, so they agree to float rounding
 // (tests/kernels/fused_decode_test.cpp, tests/models/llama_paged_test.cpp).
@@ -68,6 +70,35 @@ private:
   std::condition_variable wake_;
 };
 
+/// NOTE [packed panels]: a copy of a weight matrix W [rows, cols] laid out
+/// for batched decode steps. Rows go in panels of kPanelRows (the last one
+/// padded with zeros); a panel stores its rows' k-th elements together,
+/// k = 0, 1, ...: panel[k][j] = W[p · kPanelRows + j][k]. A tile of a panel
+/// and T tokens then keeps 2 T vector accumulators, each step along k loads
+/// two vectors of weights and one scalar of each token's input, and its sums
+/// come out whole (no horizontal reductions); the panels follow each other
+/// in memory, so the whole matrix is one stream. The SwiGLU pair w1 | w3
+/// packs as one matrix whose panels hold kPanelRows / 2 rows of w1 followed
+/// by the same rows of w3, so that a tile yields gate and up side by side.
+/// Inputs are read k-major ([cols, tokens]) for the same reason.
+constexpr int64_t kPanelRows = 32;
+
+/// Floats of W [rows, cols] in panels.
+int64_t packed_size(int64_t rows, int64_t cols);
+/// Packs a row-major W [rows, cols] into `out` (packed_size floats).
+void pack_panels(const float* w, int64_t rows, int64_t cols, float* out);
+/// Packs the SwiGLU pair (w1, w3, each [rows, cols]) into `out`
+/// (packed_size(2 · rows, cols) floats).
+void pack_swiglu(const float* w1, const float* w3, int64_t rows, int64_t cols, float* out);
+
+/// One layer's matrices in panels (NOTE [packed panels]).
+struct decode_panels {
+  const float* qkv = nullptr; // wq | wk | wv as one [q_rows + 2 kv_rows, dim] matrix
+  const float* wo = nullptr;
+  const float* w13 = nullptr; // pack_swiglu(w1, w3)
+  const float* w2 = nullptr;
+};
+
 /// One layer's fp32 weights, row-major [out, in] as stored; biases may be null.
 struct decode_layer {
   const float* attn_norm = nullptr; // [dim]
@@ -78,6 +109,7 @@ struct decode_layer {
   const float *b1 = nullptr, *b3 = nullptr, *b2 = nullptr;
   float* k_cache = nullptr; // [num_blocks, block_size, n_kv, head_dim]
   float* v_cache = nullptr;
+  decode_panels panels; // all null: the stored rows serve
 };
 
 struct decode_model {
@@ -88,7 +120,12 @@ struct decode_model {
   const float* final_norm = nullptr; // [dim]
   const float* lm_head = nullptr;    // [vocab, dim] (the embedding table when tied)
   const float* embedding = nullptr;  // [vocab, dim]
+  /// The LM head in panels; set together with every layer's panels, or not
+  /// at all. With them, steps of more than one request use the panels.
+  const float* lm_head_panels = nullptr;
   int64_t block_size = 16;
+
+  bool packed() const { return lm_head_panels != nullptr; }
 
   const float* embedding_row(int64_t token) const { return embedding + token * dim; }
 };

@@ -8,8 +8,38 @@
 // decode step, which ATen's log_softmax plus a scalar argmax took ~2.6 ms for.
 
 #include <cstdint>
+#include <cstring>
 
 namespace troupe::kernels::detail {
+
+// exp(y) for y <= 0, branch-free so a block vectorises. y = n·ln2 + r with
+// |r| <= ln2/2; exp(r) by the classic single-precision polynomial (Cephes'
+// expf coefficients); 2^n built in the exponent bits. Below -87.3 (2^-126,
+// the smallest normal float) the result is 0, as is exp(-inf) (and exp(NaN):
+// callers that must see NaN check for it). Inlined into each caller's
+// vector loops (the softmax row, SiLU in kernels/cpu/fused_decode.cpp).
+inline float exp_nonpositive(float y) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRound = 12582912.0f; // 1.5 · 2^23: adding it rounds to an integer
+  bool underflow = !(y > -87.3f);       // NaN too
+  float yc = underflow ? 0.0f : y;
+  float nf = (yc * kLog2e + kRound) - kRound;
+  float r = (yc - nf * kLn2Hi) - nf * kLn2Lo;
+  float z = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * z + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(nf) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return underflow ? 0.0f : p * two_n;
+}
 
 struct softmax_row_stats {
   /// max over the row of x (unscaled).

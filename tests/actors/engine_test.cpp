@@ -337,3 +337,49 @@ TEST(KvPoolSize, FollowsTheWorkWithinTheCap) {
   auto ctx = model->config().max_position_embeddings;
   EXPECT_EQ((*e)->metrics().num_blocks, (ctx + 15) / 16);
 }
+
+// NOTE [decode panels]: the packed copy is made where steps batch, its
+// bytes come back with the KV pool on release, and a bad value is an error
+// naming the key.
+TEST(DecodePanels, PackedWhereStepsBatchAndReleasedWithTheKvPool) {
+  engine_config c;
+  EXPECT_TRUE(packs_decode_panels(c)); // max_num_seqs 64
+  c.expected_sequences = 1;
+  EXPECT_FALSE(packs_decode_panels(c)); // one sequence: batch-1 steps read the stored rows
+  c.decode_panels = "on";
+  EXPECT_TRUE(packs_decode_panels(c));
+  c.decode_panels = "off";
+  c.expected_sequences = 8;
+  EXPECT_FALSE(packs_decode_panels(c));
+  c.decode_panels = "sometimes";
+  auto bad = validate(c);
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("engine.decode_panels"), std::string::npos);
+
+  auto m = tiny_model();
+  engine_config one;
+  one.expected_sequences = 1;
+  make_engine(m, one);
+  EXPECT_FALSE(m->decode_panels());
+  auto e = make_engine(m); // max_num_seqs 64: packs
+  EXPECT_TRUE(m->decode_panels());
+  std::vector<generate_request> reqs;
+  for (int i = 0; i < 3; ++i)
+    reqs.push_back({"r" + std::to_string(i), {1, 2, 3, static_cast<int64_t>(i)}, greedy(4)});
+  auto outs = e->generate(reqs);
+  ASSERT_TRUE(outs) << describe(outs.error());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ((*outs)[i].samples[0].tokens, greedy_reference(m, reqs[i].prompt, 4)) << i;
+  const auto panels = models::decode_panels_bytes(m->config());
+  EXPECT_EQ(m->decode_panels_bytes(), panels);
+  auto kv = e->metrics().num_blocks * kv_block_bytes(e->config(), m->config(), 4);
+  auto freed = e->release_kv_cache();
+  ASSERT_TRUE(freed) << describe(freed.error());
+  EXPECT_EQ(*freed, kv + panels);
+  EXPECT_EQ(m->decode_panels_bytes(), 0);
+  // The next batch makes both again.
+  auto again = e->generate(reqs);
+  ASSERT_TRUE(again) << describe(again.error());
+  EXPECT_EQ((*again)[1].samples[0].tokens, (*outs)[1].samples[0].tokens);
+  EXPECT_EQ(m->decode_panels_bytes(), panels);
+}

@@ -63,7 +63,7 @@ TEST(FusedDecode, TeamRunsEveryMemberAndBarriersOrderThePhases) {
 // A two-layer GQA decoder with biases, written op by op in LibTorch.
 struct reference_model {
   int64_t dim = 32, hidden = 48, n_heads = 4, n_kv = 2, head_dim = 8, vocab = 40;
-  int64_t block_size = 4, num_blocks = 12;
+  int64_t block_size = 4, num_blocks = 32;
   float eps = 1e-5f;
   struct layer {
     torch::Tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, ffn_norm, w1, w3, w2, b1, b3, b2;
@@ -148,65 +148,127 @@ struct reference_model {
     m.embedding = embedding.data_ptr<float>();
     return m;
   }
+
+  // view() with every matrix also in panels (kept in `panels`).
+  cpu::decode_model packed_view() {
+    auto m = view();
+    auto pack = [&](const torch::Tensor& w) {
+      auto c = w.contiguous();
+      panels.push_back(torch::empty({cpu::packed_size(c.size(0), c.size(1))}));
+      cpu::pack_panels(c.data_ptr<float>(), c.size(0), c.size(1), panels.back().data_ptr<float>());
+      return panels.back().data_ptr<float>();
+    };
+    for (size_t i = 0; i < layers.size(); ++i) {
+      auto& L = layers[i];
+      auto& P = m.layers[i].panels;
+      P.qkv = pack(torch::cat({L.wq, L.wk, L.wv}));
+      P.wo = pack(L.wo);
+      panels.push_back(torch::empty({cpu::packed_size(2 * hidden, dim)}));
+      cpu::pack_swiglu(L.w1.data_ptr<float>(), L.w3.data_ptr<float>(), hidden, dim,
+                       panels.back().data_ptr<float>());
+      P.w13 = panels.back().data_ptr<float>();
+      P.w2 = pack(L.w2);
+    }
+    m.lm_head_panels = pack(lm_head);
+    return m;
+  }
+  std::vector<torch::Tensor> panels;
 };
+
+TEST(FusedDecode, PanelsHoldEachRowsKthElementsTogetherAndPadWithZeros) {
+  const int64_t rows = 40, cols = 3; // a whole panel and a padded one
+  auto w = torch::randn({rows, cols});
+  std::vector<float> out(static_cast<size_t>(cpu::packed_size(rows, cols)), -1.0f);
+  ASSERT_EQ(out.size(), 64u * cols);
+  cpu::pack_panels(w.data_ptr<float>(), rows, cols, out.data());
+  auto a = w.accessor<float, 2>();
+  for (int64_t p = 0; p < 2; ++p)
+    for (int64_t k = 0; k < cols; ++k)
+      for (int64_t j = 0; j < cpu::kPanelRows; ++j) {
+        auto r = p * cpu::kPanelRows + j;
+        EXPECT_EQ(out[static_cast<size_t>((p * cols + k) * cpu::kPanelRows + j)],
+                  r < rows ? a[r][k] : 0.0f)
+            << "panel " << p << ", k " << k << ", row " << j;
+      }
+  // SwiGLU: 16 rows of w1 then the same 16 of w3 in each panel.
+  const int64_t hidden = 20;
+  auto w1 = torch::randn({hidden, cols}), w3 = torch::randn({hidden, cols});
+  std::vector<float> sw(static_cast<size_t>(cpu::packed_size(2 * hidden, cols)), -1.0f);
+  cpu::pack_swiglu(w1.data_ptr<float>(), w3.data_ptr<float>(), hidden, cols, sw.data());
+  auto a1 = w1.accessor<float, 2>(), a3 = w3.accessor<float, 2>();
+  for (int64_t p = 0; p < 2; ++p)
+    for (int64_t k = 0; k < cols; ++k)
+      for (int64_t j = 0; j < cpu::kPanelRows; ++j) {
+        auto r = p * 16 + j % 16;
+        float want = r >= hidden ? 0.0f : j < 16 ? a1[r][k] : a3[r][k];
+        EXPECT_EQ(sw[static_cast<size_t>((p * cols + k) * cpu::kPanelRows + j)], want)
+            << "panel " << p << ", k " << k << ", row " << j;
+      }
+}
 
 // Requests of different lengths decoded together: each request's tokens
 // and block table are its own; every step's logits and K/V must equal the
-// per-op reference's, for batches that fill whole tiles and leave remainders.
+// per-op reference's, for batches that fill whole tiles and leave
+// remainders, from the stored rows and from the panels (whose tiles hold up
+// to 12 tokens: 13 takes two).
 TEST(FusedDecode, BatchedStepsMatchAPerOpReferenceAndWriteTheSameKv) {
-  for (int threads : {1, 2, 3})
-    for (int64_t batch : {1, 3, 5}) {
-      SCOPED_TRACE("threads " + std::to_string(threads) + ", batch " + std::to_string(batch));
-      reference_model ref, fused;
-      for (size_t l = 0; l < ref.layers.size(); ++l) { // the same caches to start with
-        fused.layers[l].k_cache.copy_(ref.layers[l].k_cache);
-        fused.layers[l].v_cache.copy_(ref.layers[l].v_cache);
+  for (bool panels : {false, true})
+    for (int threads : {1, 2, 3})
+      for (int64_t batch : {1, 3, 5, 13}) {
+        SCOPED_TRACE("threads " + std::to_string(threads) + ", batch " + std::to_string(batch) +
+                     (panels ? ", panels" : ", stored rows"));
+        reference_model ref, fused;
+        for (size_t l = 0; l < ref.layers.size(); ++l) { // the same caches to start with
+          fused.layers[l].k_cache.copy_(ref.layers[l].k_cache);
+          fused.layers[l].v_cache.copy_(ref.layers[l].v_cache);
+        }
+        auto m = panels ? fused.packed_view() : fused.view();
+        cpu::thread_team team{threads};
+        // Request r owns blocks 2r + 1 and 2r, in that order (out of order,
+        // so that the tables' indirection counts); request r starts r % 2
+        // positions in and crosses into its second block.
+        const int64_t width = 2;
+        std::vector<int32_t> tables;
+        for (int64_t r = 0; r < batch; ++r)
+          tables.insert(tables.end(),
+                        {static_cast<int32_t>(2 * r + 1), static_cast<int32_t>(2 * r)});
+        std::vector<float> logits(static_cast<size_t>(batch * fused.vocab));
+        for (int64_t step = 0; step < 6; ++step) {
+          std::vector<int64_t> tokens, pos, slots, ctx;
+          for (int64_t r = 0; r < batch; ++r) {
+            auto p = r % 2 + step;
+            const int32_t* table = tables.data() + r * width;
+            tokens.push_back((p * 7 + 3 + r * 11) % fused.vocab);
+            pos.push_back(p);
+            slots.push_back(table[p / 4] * 4 + p % 4);
+            ctx.push_back(p + 1);
+          }
+          cpu::decode_batch b;
+          b.size = batch;
+          b.tokens = tokens.data();
+          b.positions = pos.data();
+          b.slots = slots.data();
+          b.block_tables = tables.data();
+          b.table_width = width;
+          b.context_lens = ctx.data();
+          b.logits = logits.data();
+          cpu::fused_decode(m, b, team);
+          for (int64_t r = 0; r < batch; ++r) {
+            std::vector<int32_t> table(tables.begin() + r * width,
+                                       tables.begin() + (r + 1) * width);
+            auto want = ref.step(tokens[r], pos[r], slots[r], table);
+            auto got = torch::from_blob(logits.data() + r * fused.vocab, {fused.vocab});
+            EXPECT_LT((got - want).abs().max().item<float>(), 2e-5)
+                << "step " << step << ", request " << r;
+          }
+          for (size_t l = 0; l < ref.layers.size(); ++l) {
+            EXPECT_LT((fused.layers[l].k_cache - ref.layers[l].k_cache).abs().max().item<float>(),
+                      1e-5);
+            EXPECT_LT((fused.layers[l].v_cache - ref.layers[l].v_cache).abs().max().item<float>(),
+                      1e-5);
+          }
+        }
       }
-      auto m = fused.view();
-      cpu::thread_team team{threads};
-      // Request r owns blocks 2r + 1 and 2r, in that order (out of order,
-      // so that the tables' indirection counts); request r starts r % 2
-      // positions in and crosses into its second block.
-      const int64_t width = 2;
-      std::vector<int32_t> tables;
-      for (int64_t r = 0; r < batch; ++r)
-        tables.insert(tables.end(), {static_cast<int32_t>(2 * r + 1), static_cast<int32_t>(2 * r)});
-      std::vector<float> logits(static_cast<size_t>(batch * fused.vocab));
-      for (int64_t step = 0; step < 6; ++step) {
-        std::vector<int64_t> tokens, pos, slots, ctx;
-        for (int64_t r = 0; r < batch; ++r) {
-          auto p = r % 2 + step;
-          const int32_t* table = tables.data() + r * width;
-          tokens.push_back((p * 7 + 3 + r * 11) % fused.vocab);
-          pos.push_back(p);
-          slots.push_back(table[p / 4] * 4 + p % 4);
-          ctx.push_back(p + 1);
-        }
-        cpu::decode_batch b;
-        b.size = batch;
-        b.tokens = tokens.data();
-        b.positions = pos.data();
-        b.slots = slots.data();
-        b.block_tables = tables.data();
-        b.table_width = width;
-        b.context_lens = ctx.data();
-        b.logits = logits.data();
-        cpu::fused_decode(m, b, team);
-        for (int64_t r = 0; r < batch; ++r) {
-          std::vector<int32_t> table(tables.begin() + r * width, tables.begin() + (r + 1) * width);
-          auto want = ref.step(tokens[r], pos[r], slots[r], table);
-          auto got = torch::from_blob(logits.data() + r * fused.vocab, {fused.vocab});
-          EXPECT_LT((got - want).abs().max().item<float>(), 2e-5)
-              << "step " << step << ", request " << r;
-        }
-        for (size_t l = 0; l < ref.layers.size(); ++l) {
-          EXPECT_LT((fused.layers[l].k_cache - ref.layers[l].k_cache).abs().max().item<float>(),
-                    1e-5);
-          EXPECT_LT((fused.layers[l].v_cache - ref.layers[l].v_cache).abs().max().item<float>(),
-                    1e-5);
-        }
-      }
-    }
 }
 
 } // namespace

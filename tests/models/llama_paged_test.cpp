@@ -300,45 +300,109 @@ TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
         if (name.find("bias") != std::string::npos)
           t.normal_(0, 0.1);
     }
-    for (int threads : {1, 2})
-      for (size_t batch : {1, 5}) {
-        SCOPED_TRACE("variant " + std::to_string(variant) + ", threads " + std::to_string(threads) +
-                     ", batch " + std::to_string(batch));
-        at::set_num_threads(threads);
-        auto fused_cache = model->make_paged_cache(48, 4);
-        auto aten_cache = model->make_paged_cache(48, 4);
-        pager fused_pages{48, 4, 5}, aten_pages{48, 4, 5};
-        std::vector<request> fr(batch), ar(batch);
-        std::vector<request*> fp, ap;
-        std::vector<std::vector<int64_t>> prompts;
-        for (size_t r = 0; r < batch; ++r) {
-          fp.push_back(&fr[r]);
-          ap.push_back(&ar[r]);
-          prompts.push_back(random_tokens(static_cast<int64_t>(3 + 4 * r), 3 + r));
-        }
-        model->set_fused_decode(true); // the prompts: the ATen path either way
-        model->forward_paged(fused_pages.step(fp, prompts), fused_cache);
-        model->forward_paged(aten_pages.step(ap, prompts), aten_cache);
-        std::vector<std::vector<int64_t>> next(batch, std::vector<int64_t>{5});
-        for (int s = 0; s < 8; ++s) {
-          model->set_fused_decode(true);
-          auto fused = model->forward_paged(fused_pages.step(fp, next), fused_cache);
-          model->set_fused_decode(false);
-          auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
-          ASSERT_EQ(fused.sizes(), aten.sizes());
-          EXPECT_LT(max_abs_diff(fused, aten), 1e-5) << "step " << s;
+    for (bool panels : {false, true})
+      for (int threads : {1, 2})
+        for (size_t batch : {1, 5}) {
+          SCOPED_TRACE("variant " + std::to_string(variant) + ", threads " +
+                       std::to_string(threads) + ", batch " + std::to_string(batch) +
+                       (panels ? ", panels" : ""));
+          at::set_num_threads(threads);
+          model->set_decode_panels(panels);
+          auto fused_cache = model->make_paged_cache(48, 4);
+          auto aten_cache = model->make_paged_cache(48, 4);
+          pager fused_pages{48, 4, 5}, aten_pages{48, 4, 5};
+          std::vector<request> fr(batch), ar(batch);
+          std::vector<request*> fp, ap;
+          std::vector<std::vector<int64_t>> prompts;
           for (size_t r = 0; r < batch; ++r) {
-            auto row = static_cast<int64_t>(r);
-            EXPECT_LT(max_abs_diff(fused[row], dense_logits(model, fr[r].tokens)[-1]), 1e-5)
-                << "step " << s << ", request " << r;
-            next[r] = {greedy(fused[row])};
+            fp.push_back(&fr[r]);
+            ap.push_back(&ar[r]);
+            prompts.push_back(random_tokens(static_cast<int64_t>(3 + 4 * r), 3 + r));
           }
-          for (size_t l = 0; l < fused_cache.k.size(); ++l) {
-            EXPECT_LT(max_abs_diff(fused_cache.k[l], aten_cache.k[l]), 1e-5);
-            EXPECT_LT(max_abs_diff(fused_cache.v[l], aten_cache.v[l]), 1e-5);
+          model->set_fused_decode(true); // the prompts: the ATen path either way
+          model->forward_paged(fused_pages.step(fp, prompts), fused_cache);
+          model->forward_paged(aten_pages.step(ap, prompts), aten_cache);
+          std::vector<std::vector<int64_t>> next(batch, std::vector<int64_t>{5});
+          for (int s = 0; s < 8; ++s) {
+            model->set_fused_decode(true);
+            auto fused = model->forward_paged(fused_pages.step(fp, next), fused_cache);
+            model->set_fused_decode(false);
+            auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
+            ASSERT_EQ(fused.sizes(), aten.sizes());
+            EXPECT_LT(max_abs_diff(fused, aten), 1e-5) << "step " << s;
+            for (size_t r = 0; r < batch; ++r) {
+              auto row = static_cast<int64_t>(r);
+              EXPECT_LT(max_abs_diff(fused[row], dense_logits(model, fr[r].tokens)[-1]), 1e-5)
+                  << "step " << s << ", request " << r;
+              next[r] = {greedy(fused[row])};
+            }
+            for (size_t l = 0; l < fused_cache.k.size(); ++l) {
+              EXPECT_LT(max_abs_diff(fused_cache.k[l], aten_cache.k[l]), 1e-5);
+              EXPECT_LT(max_abs_diff(fused_cache.v[l], aten_cache.v[l]), 1e-5);
+            }
           }
+          // Batches made the packed copy when asked to, and only then.
+          if (batch > 1)
+            EXPECT_EQ(model->decode_panels_bytes(), panels ? decode_panels_bytes(config) : 0);
         }
-      }
+    model->set_decode_panels(false);
+    EXPECT_EQ(model->decode_panels_bytes(), 0);
   }
   at::set_num_threads(threads_before);
+}
+
+// One batched decode step's logits through the fused kernel and through
+// the ATen path, from the same cache contents.
+std::pair<torch::Tensor, torch::Tensor> fused_and_aten_step(llama_model& model, int64_t batch) {
+  auto fused_cache = model->make_paged_cache(4 * batch, 4);
+  auto aten_cache = model->make_paged_cache(4 * batch, 4);
+  pager fused_pages{4 * batch, 4, 7}, aten_pages{4 * batch, 4, 7};
+  std::vector<request> fr(static_cast<size_t>(batch)), ar(static_cast<size_t>(batch));
+  std::vector<request*> fp, ap;
+  std::vector<std::vector<int64_t>> prompts, next;
+  for (int64_t r = 0; r < batch; ++r) {
+    fp.push_back(&fr[static_cast<size_t>(r)]);
+    ap.push_back(&ar[static_cast<size_t>(r)]);
+    prompts.push_back(random_tokens(3 + r, static_cast<uint64_t>(40 + r)));
+    next.push_back({7 + r});
+  }
+  model->forward_paged(fused_pages.step(fp, prompts), fused_cache);
+  model->forward_paged(aten_pages.step(ap, prompts), aten_cache);
+  model->set_fused_decode(true);
+  auto fused = model->forward_paged(fused_pages.step(fp, next), fused_cache);
+  model->set_fused_decode(false);
+  auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
+  model->set_fused_decode(true);
+  return {fused, aten};
+}
+
+// The packed copy follows the weights: after an in-place write (as an
+// optimizer step does) and after assign_hf_weights (as an engine's weight
+// load does), a batched step reads the new weights, not the packed old ones.
+TEST(LlamaPaged, DecodePanelsFollowWeightChanges) {
+  torch::manual_seed(21);
+  auto m = make_llama(tiny_config(), head_kind::lm);
+  ASSERT_TRUE(m) << describe(m.error());
+  auto model = *m;
+  model->eval();
+  model->set_decode_panels(true);
+  auto [before, before_aten] = fused_and_aten_step(model, 3);
+  EXPECT_LT(max_abs_diff(before, before_aten), 1e-5);
+  ASSERT_GT(model->decode_panels_bytes(), 0);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters())
+      p.mul_(1.5);
+  }
+  auto [scaled, scaled_aten] = fused_and_aten_step(model, 3);
+  EXPECT_GT(max_abs_diff(scaled, before), 1e-3); // the weights did change
+  EXPECT_LT(max_abs_diff(scaled, scaled_aten), 1e-5);
+
+  torch::manual_seed(22);
+  auto other = make_llama(tiny_config(), head_kind::lm);
+  ASSERT_TRUE(other);
+  ASSERT_TRUE(assign_hf_weights(model, export_hf_weights(*other)));
+  auto [loaded, loaded_aten] = fused_and_aten_step(model, 3);
+  EXPECT_GT(max_abs_diff(loaded, scaled), 1e-3);
+  EXPECT_LT(max_abs_diff(loaded, loaded_aten), 1e-5);
 }
