@@ -504,10 +504,18 @@ const packed_decode_weights& llama_model_impl::packed_weights() {
   auto state = parameter_state(*this);
   if (panels_ && panels_->made_from == state)
     return *panels_;
-  panels_.reset(); // the old copy goes before the new one is made
+  // The old copy's buffers take the new one (the shapes do not change:
+  // no fresh pages to fault in after every weight load).
+  std::vector<torch::Tensor> buffers;
+  if (panels_)
+    buffers = std::move(panels_->panels);
+  panels_.reset();
   auto p = std::make_shared<packed_decode_weights>();
   auto pack = [&](int64_t rows, int64_t cols, auto&& fill) {
-    auto t = torch::empty({kernels::cpu::packed_size(rows, cols)}, torch::kFloat32);
+    const auto size = kernels::cpu::packed_size(rows, cols);
+    auto reused = p->panels.size() < buffers.size() ? buffers[p->panels.size()] : torch::Tensor{};
+    auto t =
+        reused.defined() && reused.numel() == size ? reused : torch::empty({size}, torch::kFloat32);
     fill(t.data_ptr<float>());
     p->bytes += t.numel() * 4;
     p->panels.push_back(t);

@@ -343,21 +343,19 @@ TROUPE_INLINE void silu_times(const float* g, const float* u, float* out) {
 static_assert(kPanelRows == 2 * kLanes, "a panel's rows are two vectors");
 
 // Tokens per panel tile at most: 2 T accumulators + 2 weight vectors + a
-// broadcast in the AVX-512 register file (32), in AVX2's (16, two registers
-// per vector) or SSE's.
+// broadcast in the AVX-512 register file (32 registers), in AVX2's (16, two
+// per vector) or SSE's (16, four per vector: it spills whatever T).
 int max_panel_tokens() {
   static const int tokens = __builtin_cpu_supports("avx512f") ? 12
-                            : __builtin_cpu_supports("avx2")  ? 3
+                            : __builtin_cpu_supports("avx2")  ? 2
                                                               : 1;
   return tokens;
 }
-constexpr int kMaxPanelTokens = 12;
 
 // emit(t, sums) with the panel's rows · X[t] (kPanelRows floats) for T
 // tokens of a k-major X (token t's k-th input at x[k · ldx + t]).
 // Meanwhile it prefetches the lines [pf, pf_end), pf_step bytes (one or two
 // lines) per step along k.
-
 template <int T, class Emit>
 TROUPE_INLINE void panel_tile(const float* panel, int64_t n, const float* x, int64_t ldx,
                               const char* pf, const char* pf_end, int64_t pf_step, Emit&& emit) {
@@ -811,22 +809,37 @@ int64_t packed_size(int64_t rows, int64_t cols) {
   return (rows + kPanelRows - 1) / kPanelRows * kPanelRows * cols;
 }
 
+namespace {
+
+// Rows [r0, r0 + n) of a row-major W [*, cols], n <= kPanelRows, into the
+// first n of `width` rows of a panel at `out` (zeros after them): a k-row
+// of the panel at a time, so that the writes are sequential (the reads
+// touch n lines that stay in L1 for the next 15 k).
+void pack_rows(const float* w, int64_t r0, int64_t n, int64_t cols, int64_t width, float* out) {
+  const float* rows = w + r0 * cols;
+  for (int64_t k = 0; k < cols; ++k) {
+    float* o = out + k * kPanelRows;
+    for (int64_t j = 0; j < n; ++j)
+      o[j] = rows[j * cols + k];
+    for (int64_t j = n; j < width; ++j)
+      o[j] = 0.0f;
+  }
+}
+
+} // namespace
+
 void pack_panels(const float* w, int64_t rows, int64_t cols, float* out) {
   for (int64_t p = 0; p < rows; p += kPanelRows, out += kPanelRows * cols)
-    for (int64_t j = 0; j < kPanelRows; ++j)
-      for (int64_t k = 0; k < cols; ++k)
-        out[k * kPanelRows + j] = p + j < rows ? w[(p + j) * cols + k] : 0.0f;
+    pack_rows(w, p, std::min(kPanelRows, rows - p), cols, kPanelRows, out);
 }
 
 void pack_swiglu(const float* w1, const float* w3, int64_t rows, int64_t cols, float* out) {
   constexpr int64_t kHalf = kPanelRows / 2;
-  for (int64_t p = 0; p < rows; p += kHalf, out += kPanelRows * cols)
-    for (int64_t j = 0; j < kPanelRows; ++j) {
-      const float* w = j < kHalf ? w1 : w3;
-      const int64_t r = p + j % kHalf;
-      for (int64_t k = 0; k < cols; ++k)
-        out[k * kPanelRows + j] = r < rows ? w[r * cols + k] : 0.0f;
-    }
+  for (int64_t p = 0; p < rows; p += kHalf, out += kPanelRows * cols) {
+    const int64_t n = std::min(kHalf, rows - p);
+    pack_rows(w1, p, n, cols, kHalf, out);
+    pack_rows(w3, p, n, cols, kHalf, out + kHalf);
+  }
 }
 
 void fused_decode(const decode_model& m, const decode_batch& b, thread_team& team) {
