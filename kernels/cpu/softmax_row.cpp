@@ -44,8 +44,18 @@ softmax_row(const float* x, int64_t n, float scale, float* weights) {
   s.max = m;
   if (nans != 0 || !std::isfinite(m))
     return s; // argmax -1: no distribution
-  // The lowest index of the max (what a first-wins scan gives).
-  for (int64_t v = 0; v < n; ++v)
+  // The lowest index of the max (what a first-wins scan gives): a block at
+  // a time at vector width, then the element within the first block that
+  // holds it (an element-wise scan with an early exit stays scalar).
+  int64_t from = 0;
+  for (; from + kLanes <= n; from += kLanes) {
+    int32_t hits = 0;
+    for (int l = 0; l < kLanes; ++l)
+      hits |= x[from + l] == m;
+    if (hits != 0)
+      break;
+  }
+  for (int64_t v = from; v < n; ++v)
     if (x[v] == m) {
       s.argmax = v;
       break;
