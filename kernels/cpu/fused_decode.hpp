@@ -80,7 +80,8 @@ private:
 /// in memory, so the whole matrix is one stream. The SwiGLU pair w1 | w3
 /// packs as one matrix whose panels hold kPanelRows / 2 rows of w1 followed
 /// by the same rows of w3, so that a tile yields gate and up side by side.
-/// Inputs are read k-major ([cols, tokens]) for the same reason.
+/// Inputs are read k-major ([cols, tokens]) for the same reason. The panel
+/// kernels and the packing are in kernels/cpu/decode_panels.cpp.
 constexpr int64_t kPanelRows = 32;
 
 /// Floats of W [rows, cols] in panels.
