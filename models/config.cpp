@@ -250,28 +250,10 @@ expected<std::optional<rope_scaling_config>> read_rope_scaling(const json& v,
   return std::optional<rope_scaling_config>{rs};
 }
 
-} // namespace
-
-int64_t llama_config::resolved_head_dim() const {
-  if (head_dim != 0)
-    return head_dim;
-  return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
-}
-
-expected<llama_config> parse_hf_config(const std::string& json_text,
-                                       const std::string& source_name) {
-  auto prefix = source_name + ": ";
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    return make_error(errc::parse_error, prefix + "not valid JSON: " + e.what());
-  }
-  if (!j.is_object())
-    return make_error(errc::parse_error, prefix + "expected a JSON object, got " + json_type_name(j));
-  key_reader r{j, prefix};
-
-  // Architecture: architectures[0], else model_type; both must agree.
+// The architecture: architectures[0], else model_type; both must agree.
+// Answers its table entry and its name.
+expected<std::pair<const arch_info*, std::string>> read_architecture(key_reader& r,
+                                                                     const std::string& prefix) {
   const arch_info* arch = nullptr;
   std::string arch_name;
   if (const auto* list = r.find("architectures")) {
@@ -307,6 +289,78 @@ expected<llama_config> parse_hf_config(const std::string& json_text,
   if (arch == nullptr)
     return make_error(errc::invalid_config,
                       prefix + "missing required key 'architectures' (or 'model_type')");
+  return std::pair{arch, arch_name};
+}
+
+// The keys of one family: Llama's biases, and the sliding-window attention
+// that Qwen2 and Mistral configs may ask for (unsupported). Failures go to r.
+void read_family_keys(key_reader& r, const json& j, llama_config& c) {
+  if (is_family(c, "llama")) {
+    bool attention_bias = false;
+    read_optional(r, "attention_bias", attention_bias);
+    c.qkv_bias = c.o_bias = attention_bias;
+    read_optional(r, "mlp_bias", c.mlp_bias);
+  } else if (is_family(c, "qwen2")) {
+    c.qkv_bias = true;
+    bool sliding = false;
+    read_optional(r, "use_sliding_window", sliding);
+    if (r.ok() && sliding)
+      r.fail(errc::unsupported, "use_sliding_window", "sliding-window attention is not supported");
+  } else if (is_family(c, "mistral")) {
+    std::optional<int64_t> window = int64_t{4096}; // MistralConfig's default
+    if (j.contains("sliding_window")) {
+      window.reset();
+      read_optional(r, "sliding_window", window);
+    }
+    if (r.ok() && window && *window < c.max_position_embeddings)
+      r.fail(errc::unsupported, "sliding_window",
+             "sliding-window attention (window " + std::to_string(*window) +
+                 " < max_position_embeddings " + std::to_string(c.max_position_embeddings) +
+                 ") is not supported");
+  }
+}
+
+// A score head's id2label (a config for a reward or value model) must name
+// one output. Failures go to r.
+void check_score_labels(key_reader& r, const llama_config& c) {
+  const auto* labels = r.find("id2label");
+  if (!r.ok() || labels == nullptr || is_causal_lm(c.architecture))
+    return;
+  if (!labels->is_object())
+    r.fail(errc::invalid_config, "id2label",
+           std::string{"expected an object, got "} + json_type_name(*labels));
+  else if (labels->size() != 1)
+    r.fail(errc::unsupported, "id2label",
+           std::to_string(labels->size()) +
+               " labels; only one-output score heads (reward / value) are supported");
+}
+
+} // namespace
+
+int64_t llama_config::resolved_head_dim() const {
+  if (head_dim != 0)
+    return head_dim;
+  return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
+}
+
+expected<llama_config> parse_hf_config(const std::string& json_text,
+                                       const std::string& source_name) {
+  auto prefix = source_name + ": ";
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return make_error(errc::parse_error, prefix + "not valid JSON: " + e.what());
+  }
+  if (!j.is_object())
+    return make_error(errc::parse_error,
+                      prefix + "expected a JSON object, got " + json_type_name(j));
+  key_reader r{j, prefix};
+
+  auto architecture = read_architecture(r, prefix);
+  if (!architecture)
+    return architecture.error();
+  const auto& [arch, arch_name] = *architecture;
 
   llama_config c;
   c.architecture = arch_name;
@@ -358,38 +412,8 @@ expected<llama_config> parse_hf_config(const std::string& json_text,
     c.rope_scaling = *scaling;
   }
 
-  if (is_family(c, "llama")) {
-    bool attention_bias = false;
-    read_optional(r, "attention_bias", attention_bias);
-    c.qkv_bias = c.o_bias = attention_bias;
-    read_optional(r, "mlp_bias", c.mlp_bias);
-  } else if (is_family(c, "qwen2")) {
-    c.qkv_bias = true;
-    bool sliding = false;
-    read_optional(r, "use_sliding_window", sliding);
-    if (r.ok() && sliding)
-      r.fail(errc::unsupported, "use_sliding_window", "sliding-window attention is not supported");
-  } else if (is_family(c, "mistral")) {
-    std::optional<int64_t> window = int64_t{4096}; // MistralConfig's default
-    if (j.contains("sliding_window")) {
-      window.reset();
-      read_optional(r, "sliding_window", window);
-    }
-    if (r.ok() && window && *window < c.max_position_embeddings)
-      r.fail(errc::unsupported, "sliding_window",
-             "sliding-window attention (window " + std::to_string(*window) +
-                 " < max_position_embeddings " + std::to_string(c.max_position_embeddings) +
-                 ") is not supported");
-  }
-  if (const auto* labels = r.find("id2label"); r.ok() && labels && !is_causal_lm(c.architecture)) {
-    if (!labels->is_object())
-      r.fail(errc::invalid_config, "id2label",
-             std::string{"expected an object, got "} + json_type_name(*labels));
-    else if (labels->size() != 1)
-      r.fail(errc::unsupported, "id2label",
-             std::to_string(labels->size()) +
-                 " labels; only one-output score heads (reward / value) are supported");
-  }
+  read_family_keys(r, j, c);
+  check_score_labels(r, c);
   if (!r.ok())
     return r.error();
   if (auto ok = validate(c); !ok)
