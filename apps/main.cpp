@@ -113,7 +113,9 @@ runner add_generate(CLI::App& app) {
   gen->add_option("--decode-panels", go.engine.decode_panels,
                   "CPU decode of batches from a packed copy of the weights: auto (when "
                   "requests batch), on, off")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
+      ->check(CLI::IsMember(
+          std::vector<std::string>(troupe::actors::inference::decode_panels_values.begin(),
+                                   troupe::actors::inference::decode_panels_values.end())));
   gen->add_flag("--quiet", f->quiet, "Do not print the metrics line to stderr");
   gen->add_option("--threads", f->threads, "CPU compute threads (0 = one per core)")
       ->check(CLI::NonNegativeNumber);

@@ -510,7 +510,8 @@ expected<void> validate(const engine_config& c) {
   if (c.max_model_len < 0)
     bad.push_back("engine.max_model_len: expected an integer >= 0 (0 = the model's), got " +
                   std::to_string(c.max_model_len));
-  if (c.decode_panels != "auto" && c.decode_panels != "on" && c.decode_panels != "off")
+  if (std::find(decode_panels_values.begin(), decode_panels_values.end(), c.decode_panels) ==
+      decode_panels_values.end())
     bad.push_back("engine.decode_panels: expected auto, on or off, got '" + c.decode_panels + "'");
   if (auto err = make_error_list(errc::invalid_config, bad))
     return err;

@@ -19,10 +19,12 @@
 #include "models/config.hpp"
 #include "runtime/error.hpp"
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace at {
@@ -65,6 +67,10 @@ struct engine_config {
   /// "on", "off". The planner's memory estimate uses the same rule.
   std::string decode_panels = "auto";
 };
+
+/// The values of engine_config::decode_panels (validate and the CLI check
+/// against them; the job-file visitor below lists them for its reference).
+inline constexpr std::array<std::string_view, 3> decode_panels_values{"auto", "on", "off"};
 
 /// Whether an engine with this config packs its weights when its model is
 /// fp32 on the CPU (NOTE [decode panels]).

@@ -98,7 +98,8 @@ expected<models::llama_config> model_shape(const job_config& cfg) {
 // NOTE [memory estimate]: fp32 weights cost 4 bytes a parameter; a role
 // that trains in the stage adds its gradients and Adam's two moments (16);
 // lm-headed roles count the vocabulary head; the rollout adds its KV pool
-// and its packed decode weights; a rule-only reward holds no model. Read off the role-traits table.
+// and its packed decode weights; a rule-only reward holds no model. Read
+// off the role-traits table.
 double role_bytes(const job_config& cfg, const models::llama_config& m, const std::string& stage,
                   const std::string& role) {
   const auto* t = find_role(role);
