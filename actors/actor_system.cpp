@@ -37,7 +37,7 @@ void configure(caf::actor_system_config& cfg) {
     return out;
   });
   // Serialisable messages (they may cross processes).
-  cfg.add_message_type<inference::weight_channel>("weight_channel");
+  cfg.add_message_type<actors::weight_channel>("weight_channel");
   cfg.add_message_type<runtime::tensor_batch>("tensor_batch");
   cfg.add_message_type<std::map<std::string, double>>("metric_map");
   cfg.add_message_type<train::policy_update_options>("policy_update_options");

@@ -208,7 +208,7 @@ nlohmann::json json_of(const cluster::job_view& v) {
 
 // Streams the job's events to the terminal; the exit code of its end.
 int follow_job(cluster::api_client& api, const std::string& id, bool show) {
-  console_view view{show ? "auto" : "none"};
+  console_view view{show ? actors::rl::progress_style::automatic : actors::rl::progress_style::none};
   auto final = api.watch(id, 1, [&](const j::event& e) { view.on_event(e); });
   if (!final)
     return print_error("watch", final.error()), 2;

@@ -59,13 +59,14 @@ std::string headline(const std::string& stage, const j::metric_map& metrics) {
 
 } // namespace
 
-console_view::console_view(std::string mode) : mode_(std::move(mode)) {
-  if (mode_ == "auto")
-    mode_ = ::isatty(STDERR_FILENO) != 0 ? "bar" : "lines";
+console_view::console_view(actors::rl::progress_style mode) : mode_(mode) {
+  using actors::rl::progress_style;
+  if (mode_ == progress_style::automatic)
+    mode_ = ::isatty(STDERR_FILENO) != 0 ? progress_style::bar : progress_style::lines;
 }
 
 void console_view::step(const j::metrics_reported& m, double elapsed_s, int64_t done) {
-  if (mode_ == "none")
+  if (mode_ == actors::rl::progress_style::none)
     return;
   double eta = done > 0 ? elapsed_s / static_cast<double>(done) * static_cast<double>(m.total - m.step)
                         : NAN;
@@ -73,7 +74,7 @@ void console_view::step(const j::metrics_reported& m, double elapsed_s, int64_t 
   std::snprintf(head, sizeof head, "%-3s %lld/%lld", m.stage.c_str(), static_cast<long long>(m.step),
                 static_cast<long long>(m.total));
   auto line = headline(m.stage, m.metrics);
-  if (mode_ == "lines") {
+  if (mode_ == actors::rl::progress_style::lines) {
     std::fprintf(stderr, "%s%s  eta %s\n", head, line.c_str(), duration(eta).c_str());
     return;
   }
@@ -89,7 +90,7 @@ void console_view::step(const j::metrics_reported& m, double elapsed_s, int64_t 
 }
 
 void console_view::end_line() {
-  if (mode_ == "bar")
+  if (mode_ == actors::rl::progress_style::bar)
     std::fputc('\n', stderr);
 }
 

@@ -7,6 +7,7 @@
 // second cancels --now, a third takes the default action.
 
 #include "actors/job/job_actor.hpp"
+#include "actors/rl/job_choices.hpp"
 
 #include <caf/fwd.hpp>
 
@@ -23,8 +24,8 @@ std::string duration(double seconds);
 
 class console_view {
 public:
-  /// auto | bar | lines | none ("auto": a bar on a terminal, else lines).
-  explicit console_view(std::string mode);
+  /// auto: a bar on a terminal, else lines.
+  explicit console_view(actors::rl::progress_style mode);
   /// Prints what `e` says; true once the job reached a final state.
   bool on_event(const actors::job::event& e);
   /// Ends a bar's line (before other output).
@@ -32,7 +33,7 @@ public:
 
 private:
   void step(const actors::job::metrics_reported& m, double elapsed_s, int64_t done);
-  std::string mode_;
+  actors::rl::progress_style mode_;
   int64_t stage_start_us_ = 0;
   int64_t stage_from_ = 0;
 };

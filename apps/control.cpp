@@ -53,8 +53,13 @@ expected<cluster::controller_file> controller_settings(const controller_command_
     c.state_dir = default_state_dir();
   if (o.max_running_jobs > 0)
     c.max_running_jobs = o.max_running_jobs;
-  if (!o.on_shutdown.empty())
-    c.on_shutdown = o.on_shutdown;
+  if (!o.on_shutdown.empty()) {
+    auto policy = enum_from_name<cluster::shutdown_policy>(o.on_shutdown);
+    if (!policy)
+      return make_error(errc::invalid_argument, "--on-shutdown: '" + o.on_shutdown + "' is not " +
+                                                  enum_name_list<cluster::shutdown_policy>());
+    c.on_shutdown = *policy;
+  }
   if (!o.tls_cert.empty())
     f.tls.cert_file = o.tls_cert;
   if (!o.tls_key.empty())
@@ -63,9 +68,6 @@ expected<cluster::controller_file> controller_settings(const controller_command_
     f.tls.client_ca_file = o.tls_client_ca;
   if (!o.dashboard.empty())
     f.dashboard.listen = o.dashboard == "off" ? "" : o.dashboard;
-  if (c.on_shutdown != "checkpoint" && c.on_shutdown != "drain" && c.on_shutdown != "detach")
-    return make_error(errc::invalid_argument,
-                      "--on-shutdown: '" + c.on_shutdown + "' is not checkpoint, drain or detach");
   return f;
 }
 
@@ -197,7 +199,7 @@ int controller_command(const controller_command_options& o) {
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::fprintf(stderr, "troupe controller: %s: shutting down (running jobs: %s)\n", strsignal(sig),
-               f->controller.on_shutdown.c_str());
+               std::string{to_string(f->controller.on_shutdown)}.c_str());
   up->api->set_not_serving();
   if (up->web)
     up->web->stop();

@@ -87,6 +87,7 @@ runner add_generate(CLI::App& app) {
     bool no_prefix = false;
     bool quiet = false;
     int threads = 0;
+    std::string decode_panels = "auto";
   };
   auto f = std::make_shared<flags>();
   auto& go = f->go;
@@ -110,12 +111,16 @@ runner add_generate(CLI::App& app) {
   gen->add_option("--max-num-seqs", go.engine.max_num_seqs, "Running sequences at most");
   gen->add_option("--max-batched-tokens", go.engine.max_batched_tokens, "Tokens per step at most");
   gen->add_flag("--no-prefix-caching", f->no_prefix, "Disable prefix reuse");
-  gen->add_option("--decode-panels", go.engine.decode_panels,
+  using troupe::actors::inference::panels_mode;
+  gen->add_option("--decode-panels", f->decode_panels,
                   "CPU decode of batches from a packed copy of the weights: auto (when "
                   "requests batch), on, off")
-      ->check(CLI::IsMember(
-          std::vector<std::string>(troupe::actors::inference::decode_panels_values.begin(),
-                                   troupe::actors::inference::decode_panels_values.end())));
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (auto n : troupe::enum_choices<panels_mode>())
+          names.emplace_back(n);
+        return names;
+      }()));
   gen->add_flag("--quiet", f->quiet, "Do not print the metrics line to stderr");
   gen->add_option("--threads", f->threads, "CPU compute threads (0 = one per core)")
       ->check(CLI::NonNegativeNumber);
@@ -125,6 +130,8 @@ runner add_generate(CLI::App& app) {
     if (seed_opt->count() > 0)
       f->go.sampling.seed = f->seed;
     f->go.engine.enable_prefix_caching = !f->no_prefix;
+    f->go.engine.decode_panels =
+      *troupe::enum_from_name<troupe::actors::inference::panels_mode>(f->decode_panels);
     f->go.print_metrics = !f->quiet;
     troupe::runtime::set_compute_threads(f->threads);
     return troupe::apps::run_generate(f->go);

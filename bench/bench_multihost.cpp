@@ -166,7 +166,7 @@ int broadcast_end(int rank, const std::string& root_host, const std::string& own
   go.timeout_ms = 120000;
   auto group = must(runtime::make_process_group(st, go), "gloo group");
   runtime::transport_options o;
-  o.kind = "broadcast";
+  o.kind = runtime::transport_kind::broadcast;
   o.channel = "bench";
   o.group = &group;
   auto t = must(runtime::make_weight_transport(o), "broadcast transport");

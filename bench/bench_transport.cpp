@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   // ---- alias ----
   {
     transport_options o;
-    o.kind = "alias";
+    o.kind = runtime::transport_kind::alias;
     o.channel = channel;
     auto pub = must(make_weight_transport(o), "alias");
     auto sub = must(make_weight_transport(o), "alias");
@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
   // ---- shm vs memcpy ----
   {
     transport_options o;
-    o.kind = "shm";
+    o.kind = runtime::transport_kind::shm;
     o.channel = channel;
     auto pub = must(make_weight_transport(o), "shm");
     auto sub = must(make_weight_transport(o), "shm");
@@ -249,7 +249,7 @@ int main(int argc, char** argv) {
   // ---- disk vs write+fsync+read ----
   {
     transport_options o;
-    o.kind = "disk";
+    o.kind = runtime::transport_kind::disk;
     o.channel = "bench";
     o.dir = tmp.string();
     auto pub = must(make_weight_transport(o), "disk");
@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
     auto& g0 = ranks.groups[0];
     auto& g1 = ranks.groups[1];
     transport_options o;
-    o.kind = "broadcast";
+    o.kind = runtime::transport_kind::broadcast;
     o.channel = "bench";
     o.bucket_bytes = bucket_mb << 20;
     o.group = &g0;

@@ -423,7 +423,9 @@ struct controller::impl : std::enable_shared_from_this<impl> {
     const auto& launcher = e.cfg->resources.launcher;
     auto ready = nodes->list();
     bool any_ready = std::any_of(ready.begin(), ready.end(), [](const node_view& n) { return n.state == node_state::ready; });
-    e.on_nodes = !e.node_need.empty() && (launcher == "nodes" || (launcher == "auto" && any_ready));
+    using actors::rl::launcher_kind;
+    e.on_nodes = !e.node_need.empty() &&
+                 (launcher == launcher_kind::nodes || (launcher == launcher_kind::automatic && any_ready));
     if (!e.on_nodes)
       return true;
     auto picked = assign_nodes(e.node_need, ready, node_devices_in_use());
@@ -816,7 +818,7 @@ expected<job_record> controller::impl::validate(const submit_request& r,
                           "' lies outside the controller's jobs root (a relative run.dir is "
                           "placed in the job's own folder)");
   cfg->run.dir = run_dir.string();
-  cfg->run.progress = "none";
+  cfg->run.progress = actors::rl::progress_style::none;
   int64_t per_process = cfg->run.threads > 0 ? cfg->run.threads : cores_total;
   int64_t processes = std::max<int64_t>(1, static_cast<int64_t>(plan->devices.size()));
   rec.cores = std::min(cores_total, per_process * processes);
@@ -1408,7 +1410,7 @@ void controller::shutdown() {
   }
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(d.opt.shutdown_timeout_s * 1000));
-  if (d.opt.on_shutdown == "checkpoint") {
+  if (d.opt.on_shutdown == shutdown_policy::checkpoint) {
     std::vector<std::string> ids;
     {
       std::lock_guard lock{d.mu};
@@ -1419,7 +1421,7 @@ void controller::shutdown() {
     for (auto& id : ids)
       cancel(id, false, [](expected<job_view>) {});
   }
-  if (d.opt.on_shutdown != "detach") {
+  if (d.opt.on_shutdown != shutdown_policy::detach) {
     std::unique_lock lock{d.mu};
     while (d.running_count() > 0 && std::chrono::steady_clock::now() < deadline)
       d.cv.wait_for(lock, std::chrono::milliseconds(50));

@@ -33,6 +33,7 @@
 
 #include "actors/job/job_actor.hpp"
 #include "cluster/node_registry.hpp"
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <caf/fwd.hpp>
@@ -58,9 +59,10 @@ enum class ctl_state : uint8_t {
   cancelled,
   lost
 };
-inline constexpr int ctl_state_count = 9;
+TROUPE_ENUM_NAMES(ctl_state, "queued", "pending", "preparing", "running", "paused", "succeeded",
+                  "failed", "cancelled", "lost")
+inline constexpr int ctl_state_count = static_cast<int>(enum_count<ctl_state>());
 
-std::string_view to_string(ctl_state s) noexcept;
 std::optional<ctl_state> parse_ctl_state(std::string_view s) noexcept;
 ctl_state ctl_state_of(actors::job::job_state s) noexcept;
 /// succeeded, failed, cancelled or lost.
@@ -136,6 +138,10 @@ struct controller_limits {
   int64_t settings = 64;
 };
 
+/// What a controller's shutdown does with running jobs.
+enum class shutdown_policy : uint8_t { checkpoint, drain, detach };
+TROUPE_ENUM_NAMES(shutdown_policy, "checkpoint", "drain", "detach")
+
 struct controller_options {
   /// Records (jobs.db), the token, and the jobs root (jobs/).
   std::string state_dir;
@@ -147,7 +153,7 @@ struct controller_options {
   /// What shutdown does with running jobs: checkpoint (cancel them with a
   /// checkpoint; resumable), drain (wait for them to end) or detach (leave
   /// them running; a restarted controller re-attaches).
-  std::string on_shutdown = "checkpoint";
+  shutdown_policy on_shutdown = shutdown_policy::checkpoint;
   /// Longest wait of a shutdown for its jobs.
   double shutdown_timeout_s = 300;
   /// Longest wait for a driver to publish its job actor.

@@ -60,7 +60,7 @@ void visit(V& v, controller_file& c) {
   v.field("state_dir", o.state_dir, "Records, token, audit log and jobs root");
   v.field("max_running_jobs", o.max_running_jobs, "Jobs running at once");
   v.field("cores", o.cores, "Cores handed out to jobs; 0 = this machine's");
-  v.choice("on_shutdown", o.on_shutdown, {"checkpoint", "drain", "detach"},
+  v.choice("on_shutdown", o.on_shutdown,
            "Running jobs at shutdown: cancel with a checkpoint, wait for them, or leave them");
   v.field("shutdown_timeout_s", o.shutdown_timeout_s, "Longest wait of a shutdown for its jobs");
   v.field("driver_start_timeout_s", o.driver_start_timeout_s, "Longest wait for a driver to start");

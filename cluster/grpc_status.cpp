@@ -1,6 +1,6 @@
 #include "cluster/grpc_status.hpp"
 
-#include "cluster/api_server.hpp"
+#include "cluster/credentials.hpp"
 
 #include "troupe/v1/job_service.pb.h"
 

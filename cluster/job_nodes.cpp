@@ -1,6 +1,6 @@
 #include "cluster/job_nodes.hpp"
 
-#include "cluster/api_server.hpp"
+#include "cluster/credentials.hpp"
 #include "runtime/file_io.hpp"
 
 #include <nlohmann/json.hpp>

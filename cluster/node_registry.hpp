@@ -19,6 +19,7 @@
 // The table is in memory: agents join again after a controller restart.
 
 #include "cluster/job_nodes.hpp"
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -33,7 +34,7 @@
 namespace troupe::cluster {
 
 enum class node_state : uint8_t { ready, lost, left };
-std::string_view to_string(node_state s) noexcept;
+TROUPE_ENUM_NAMES(node_state, "ready", "lost", "left")
 
 struct node_resources {
   int32_t cores = 0;

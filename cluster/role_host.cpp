@@ -105,7 +105,7 @@ expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
   auto plan = actors::rl::make_plan(cfg);
   if (!plan)
     return plan.error();
-  if (cfg.resources.launcher == "nodes" && !options.remote)
+  if (cfg.resources.launcher == actors::rl::launcher_kind::nodes && !options.remote)
     return make_error(errc::invalid_config,
                       "resources.launcher nodes: node agents start this job's workers; submit it to a "
                       "controller with nodes (troupe submit), or use launcher local or auto");
@@ -121,7 +121,7 @@ expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
   }
   auto host = worker_host::launch(sys, *plan, options);
   if (!host)
-    return with_prefix(host.error(), "placement " + plan->mode);
+    return with_prefix(host.error(), "placement " + std::string{to_string(plan->mode)});
   opts.host = host->get();
   auto summary = actors::rl::run_job(sys, cfg, opts);
   if (!summary) {

@@ -8,22 +8,8 @@ namespace troupe::cluster {
 
 namespace j = actors::job;
 
-namespace {
-
-constexpr std::string_view ctl_state_names[ctl_state_count] = {
-    "queued", "pending", "preparing", "running", "paused", "succeeded", "failed", "cancelled", "lost"};
-
-} // namespace
-
-std::string_view to_string(ctl_state s) noexcept {
-  return ctl_state_names[static_cast<int>(s)];
-}
-
 std::optional<ctl_state> parse_ctl_state(std::string_view s) noexcept {
-  for (int i = 0; i < ctl_state_count; ++i)
-    if (ctl_state_names[i] == s)
-      return static_cast<ctl_state>(i);
-  return std::nullopt;
+  return enum_from_name<ctl_state>(s);
 }
 
 ctl_state ctl_state_of(j::job_state s) noexcept {
@@ -34,15 +20,6 @@ ctl_state ctl_state_of(j::job_state s) noexcept {
 bool is_final(ctl_state s) noexcept {
   return s == ctl_state::succeeded || s == ctl_state::failed || s == ctl_state::cancelled ||
          s == ctl_state::lost;
-}
-
-std::string_view to_string(node_state s) noexcept {
-  switch (s) {
-  case node_state::ready: return "ready";
-  case node_state::lost: return "lost";
-  case node_state::left: return "left";
-  }
-  return "?";
 }
 
 } // namespace troupe::cluster

@@ -178,22 +178,12 @@ expected<advantage_result> remax_advantages(const at::Tensor& scores,
   });
 }
 
-namespace {
-constexpr std::string_view estimator_names[] = {"gae", "grpo", "rloo", "reinforce_pp",
-                                                "reinforce_pp_baseline"};
-}
-
 expected<advantage_estimator> parse_advantage_estimator(std::string_view name) {
-  for (size_t i = 0; i < std::size(estimator_names); ++i)
-    if (estimator_names[i] == name)
-      return static_cast<advantage_estimator>(i);
+  if (auto e = enum_from_name<advantage_estimator>(name))
+    return *e;
   return make_error(errc::invalid_argument,
                     "advantage estimator \"" + std::string{name} +
                       "\": expected gae, grpo, rloo, reinforce_pp or reinforce_pp_baseline");
-}
-
-std::string_view to_string(advantage_estimator e) noexcept {
-  return estimator_names[static_cast<size_t>(e)];
 }
 
 expected<advantage_result> estimate_advantages(advantage_estimator e, const advantage_inputs& in) {

@@ -8,6 +8,7 @@
 // ATen ops only, so any device.
 
 #include "kernels/gae.hpp"
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <ATen/core/Tensor.h>
@@ -57,11 +58,11 @@ expected<advantage_result> remax_advantages(const at::Tensor& scores,
                                             const at::Tensor& mask);
 
 /// The advantage estimators a job chooses from (rl.advantage).
-enum class advantage_estimator { gae, grpo, rloo, reinforce_pp, reinforce_pp_baseline };
+enum class advantage_estimator : uint8_t { gae, grpo, rloo, reinforce_pp, reinforce_pp_baseline };
+TROUPE_ENUM_NAMES(advantage_estimator, "gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 
 /// Parses "gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline".
 expected<advantage_estimator> parse_advantage_estimator(std::string_view name);
-std::string_view to_string(advantage_estimator e) noexcept;
 
 /// What the estimators read: scores [B], token rewards [B, T] (score at the
 /// last token, KL penalty per token), values [B, T] (gae only), the response

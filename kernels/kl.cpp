@@ -12,32 +12,12 @@
 namespace troupe::kernels {
 
 expected<kl_estimator> parse_kl_estimator(std::string_view name) {
-  if (name == "k1" || name == "kl")
-    return kl_estimator::k1;
-  if (name == "abs")
-    return kl_estimator::abs;
-  if (name == "k2" || name == "mse")
-    return kl_estimator::k2;
-  if (name == "k3" || name == "low_var_kl")
-    return kl_estimator::k3;
+  if (auto e = enum_from_name<kl_estimator>(name))
+    return *e;
   return make_error(errc::invalid_argument,
                     "kl estimator: expected one of \"k1\", \"abs\", \"k2\", \"k3\" (aliases "
                     "\"kl\", \"mse\", \"low_var_kl\"), got \"" +
                         std::string{name} + "\"");
-}
-
-std::string_view to_string(kl_estimator est) noexcept {
-  switch (est) {
-  case kl_estimator::k1:
-    return "k1";
-  case kl_estimator::abs:
-    return "abs";
-  case kl_estimator::k2:
-    return "k2";
-  case kl_estimator::k3:
-    return "k3";
-  }
-  return "unknown";
 }
 
 expected<at::Tensor> kl_penalty(const at::Tensor& log_probs, const at::Tensor& ref_log_probs,

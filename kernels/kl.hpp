@@ -7,6 +7,7 @@
 //   k3  = exp(−x) + x − 1        unbiased, ≥ 0, low variance ("low_var_kl")
 // The exact KL over the vocabulary is exact_kl_from_logits (logprobs.hpp).
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <ATen/core/Tensor.h>
@@ -17,14 +18,14 @@
 namespace troupe::kernels {
 
 /// Which per-token KL estimator to use (see the table above).
-enum class kl_estimator { k1, abs, k2, k3 };
+enum class kl_estimator : uint8_t { k1, abs, k2, k3 };
+TROUPE_ENUM_NAMES(kl_estimator, "k1", "abs", "k2", "k3")
+TROUPE_ENUM_ALIASES(kl_estimator, {"kl", kl_estimator::k1}, {"mse", kl_estimator::k2},
+                    {"low_var_kl", kl_estimator::k3})
 
 /// Parses "k1", "abs", "k2", "k3" and the aliases "kl" (k1), "mse" (k2),
 /// "low_var_kl" (k3); errc::invalid_argument listing the valid names otherwise.
 expected<kl_estimator> parse_kl_estimator(std::string_view name);
-
-/// The canonical name of `est` ("k1", "abs", "k2", "k3").
-std::string_view to_string(kl_estimator est) noexcept;
 
 /// log_probs, ref_log_probs [...] (same shape, floating) → per-token estimate
 /// [...] in their promoted dtype; unmasked, differentiable in both.

@@ -61,28 +61,12 @@ at::Tensor var_impl(const at::Tensor& x, const at::Tensor& valid, bool unbiased)
 } // namespace
 
 expected<loss_agg_mode> parse_loss_agg_mode(std::string_view name) {
-  if (name == "token-mean")
-    return loss_agg_mode::token_mean;
-  if (name == "seq-mean-token-sum")
-    return loss_agg_mode::seq_mean_token_sum;
-  if (name == "seq-mean-token-mean")
-    return loss_agg_mode::seq_mean_token_mean;
+  if (auto m = enum_from_name<loss_agg_mode>(name))
+    return *m;
   return make_error(errc::invalid_argument,
                     "loss aggregation mode: expected one of \"token-mean\", "
                     "\"seq-mean-token-sum\", \"seq-mean-token-mean\", got \"" +
                         std::string{name} + "\"");
-}
-
-std::string_view to_string(loss_agg_mode mode) noexcept {
-  switch (mode) {
-  case loss_agg_mode::token_mean:
-    return "token-mean";
-  case loss_agg_mode::seq_mean_token_sum:
-    return "seq-mean-token-sum";
-  case loss_agg_mode::seq_mean_token_mean:
-    return "seq-mean-token-mean";
-  }
-  return "unknown";
 }
 
 expected<at::Tensor> masked_sum(const at::Tensor& x, const at::Tensor& mask,

@@ -4,6 +4,7 @@
 // Every function here is built from ATen ops: any device, differentiable in
 // `x` (the mask is a constant).
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <ATen/core/Tensor.h>
@@ -15,7 +16,7 @@
 namespace troupe::kernels {
 
 /// How a per-token loss [B, T] becomes a scalar.
-enum class loss_agg_mode {
+enum class loss_agg_mode : uint8_t {
   /// Sum over all valid tokens / number of valid tokens ("token-mean").
   token_mean,
   /// Per-sequence sum over valid tokens, then mean over sequences that have at
@@ -25,13 +26,11 @@ enum class loss_agg_mode {
   /// at least one valid token ("seq-mean-token-mean").
   seq_mean_token_mean,
 };
+TROUPE_ENUM_NAMES(loss_agg_mode, "token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 /// Parses "token-mean", "seq-mean-token-sum" or "seq-mean-token-mean";
 /// errc::invalid_argument listing the valid names otherwise.
 expected<loss_agg_mode> parse_loss_agg_mode(std::string_view name);
-
-/// The canonical name of `mode` ("token-mean", ...).
-std::string_view to_string(loss_agg_mode mode) noexcept;
 
 /// Σ x over valid elements: a scalar, or reduced along `dim` when given.
 /// Result dtype is x's; masked-out elements (even NaN/inf) contribute 0.

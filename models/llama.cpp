@@ -250,26 +250,10 @@ rotary rotary_for_layer0(nn::ModuleList& layers, const torch::Tensor& positions,
 } // namespace
 
 expected<head_kind> parse_head_kind(const std::string& name) {
-  if (name == "lm")
-    return head_kind::lm;
-  if (name == "value")
-    return head_kind::value;
-  if (name == "reward")
-    return head_kind::reward;
+  if (auto h = enum_from_name<head_kind>(name))
+    return *h;
   return make_error(errc::invalid_argument,
                     "unknown head '" + name + "', expected one of: lm, value, reward");
-}
-
-std::string to_string(head_kind kind) {
-  switch (kind) {
-  case head_kind::lm:
-    return "lm";
-  case head_kind::value:
-    return "value";
-  case head_kind::reward:
-    return "reward";
-  }
-  return "lm";
 }
 
 llama_model_impl::llama_model_impl(const llama_config& config, head_kind head)
@@ -352,7 +336,7 @@ caf::error check_paged_step(const llama_config& config, head_kind head, size_t l
   };
   if (head != head_kind::lm)
     return fail(errc::unsupported,
-                "needs an lm head, this model has a " + to_string(head) + " head");
+                "needs an lm head, this model has a " + std::string{to_string(head)} + " head");
   if (cache.k.size() != layers || cache.v.size() != layers)
     return fail(errc::invalid_argument, "paged cache has " + std::to_string(cache.k.size()) +
                                             " K and " + std::to_string(cache.v.size()) +

@@ -13,6 +13,7 @@
 // callers mask out.
 
 #include "models/config.hpp"
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <torch/torch.h>
@@ -30,7 +31,7 @@ struct decode_model;
 namespace troupe::models {
 
 /// Which head sits on top of the decoder.
-enum class head_kind {
+enum class head_kind : uint8_t {
   /// Vocabulary logits [B, T, V] (policy, reference).
   lm,
   /// One scalar per token [B, T] (critic); HF: *ForTokenClassification, 1 label.
@@ -39,10 +40,10 @@ enum class head_kind {
   /// HF: *ForSequenceClassification, 1 label.
   reward,
 };
+TROUPE_ENUM_NAMES(head_kind, "lm", "value", "reward")
 
 /// Parses "lm" | "value" | "reward".
 expected<head_kind> parse_head_kind(const std::string& name);
-std::string to_string(head_kind kind);
 
 /// Contiguous per-layer key/value cache for incremental decoding.
 /// Owned by one caller at a time; not thread-safe.

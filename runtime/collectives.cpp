@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 
@@ -15,13 +16,6 @@ namespace troupe::runtime {
 struct store::impl {
   c10::intrusive_ptr<c10d::Store> store;
   uint16_t port = 0;
-  std::chrono::milliseconds timeout{30000};
-};
-
-struct process_group::impl {
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-  int rank = 0;
-  int size = 1;
   std::chrono::milliseconds timeout{30000};
 };
 
@@ -78,64 +72,157 @@ expected<store> make_tcp_store(const store_options& options) {
   });
 }
 
-process_group::process_group() = default;
-process_group::~process_group() = default;
-process_group::process_group(process_group&&) noexcept = default;
-process_group& process_group::operator=(process_group&&) noexcept = default;
-
-int process_group::rank() const {
-  return impl_ ? impl_->rank : 0;
-}
-
-int process_group::size() const {
-  return impl_ ? impl_->size : 0;
-}
-
 namespace {
 
-expected<void> wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* what,
+/// A c10d failure as a troupe error: a wait that expired is errc::timeout,
+/// a peer's connection that closed errc::unavailable.
+caf::error classify(const caf::error& err) {
+  auto text = context_of(err);
+  auto has = [&](const char* s) { return text.find(s) != std::string::npos; };
+  if (has("imeout") || has("imed out") || has("did not complete"))
+    return make_error(errc::timeout, text);
+  if (has("onnection") || has("closed") || has("reset by peer") || has("Broken pipe"))
+    return make_error(errc::unavailable, text);
+  return err;
+}
+
+expected<void> wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what,
                          std::chrono::milliseconds timeout) {
-  return guarded(what, [&] {
+  auto done = guarded(what, [&] {
     if (!work->wait(timeout))
       throw std::runtime_error("did not complete");
   });
+  if (!done)
+    return classify(done.error());
+  return done;
 }
+
+c10d::ReduceOp c10d_op(reduce_op op) {
+  switch (op) {
+    case reduce_op::max: return c10d::ReduceOp::MAX;
+    case reduce_op::min: return c10d::ReduceOp::MIN;
+    default: return c10d::ReduceOp::SUM;
+  }
+}
+
+class gloo_transfer final : public pending_transfer {
+public:
+  gloo_transfer(c10::intrusive_ptr<c10d::Work> work, std::string what, std::chrono::milliseconds timeout)
+    : work_(std::move(work)), what_(std::move(what)), timeout_(timeout) {}
+  expected<void> wait() override { return wait_work(work_, what_, timeout_); }
+
+private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+};
+
+/// c10d's ProcessGroupGloo as a collective_backend. Sub-groups share the
+/// parent's store under a nested prefix and its gloo devices.
+class gloo_backend final : public collective_backend {
+public:
+  gloo_backend(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
+               int rank, int size, std::chrono::milliseconds timeout)
+    : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), timeout_(timeout) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  expected<void> all_reduce(at::Tensor& tensor, reduce_op op) override {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d_op(op);
+    return run("all_reduce", [&] { return pg_->allreduce(ts, o); });
+  }
+  expected<void> broadcast(at::Tensor& tensor, int root) override {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    return run("broadcast", [&] { return pg_->broadcast(ts, o); });
+  }
+  expected<void> reduce(at::Tensor& tensor, int root, reduce_op op) override {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::ReduceOptions o;
+    o.rootRank = root;
+    o.reduceOp = c10d_op(op);
+    return run("reduce", [&] { return pg_->reduce(ts, o); });
+  }
+  expected<void> gather(at::Tensor& input, std::vector<at::Tensor>& outputs, int root) override {
+    std::vector<at::Tensor> in{input};
+    std::vector<std::vector<at::Tensor>> out;
+    if (rank_ == root)
+      out.push_back(outputs);
+    c10d::GatherOptions o;
+    o.rootRank = root;
+    return run("gather", [&] { return pg_->gather(out, in, o); });
+  }
+  expected<void> scatter(std::vector<at::Tensor>& inputs, at::Tensor& output, int root) override {
+    std::vector<at::Tensor> out{output};
+    std::vector<std::vector<at::Tensor>> in;
+    if (rank_ == root)
+      in.push_back(inputs);
+    c10d::ScatterOptions o;
+    o.rootRank = root;
+    return run("scatter", [&] { return pg_->scatter(out, in, o); });
+  }
+  expected<void> all_to_all(at::Tensor& input, at::Tensor& output) override {
+    std::vector<int64_t> equal_split;
+    return run("all_to_all", [&] { return pg_->alltoall_base(output, input, equal_split, equal_split); });
+  }
+  expected<void> barrier() override {
+    return run("barrier", [&] { return pg_->barrier(); });
+  }
+  expected<std::unique_ptr<pending_transfer>> start_send(at::Tensor& tensor, int dst, int tag) override {
+    return start("send to " + std::to_string(dst), [&] {
+      std::vector<at::Tensor> ts{tensor};
+      return pg_->send(ts, dst, tag);
+    });
+  }
+  expected<std::unique_ptr<pending_transfer>> start_recv(at::Tensor& tensor, int src, int tag) override {
+    return start("recv from " + std::to_string(src), [&] {
+      std::vector<at::Tensor> ts{tensor};
+      return pg_->recv(ts, src, tag);
+    });
+  }
+  expected<std::unique_ptr<collective_backend>> subgroup(const std::string& name,
+                                                         const std::vector<int>& ranks) override {
+    int sub_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+    return guarded("creating gloo sub-group '" + name + "'", [&]() -> std::unique_ptr<collective_backend> {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store_);
+      auto opts = c10d::ProcessGroupGloo::Options::create();
+      opts->timeout = timeout_;
+      opts->devices = pg_->getOptions()->devices;
+      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, sub_rank,
+                                                            static_cast<int>(ranks.size()), opts);
+      return std::make_unique<gloo_backend>(prefixed, pg, sub_rank, static_cast<int>(ranks.size()),
+                                            timeout_);
+    });
+  }
+
+private:
+  template <class F>
+  expected<void> run(const char* what, F&& start_work) {
+    auto work = guarded(what, std::forward<F>(start_work));
+    if (!work)
+      return classify(work.error());
+    return wait_work(*work, what, timeout_);
+  }
+  template <class F>
+  expected<std::unique_ptr<pending_transfer>> start(std::string what, F&& start_work) {
+    auto work = guarded(what, std::forward<F>(start_work));
+    if (!work)
+      return classify(work.error());
+    return std::unique_ptr<pending_transfer>{std::make_unique<gloo_transfer>(*work, what, timeout_)};
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+};
 
 } // namespace
-
-expected<void> process_group::all_reduce_sum(at::Tensor& tensor) {
-  if (!impl_)
-    return make_error(errc::invalid_argument, "all_reduce on an empty process group");
-  std::vector<at::Tensor> ts{tensor};
-  auto work = guarded("all_reduce", [&] { return impl_->pg->allreduce(ts); });
-  if (!work)
-    return work.error();
-  return wait_work(*work, "all_reduce", impl_->timeout);
-}
-
-expected<void> process_group::broadcast(at::Tensor& tensor, int root) {
-  if (!impl_)
-    return make_error(errc::invalid_argument, "broadcast on an empty process group");
-  if (root < 0 || root >= impl_->size)
-    return make_error(errc::invalid_argument, "broadcast root " + std::to_string(root) +
-                                                " outside [0, " + std::to_string(impl_->size) + ")");
-  std::vector<at::Tensor> ts{tensor};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  auto work = guarded("broadcast", [&] { return impl_->pg->broadcast(ts, opts); });
-  if (!work)
-    return work.error();
-  return wait_work(*work, "broadcast", impl_->timeout);
-}
-
-expected<void> process_group::barrier() {
-  if (!impl_)
-    return make_error(errc::invalid_argument, "barrier on an empty process group");
-  auto work = guarded("barrier", [&] { return impl_->pg->barrier(); });
-  if (!work)
-    return work.error();
-  return wait_work(*work, "barrier", impl_->timeout);
-}
 
 expected<process_group> make_process_group(store& rendezvous, const group_options& options) {
   if (!rendezvous.impl_)
@@ -153,14 +240,10 @@ expected<process_group> make_process_group(store& rendezvous, const group_option
     opts->timeout = std::chrono::milliseconds(options.timeout_ms);
     opts->devices.push_back(
       c10d::ProcessGroupGloo::createDeviceForHostname(options.interface_host));
-    process_group out;
-    out.impl_ = std::make_unique<process_group::impl>();
-    out.impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank,
-                                                                options.world_size, opts);
-    out.impl_->rank = options.rank;
-    out.impl_->size = options.world_size;
-    out.impl_->timeout = std::chrono::milliseconds(options.timeout_ms);
-    return out;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank,
+                                                          options.world_size, opts);
+    return process_group{std::make_unique<gloo_backend>(prefixed, pg, options.rank, options.world_size,
+                                                        opts->timeout)};
   });
 }
 

@@ -458,16 +458,24 @@ void config_reader::read_value(std::string_view key, std::vector<std::string>& v
 
 void config_reader::choice(std::string_view key, std::string& value,
                            std::initializer_list<std::string_view> allowed, std::string_view) {
-  TROUPE_LOOKUP(key);
+  read_choice(key, value, std::vector<std::string_view>(allowed));
+}
+
+bool config_reader::read_choice(std::string_view key, std::string& value,
+                                const std::vector<std::string_view>& allowed) {
+  auto hit = lookup(*node_, key, doc_, *locations_);
+  if (!hit)
+    return false;
   std::string names;
   for (auto a : allowed)
     names += (names.empty() ? "" : ", ") + std::string{a};
   if (hit->value.IsScalar() &&
       std::find(allowed.begin(), allowed.end(), hit->value.Scalar()) != allowed.end()) {
     value = hit->value.Scalar();
-    return;
+    return true;
   }
-  fail("one of " + names);
+  errors_->add(hit->where, hit->path, "expected one of " + names + ", got " + kind_of(hit->value));
+  return false;
 }
 
 #undef TROUPE_LOOKUP
@@ -646,8 +654,8 @@ void config_writer::emit(std::string_view key, const std::string& value, std::st
   out_ += indent() + std::string{key} + ": " + value + "\n";
 }
 
-void config_writer::choice(std::string_view key, const std::string& value,
-                           std::initializer_list<std::string_view> allowed, std::string_view doc) {
+void config_writer::emit_choice(std::string_view key, const std::string& value,
+                                const std::vector<std::string_view>& allowed, std::string_view doc) {
   std::string d{doc};
   std::string names;
   for (auto a : allowed)

@@ -20,6 +20,7 @@
 // line). Nothing is spawned until every check has passed. yaml-cpp stays in
 // config.cpp.
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -96,6 +97,36 @@ public:
 
   void choice(std::string_view key, std::string& value, std::initializer_list<std::string_view> allowed,
               std::string_view doc = {});
+  /// An enum field: one of its names or aliases (NOTE [enum names]).
+  template <named_enum E>
+  void choice(std::string_view key, E& value, std::string_view doc = {}) {
+    (void)doc;
+    std::string text{enum_name(value)};
+    if (read_choice(key, text, enum_choices<E>()))
+      value = *enum_from_name<E>(text);
+  }
+  /// An enum field limited to some of its values.
+  template <named_enum E>
+  void choice(std::string_view key, E& value, std::initializer_list<E> allowed, std::string_view doc = {}) {
+    (void)doc;
+    std::string text{enum_name(value)};
+    std::vector<std::string_view> names;
+    for (auto a : allowed)
+      names.push_back(enum_name(a));
+    if (read_choice(key, text, names))
+      value = *enum_from_name<E>(text);
+  }
+  /// An enum field that may also be `none_name` ("auto": nullopt).
+  template <named_enum E>
+  void choice(std::string_view key, std::optional<E>& value, std::string_view none_name,
+              std::string_view doc = {}) {
+    (void)doc;
+    std::string text{value ? enum_name(*value) : none_name};
+    auto allowed = enum_choices<E>();
+    allowed.insert(allowed.begin(), none_name);
+    if (read_choice(key, text, allowed))
+      value = text == none_name ? std::nullopt : enum_from_name<E>(text);
+  }
 
   template <class S>
   void section(std::string_view key, S& sub, std::string_view doc = {}) {
@@ -149,6 +180,9 @@ private:
     v = x;
   }
   bool present(std::string_view key); // marks `key` known
+  /// Reads `key` into `value` when present and one of `allowed`; answers
+  /// whether it did (a value outside `allowed` is reported).
+  bool read_choice(std::string_view key, std::string& value, const std::vector<std::string_view>& allowed);
 
   std::shared_ptr<node> node_;
   yaml_document doc_;
@@ -164,7 +198,28 @@ public:
     emit(key, render(value), doc);
   }
   void choice(std::string_view key, const std::string& value,
-              std::initializer_list<std::string_view> allowed, std::string_view doc = {});
+              std::initializer_list<std::string_view> allowed, std::string_view doc = {}) {
+    emit_choice(key, value, std::vector<std::string_view>(allowed), doc);
+  }
+  template <named_enum E>
+  void choice(std::string_view key, const E& value, std::string_view doc = {}) {
+    emit_choice(key, std::string{enum_name(value)}, enum_choices<E>(), doc);
+  }
+  template <named_enum E>
+  void choice(std::string_view key, const E& value, std::initializer_list<E> allowed,
+              std::string_view doc = {}) {
+    std::vector<std::string_view> names;
+    for (auto a : allowed)
+      names.push_back(enum_name(a));
+    emit_choice(key, std::string{enum_name(value)}, names, doc);
+  }
+  template <named_enum E>
+  void choice(std::string_view key, const std::optional<E>& value, std::string_view none_name,
+              std::string_view doc = {}) {
+    auto allowed = enum_choices<E>();
+    allowed.insert(allowed.begin(), none_name);
+    emit_choice(key, std::string{value ? enum_name(*value) : none_name}, allowed, doc);
+  }
   template <class S>
   void section(std::string_view key, S& sub, std::string_view doc = {}) {
     open(key, doc);
@@ -199,6 +254,8 @@ private:
     return v ? render(*v) : std::string{"null"};
   }
   void emit(std::string_view key, const std::string& value, std::string_view doc);
+  void emit_choice(std::string_view key, const std::string& value,
+                   const std::vector<std::string_view>& allowed, std::string_view doc);
   void open(std::string_view key, std::string_view doc);
   void open_list(std::string_view key, std::string_view doc, size_t n);
   void next_item();

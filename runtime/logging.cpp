@@ -11,8 +11,6 @@ namespace troupe::runtime {
 
 namespace {
 
-constexpr std::array<std::string_view, 5> names{"trace", "debug", "info", "warn", "error"};
-
 spdlog::level::level_enum to_spdlog(log_level l) {
   switch (l) {
   case log_level::trace:
@@ -64,18 +62,6 @@ private:
 struct job_logger::impl {
   std::shared_ptr<spdlog::logger> logger;
 };
-
-std::string_view to_string(log_level l) noexcept {
-  return names[static_cast<size_t>(l)];
-}
-
-expected<log_level> parse_log_level(std::string_view s) {
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == s)
-      return static_cast<log_level>(i);
-  return make_error(errc::invalid_argument, "log level \"" + std::string{s} +
-                                                "\": expected trace, debug, info, warn or error");
-}
 
 expected<std::shared_ptr<job_logger>>
 job_logger::open(const std::string& name, const std::string& path, log_level level, tee_fn tee) {

@@ -3,8 +3,10 @@
 // (`<run dir>/troupe.log`) and to a tee (the job's event stream), both behind
 // one level filter taken from the config (run.log_level).
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -12,10 +14,8 @@
 
 namespace troupe::runtime {
 
-enum class log_level { trace, debug, info, warn, error };
-
-std::string_view to_string(log_level l) noexcept;
-expected<log_level> parse_log_level(std::string_view s);
+enum class log_level : uint8_t { trace, debug, info, warn, error };
+TROUPE_ENUM_NAMES(log_level, "trace", "debug", "info", "warn", "error")
 
 class job_logger {
 public:

@@ -24,6 +24,7 @@
 // Blocking calls (file I/O, collectives, lock waits): use them from detached
 // actors or worker threads.
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 #include "runtime/safetensors.hpp"
 
@@ -38,12 +39,38 @@ namespace troupe::runtime {
 
 class process_group;
 
-/// The transports this build offers, by name.
-std::vector<std::string> weight_transport_kinds();
+/// The kinds of transport, in one list (NOTE [enum names]).
+enum class transport_kind : uint8_t { alias, shm, broadcast, disk, cuda_ipc };
+TROUPE_ENUM_NAMES(transport_kind, "alias", "shm", "broadcast", "disk", "cuda_ipc")
+
+/// NOTE [transport traits]: what a kind asks of the placement of its two
+/// ends and of the code that drives them. The planner refuses a forced
+/// kind whose reach the placement exceeds; the driver starts publish and
+/// receive together for a kind whose ends meet in a collective.
+struct transport_traits {
+  /// How far apart the two ends may be.
+  enum class reach : uint8_t { process, host, any };
+  reach span = reach::any;
+  /// Both ends take part at once (a collective): the publisher's publish
+  /// and the receiver's receive must be in flight together.
+  bool both_ends_at_once = false;
+  /// Needs a c10d group between the two sides (a rendezvous store).
+  bool needs_group = false;
+  /// Needs a folder both ends see.
+  bool needs_dir = false;
+  /// Needs CUDA tensors and a build with CUDA.
+  bool needs_cuda = false;
+};
+
+/// The traits of `kind`.
+transport_traits traits_of(transport_kind kind) noexcept;
+
+/// Whether this build can make transports of `kind` (cuda_ipc: built with CUDA).
+bool available(transport_kind kind) noexcept;
 
 struct transport_options {
-  /// alias | shm | broadcast | disk | cuda_ipc (CUDA tensors; builds with CUDA).
-  std::string kind = "alias";
+  /// cuda_ipc: CUDA tensors; builds with CUDA.
+  transport_kind kind = transport_kind::alias;
   /// Names the pair of roles; both sides use the same name. Letters, digits
   /// and . _ - only (it becomes a file or shared-memory name).
   std::string channel = "weights";
@@ -77,8 +104,7 @@ struct received_weights {
 class weight_transport {
 public:
   virtual ~weight_transport() = default;
-  /// "alias", "shm", "broadcast" or "disk".
-  virtual std::string kind() const = 0;
+  virtual transport_kind kind() const = 0;
   /// Makes `tensors` (CPU or not, any layout, dtypes safetensors knows)
   /// available as `version`; fails with version_mismatch when `version` is
   /// not above the last one published through this object.

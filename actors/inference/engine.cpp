@@ -300,17 +300,53 @@ struct engine::impl {
     return caf::unit;
   }
 
+  /// What one step computes: the scheduled sequences, how many tokens of
+  /// each, and the token budget left.
+  struct step_plan {
+    std::vector<sequence*> scheduled;
+    std::vector<int64_t> counts;
+    int64_t budget = 0;
+  };
+
+  /// A plan's tokens as one paged batch, and which scheduled sequences
+  /// sample from it (those whose last known token it computes).
+  struct step_batch {
+    models::paged_batch batch;
+    std::vector<int64_t> logit_rows;
+    std::vector<size_t> sampling_seqs; ///< indices into plan.scheduled
+  };
+
+  /// One engine step (NOTE [engine step]): schedule → build the batch → run
+  /// it → sample and fork → retire. Answers the requests it finished.
   expected<std::vector<request_output>> step() {
     if (!requests.empty())
       if (auto ok = ensure_kv(); !ok)
         return ok.error();
     auto t0 = clock_type::now();
-    std::vector<sequence*> scheduled;
-    std::vector<int64_t> counts;
-    int64_t budget = config.max_batched_tokens;
+    step_plan plan;
+    plan.budget = config.max_batched_tokens;
+    schedule_running(plan);
+    admit_waiting(plan);
+    std::vector<request_output> done;
+    if (!plan.scheduled.empty()) {
+      auto built = build_batch(plan);
+      auto logits = run_batch(plan, built);
+      if (!logits)
+        return logits.error();
+      if (auto ok = sample_and_fork(plan, built, *logits); !ok)
+        return ok.error();
+      m.kv_peak_utilization = std::max(m.kv_peak_utilization, blocks->utilization());
+      done = retire();
+      ++m.steps;
+    }
+    m.busy_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+    return done;
+  }
 
-    // (1) decode slots for running sequences, oldest first; preempt the newest
-    // when the pool is dry.
+  /// (1) Decode slots for running sequences, oldest first; preempts the
+  /// newest when the pool is dry.
+  void schedule_running(step_plan& plan) {
+    auto& [scheduled, counts, budget] = plan;
     for (size_t i = 0; i < running.size() && budget > 0;) {
       auto* s = running[i];
       auto want = std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->num_computed, budget);
@@ -341,9 +377,12 @@ struct engine::impl {
         }
       i = static_cast<size_t>(std::find(running.begin(), running.end(), s) - running.begin());
     }
+  }
 
-    // (2) admit waiting sequences in order.
-    while (!waiting.empty() && budget > 0 &&
+  /// (2) Admits waiting sequences in order (a cached prefix first), while
+  /// the budget, the sequence limit and the pool allow.
+  void admit_waiting(step_plan& plan) {
+    while (!waiting.empty() && plan.budget > 0 &&
            static_cast<int64_t>(running.size()) < config.max_num_seqs) {
       auto* s = waiting.front();
       if (s->blocks.empty() && prefixes && s->num_computed == 0) {
@@ -353,7 +392,7 @@ struct engine::impl {
         s->blocks = hit.blocks;
         s->num_computed = hit.matched_tokens;
       }
-      auto want = std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->num_computed, budget);
+      auto want = std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->num_computed, plan.budget);
       if (!reserve(*s, s->num_computed + want)) {
         release_blocks(*s); // give back what it took; retry next step
         break;
@@ -362,18 +401,17 @@ struct engine::impl {
       if (s->generated() == 0 && s->sample_index == 0)
         m.prompt_tokens += static_cast<int64_t>(s->tokens.size());
       running.push_back(s);
-      scheduled.push_back(s);
-      counts.push_back(want);
-      budget -= want;
+      plan.scheduled.push_back(s);
+      plan.counts.push_back(want);
+      plan.budget -= want;
     }
+  }
 
-    std::vector<request_output> done;
-    if (scheduled.empty()) {
-      m.busy_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
-      return done;
-    }
-
-    // (3) one batched forward over every scheduled token.
+  /// (3a) Every scheduled token as one paged batch: ids, positions, KV
+  /// slots, block tables, context lengths and query starts.
+  step_batch build_batch(const step_plan& plan) {
+    const auto& scheduled = plan.scheduled;
+    const auto& counts = plan.counts;
     auto bs = config.block_size;
     int64_t n_tokens = 0;
     size_t max_blocks = 0;
@@ -388,61 +426,66 @@ struct engine::impl {
     auto tables = torch::zeros({R, static_cast<int64_t>(max_blocks)}, torch::kInt);
     auto ctx = torch::empty({R}, torch::kLong);
     auto qstart = torch::empty({R + 1}, torch::kLong);
-    std::vector<int64_t> logit_rows;
-    std::vector<size_t> sampling_seqs; // indices into `scheduled` that sample now
-    {
-      auto* idp = ids.data_ptr<int64_t>();
-      auto* pp = pos.data_ptr<int64_t>();
-      auto* sp = slots.data_ptr<int64_t>();
-      auto* tp = tables.data_ptr<int32_t>();
-      auto* cp = ctx.data_ptr<int64_t>();
-      auto* qp = qstart.data_ptr<int64_t>();
-      int64_t off = 0;
-      for (int64_t r = 0; r < R; ++r) {
-        auto& s = *scheduled[static_cast<size_t>(r)];
-        auto n = counts[static_cast<size_t>(r)];
-        qp[r] = off;
-        for (int64_t j = 0; j < n; ++j) {
-          auto p = s.num_computed + j;
-          idp[off + j] = s.tokens[static_cast<size_t>(p)];
-          pp[off + j] = p;
-          sp[off + j] = int64_t{s.blocks[static_cast<size_t>(p / bs)]} * bs + p % bs;
-        }
-        for (size_t b = 0; b < s.blocks.size(); ++b)
-          tp[r * static_cast<int64_t>(max_blocks) + static_cast<int64_t>(b)] = s.blocks[b];
-        cp[r] = s.num_computed + n;
-        off += n;
-        if (s.num_computed + n == static_cast<int64_t>(s.tokens.size())) {
-          logit_rows.push_back(off - 1);
-          sampling_seqs.push_back(static_cast<size_t>(r));
-        }
-        if (s.generated() == 0)
-          m.prefill_tokens_computed += n;
+    step_batch out;
+    auto* idp = ids.data_ptr<int64_t>();
+    auto* pp = pos.data_ptr<int64_t>();
+    auto* sp = slots.data_ptr<int64_t>();
+    auto* tp = tables.data_ptr<int32_t>();
+    auto* cp = ctx.data_ptr<int64_t>();
+    auto* qp = qstart.data_ptr<int64_t>();
+    int64_t off = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      auto& s = *scheduled[static_cast<size_t>(r)];
+      auto n = counts[static_cast<size_t>(r)];
+      qp[r] = off;
+      for (int64_t j = 0; j < n; ++j) {
+        auto p = s.num_computed + j;
+        idp[off + j] = s.tokens[static_cast<size_t>(p)];
+        pp[off + j] = p;
+        sp[off + j] = int64_t{s.blocks[static_cast<size_t>(p / bs)]} * bs + p % bs;
       }
-      qp[R] = off;
+      for (size_t b = 0; b < s.blocks.size(); ++b)
+        tp[r * static_cast<int64_t>(max_blocks) + static_cast<int64_t>(b)] = s.blocks[b];
+      cp[r] = s.num_computed + n;
+      off += n;
+      if (s.num_computed + n == static_cast<int64_t>(s.tokens.size())) {
+        out.logit_rows.push_back(off - 1);
+        out.sampling_seqs.push_back(static_cast<size_t>(r));
+      }
+      if (s.generated() == 0)
+        m.prefill_tokens_computed += n;
     }
-    models::paged_batch batch{ids, pos, slots, tables, ctx, qstart};
-    auto rows = torch::tensor(logit_rows, torch::kLong);
+    qp[R] = off;
+    out.batch = models::paged_batch{ids, pos, slots, tables, ctx, qstart};
+    return out;
+  }
+
+  /// (3b) The forward pass over the batch; answers the float32 logits of
+  /// the sampling rows and advances each sequence's computed count.
+  expected<torch::Tensor> run_batch(const step_plan& plan, const step_batch& built) {
+    auto rows = torch::tensor(built.logit_rows, torch::kLong);
     torch::NoGradGuard ng;
-    auto logits = models::run_forward_paged(model, batch, kv, rows);
+    auto logits = models::run_forward_paged(model, built.batch, kv, rows);
     if (!logits)
       return with_prefix(logits.error(), "engine step");
-    *logits = logits->to(torch::kFloat32).contiguous();
-    for (size_t i = 0; i < scheduled.size(); ++i)
-      scheduled[i]->num_computed += counts[i];
+    for (size_t i = 0; i < plan.scheduled.size(); ++i)
+      plan.scheduled[i]->num_computed += plan.counts[i];
+    return logits->to(torch::kFloat32).contiguous();
+  }
 
-    // (4) sample. A first sample finishing its prompt forks its siblings,
-    // which sample from the same logits row.
+  /// (4) Samples a token for every sequence that reached its end. A first
+  /// sample finishing its prompt caches the prompt's blocks and forks its
+  /// siblings, which sample from the same logits row.
+  expected<void> sample_and_fork(const step_plan& plan, const step_batch& built,
+                                 const torch::Tensor& logits) {
     std::vector<sequence*> samplers;
     std::vector<int64_t> row_of;
-    for (size_t k = 0; k < sampling_seqs.size(); ++k) {
-      auto* s = scheduled[sampling_seqs[k]];
+    for (size_t k = 0; k < built.sampling_seqs.size(); ++k) {
+      auto* s = plan.scheduled[built.sampling_seqs[k]];
       samplers.push_back(s);
       row_of.push_back(static_cast<int64_t>(k));
       if (s->generated() > 0)
         continue;
-      // The prompt was just computed: cache its full blocks, and fork the
-      // request's other samples from the first.
       if (prefixes)
         prefixes->insert(std::span<const int64_t>(s->tokens.data(), s->tokens.size()),
                          std::span<const int32_t>(s->blocks.data(), s->blocks.size()));
@@ -460,21 +503,24 @@ struct engine::impl {
       streams.push_back(&s->rng);
     }
     // Rows are copied only when forked siblings repeat one.
-    bool identity = static_cast<int64_t>(row_of.size()) == logits->size(0);
-    auto picked = sample(identity ? *logits
-                                  : logits->index_select(0, torch::tensor(row_of, torch::kLong)),
+    bool identity = static_cast<int64_t>(row_of.size()) == logits.size(0);
+    auto picked = sample(identity ? logits : logits.index_select(0, torch::tensor(row_of, torch::kLong)),
                          params, streams);
     if (!picked)
       return picked.error();
     auto now = clock_type::now();
     for (size_t i = 0; i < samplers.size(); ++i)
       append(*samplers[i], (*picked)[i], now);
+    return caf::unit;
+  }
 
-    m.kv_peak_utilization = std::max(m.kv_peak_utilization, blocks->utilization());
-    // (5) retire finished sequences and requests.
+  /// (5) Drops finished sequences from the running set and answers the
+  /// requests whose every sample finished.
+  std::vector<request_output> retire() {
     running.erase(std::remove_if(running.begin(), running.end(),
                                  [](sequence* s) { return s->finished; }),
                   running.end());
+    std::vector<request_output> done;
     for (auto it = requests.begin(); it != requests.end();) {
       if (it->second->remaining == 0 && it->second->forked) {
         done.push_back(collect(*it->second));
@@ -483,8 +529,6 @@ struct engine::impl {
         ++it;
       }
     }
-    ++m.steps;
-    m.busy_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
     return done;
   }
 };
@@ -510,17 +554,17 @@ expected<void> validate(const engine_config& c) {
   if (c.max_model_len < 0)
     bad.push_back("engine.max_model_len: expected an integer >= 0 (0 = the model's), got " +
                   std::to_string(c.max_model_len));
-  if (std::find(decode_panels_values.begin(), decode_panels_values.end(), c.decode_panels) ==
-      decode_panels_values.end())
-    bad.push_back("engine.decode_panels: expected auto, on or off, got '" + c.decode_panels + "'");
+  if (static_cast<size_t>(c.decode_panels) >= enum_count<panels_mode>())
+    bad.push_back("engine.decode_panels: expected one of " + enum_name_list<panels_mode>() + ", got " +
+                  std::to_string(static_cast<int>(c.decode_panels)));
   if (auto err = make_error_list(errc::invalid_config, bad))
     return err;
   return caf::unit;
 }
 
 bool packs_decode_panels(const engine_config& c) {
-  if (c.decode_panels != "auto")
-    return c.decode_panels == "on";
+  if (c.decode_panels != panels_mode::automatic)
+    return c.decode_panels == panels_mode::on;
   return (c.expected_sequences > 0 ? std::min(c.expected_sequences, c.max_num_seqs)
                                    : c.max_num_seqs) >= 2;
 }
@@ -548,7 +592,7 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
     return ok.error();
   if (model->head() != models::head_kind::lm)
     return make_error(errc::invalid_argument, "engine: the model needs an lm head, it has a " +
-                                                models::to_string(model->head()) + " head");
+                                                std::string{models::to_string(model->head())} + " head");
   std::unique_ptr<engine> e{new engine()};
   auto& d = *e->impl_;
   d.model = model;

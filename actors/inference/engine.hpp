@@ -17,6 +17,7 @@
 
 #include "actors/inference/sampler.hpp"
 #include "models/config.hpp"
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <array>
@@ -36,6 +37,11 @@ class llama_model;
 } // namespace troupe::models
 
 namespace troupe::actors::inference {
+
+/// Whether decode steps read a packed copy of the weights (NOTE [decode
+/// panels]): auto = where steps batch.
+enum class panels_mode : uint8_t { automatic, on, off };
+TROUPE_ENUM_NAMES(panels_mode, "auto", "on", "off")
 
 struct engine_config {
   /// Tokens per KV block.
@@ -65,12 +71,8 @@ struct engine_config {
   /// 2 up and as large again as the weights. "auto" packs when the steps
   /// will batch: the expected sequences (else max_num_seqs) are 2 or more;
   /// "on", "off". The planner's memory estimate uses the same rule.
-  std::string decode_panels = "auto";
+  panels_mode decode_panels = panels_mode::automatic;
 };
-
-/// The values of engine_config::decode_panels (validate and the CLI check
-/// against them; the job-file visitor below lists them for its reference).
-inline constexpr std::array<std::string_view, 3> decode_panels_values{"auto", "on", "off"};
 
 /// Whether an engine with this config packs its weights when its model is
 /// fp32 on the CPU (NOTE [decode panels]).
@@ -104,7 +106,7 @@ void visit(V& v, engine_config& c) {
   v.field("max_batched_tokens", c.max_batched_tokens, "Tokens per engine step at most");
   v.field("max_model_len", c.max_model_len, "Prompt + generation limit; 0 = the model's context");
   v.field("enable_prefix_caching", c.enable_prefix_caching, "Share prompt KV between samples");
-  v.choice("decode_panels", c.decode_panels, {"auto", "on", "off"},
+  v.choice("decode_panels", c.decode_panels,
            "CPU decode of batches from a packed copy of the weights (auto: when steps batch)");
 }
 

@@ -14,9 +14,8 @@
 // dead engine.
 
 #include "actors/inference/engine.hpp"
-#include "runtime/weight_transport.hpp"
+#include "actors/weight_channel.hpp"
 
-#include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 #include <caf/meta/type_name.hpp>
@@ -37,59 +36,6 @@ using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using clear_cache_atom = caf::atom_constant<caf::atom("clearcache")>;
 using receive_weights_atom = caf::atom_constant<caf::atom("recvweight")>;
-/// Co-located offload: free what an idle role need not hold (the rollout's
-/// KV pool; a trainer's optimizer state and gradients, to disk).
-using release_atom = caf::atom_constant<caf::atom("release")>;
-
-/// Where versions of a trainer's weights travel to a rollout: the transport
-/// (runtime/weight_transport.hpp) both sides open. Plain data, so it can be
-/// sent to roles in other processes.
-struct weight_channel {
-  /// alias | shm | disk | broadcast.
-  std::string kind = "alias";
-  /// Unique per job and pair of roles.
-  std::string channel = "weights";
-  /// disk: the folder of the versions.
-  std::string dir;
-  int64_t keep = 2;
-  int64_t timeout_ms = 30000;
-  /// broadcast: "host:port" of the TCPStore where the publisher (rank 0)
-  /// and the receiver (rank 1) form their two-rank gloo group.
-  std::string store;
-  /// broadcast: the addresses the publisher's and the receiver's processes
-  /// bind their gloo pairs to (their nodes' addresses).
-  std::string publisher_host = "127.0.0.1";
-  std::string receiver_host = "127.0.0.1";
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, weight_channel& x) {
-  return f(caf::meta::type_name("weight_channel"), x.kind, x.channel, x.dir, x.keep,
-           x.timeout_ms, x.store, x.publisher_host, x.receiver_host);
-}
-
-/// The transport options of `c` (runtime/weight_transport.hpp).
-runtime::transport_options transport_options_of(const weight_channel& c);
-
-/// The transports an actor has opened, by kind and channel, with the
-/// process groups of its broadcast channels (declared first: they outlive
-/// the transports that use them).
-struct transport_cache {
-  std::map<std::string, std::shared_ptr<void>> groups;
-  std::map<std::string, std::unique_ptr<runtime::weight_transport>> transports;
-};
-
-/// Which end of a channel an actor is (broadcast: its rank in the group).
-enum class channel_side { publisher = 0, receiver = 1 };
-
-/// The transport for `c` in `cache`, opened on first use (broadcast: joins
-/// the channel's two-rank group, which blocks until the other side joins).
-expected<runtime::weight_transport*> open_channel(transport_cache& cache, const weight_channel& c,
-                                                  channel_side side);
-
-/// Weights by HF name, shared read-only (the in-process alias transport:
-/// the sender must not modify the tensors until the update is answered).
-using shared_weights = std::shared_ptr<const std::map<std::string, at::Tensor>>;
 
 /// The answer to a generate request: the outputs in request order, and the
 /// engine's counters when it answered (NOTE [busy on replies]: the driver
@@ -132,10 +78,3 @@ expected<rollout_actor> spawn_rollout(caf::actor_system& sys, models::llama_mode
 std::vector<std::pair<std::string, double>> rollout_metrics(const engine_metrics& m);
 
 } // namespace troupe::actors::inference
-
-// In-process only: weights by reference (the alias channel). Other
-// processes get weights through the transports (receive_weights_atom).
-// Caution: CAF skips such a type without a word when it serialises a
-// message, so every other message type has an inspect and is registered in
-// actors::configure.
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::inference::shared_weights)

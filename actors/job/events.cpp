@@ -12,8 +12,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::array<std::string_view, 7> state_names{
-    "pending", "preparing", "running", "paused", "succeeded", "failed", "cancelled"};
 
 // Payload → JSON object members.
 struct json_writer {
@@ -136,15 +134,8 @@ bool make_body(std::string_view kind, event_body& out) {
 
 } // namespace
 
-std::string_view to_string(job_state s) noexcept {
-  return state_names[static_cast<size_t>(s)];
-}
-
 std::optional<job_state> parse_job_state(std::string_view s) noexcept {
-  for (size_t i = 0; i < state_names.size(); ++i)
-    if (state_names[i] == s)
-      return static_cast<job_state>(i);
-  return std::nullopt;
+  return enum_from_name<job_state>(s);
 }
 
 bool is_final(job_state s) noexcept {

@@ -25,6 +25,7 @@
 //   setting         a runtime setting changed (key, value, previous, from
 //                   iteration)
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <caf/meta/load_callback.hpp>
@@ -52,8 +53,9 @@ enum class job_state : uint8_t {
   failed,
   cancelled
 };
+TROUPE_ENUM_NAMES(job_state, "pending", "preparing", "running", "paused", "succeeded", "failed",
+                  "cancelled")
 
-std::string_view to_string(job_state s) noexcept;
 std::optional<job_state> parse_job_state(std::string_view s) noexcept;
 /// succeeded, failed or cancelled: nothing happens to the job any more.
 bool is_final(job_state s) noexcept;

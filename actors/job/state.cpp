@@ -2,24 +2,6 @@
 
 namespace troupe::actors::job {
 
-std::string_view to_string(command c) noexcept {
-  switch (c) {
-  case command::start:
-    return "start";
-  case command::pause:
-    return "pause";
-  case command::resume:
-    return "resume";
-  case command::cancel:
-    return "cancel";
-  case command::checkpoint:
-    return "checkpoint";
-  case command::update:
-    return "update";
-  }
-  return "?";
-}
-
 expected<void> job_fsm::check(command c) const {
   using s = job_state;
   auto refuse = [&](const std::string& why) -> expected<void> {

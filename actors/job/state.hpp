@@ -18,15 +18,16 @@
 // updates are served by the driver between phases (NOTE [job boundaries] in
 // job_actor.hpp).
 
+#include "runtime/enum_names.hpp"
+
 #include "actors/job/events.hpp"
 
 #include <string>
 
 namespace troupe::actors::job {
 
-enum class command { start, pause, resume, cancel, checkpoint, update };
-
-std::string_view to_string(command c) noexcept;
+enum class command : uint8_t { start, pause, resume, cancel, checkpoint, update };
+TROUPE_ENUM_NAMES(command, "start", "pause", "resume", "cancel", "checkpoint", "update")
 
 class job_fsm {
 public:

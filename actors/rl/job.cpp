@@ -113,7 +113,7 @@ constexpr const char* channel_root = "troupe-job-";
 
 // The default folder of disk-transport versions (removed around each stage).
 void remove_default_weight_dir(const job_context& ctx, const std::string& stage) {
-  if (ctx.cfg->weight_sync.transport != "disk" || !ctx.cfg->weight_sync.dir.empty())
+  if (ctx.cfg->weight_sync.transport != runtime::transport_kind::disk || !ctx.cfg->weight_sync.dir.empty())
     return;
   std::error_code ec;
   fs::remove_all(ctx.run_dir / stage / "weights", ec);
@@ -177,18 +177,18 @@ expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& mo
   return caf::actor_cast<reward_actor>(ranks->front());
 }
 
-expected<inference::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage) {
+expected<actors::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage) {
   const auto& w = ctx.cfg->weight_sync;
-  inference::weight_channel c;
+  actors::weight_channel c;
   // The plan chose it for the pair (NOTE [weight transport choice]).
-  c.kind = ctx.plan.weight_transport.empty() ? "alias" : ctx.plan.weight_transport;
+  c.kind = ctx.plan.weight_transport.value_or(runtime::transport_kind::alias);
   c.channel = ctx.channel_prefix + stage;
   c.dir = w.dir.empty() ? (ctx.run_dir / stage / "weights").string() : w.dir;
   c.keep = w.keep;
   c.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                    ctx.timeout_of(request_kind::weights))
                    .count();
-  if (c.kind == "broadcast") {
+  if (runtime::traits_of(c.kind).needs_group) {
     if (!ctx.weight_store) {
       runtime::store_options so;
       so.host = ctx.host->store_host();
@@ -234,8 +234,8 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
     return ch.error();
   const auto& channel = *ch;
   expected<int64_t> sent = make_error(errc::internal, "no reply"), got = sent;
-  if (channel.kind == "broadcast") {
-    // A collective: both ends must be in it at once.
+  if (runtime::traits_of(channel.kind).both_ends_at_once) {
+    // A collective: both ends must be in it at once (NOTE [transport traits]).
     auto p = self->request(trainer, ctx.timeout_of(request_kind::weights), train::publish_atom::value, version, channel);
     auto r = self->request(rollout, ctx.timeout_of(request_kind::weights), inference::receive_weights_atom::value, version, channel);
     p.receive([&](train::served_bytes& b) {
@@ -260,7 +260,7 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
     return make_error(errc::corrupted, "weight sync " + std::to_string(version) + ": " +
                                            std::to_string(*sent) + " bytes published, " +
                                            std::to_string(*got) + " received");
-  ctx.emit(job::weight_synced{stage, version, channel.kind, *got, clock.seconds()});
+  ctx.emit(job::weight_synced{stage, version, std::string{to_string(channel.kind)}, *got, clock.seconds()});
   return {};
 }
 
@@ -313,10 +313,7 @@ expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& r
       responses.push_back(std::move(s.tokens));
       answers.push_back(eval[i].answer);
     }
-  auto rule = parse_rule_kind(ctx.cfg->rl.reward.rule);
-  if (!rule)
-    return rule.error();
-  auto scores = rule_scores(*ctx.tok, *rule, responses, answers);
+  auto scores = rule_scores(*ctx.tok, ctx.cfg->rl.reward.rule, responses, answers);
   if (!scores)
     return scores.error();
   auto exact = rule_scores(*ctx.tok, rule_kind::exact, responses, answers);
@@ -668,7 +665,7 @@ supervised_stage supervised_of(const job_context& ctx, const std::string& stage)
     st.eval_every = cfg.rm.eval_every;
     st.optim = cfg.rm.optim;
     st.head = models::head_kind::reward;
-    st.init_dir = ctx.model_dir(cfg.rm.init == "sft" ? "sft" : "base");
+    st.init_dir = ctx.model_dir(std::string{to_string(cfg.rm.init)});
   }
   return st;
 }
@@ -676,12 +673,9 @@ supervised_stage supervised_of(const job_context& ctx, const std::string& stage)
 // The run directory, threads, data, base model and config.yaml.
 expected<void> prepare(job_context& ctx) {
   const auto& cfg = *ctx.cfg;
-  auto level = runtime::parse_log_level(cfg.run.log_level);
-  if (!level)
-    return level.error();
   auto link = ctx.link;
   auto log = runtime::job_logger::open(
-    cfg.run.name, (ctx.run_dir / "troupe.log").string(), *level,
+    cfg.run.name, (ctx.run_dir / "troupe.log").string(), cfg.run.log_level,
     [link](runtime::log_level l, const std::string& text) {
       link->log(std::string{runtime::to_string(l)}, text);
     });
@@ -782,7 +776,7 @@ expected<rl_job> spawn_rl_job(caf::actor_system& sys, const job_config& cfg,
     return plan.error();
   if (plan->uses_workers() && !opts.host)
     return make_error(errc::invalid_argument,
-                      "placement.mode " + cfg.placement.mode +
+                      "placement.mode " + std::string{to_string(cfg.placement.mode)} +
                         " needs worker processes: run the job with `troupe run` (it launches them)");
   auto dir = check_run_dir(cfg, opts);
   if (!dir)

@@ -49,21 +49,24 @@ bool has_stage(const job_config& c, const std::string& name) {
 
 } // namespace
 
-std::string resolved_advantage(const rl_config& c) {
-  if (c.advantage != "auto")
-    return c.advantage;
-  return c.algorithm == "grpo" ? "grpo" : "gae";
+kernels::advantage_estimator resolved_advantage(const rl_config& c) {
+  using kernels::advantage_estimator;
+  if (c.advantage)
+    return *c.advantage;
+  return c.algorithm == algorithm_kind::grpo ? advantage_estimator::grpo : advantage_estimator::gae;
 }
 
 bool kl_in_loss(const rl_config& c) {
-  if (c.kl.placement == "auto")
-    return c.algorithm == "grpo";
-  return c.kl.placement == "loss";
+  if (!c.kl.placement)
+    return c.algorithm == algorithm_kind::grpo;
+  return *c.kl.placement == kl_place::loss;
 }
 
-bool uses_critic(const rl_config& c) { return resolved_advantage(c) == "gae"; }
+bool uses_critic(const rl_config& c) {
+  return resolved_advantage(c) == kernels::advantage_estimator::gae;
+}
 
-bool uses_reward_model(const reward_config& c) { return c.kind != "rule"; }
+bool uses_reward_model(const reward_config& c) { return c.kind != reward_kind::rule; }
 
 int64_t max_task_prompt_tokens(const data_config& c) {
   task_options o;
@@ -147,7 +150,7 @@ void check_data_and_model(const job_config& c, runtime::config_checks& checks) {
     if (d.train_file.empty() && prompt > 0) {
       auto need = prompt + c.rl.generation.max_tokens;
       checks.require(m.max_position_embeddings >= need, "model.max_position_embeddings",
-                     "must hold the longest " + d.task + " prompt (" + std::to_string(prompt) +
+                     "must hold the longest " + std::string{to_string(d.task)} + " prompt (" + std::to_string(prompt) +
                          " tokens with BOS) plus " +
                          "rl.generation.max_tokens (" + std::to_string(c.rl.generation.max_tokens) +
                          "): at least " + std::to_string(need));
@@ -169,7 +172,7 @@ void check_supervised(const job_config& c, runtime::config_checks& checks) {
   checks.require(c.rm.eval_every >= 0, "rm.eval_every", "must be >= 0");
   check_optim(c.rm.optim, "rm.optim", checks);
   if (has_stage(c, "rm"))
-    checks.require(c.rm.init != "sft" || has_stage(c, "sft"), "rm.init",
+    checks.require(c.rm.init != model_source::sft || has_stage(c, "sft"), "rm.init",
                    "'sft' needs the sft stage in stages; use 'base' to start from the base model");
 }
 
@@ -186,7 +189,7 @@ void check_rl_batch(const job_config& c, runtime::config_checks& checks) {
                  "must be 0 (synchronous) or 1 (one batch generated ahead), got " +
                      std::to_string(r.staleness));
   checks.require(r.stale_is_cap >= 1, "rl.stale_is_cap", "must be >= 1");
-  checks.require(r.staleness == 0 || r.old_logprobs == "policy", "rl.old_logprobs",
+  checks.require(r.staleness == 0 || r.old_logprobs == logprob_source::policy, "rl.old_logprobs",
                  "staleness 1 needs the policy's old log-probs (the engine's are the stale "
                  "behaviour policy's)");
   if (r.minibatches >= 1 && r.prompts_per_iteration >= 1 && r.samples_per_prompt >= 1) {
@@ -197,12 +200,16 @@ void check_rl_batch(const job_config& c, runtime::config_checks& checks) {
                        std::to_string(r.samples_per_prompt) + ") is not divisible by " +
                        std::to_string(r.minibatches) + " minibatches");
   }
+  using kernels::advantage_estimator;
   auto adv = resolved_advantage(r);
-  if (adv == "grpo" || adv == "rloo" || adv == "reinforce_pp_baseline")
+  if (adv == advantage_estimator::grpo || adv == advantage_estimator::rloo ||
+      adv == advantage_estimator::reinforce_pp_baseline)
     checks.require(r.samples_per_prompt >= 2, "rl.samples_per_prompt",
-                   "advantage '" + adv + "' compares samples of a group: needs >= 2");
-  if (r.algorithm == "grpo")
-    checks.require(adv != "gae", "rl.advantage", "grpo has no critic: gae is not available");
+                   "advantage '" + std::string{to_string(adv)} +
+                     "' compares samples of a group: needs >= 2");
+  if (r.algorithm == algorithm_kind::grpo)
+    checks.require(adv != advantage_estimator::gae, "rl.advantage",
+                   "grpo has no critic: gae is not available");
 }
 
 // rl: loss terms, evaluation, the critic, the reward and the KL.
@@ -222,9 +229,9 @@ void check_rl_loss_and_roles(const job_config& c, runtime::config_checks& checks
     check_optim(r.critic.optim, "rl.critic.optim", checks);
     checks.require(r.critic.value_clip >= 0, "rl.critic.value_clip", "must be >= 0 (0 = off)");
     if (has_stage(c, "rl")) {
-      checks.require(r.critic.init != "rm" || has_stage(c, "rm"), "rl.critic.init",
+      checks.require(r.critic.init != model_source::rm || has_stage(c, "rm"), "rl.critic.init",
                      "'rm' needs the rm stage in stages");
-      checks.require(r.critic.init != "sft" || has_stage(c, "sft"), "rl.critic.init",
+      checks.require(r.critic.init != model_source::sft || has_stage(c, "sft"), "rl.critic.init",
                      "'sft' needs the sft stage in stages");
     }
   }
@@ -232,7 +239,7 @@ void check_rl_loss_and_roles(const job_config& c, runtime::config_checks& checks
   checks.require(r.reward.model_weight >= 0, "rl.reward.model_weight", "must be >= 0");
   if (has_stage(c, "rl") && uses_reward_model(r.reward))
     checks.require(!r.reward.model_path.empty() || has_stage(c, "rm"), "rl.reward.kind",
-                   "'" + r.reward.kind + "' needs a reward model: add the rm stage or set " +
+                   "'" + std::string{to_string(r.reward.kind)} + "' needs a reward model: add the rm stage or set " +
                        "rl.reward.model_path");
   checks.require(r.kl.coef >= 0, "rl.kl.coef", "must be >= 0");
   checks.require(r.kl.target > 0, "rl.kl.target", "must be > 0");

@@ -11,10 +11,18 @@
 //        rollout) as actors                            → <run>/rl/model
 
 #include "actors/inference/engine.hpp"
+#include "actors/rl/job_choices.hpp"
+#include "actors/rl/tasks.hpp"
 #include "actors/train/optimizer_options.hpp"
+#include "kernels/advantages.hpp"
+#include "kernels/kl.hpp"
+#include "kernels/masked.hpp"
 #include "runtime/config.hpp"
+#include "runtime/logging.hpp"
+#include "runtime/weight_transport.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,9 +63,9 @@ struct run_config {
   timeouts_config timeouts;
   /// Terminal output: auto (a bar on a terminal, lines otherwise), bar,
   /// lines, none.
-  std::string progress = "auto";
+  progress_style progress = progress_style::automatic;
   /// Lowest level of <run dir>/troupe.log and the job's log events.
-  std::string log_level = "info";
+  runtime::log_level log_level = runtime::log_level::info;
 };
 template <class V>
 void visit(V& v, run_config& c) {
@@ -66,16 +74,16 @@ void visit(V& v, run_config& c) {
   v.field("seed", c.seed, "Seed of every random choice (data order, init, sampling)");
   v.field("threads", c.threads, "Compute threads; 0 = one per core");
   v.section("timeouts", c.timeouts, "Longest wait for a role's answer, seconds, by request kind");
-  v.choice("progress", c.progress, {"auto", "bar", "lines", "none"},
+  v.choice("progress", c.progress,
            "Terminal output: auto = a bar on a terminal, one line per iteration otherwise");
-  v.choice("log_level", c.log_level, {"trace", "debug", "info", "warn", "error"},
+  v.choice("log_level", c.log_level,
            "Lowest level written to <run dir>/troupe.log and the job's event stream");
 }
 
 /// Where prompts and data come from: a built-in task, or JSONL files.
 struct data_config {
-  /// Built-in task: sort | add; JSONL files below replace its splits.
-  std::string task = "sort";
+  /// Built-in task; JSONL files below replace its splits.
+  task_kind task = task_kind::sort;
   int64_t min_digits = 3;
   int64_t max_digits = 6;
   int64_t seed = 1234;
@@ -91,7 +99,7 @@ struct data_config {
 };
 template <class V>
 void visit(V& v, data_config& c) {
-  v.choice("task", c.task, {"sort", "add"}, "Built-in task: sort (digit sorting) or add (addition)");
+  v.choice("task", c.task, "Built-in task: sort (digit sorting) or add (addition)");
   v.field("min_digits", c.min_digits, "Fewest digits per number");
   v.field("max_digits", c.max_digits, "Most digits per number");
   v.field("seed", c.seed, "Seed of the generated examples");
@@ -150,7 +158,7 @@ struct rm_config {
   int64_t batch_size = 32;
   optim_config optim;
   /// Initial weights: the sft stage's model or the base model.
-  std::string init = "sft";
+  model_source init = model_source::sft;
   /// Held-out pairwise accuracy every N steps; 0 = only at the end.
   int64_t eval_every = 100;
 };
@@ -159,7 +167,8 @@ void visit(V& v, rm_config& c) {
   v.field("steps", c.steps, "Optimizer steps");
   v.field("batch_size", c.batch_size, "Preference pairs per step");
   v.section("optim", c.optim);
-  v.choice("init", c.init, {"sft", "base"}, "Start from the sft stage's model or the base model");
+  v.choice("init", c.init, {model_source::sft, model_source::base},
+           "Start from the sft stage's model or the base model");
   v.field("eval_every", c.eval_every, "Held-out pairwise accuracy every N steps; 0 = at the end");
 }
 
@@ -180,31 +189,30 @@ void visit(V& v, generation_config& c) {
 struct kl_config {
   /// β: in the reward (PPO) or the loss coefficient (use_kl_loss).
   double coef = 0.05;
-  std::string estimator = "k1";
+  kernels::kl_estimator estimator = kernels::kl_estimator::k1;
   /// fixed | adaptive (Ziegler et al.: β follows the KL towards `target`).
-  std::string controller = "fixed";
+  kl_control controller = kl_control::fixed;
   double target = 6.0;
   int64_t horizon = 10000;
-  /// KL as a loss term (GRPO) instead of a reward penalty (PPO); auto =
-  /// by algorithm.
-  std::string placement = "auto";
+  /// KL as a loss term (GRPO) instead of a reward penalty (PPO); unset
+  /// (auto) = by algorithm.
+  std::optional<kl_place> placement;
 };
 template <class V>
 void visit(V& v, kl_config& c) {
   v.field("coef", c.coef, "β: reward penalty (PPO) or loss coefficient (GRPO); 0 = no reference");
-  v.choice("estimator", c.estimator, {"k1", "abs", "k2", "k3", "kl", "mse", "low_var_kl"},
-           "Per-token KL estimator");
-  v.choice("controller", c.controller, {"fixed", "adaptive"}, "Fixed β, or adaptive towards target");
+  v.choice("estimator", c.estimator, "Per-token KL estimator");
+  v.choice("controller", c.controller, "Fixed β, or adaptive towards target");
   v.field("target", c.target, "Adaptive controller: target KL per sequence");
   v.field("horizon", c.horizon, "Adaptive controller: horizon in samples");
-  v.choice("placement", c.placement, {"auto", "reward", "loss"},
+  v.choice("placement", c.placement, "auto",
            "KL in the reward or as a loss term; auto = reward for ppo, loss for grpo");
 }
 
 struct reward_config {
   /// rule | model | mixed (rule_weight·rule + model_weight·model).
-  std::string kind = "rule";
-  std::string rule = "positional";
+  reward_kind kind = reward_kind::rule;
+  rule_kind rule = rule_kind::positional;
   double rule_weight = 1.0;
   double model_weight = 1.0;
   /// Reward model: the rm stage's output, or a HF directory.
@@ -212,10 +220,8 @@ struct reward_config {
 };
 template <class V>
 void visit(V& v, reward_config& c) {
-  v.choice("kind", c.kind, {"rule", "model", "mixed"},
-           "rule, a reward model, or mixed = rule_weight·rule + model_weight·model");
-  v.choice("rule", c.rule, {"positional", "exact"},
-           "positional: partial credit per correct character; exact: 1 or 0");
+  v.choice("kind", c.kind, "rule, a reward model, or mixed = rule_weight·rule + model_weight·model");
+  v.choice("rule", c.rule, "positional: partial credit per correct character; exact: 1 or 0");
   v.field("rule_weight", c.rule_weight);
   v.field("model_weight", c.model_weight);
   v.field("model_path", c.model_path, "Reward model directory; \"\" = the rm stage's output");
@@ -223,13 +229,13 @@ void visit(V& v, reward_config& c) {
 
 struct critic_config {
   /// Initial weights: rm (the reward model's trunk), sft, or base.
-  std::string init = "sft";
+  model_source init = model_source::sft;
   optim_config optim;
   double value_clip = 0.2;
 };
 template <class V>
 void visit(V& v, critic_config& c) {
-  v.choice("init", c.init, {"rm", "sft", "base"}, "Initial critic trunk (the value head is fresh)");
+  v.choice("init", c.init, "Initial critic trunk (the value head is fresh)");
   v.section("optim", c.optim);
   v.field("value_clip", c.value_clip, "Clip values to old ± this; 0 = off");
 }
@@ -245,9 +251,9 @@ inline inference::engine_config default_rollout() {
 }
 
 struct rl_config {
-  std::string algorithm = "ppo";
-  /// auto = gae for ppo, grpo for grpo.
-  std::string advantage = "auto";
+  algorithm_kind algorithm = algorithm_kind::ppo;
+  /// Unset (auto) = gae for ppo, grpo for grpo.
+  std::optional<kernels::advantage_estimator> advantage;
   int64_t iterations = 100;
   int64_t prompts_per_iteration = 64;
   int64_t samples_per_prompt = 1;
@@ -258,9 +264,9 @@ struct rl_config {
   double gamma = 1.0;
   double lam = 0.95;
   bool whiten_advantages = true;
-  std::string loss_agg = "token-mean";
+  kernels::loss_agg_mode loss_agg = kernels::loss_agg_mode::token_mean;
   /// policy: recompute old log-probs with the policy; engine: the rollout's.
-  std::string old_logprobs = "policy";
+  logprob_source old_logprobs = logprob_source::policy;
   /// Batches generated ahead of training (NOTE [staleness]): 0 =
   /// synchronous, 1 = the next batch is generated while this one trains.
   int64_t staleness = 0;
@@ -282,10 +288,8 @@ struct rl_config {
 };
 template <class V>
 void visit(V& v, rl_config& c) {
-  v.choice("algorithm", c.algorithm, {"ppo", "grpo"}, "ppo (critic + GAE) or grpo (groups, no critic)");
-  v.choice("advantage", c.advantage,
-           {"auto", "gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"},
-           "Advantage estimator; auto = gae for ppo, grpo for grpo");
+  v.choice("algorithm", c.algorithm, "ppo (critic + GAE) or grpo (groups, no critic)");
+  v.choice("advantage", c.advantage, "auto", "Advantage estimator; auto = gae for ppo, grpo for grpo");
   v.field("iterations", c.iterations, "RL iterations (generate → score → update → sync)");
   v.field("prompts_per_iteration", c.prompts_per_iteration);
   v.field("samples_per_prompt", c.samples_per_prompt, "n responses per prompt (a GRPO group)");
@@ -297,10 +301,8 @@ void visit(V& v, rl_config& c) {
   v.field("lam", c.lam, "GAE λ");
   v.field("whiten_advantages", c.whiten_advantages,
           "gae: normalise advantages over the batch's response tokens");
-  v.choice("loss_agg", c.loss_agg, {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"},
-           "How per-token losses become a scalar");
-  v.choice("old_logprobs", c.old_logprobs, {"policy", "engine"},
-           "Old log-probs from the policy's forward, or the rollout engine's");
+  v.choice("loss_agg", c.loss_agg, "How per-token losses become a scalar");
+  v.choice("old_logprobs", c.old_logprobs, "Old log-probs from the policy's forward, or the rollout engine's");
   v.field("staleness", c.staleness,
           "Batches generated ahead: 0 = synchronous, 1 = the next batch is generated (with the "
           "previous weights) while this one trains");
@@ -323,9 +325,9 @@ void visit(V& v, rl_config& c) {
 /// How the trainer's weights reach the rollout engine after each update
 /// (runtime/weight_transport.hpp).
 struct weight_sync_config {
-  /// auto = the channel that fits the pair (NOTE [weight transport
+  /// Unset (auto) = the channel that fits the pair (NOTE [weight transport
   /// choice] in placement.hpp).
-  std::string transport = "auto";
+  std::optional<runtime::transport_kind> transport;
   /// disk: folder of the versions; "" = <run dir>/<stage>/weights.
   std::string dir;
   /// Versions kept by shm and disk.
@@ -333,10 +335,11 @@ struct weight_sync_config {
 };
 template <class V>
 void visit(V& v, weight_sync_config& c) {
-  v.choice("transport", c.transport, {"auto", "alias", "shm", "disk", "broadcast"},
+  v.choice("transport", c.transport, "auto",
            "auto (one process: alias, zero copy; one host: shm; two hosts: disk when dir is "
-           "set, else broadcast), alias, shm (shared memory), disk (safetensors + manifest), or "
-           "broadcast (gloo, trainer rank 0 → rollout)");
+           "set, else broadcast), alias, shm (shared memory), broadcast (gloo, trainer rank 0 → "
+           "rollout), disk (safetensors + manifest), or cuda_ipc (CUDA IPC handles, one host, "
+           "CUDA builds)");
   v.field("dir", c.dir, "disk: folder of the published versions (across hosts: one both see); "
                        "\"\" = <run dir>/<stage>/weights");
   v.field("keep", c.keep, "shm and disk: published versions kept");
@@ -350,7 +353,7 @@ struct resources_config {
   /// Who starts the worker processes: local (the driver, on its machine),
   /// nodes (the controller's node agents), auto (nodes when the job is run
   /// by a controller with ready nodes, else local).
-  std::string launcher = "auto";
+  launcher_kind launcher = launcher_kind::automatic;
   /// 0 = as many as the placement's pools need.
   int64_t devices_per_node = 0;
   /// Memory of one device for the planner's check, GiB; 0 = this machine's
@@ -360,8 +363,7 @@ struct resources_config {
 template <class V>
 void visit(V& v, resources_config& c) {
   v.field("nodes", c.nodes, "Nodes; devices fill them in pool order, devices_per_node each");
-  v.choice("launcher", c.launcher, {"auto", "local", "nodes"},
-           "Who starts the workers: local (the driver's machine), nodes (a controller's node "
+  v.choice("launcher", c.launcher, "Who starts the workers: local (the driver's machine), nodes (a controller's node "
            "agents: troupe node), auto (nodes when a controller with ready nodes runs the job)");
   v.field("devices_per_node", c.devices_per_node,
           "Devices (worker processes on cpu) per node; 0 = the pools' devices / nodes, rounded up");
@@ -403,7 +405,7 @@ void visit(V& v, role_placement_config& c) {
 /// (rollout) from training (policy, critic) in different pools. hybrid is
 /// any mapping. Roles not listed go to the first pool.
 struct placement_config {
-  std::string mode = "in_process";
+  placement_mode mode = placement_mode::in_process;
   /// Roles sharing a process free what they hold idle between phases.
   bool offload = false;
   std::vector<pool_config> pools;
@@ -411,8 +413,7 @@ struct placement_config {
 };
 template <class V>
 void visit(V& v, placement_config& c) {
-  v.choice("mode", c.mode, {"in_process", "colocated", "disaggregated", "hybrid"},
-           "in_process (no workers), colocated (one pool), disaggregated (rollout apart from "
+  v.choice("mode", c.mode, "in_process (no workers), colocated (one pool), disaggregated (rollout apart from "
            "the trainers) or hybrid (any mapping)");
   v.field("offload", c.offload,
           "Free idle state between phases: the rollout's KV pool after generation, the "
@@ -467,8 +468,8 @@ void visit(V& v, job_config& c) {
 /// Cross-field rules (found by ADL from load_config).
 void check(const job_config& c, runtime::config_checks& checks);
 
-/// The effective advantage estimator ("gae", "grpo", ...) of `c`.
-std::string resolved_advantage(const rl_config& c);
+/// The effective advantage estimator of `c`.
+kernels::advantage_estimator resolved_advantage(const rl_config& c);
 /// Whether the KL term goes into the loss (true) or the reward (false).
 bool kl_in_loss(const rl_config& c);
 /// Whether the job uses a critic (gae).

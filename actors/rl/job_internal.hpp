@@ -161,7 +161,7 @@ expected<void> evaluate(caf::blocking_actor* self, job_context& ctx,
                         const std::string& stage, int64_t step);
 
 /// The trainer → rollout channel of `stage` (weight_sync in the job file).
-expected<inference::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage);
+expected<actors::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage);
 
 /// The trainer publishes its weights as `version` on the stage's channel and
 /// the rollout receives and loads them (a weight_sync event).

@@ -22,7 +22,7 @@ const std::set<std::string> dp_roles = {"policy", "critic", "reward"};
 
 // The pools of a placement, with the colocated default.
 std::vector<pool_config> pools_of(const placement_config& p) {
-  if (p.pools.empty() && p.mode == "colocated")
+  if (p.pools.empty() && p.mode == placement_mode::colocated)
     return {pool_config{"all", 1}};
   return p.pools;
 }
@@ -143,33 +143,51 @@ std::vector<std::pair<std::string, std::vector<std::string>>> job_stage_roles(co
 
 // NOTE [weight transport choice]: the pair's transport, or why the forced
 // one cannot work.
-expected<std::string> choose_transport(const job_config& cfg, const placement_plan& plan) {
+expected<runtime::transport_kind> choose_transport(const job_config& cfg, const placement_plan& plan) {
+  using runtime::transport_kind;
+  using reach = runtime::transport_traits::reach;
   const auto& w = cfg.weight_sync;
   auto from = plan.device_of("policy", 0), to = plan.device_of("rollout", 0);
   auto node_of = [&](int64_t d) { return d < 0 ? int64_t{0} : plan.devices[static_cast<size_t>(d)].node; };
   bool one_process = from == to; // both -1 in process
   bool one_node = node_of(from) == node_of(to);
-  if (w.transport == "auto")
-    return one_process ? "alias" : one_node ? "shm" : w.dir.empty() ? "broadcast" : "disk";
+  if (!w.transport)
+    return one_process ? transport_kind::alias
+           : one_node  ? transport_kind::shm
+           : w.dir.empty() ? transport_kind::broadcast
+                           : transport_kind::disk;
+  auto kind = *w.transport;
+  auto traits = runtime::traits_of(kind);
+  auto name = std::string{to_string(kind)};
   auto where = [&](int64_t d) {
     return d < 0 ? std::string{"the driver's process"}
                  : "device " + std::to_string(d) + " on node " + std::to_string(node_of(d));
   };
-  auto refuse = [&](const std::string& why) -> expected<std::string> {
+  auto refuse = [&](const std::string& why) -> expected<transport_kind> {
     return make_error(errc::invalid_config,
-                      "weight_sync.transport " + w.transport + ": the policy (" + where(from) +
+                      "weight_sync.transport " + name + ": the policy (" + where(from) +
                           ") and the rollout (" + where(to) + ") " + why);
   };
-  if (w.transport == "alias" && !one_process)
-    return refuse("are in different processes, and alias hands tensors over inside one (use auto, shm, "
-                  "broadcast or disk)");
-  if (w.transport == "shm" && !one_node)
-    return refuse("are on different nodes, and shared memory stays on one (use auto, broadcast or disk "
-                  "with weight_sync.dir)");
-  if (w.transport == "disk" && !one_node && w.dir.empty())
+  if (!runtime::available(kind))
+    return make_error(errc::invalid_config, "weight_sync.transport " + name +
+                                              ": this build has no CUDA (use auto, alias, shm, "
+                                              "broadcast or disk)");
+  if (traits.needs_cuda) // every role holds its weights on the CPU (no role is placed on a GPU)
+    return make_error(errc::invalid_config,
+                      "weight_sync.transport " + name +
+                        ": the policy's weights are CPU tensors, and cuda_ipc carries CUDA "
+                        "tensors (use auto, or shm on one host)");
+  if (traits.span == reach::process && !one_process)
+    return refuse("are in different processes, and " + name +
+                  " hands tensors over inside one (use auto, shm, broadcast or disk)");
+  if (traits.span == reach::host && !one_node)
+    return refuse("are on different nodes, and " +
+                  std::string{kind == transport_kind::shm ? "shared memory" : "a CUDA IPC handle"} +
+                  " stays on one (use auto, broadcast or disk with weight_sync.dir)");
+  if (traits.needs_dir && !one_node && w.dir.empty())
     return refuse("are on different nodes: set weight_sync.dir to a directory both see (a shared "
                   "filesystem), or use broadcast");
-  return w.transport;
+  return kind;
 }
 
 // Fills in the node of each device (NOTE [nodes of a plan]).
@@ -188,14 +206,15 @@ void check_placement(const job_config& c, runtime::config_checks& checks) {
   const auto& p = c.placement;
   const auto& res = c.resources;
   checks.require(res.nodes >= 1, "resources.nodes", "must be >= 1");
-  checks.require(res.nodes == 1 || p.mode != "in_process", "resources.nodes",
+  checks.require(res.nodes == 1 || p.mode != placement_mode::in_process, "resources.nodes",
                  "in_process runs every role in the driver's process, on one node; give a mode "
                  "(colocated, disaggregated, hybrid) and pools to use " + std::to_string(res.nodes));
-  checks.require(res.launcher != "nodes" || p.mode != "in_process", "resources.launcher",
+  checks.require(res.launcher != launcher_kind::nodes || p.mode != placement_mode::in_process,
+                 "resources.launcher",
                  "nodes start worker processes, and in_process runs none; give a mode and pools");
   checks.require(res.devices_per_node >= 0, "resources.devices_per_node", "must be >= 0");
   checks.require(res.device_memory_gb >= 0, "resources.device_memory_gb", "must be >= 0 (0 = host memory / devices)");
-  if (p.mode == "in_process") {
+  if (p.mode == placement_mode::in_process) {
     checks.require(p.pools.empty(), "placement.pools", "in_process runs no workers: give a mode "
                                                        "(colocated, disaggregated, hybrid) to use pools");
     checks.require(p.roles.empty(), "placement.roles", "in_process runs no workers: give a mode "
@@ -203,7 +222,8 @@ void check_placement(const job_config& c, runtime::config_checks& checks) {
     return;
   }
   auto pools = pools_of(p);
-  checks.require(!pools.empty(), "placement.pools", "mode " + p.mode + " needs at least one pool");
+  checks.require(!pools.empty(), "placement.pools",
+                 "mode " + std::string{to_string(p.mode)} + " needs at least one pool");
   std::map<std::string, int64_t> pool_devices;
   int64_t total = 0;
   for (size_t i = 0; i < p.pools.size(); ++i) {
@@ -217,7 +237,7 @@ void check_placement(const job_config& c, runtime::config_checks& checks) {
     pool_devices[pool.name] = pool.devices;
     total += std::max<int64_t>(pool.devices, 0);
   }
-  if (p.mode == "colocated")
+  if (p.mode == placement_mode::colocated)
     checks.require(pools.size() == 1, "placement.pools",
                    "colocated places every role in one pool, got " + std::to_string(pools.size()));
   checks.require(res.devices_per_node == 0 || total <= res.nodes * res.devices_per_node,
@@ -257,7 +277,7 @@ void check_placement(const job_config& c, runtime::config_checks& checks) {
                        "dp " + std::to_string(r.dp) + " must divide the " + what + " (" +
                            std::to_string(rows) + ")");
   }
-  if (p.mode == "disaggregated") {
+  if (p.mode == placement_mode::disaggregated) {
     auto gen = placement_of(p, "rollout").pool;
     for (const char* t : {"policy", "critic"})
       checks.require(placement_of(p, t).pool != gen, "placement.roles",
@@ -309,14 +329,15 @@ int64_t placement_plan::device_of(const std::string& role, int64_t rank) const {
 }
 
 std::string placement_plan::render() const {
-  std::string out = "placement: " + mode + "\n";
+  std::string out = "placement: " + std::string{to_string(mode)} + "\n";
+  auto transport = weight_transport ? std::string{to_string(*weight_transport)} : std::string{};
   out += "model: " + std::to_string(parameters) + " parameters (policy)\n";
   if (!uses_workers()) {
     out += "every role runs in the driver's process; estimated peak " + gib(driver_peak_bytes) +
            " (NOTE [memory estimate]: weights, gradients, optimizer state, KV pool, packed "
            "decode weights)\n";
-    if (!weight_transport.empty())
-      out += "weights: policy → rollout by " + weight_transport + "\n";
+    if (weight_transport)
+      out += "weights: policy → rollout by " + transport + "\n";
     return out;
   }
   out += "devices: " + std::to_string(devices.size()) + " worker processes on " +
@@ -343,8 +364,8 @@ std::string placement_plan::render() const {
     out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.dp) + ", devices [" +
            devs + "]\n";
   }
-  if (!weight_transport.empty())
-    out += "weights: policy → rollout by " + weight_transport + "\n";
+  if (weight_transport)
+    out += "weights: policy → rollout by " + transport + "\n";
   return out;
 }
 
@@ -375,7 +396,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
   for (const auto& [stage, roles] : stages)
     used.insert(roles.begin(), roles.end());
 
-  if (p.mode == "in_process") {
+  if (p.mode == placement_mode::in_process) {
     for (const auto& [stage, roles] : stages) {
       double total = 0;
       for (const auto& r : roles)

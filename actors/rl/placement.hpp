@@ -29,6 +29,7 @@
 #include "actors/rl/job_config.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,7 @@ struct device_plan {
 };
 
 struct placement_plan {
-  std::string mode = "in_process";
+  placement_mode mode = placement_mode::in_process;
   std::vector<role_assignment> roles;
   /// Empty for in_process (the driver's process only).
   std::vector<device_plan> devices;
@@ -71,9 +72,9 @@ struct placement_plan {
   int64_t parameters = 0;
   /// Nodes the devices fill (NOTE [nodes of a plan]).
   int64_t nodes = 1;
-  /// How the policy's weights reach the rollout ("" when the job has no rl
-  /// stage; NOTE [weight transport choice]).
-  std::string weight_transport;
+  /// How the policy's weights reach the rollout (none when the job has no
+  /// rl stage; NOTE [weight transport choice]).
+  std::optional<runtime::transport_kind> weight_transport;
 
   bool uses_workers() const { return !devices.empty(); }
   /// The assignment of `role` (every role of the job has one).

@@ -60,7 +60,7 @@ expected<runtime::tensor_batch> score(reward_state& st, const reward_request& re
   runtime::tensor_batch out;
   auto n = static_cast<int64_t>(req.responses.size());
   auto total = torch::zeros({n}, torch::kFloat);
-  if (st.spec.kind != "model") {
+  if (st.spec.kind != reward_kind::model) {
     auto rs = rule_scores(*st.tok, st.spec.rule, req.responses, req.answers);
     if (!rs)
       return rs.error();
@@ -69,7 +69,7 @@ expected<runtime::tensor_batch> score(reward_state& st, const reward_request& re
     if (auto ok = out.set("rule_scores", t); !ok)
       return ok.error();
   }
-  if (st.spec.kind != "rule") {
+  if (st.spec.kind != reward_kind::rule) {
     auto ms = st.model->scores(req.batch);
     if (!ms)
       return ms.error();
@@ -113,7 +113,7 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
           return with_prefix(r.error(), "reward");
         return train::served_batch{std::move(*r), busy};
       },
-      [=](inference::release_atom, const std::string& dir) -> caf::result<train::served_bytes> {
+      [=](actors::release_atom, const std::string& dir) -> caf::result<train::served_bytes> {
         auto& st = self->state;
         if (!st.model)
           return train::served_bytes{};
@@ -132,11 +132,12 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
 expected<reward_actor> spawn_reward(caf::actor_system& sys, const reward_spec& spec,
                                     std::shared_ptr<const models::tokenizer> tok,
                                     std::unique_ptr<train::train_engine> model) {
-  if (spec.kind != "rule" && spec.kind != "model" && spec.kind != "mixed")
-    return make_error(errc::invalid_argument, "reward: unknown kind '" + spec.kind + "'");
-  if (spec.kind != "rule" && !model)
-    return make_error(errc::invalid_argument, "reward: kind '" + spec.kind + "' needs a reward model");
-  if (spec.kind != "model" && !tok)
+  if (static_cast<size_t>(spec.kind) >= enum_count<reward_kind>())
+    return make_error(errc::invalid_argument, "reward: unknown kind");
+  if (spec.kind != reward_kind::rule && !model)
+    return make_error(errc::invalid_argument,
+                      "reward: kind '" + std::string{to_string(spec.kind)} + "' needs a reward model");
+  if (spec.kind != reward_kind::model && !tok)
     return make_error(errc::invalid_argument, "reward: the rule needs a tokenizer");
   reward_state st;
   st.spec = spec;

@@ -2,6 +2,7 @@
 // The reward role: a rule on the decoded response (built-in tasks), a scalar
 // reward model, or a weighted sum of both, as a detached actor.
 
+#include "actors/rl/job_choices.hpp"
 #include "actors/rl/tasks.hpp"
 #include "actors/train/engine_actor.hpp"
 
@@ -30,8 +31,7 @@ typename Inspector::result_type inspect(Inspector& f, reward_request& x) {
 }
 
 struct reward_spec {
-  /// rule | model | mixed.
-  std::string kind = "rule";
+  reward_kind kind = reward_kind::rule;
   rule_kind rule = rule_kind::positional;
   double rule_weight = 1.0;
   double model_weight = 1.0;
@@ -45,7 +45,7 @@ using reward_actor = caf::typed_actor<
     caf::replies_to<reward_atom, reward_request>::with<train::served_batch>,
     /// Co-located offload: the reward model's weights to a file in the
     /// folder until the next score; answers the bytes freed (0 for a rule).
-    caf::replies_to<inference::release_atom, std::string>::with<train::served_bytes>,
+    caf::replies_to<actors::release_atom, std::string>::with<train::served_bytes>,
     caf::reacts_to<train::inject_failure_atom>>;
 
 /// The response text for the rule: tokens up to the first EOS (exclusive),

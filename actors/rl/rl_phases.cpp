@@ -245,7 +245,7 @@ expected<void> rl_driver::update_actor(iteration_state& s) {
   o.entropy_coef = r.entropy_coef;
   o.temperature = r.generation.temperature;
   o.kl_loss_coef = (algo_.use_reference && algo_.kl_in_loss) ? s.beta_next : 0.0;
-  o.kl_estimator = std::string{kernels::to_string(algo_.kl_estimator)};
+  o.kl_estimator = algo_.kl_estimator;
   o.loss_agg = r.loss_agg;
   o.lr = r.actor_optim.lr;
   o.shuffle_seed =
@@ -283,19 +283,19 @@ expected<void> rl_driver::release_after(iteration_state& s, std::string_view pha
   auto dir = (ctx_.run_dir / "rl" / "offload").string();
   if (phase == "gen" && !collect_ahead_) // the KV pool, unless the next gen runs
     freed = ask<int64_t>(ctx_.self, roles_.rollout, ctx_.timeout_of(request_kind::control),
-                         "rollout: release", inference::release_atom::value);
+                         "rollout: release", actors::release_atom::value);
   else if (phase == "ref")
     freed = ask_served<int64_t>(ctx_, *roles_.reference, request_kind::state, "reference: release",
-                                inference::release_atom::value, dir);
+                                actors::release_atom::value, dir);
   else if (phase == "reward" && algo_.reward_model) // a rule holds nothing to free
     freed = ask_served<int64_t>(ctx_, roles_.reward, request_kind::state, "reward: release",
-                                inference::release_atom::value, dir);
+                                actors::release_atom::value, dir);
   else if (phase == "update_critic")
     freed = ask_served<int64_t>(ctx_, *roles_.critic, request_kind::state, "critic: release",
-                                inference::release_atom::value, dir);
+                                actors::release_atom::value, dir);
   else if (phase == "weight_sync") // the policy's optimizer state, until its next update
     freed = ask_served<int64_t>(ctx_, roles_.policy, request_kind::state, "policy: release",
-                                inference::release_atom::value, dir);
+                                actors::release_atom::value, dir);
   else
     return {};
   if (!freed)

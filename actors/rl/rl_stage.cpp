@@ -62,24 +62,15 @@ namespace troupe::actors::rl::detail {
 
 expected<rl_algorithm> rl_algorithm::from(const rl_config& r) {
   rl_algorithm a;
-  auto adv = kernels::parse_advantage_estimator(resolved_advantage(r));
-  if (!adv)
-    return adv.error();
-  auto est = kernels::parse_kl_estimator(r.kl.estimator);
-  if (!est)
-    return est.error();
-  auto rule = parse_rule_kind(r.reward.rule);
-  if (!rule)
-    return rule.error();
-  a.advantage = *adv;
-  a.kl_estimator = *est;
+  a.advantage = resolved_advantage(r);
+  a.kl_estimator = r.kl.estimator;
   a.kl_in_loss = rl::kl_in_loss(r);
   a.use_reference = r.kl.coef > 0;
-  a.adaptive_kl = r.kl.controller == "adaptive";
+  a.adaptive_kl = r.kl.controller == kl_control::adaptive;
   a.critic = uses_critic(r);
   a.reward_model = uses_reward_model(r.reward);
-  a.policy_old_logprobs = r.old_logprobs == "policy";
-  a.rule = *rule;
+  a.policy_old_logprobs = r.old_logprobs == logprob_source::policy;
+  a.rule = r.reward.rule;
   return a;
 }
 
@@ -164,7 +155,7 @@ expected<rl_roles> spawn_cast(job_context& ctx, const rl_algorithm& algo) {
   spawned.push_back(caf::actor_cast<caf::actor>(*policy));
   std::optional<train::engine_actor> critic, reference;
   if (algo.critic) {
-    auto c = spawn_trainer(ctx, "rl", "critic", ctx.model_dir(r.critic.init));
+    auto c = spawn_trainer(ctx, "rl", "critic", ctx.model_dir(std::string{to_string(r.critic.init)}));
     if (!c)
       return fail(c.error());
     critic = *c;

@@ -118,11 +118,8 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
 
   if (s.role == "reward" && s.stage == "rl") {
     reward_spec rs;
-    auto rule = parse_rule_kind(cfg.rl.reward.rule);
-    if (!rule)
-      return rule.error();
     rs.kind = cfg.rl.reward.kind;
-    rs.rule = *rule;
+    rs.rule = cfg.rl.reward.rule;
     rs.rule_weight = cfg.rl.reward.rule_weight;
     rs.model_weight = cfg.rl.reward.model_weight;
     auto tok = detail::job_tokenizer(cfg.model);

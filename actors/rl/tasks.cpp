@@ -219,22 +219,10 @@ public:
 } // namespace
 
 expected<rule_kind> parse_rule_kind(std::string_view name) {
-  if (name == "exact")
-    return rule_kind::exact;
-  if (name == "positional")
-    return rule_kind::positional;
+  if (auto k = enum_from_name<rule_kind>(name))
+    return *k;
   return make_error(errc::invalid_argument, "rule: expected \"exact\" or \"positional\", got \"" +
                                                 std::string{name} + "\"");
-}
-
-std::string_view to_string(rule_kind kind) noexcept {
-  switch (kind) {
-  case rule_kind::exact:
-    return "exact";
-  case rule_kind::positional:
-    return "positional";
-  }
-  return "unknown";
 }
 
 double rule_score(rule_kind kind, std::string_view answer, std::string_view response) {
@@ -257,8 +245,9 @@ double rule_score(rule_kind kind, std::string_view answer, std::string_view resp
 
 expected<void> validate(const task_options& opts) {
   std::vector<std::string> violations;
-  if (opts.name != "sort" && opts.name != "add")
-    violations.push_back("task.name: expected \"sort\" or \"add\", got \"" + opts.name + "\"");
+  if (static_cast<size_t>(opts.name) >= enum_count<task_kind>())
+    violations.push_back("task.name: expected one of " + enum_name_list<task_kind>() + ", got " +
+                         std::to_string(static_cast<int>(opts.name)));
   auto in_range = [](int64_t n) { return n >= 1 && n <= max_task_digits; };
   auto range = "[1, " + std::to_string(max_task_digits) + "]";
   if (!in_range(opts.min_digits))
@@ -280,7 +269,7 @@ expected<std::unique_ptr<task>> make_task(const task_options& opts) {
   if (auto ok = validate(opts); !ok)
     return ok.error();
   std::unique_ptr<task> t;
-  if (opts.name == "sort")
+  if (opts.name == task_kind::sort)
     t = std::make_unique<sort_task>(opts.min_digits, opts.max_digits);
   else
     t = std::make_unique<add_task>(opts.min_digits, opts.max_digits);

@@ -11,6 +11,7 @@
 // A response is scored against the answer by a rule (rule_kind), on a 0–1
 // scale; the response is cut at its first EOS by the caller (text only here).
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -44,25 +45,28 @@ struct preference_pair {
 };
 
 /// How a response is scored against the reference answer.
-enum class rule_kind {
+enum class rule_kind : uint8_t {
   /// 1 if the response equals the answer, else 0.
   exact,
   /// Characters equal at the same position / max(answer length, response
   /// length): 1 for an exact answer, partial credit otherwise, 0 for empty.
   positional,
 };
+TROUPE_ENUM_NAMES(rule_kind, "exact", "positional")
 
 /// Parses "exact" | "positional"; invalid_argument listing both otherwise.
 expected<rule_kind> parse_rule_kind(std::string_view name);
-std::string_view to_string(rule_kind kind) noexcept;
+
+/// The built-in tasks.
+enum class task_kind : uint8_t { sort, add };
+TROUPE_ENUM_NAMES(task_kind, "sort", "add")
 
 /// The rule's score of `response` against `answer`, in [0, 1].
 double rule_score(rule_kind kind, std::string_view answer, std::string_view response);
 
 /// Options of the built-in tasks.
 struct task_options {
-  /// "sort" or "add".
-  std::string name = "sort";
+  task_kind name = task_kind::sort;
   /// sort: digits per prompt; add: digits per operand (each drawn uniformly
   /// in [min_digits, max_digits]).
   int64_t min_digits = 3;

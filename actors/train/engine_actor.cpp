@@ -18,7 +18,7 @@ struct engine_state {
   std::shared_ptr<train_engine> eng;
   std::string role;
   bool fail_next = false;
-  inference::transport_cache transports;
+  actors::transport_cache transports;
   static inline const char* name = "train_engine";
 };
 
@@ -103,17 +103,17 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
         return serve<metric_map>(self, "rm_eval", [&](train_engine& e) { return e.rm_eval(b); });
       },
       [=](export_atom) {
-        return serve<inference::shared_weights>(
-            self, "export_weights", [&](train_engine& e) -> expected<inference::shared_weights> {
+        return serve<actors::shared_weights>(
+            self, "export_weights", [&](train_engine& e) -> expected<actors::shared_weights> {
               return guarded("export_weights", [&] {
-                return inference::shared_weights{
+                return actors::shared_weights{
                     std::make_shared<const std::map<std::string, at::Tensor>>(e.export_weights())};
               });
             });
       },
-      [=](publish_atom, int64_t version, const inference::weight_channel& c) {
+      [=](publish_atom, int64_t version, const actors::weight_channel& c) {
         return serve_timed<int64_t>(self, "publish_weights", [&](train_engine& e) -> expected<int64_t> {
-          auto t = inference::open_channel(self->state.transports, c, inference::channel_side::publisher);
+          auto t = actors::open_channel(self->state.transports, c, actors::channel_side::publisher);
           if (!t)
             return t.error();
           auto w = guarded("export_weights", [&] { return e.export_weights(); });
@@ -144,7 +144,7 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
           return e.steps();
         });
       },
-      [=](inference::release_atom, const std::string& dir) {
+      [=](actors::release_atom, const std::string& dir) {
         return serve_timed<int64_t>(self, "release", [&](train_engine& e) {
           return release_engine(e, dir, self->state.role);
         });

@@ -6,7 +6,7 @@
 // that throws ends the actor, and callers see that error or, at worst, their
 // own timeout — never a hang.
 
-#include "actors/inference/rollout.hpp"
+#include "actors/weight_channel.hpp"
 #include "actors/train/served.hpp"
 #include "actors/train/train_engine.hpp"
 
@@ -52,10 +52,10 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<rm_step_atom, runtime::tensor_batch>::with<metric_map>,
     caf::replies_to<rm_eval_atom, runtime::tensor_batch>::with<metric_map>,
     /// The weights under HF names (for the rollout's load_weights).
-    caf::replies_to<export_atom>::with<inference::shared_weights>,
+    caf::replies_to<export_atom>::with<actors::shared_weights>,
     /// Publishes the model's weights (HF names) as version v on the channel
     /// (opened on first use and kept); answers the bytes published.
-    caf::replies_to<publish_atom, int64_t, inference::weight_channel>::with<served_bytes>,
+    caf::replies_to<publish_atom, int64_t, actors::weight_channel>::with<served_bytes>,
     /// Writes the model as a HF directory; answers the directory.
     caf::replies_to<save_model_atom, std::string>::with<std::string>,
     /// Training state as bytes, and back.
@@ -64,7 +64,7 @@ using engine_actor = caf::typed_actor<
     /// Co-located offload to a file in the folder, until next needed: a
     /// trainer's optimizer state (gradients freed), a frozen model's
     /// weights; answers the bytes freed.
-    caf::replies_to<inference::release_atom, std::string>::with<served_bytes>,
+    caf::replies_to<actors::release_atom, std::string>::with<served_bytes>,
     caf::reacts_to<inject_failure_atom>>;
 
 /// Co-located offload of `e` to a file in `dir` named after `role` (the

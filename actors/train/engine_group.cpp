@@ -231,7 +231,7 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         return self->delegate(rank(0), rm_eval_atom::value, b);
       },
       [=](export_atom) { return self->delegate(rank(0), export_atom::value); },
-      [=](publish_atom, int64_t v, const inference::weight_channel& c) {
+      [=](publish_atom, int64_t v, const actors::weight_channel& c) {
         return self->delegate(rank(0), publish_atom::value, v, c);
       },
       [=](save_model_atom, const std::string& dir) {
@@ -244,10 +244,10 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
             [=](size_t r) { return self->request(rank(r), caf::infinite, load_state_atom::value, bytes); },
             first);
       },
-      [=](inference::release_atom, const std::string& dir) {
+      [=](actors::release_atom, const std::string& dir) {
         return fan_out<served_bytes, served_bytes>(
             self, n(),
-            [=](size_t r) { return self->request(rank(r), caf::infinite, inference::release_atom::value, dir); },
+            [=](size_t r) { return self->request(rank(r), caf::infinite, actors::release_atom::value, dir); },
             slowest(sum_bytes));
       },
       [=](inject_failure_atom) { self->send(rank(0), inject_failure_atom::value); },

@@ -473,12 +473,6 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
                                                  const policy_update_options& o) {
   if (auto ok = impl_->require_trainable("update_policy"); !ok)
     return ok.error();
-  auto agg = kernels::parse_loss_agg_mode(o.loss_agg);
-  if (!agg)
-    return agg.error();
-  auto est = kernels::parse_kl_estimator(o.kl_estimator);
-  if (!est)
-    return est.error();
   if (o.lr < 0)
     return make_error(errc::invalid_argument, "update_policy: lr must be >= 0 (0 = keep)");
   if (o.lr > 0)
@@ -488,7 +482,7 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
     kernels::ppo_loss_options po;
     po.clip_low = o.clip_ratio;
     po.clip_high = o.clip_ratio;
-    po.agg = *agg;
+    po.agg = o.loss_agg;
     kernels::logits_options lo;
     lo.temperature = o.temperature;
     for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
@@ -498,16 +492,16 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
           kernels::token_log_probs_and_entropy(logits, impl_->next_tokens(mb), lo));
       auto pl = value_or_throw(kernels::ppo_policy_loss(lpe.log_probs, need(mb, "old_log_probs"),
                                                         need(mb, "advantages"), mask, po));
-      auto entropy = value_or_throw(kernels::entropy_bonus(lpe.entropy, mask, *agg));
+      auto entropy = value_or_throw(kernels::entropy_bonus(lpe.entropy, mask, o.loss_agg));
       auto loss = pl.loss - o.entropy_coef * entropy;
       metric_map m;
       if (o.kl_loss_coef > 0) {
         auto kl = value_or_throw(
-            kernels::kl_loss(lpe.log_probs, need(mb, "ref_log_probs"), mask, *est, *agg));
+            kernels::kl_loss(lpe.log_probs, need(mb, "ref_log_probs"), mask, o.kl_estimator, o.loss_agg));
         loss = loss + o.kl_loss_coef * kl;
         m["actor/kl_loss"] = item(kl);
       }
-      auto r = impl_->step(loss, loss_units(mask, *agg), tokens_of(mask));
+      auto r = impl_->step(loss, loss_units(mask, o.loss_agg), tokens_of(mask));
       m["actor/pg_loss"] = item(pl.loss);
       m["actor/pg_clipfrac"] = item(pl.pg_clipfrac);
       m["actor/pg_clipfrac_lower"] = item(pl.pg_clipfrac_lower);
@@ -528,13 +522,10 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
     return ok.error();
   if (impl_->model->head() != models::head_kind::value)
     return make_error(errc::invalid_argument, "update_critic: the model has no value head");
-  auto agg = kernels::parse_loss_agg_mode(o.loss_agg);
-  if (!agg)
-    return agg.error();
   return guarded("update_critic", [&]() -> expected<metric_map> {
     metric_sum sums;
     kernels::value_loss_options vo;
-    vo.agg = *agg;
+    vo.agg = o.loss_agg;
     if (o.value_clip > 0)
       vo.clip = o.value_clip;
     else
@@ -545,7 +536,7 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
       auto vl = value_or_throw(kernels::value_loss(v, need(mb, "values"), need(mb, "returns"),
                                                    need(mb, "response_mask"), vo));
       auto mask = need(mb, "response_mask");
-      auto r = impl_->step(vl.loss, loss_units(mask, *agg), tokens_of(mask));
+      auto r = impl_->step(vl.loss, loss_units(mask, o.loss_agg), tokens_of(mask));
       sums.add(impl_->group_metrics({{"critic/vf_loss", item(vl.loss)},
                                      {"critic/vf_clipfrac", item(vl.vf_clipfrac)},
                                      {"critic/grad_norm", r.grad_norm},

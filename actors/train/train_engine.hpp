@@ -16,6 +16,8 @@
 // "rejected_ids", "rejected_mask" [B, L].
 
 #include "actors/train/optimizer_options.hpp"
+#include "kernels/kl.hpp"
+#include "kernels/masked.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/error.hpp"
 #include "runtime/tensor_batch.hpp"
@@ -45,8 +47,8 @@ struct policy_update_options {
   double temperature = 1.0;
   /// KL-to-reference loss coefficient (0 = no KL loss; needs "ref_log_probs").
   double kl_loss_coef = 0.0;
-  std::string kl_estimator = "k3";
-  std::string loss_agg = "token-mean";
+  kernels::kl_estimator kl_estimator = kernels::kl_estimator::k3;
+  kernels::loss_agg_mode loss_agg = kernels::loss_agg_mode::token_mean;
   /// Seed of the minibatch shuffle (same seed → same minibatches).
   uint64_t shuffle_seed = 0;
   /// false: the batch is already arranged (a DP rank's share of every
@@ -70,7 +72,7 @@ struct critic_update_options {
   int64_t minibatches = 1;
   /// Clip values to old ± this; 0 = off.
   double value_clip = 0.2;
-  std::string loss_agg = "token-mean";
+  kernels::loss_agg_mode loss_agg = kernels::loss_agg_mode::token_mean;
   uint64_t shuffle_seed = 0;
   /// As policy_update_options::shuffle.
   bool shuffle = true;

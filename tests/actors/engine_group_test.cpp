@@ -86,8 +86,8 @@ struct setup {
 
   // The largest difference between the two models' weights.
   double weight_gap() {
-    auto a = ask<inference::shared_weights>(single, train::export_atom::value);
-    auto b = ask<inference::shared_weights>(group, train::export_atom::value);
+    auto a = ask<actors::shared_weights>(single, train::export_atom::value);
+    auto b = ask<actors::shared_weights>(group, train::export_atom::value);
     EXPECT_TRUE(a && b);
     double gap = 0;
     for (const auto& [name, t] : **a)
@@ -115,7 +115,7 @@ runtime::tensor_batch rl_batch(int64_t rows, uint64_t seed) {
   return b;
 }
 
-class EngineGroupPolicy : public ::testing::TestWithParam<std::string> {};
+class EngineGroupPolicy : public ::testing::TestWithParam<kernels::loss_agg_mode> {};
 
 } // namespace
 
@@ -123,7 +123,7 @@ class EngineGroupPolicy : public ::testing::TestWithParam<std::string> {};
 // a single minibatch — with an entropy bonus and a KL loss: the group's
 // weights and metrics match the single engine's.
 TEST_P(EngineGroupPolicy, TwoRanksMatchOneEngine) {
-  setup s{models::head_kind::lm, "policy-" + GetParam()};
+  setup s{models::head_kind::lm, "policy-" + std::string{to_string(GetParam())}};
   train::policy_update_options o;
   o.entropy_coef = 0.01;
   o.kl_loss_coef = 0.1;
@@ -154,9 +154,11 @@ TEST_P(EngineGroupPolicy, TwoRanksMatchOneEngine) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LossAggregation, EngineGroupPolicy,
-                         ::testing::Values("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+                         ::testing::Values(kernels::loss_agg_mode::token_mean,
+                                           kernels::loss_agg_mode::seq_mean_token_mean,
+                                           kernels::loss_agg_mode::seq_mean_token_sum),
                          [](const auto& info) {
-                           auto n = info.param;
+                           std::string n{to_string(info.param)};
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });

@@ -346,12 +346,12 @@ TEST(DecodePanels, PackedWhereStepsBatchAndReleasedWithTheKvPool) {
   EXPECT_TRUE(packs_decode_panels(c)); // max_num_seqs 64
   c.expected_sequences = 1;
   EXPECT_FALSE(packs_decode_panels(c)); // one sequence: batch-1 steps read the stored rows
-  c.decode_panels = "on";
+  c.decode_panels = panels_mode::on;
   EXPECT_TRUE(packs_decode_panels(c));
-  c.decode_panels = "off";
+  c.decode_panels = panels_mode::off;
   c.expected_sequences = 8;
   EXPECT_FALSE(packs_decode_panels(c));
-  c.decode_panels = "sometimes";
+  c.decode_panels = static_cast<panels_mode>(7);
   auto bad = validate(c);
   ASSERT_FALSE(bad);
   EXPECT_NE(describe(bad.error()).find("engine.decode_panels"), std::string::npos);

@@ -153,7 +153,7 @@ TEST(Placement, DevicesFillTheNodesInPoolOrder) {
     nodes.push_back(d.node);
   EXPECT_EQ(nodes, (std::vector<int64_t>{0, 0, 1, 1})) << "2 per node: the trainers, then rollout and judges";
   EXPECT_EQ(p->devices_per_node(), (std::vector<int64_t>{2, 2}));
-  EXPECT_EQ(p->weight_transport, "broadcast") << "across nodes without a shared dir";
+  EXPECT_EQ(p->weight_transport, runtime::transport_kind::broadcast) << "across nodes without a shared dir";
   auto shown = p->render();
   EXPECT_NE(shown.find("node 1:\n    device 2 (pool gen): rollout"), std::string::npos) << shown;
   EXPECT_NE(shown.find("weights: policy → rollout by broadcast"), std::string::npos) << shown;
@@ -166,20 +166,20 @@ TEST(Placement, DevicesFillTheNodesInPoolOrder) {
   EXPECT_NE(describe(p.error()).find("fill only 2"), std::string::npos) << describe(p.error());
   p = plan_of(two_pools, {"resources.nodes=2", "weight_sync.dir=/shared/weights"});
   ASSERT_TRUE(p) << describe(p.error());
-  EXPECT_EQ(p->weight_transport, "disk") << "a directory both nodes see";
+  EXPECT_EQ(p->weight_transport, runtime::transport_kind::disk) << "a directory both nodes see";
 }
 
 TEST(Placement, TheWeightTransportFitsThePairAndImpossibleChoicesAreRefused) {
   // auto: one process alias, one node shm.
   auto p = plan_of("", {});
   ASSERT_TRUE(p) << describe(p.error());
-  EXPECT_EQ(p->weight_transport, "alias");
+  EXPECT_EQ(p->weight_transport, runtime::transport_kind::alias);
   p = plan_of(two_pools, {});
   ASSERT_TRUE(p) << describe(p.error());
-  EXPECT_EQ(p->weight_transport, "shm");
+  EXPECT_EQ(p->weight_transport, runtime::transport_kind::shm);
   p = plan_of("", {"stages=[sft, rm]"});
   ASSERT_TRUE(p) << describe(p.error());
-  EXPECT_EQ(p->weight_transport, "") << "no rl stage, no weight sync";
+  EXPECT_EQ(p->weight_transport, std::nullopt) << "no rl stage, no weight sync";
 
   auto refused = [&](std::vector<std::string> sets) {
     auto q = plan_of(two_pools, std::move(sets));
@@ -197,10 +197,14 @@ TEST(Placement, TheWeightTransportFitsThePairAndImpossibleChoicesAreRefused) {
       << e;
   e = refused({"resources.nodes=2", "weight_sync.transport=disk"});
   EXPECT_NE(e.find("set weight_sync.dir to a directory both see"), std::string::npos) << e;
+  // cuda_ipc is a choice of the file; CPU roles (or a build without CUDA) cannot use it.
+  e = refused({"weight_sync.transport=cuda_ipc"});
+  EXPECT_NE(e.find("weight_sync.transport cuda_ipc: "), std::string::npos) << e;
+  EXPECT_TRUE(e.find("CPU tensors") != std::string::npos || e.find("no CUDA") != std::string::npos) << e;
   // What can work is kept.
   for (std::string t : {"broadcast", "shm", "disk"}) {
     auto ok = plan_of(two_pools, {"weight_sync.transport=" + t});
     ASSERT_TRUE(ok) << t << ": " << describe(ok.error());
-    EXPECT_EQ(ok->weight_transport, t);
+    EXPECT_EQ(ok->weight_transport, enum_from_name<runtime::transport_kind>(t));
   }
 }

@@ -27,12 +27,12 @@ TEST(RlJobConfig, DefaultsAreValid) {
   auto c = parse("");
   ASSERT_TRUE(c) << describe(c.error());
   EXPECT_EQ(c->stages, (std::vector<std::string>{"sft", "rm", "rl"}));
-  EXPECT_EQ(resolved_advantage(c->rl), "gae");
+  EXPECT_EQ(resolved_advantage(c->rl), kernels::advantage_estimator::gae);
   EXPECT_TRUE(uses_critic(c->rl));
   EXPECT_FALSE(kl_in_loss(c->rl));
   auto g = parse("rl: {algorithm: grpo, samples_per_prompt: 4}\n");
   ASSERT_TRUE(g) << describe(g.error());
-  EXPECT_EQ(resolved_advantage(g->rl), "grpo");
+  EXPECT_EQ(resolved_advantage(g->rl), kernels::advantage_estimator::grpo);
   EXPECT_FALSE(uses_critic(g->rl));
   EXPECT_TRUE(kl_in_loss(g->rl));
 }

@@ -38,7 +38,7 @@ namespace {
 
 std::unique_ptr<task> make(std::string name, int64_t min_digits, int64_t max_digits) {
   task_options opts;
-  opts.name = std::move(name);
+  opts.name = *enum_from_name<task_kind>(name);
   opts.min_digits = min_digits;
   opts.max_digits = max_digits;
   auto t = make_task(opts);
@@ -144,7 +144,7 @@ TEST(RlTasks, ValidateAcceptsBothTasksAtTheDigitBounds) {
   for (std::string name : {"sort", "add"})
     for (auto [lo, hi] : {std::pair{1, 1}, std::pair{1, 32}, std::pair{32, 32}, std::pair{3, 6}}) {
       task_options opts;
-      opts.name = name;
+      opts.name = *enum_from_name<task_kind>(name);
       opts.min_digits = lo;
       opts.max_digits = hi;
       auto ok = validate(opts);
@@ -158,13 +158,13 @@ TEST(RlTasks, ValidateAcceptsBothTasksAtTheDigitBounds) {
 
 TEST(RlTasks, ValidateCollectsEveryViolationNamingItsField) {
   task_options opts;
-  opts.name = "mul";
+  opts.name = static_cast<task_kind>(9);
   opts.min_digits = 0;
   opts.max_digits = 33;
   auto bad = validate(opts);
   ASSERT_FALSE(bad);
   EXPECT_EQ(code_of(bad.error()), errc::invalid_config);
-  EXPECT_EQ(context_of(bad.error()), "task.name: expected \"sort\" or \"add\", got \"mul\"; "
+  EXPECT_EQ(context_of(bad.error()), "task.name: expected one of sort, add, got 9; "
                                      "task.min_digits: expected an integer in [1, 32], got 0; "
                                      "task.max_digits: expected an integer in [1, 32], got 33");
 
@@ -668,7 +668,7 @@ TEST(RlDatasets, SaveRefusesRowsThatWouldNotLoadBack) {
 TEST(RlTasks, MaxPromptLengthIsTheLongestPrompt) {
   for (const char* name : {"sort", "add"}) {
     task_options o;
-    o.name = name;
+    o.name = *enum_from_name<task_kind>(name);
     o.min_digits = 1;
     o.max_digits = 3;
     auto t = make_task(o);

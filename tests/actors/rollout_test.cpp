@@ -149,7 +149,7 @@ TEST_F(rollout_fixture, weight_updates_between_calls_match_a_fresh_engine) {
       models::export_hf_weights(next));
   caf::scoped_actor self{sys};
   int64_t answered = -1;
-  self->request(rollout, kTimeout, load_weights_atom::value, int64_t{3}, shared_weights{weights})
+  self->request(rollout, kTimeout, load_weights_atom::value, int64_t{3}, actors::shared_weights{weights})
       .receive([&](int64_t v) { answered = v; }, [&](caf::error& e) { FAIL() << sys.render(e); });
   EXPECT_EQ(answered, 3);
   auto after = generate(rollout, batch("w", 2, 9));
@@ -160,7 +160,7 @@ TEST_F(rollout_fixture, weight_updates_between_calls_match_a_fresh_engine) {
   EXPECT_EQ(tokens_of(*after), tokens_of(*fresh));
   // A stale version is refused and changes nothing.
   caf::error stale;
-  self->request(rollout, kTimeout, load_weights_atom::value, int64_t{2}, shared_weights{weights})
+  self->request(rollout, kTimeout, load_weights_atom::value, int64_t{2}, actors::shared_weights{weights})
       .receive([&](int64_t) {}, [&](caf::error& e) { stale = e; });
   EXPECT_TRUE(stale);
   caf::anon_send_exit(rollout, caf::exit_reason::user_shutdown);

@@ -238,7 +238,7 @@ TEST(ControllerConfig, TheExamplesLoadAndBadValuesAreRefusedWithTheirPlace) {
   auto c = runtime::load_config_file<controller_file>(dir + "controller.yaml");
   ASSERT_TRUE(c) << describe(c.error());
   EXPECT_EQ(c->listen, "127.0.0.1:7450");
-  EXPECT_EQ(c->controller.on_shutdown, "checkpoint");
+  EXPECT_EQ(c->controller.on_shutdown, cluster::shutdown_policy::checkpoint);
   EXPECT_EQ(c->controller.max_running_jobs, 2);
   EXPECT_EQ(c->dashboard.listen, "127.0.0.1:7451");
   EXPECT_EQ(c->dashboard.max_points, 2000);

@@ -8,6 +8,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -207,8 +208,8 @@ TEST(Dashboard, EveryCallNeedsASessionAndEveryChangeItsCsrfToken) {
   auto cross = l.post_headers();
   cross.emplace("Origin", "http://evil.example");
   EXPECT_EQ(c.Post(pause.c_str(), cross, "", "text/plain")->status, 403);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(state_of(c, l, id), "JOB_STATE_RUNNING");
+  // (That none of them reached the job is read from its journal below.)
 
   // Accepted: pause, resume, cancel, each answered with the job.
   auto same = l.post_headers();
@@ -230,7 +231,22 @@ TEST(Dashboard, EveryCallNeedsASessionAndEveryChangeItsCsrfToken) {
   EXPECT_EQ(out->status, 303);
   EXPECT_EQ(c.Get("/api/jobs", l.headers())->status, 401);
   EXPECT_EQ(ctl.cli({"cancel", id, "--now"}).code, 0);
+  auto client = ctl.client();
+  ASSERT_TRUE(test::eventually([&] { return client.get(id)->state == ctl_state::cancelled; }, 120));
+  auto run_dir = client.get(id)->run_dir;
   ctl.stop();
+
+  // The journal: the refused requests changed nothing; the one accepted
+  // pause is the job's only pause, and it was resumed and then cancelled.
+  std::vector<std::string> states;
+  for (const auto& line : j_lines(run_dir + "/events.jsonl"))
+    if (line["kind"] == "state")
+      states.push_back(line["to"].get<std::string>());
+  EXPECT_EQ(std::count(states.begin(), states.end(), "paused"), 1) << json(states).dump();
+  ASSERT_GE(states.size(), 3u);
+  EXPECT_EQ(std::vector<std::string>(states.end() - 3, states.end()),
+            (std::vector<std::string>{"paused", "running", "cancelled"}))
+    << json(states).dump();
 
   auto store = job_store::open(ctl.state_dir() + "/jobs.db");
   ASSERT_TRUE(store);

@@ -22,7 +22,7 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
   auto echo = server.sys->spawn([](caf::event_based_actor*) -> caf::behavior {
     return {
         [](const runtime::tensor_batch& b) { return b; },
-        [](const actors::inference::weight_channel& c) { return c; },
+        [](const actors::weight_channel& c) { return c; },
         [](const std::vector<actors::inference::generate_request>& r) { return r; },
         [](const std::vector<actors::inference::request_output>& r) { return r; },
         [](const actors::inference::engine_metrics& m) { return m; },
@@ -64,14 +64,14 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
           [&](caf::error& e) { ADD_FAILURE() << client.sys->render(e); });
   EXPECT_TRUE(answered);
 
-  actors::inference::weight_channel c;
-  c.kind = "shm";
+  actors::weight_channel c;
+  c.kind = runtime::transport_kind::shm;
   c.channel = "job-7-rl";
   c.keep = 3;
   self->request(*remote, std::chrono::seconds(10), c)
       .receive(
-          [&](const actors::inference::weight_channel& got) {
-            EXPECT_EQ(got.kind, "shm");
+          [&](const actors::weight_channel& got) {
+            EXPECT_EQ(got.kind, runtime::transport_kind::shm);
             EXPECT_EQ(got.channel, "job-7-rl");
             EXPECT_EQ(got.keep, 3);
           },
@@ -180,8 +180,8 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
   po.entropy_coef = 0.01;
   po.temperature = 0.8;
   po.kl_loss_coef = 0.05;
-  po.kl_estimator = "low_var_kl";
-  po.loss_agg = "seq-mean-token-sum";
+  po.kl_estimator = kernels::kl_estimator::abs;
+  po.loss_agg = kernels::loss_agg_mode::seq_mean_token_sum;
   po.shuffle_seed = 99;
   auto pg = round_trip(po);
   EXPECT_EQ(std::tie(pg.epochs, pg.minibatches, pg.clip_ratio, pg.entropy_coef, pg.temperature,
@@ -193,7 +193,7 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
   co.epochs = 3;
   co.minibatches = 2;
   co.value_clip = 0.5;
-  co.loss_agg = "seq-mean-token-mean";
+  co.loss_agg = kernels::loss_agg_mode::seq_mean_token_mean;
   co.shuffle_seed = 7;
   auto cg = round_trip(co);
   EXPECT_EQ(std::tie(cg.epochs, cg.minibatches, cg.value_clip, cg.loss_agg, cg.shuffle_seed),

@@ -26,7 +26,7 @@ tensor_map cpu_weights() {
 
 transport_options ipc_options(const std::string& channel) {
   transport_options o;
-  o.kind = "cuda_ipc";
+  o.kind = transport_kind::cuda_ipc;
   o.channel = channel;
   o.keep = 2;
   o.timeout_ms = 20000;

@@ -151,13 +151,13 @@ TEST(Hash64, LengthSeedAndStripeOrderMatter) {
 
 // ---- every kind delivers the same bytes -----------------------------------------------
 
-class TransportRoundTrip : public ::testing::TestWithParam<std::string> {};
+class TransportRoundTrip : public ::testing::TestWithParam<transport_kind> {};
 
 TEST_P(TransportRoundTrip, DeliversBitIdenticalWeightsVersionAfterVersion) {
   test::temp_dir tmp;
   transport_options o;
   o.kind = GetParam();
-  o.channel = unique_channel("roundtrip-" + GetParam());
+  o.channel = unique_channel("roundtrip-" + std::string{to_string(GetParam())});
   o.dir = tmp.path().string();
   auto pub = make(o);
   auto sub = make(o);
@@ -181,12 +181,13 @@ TEST_P(TransportRoundTrip, DeliversBitIdenticalWeightsVersionAfterVersion) {
   EXPECT_EQ(static_cast<errc>(again.error().code()), errc::version_mismatch);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, TransportRoundTrip, ::testing::Values("alias", "shm", "disk"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Kinds, TransportRoundTrip,
+                         ::testing::Values(transport_kind::alias, transport_kind::shm, transport_kind::disk),
+                         [](const auto& info) { return std::string{to_string(info.param)}; });
 
 TEST(WeightTransport, AliasSharesStorageAndChecksVersions) {
   transport_options o;
-  o.kind = "alias";
+  o.kind = transport_kind::alias;
   o.channel = unique_channel("alias");
   auto sub = make(o);
   EXPECT_EQ(code(sub->receive(1)), errc::not_found);
@@ -210,18 +211,18 @@ TEST(WeightTransport, AliasSharesStorageAndChecksVersions) {
 
 TEST(WeightTransport, RefusesBadOptions) {
   transport_options o;
-  o.kind = "carrier-pigeon";
+  o.kind = static_cast<transport_kind>(enum_count<transport_kind>());
   EXPECT_FALSE(make_weight_transport(o));
-  o.kind = "shm";
+  o.kind = transport_kind::shm;
   o.channel = "../etc";
   EXPECT_FALSE(make_weight_transport(o));
   o.channel = "ok";
   o.keep = 0;
   EXPECT_FALSE(make_weight_transport(o));
   o.keep = 2;
-  o.kind = "disk";
+  o.kind = transport_kind::disk;
   EXPECT_FALSE(make_weight_transport(o)) << "disk without a dir";
-  o.kind = "broadcast";
+  o.kind = transport_kind::broadcast;
   EXPECT_FALSE(make_weight_transport(o)) << "broadcast without a group";
 }
 
@@ -229,7 +230,7 @@ TEST(WeightTransport, RefusesBadOptions) {
 
 TEST(ShmTransport, RefusesStaleAndOverwrittenVersions) {
   transport_options o;
-  o.kind = "shm";
+  o.kind = transport_kind::shm;
   o.channel = unique_channel("shm-stale");
   auto pub = make(o);
   auto sub = make(o);
@@ -249,7 +250,7 @@ TEST(ShmTransport, RefusesStaleAndOverwrittenVersions) {
 
 TEST(ShmTransport, RefusesTruncatedCorruptedAndPartialSegments) {
   transport_options o;
-  o.kind = "shm";
+  o.kind = transport_kind::shm;
   o.channel = unique_channel("shm-damage");
   auto pub = make(o);
   auto sub = make(o);
@@ -295,7 +296,7 @@ TEST(ShmTransport, RefusesTruncatedCorruptedAndPartialSegments) {
 
 TEST(ShmTransport, ASlotHeldByAReceiverIsNotRewritten) {
   transport_options o;
-  o.kind = "shm";
+  o.kind = transport_kind::shm;
   o.channel = unique_channel("shm-held");
   o.keep = 1;
   o.timeout_ms = 200;
@@ -319,7 +320,7 @@ TEST(ShmTransport, ASlotHeldByAReceiverIsNotRewritten) {
 
 TEST(ShmTransport, ThePublisherRemovesItsSegments) {
   transport_options o;
-  o.kind = "shm";
+  o.kind = transport_kind::shm;
   o.channel = unique_channel("shm-cleanup");
   {
     auto pub = make(o);
@@ -337,7 +338,7 @@ TEST(ShmTransport, ThePublisherRemovesItsSegments) {
 TEST(DiskTransport, RefusesTruncatedCorruptedStaleAndUnfinishedVersions) {
   test::temp_dir tmp;
   transport_options o;
-  o.kind = "disk";
+  o.kind = transport_kind::disk;
   o.channel = "policy-to-rollout";
   o.dir = tmp.path().string();
   o.keep = 2;
@@ -430,7 +431,7 @@ void forge(process_group& g, int64_t version, const std::string& table, at::Tens
 TEST(BroadcastTransport, DeliversInBucketsAndStaysInStepAfterARejection) {
   two_ranks r;
   transport_options o;
-  o.kind = "broadcast";
+  o.kind = transport_kind::broadcast;
   o.channel = "bcast";
   o.bucket_bytes = 1000; // many buckets, one tensor split across several
   o.group = &r.g0;
@@ -467,7 +468,7 @@ TEST(BroadcastTransport, DeliversInBucketsAndStaysInStepAfterARejection) {
 TEST(BroadcastTransport, RefusesCorruptedAndTruncatedPayloads) {
   two_ranks r;
   transport_options o;
-  o.kind = "broadcast";
+  o.kind = transport_kind::broadcast;
   o.channel = "bcast-forged";
   o.group = &r.g1;
   auto peer = make(o);

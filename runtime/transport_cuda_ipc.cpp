@@ -11,7 +11,7 @@
 // There are keep + 1 device buffers: while a reader holds version v - keep,
 // its table slot blocks the shm publish of v, and the buffer of v is not v -
 // keep's.
-#include "runtime/weight_transport.hpp"
+#include "runtime/transport_detail.hpp"
 
 #include "runtime/torch_guard.hpp"
 
@@ -80,7 +80,7 @@ public:
         cudaFree(b.ptr);
   }
 
-  std::string kind() const override { return "cuda_ipc"; }
+  transport_kind kind() const override { return transport_kind::cuda_ipc; }
 
   expected<void> publish(int64_t version, const tensor_map& tensors) override {
     int device = -1;
@@ -213,14 +213,13 @@ private:
 
 } // namespace
 
-expected<std::unique_ptr<weight_transport>> make_cuda_ipc_transport(const transport_options& options) {
-  auto table_options = options;
-  table_options.kind = "shm";
-  table_options.channel = options.channel + "-cudaipc";
-  auto table = make_weight_transport(table_options);
-  if (!table)
-    return table.error();
-  return std::unique_ptr<weight_transport>(new cuda_ipc_transport(options, std::move(*table)));
+namespace transport_detail {
+
+expected<std::unique_ptr<weight_transport>> make_cuda_ipc_transport(
+  const transport_options& options, std::unique_ptr<weight_transport> table_channel) {
+  return std::unique_ptr<weight_transport>(new cuda_ipc_transport(options, std::move(table_channel)));
 }
+
+} // namespace transport_detail
 
 } // namespace troupe::runtime

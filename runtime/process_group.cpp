@@ -1,0 +1,457 @@
+// process_group over any collective_backend: contract checks, mean as a
+// divided sum, ring all-gather and reduce-scatter on send / recv where the
+// backend lacks them, sub-groups and meshes, and the point-to-point byte
+// counters (NOTE [ring collectives]).
+#include "runtime/collectives.hpp"
+
+#include "runtime/torch_guard.hpp"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <set>
+
+namespace troupe::runtime {
+
+// NOTE [ring collectives]: gloo in LibTorch 1.13 has neither reduce-scatter
+// nor a flat all-gather, so process_group runs them as rings on the
+// backend's send / recv. Rank r sends to r+1 and receives from r−1; in step
+// s (0 ≤ s < N−1) reduce-scatter sends its partial chunk (r−s−1) mod N and
+// adds the received chunk (r−s−2) mod N into its own copy, so after N−1
+// steps chunk r holds every rank's contribution; all-gather sends the chunk
+// it got last ((r−s) mod N, its own first) and stores (r−s−1) mod N. Each
+// rank sends N−1 chunks of n elements: (N−1)/N of the buffer, the
+// bandwidth-optimal volume, which p2p_traffic lets the tests count. The
+// send and the receive of a step are in flight together, so no rank waits
+// for a send before posting its receive. Ring traffic uses tags above
+// max_user_tag, so it never pairs with a caller's own send / recv.
+
+expected<void> collective_backend::all_gather(at::Tensor&, at::Tensor&) {
+  return make_error(errc::unsupported, "no native all_gather");
+}
+
+expected<void> collective_backend::reduce_scatter(at::Tensor&, at::Tensor&, reduce_op) {
+  return make_error(errc::unsupported, "no native reduce_scatter");
+}
+
+struct process_group::impl {
+  std::unique_ptr<collective_backend> backend;
+  p2p_traffic traffic;
+  std::set<std::string> subgroup_names;
+};
+
+namespace {
+
+constexpr int ring_tag = process_group::max_user_tag + 1;
+
+std::string in(const char* op, const process_group::impl& g) {
+  return std::string{op} + " (rank " + std::to_string(g.backend->rank()) + " of " +
+         std::to_string(g.backend->size()) + ")";
+}
+
+caf::error bad(errc code, const char* op, const process_group::impl& g, const std::string& why) {
+  return make_error(code, in(op, g) + ": " + why);
+}
+
+expected<void> check_tensor(const char* op, const process_group::impl& g, const at::Tensor& t,
+                            const char* name) {
+  if (!t.defined())
+    return bad(errc::invalid_argument, op, g, std::string{name} + " is undefined");
+  if (!t.is_contiguous())
+    return bad(errc::invalid_argument, op, g, std::string{name} + " is not contiguous");
+  return {};
+}
+
+expected<void> check_root(const char* op, const process_group::impl& g, int root) {
+  if (root < 0 || root >= g.backend->size())
+    return bad(errc::invalid_argument, op, g,
+               "root " + std::to_string(root) + " outside [0, " +
+                   std::to_string(g.backend->size()) + ")");
+  return {};
+}
+
+expected<void> check_mean(const char* op, const process_group::impl& g, const at::Tensor& t,
+                          reduce_op how) {
+  if (how == reduce_op::mean && !at::isFloatingType(t.scalar_type()))
+    return bad(errc::invalid_argument, op, g, "mean needs a floating-point tensor");
+  return {};
+}
+
+expected<void> check_same(const char* op, const process_group::impl& g, const at::Tensor& t,
+                          const at::Tensor& like, const std::string& name) {
+  if (auto ok = check_tensor(op, g, t, name.c_str()); !ok)
+    return ok;
+  if (t.sizes() != like.sizes() || t.scalar_type() != like.scalar_type())
+    return bad(errc::shape_mismatch, op, g,
+               name + " is not shaped and typed like the local tensor");
+  return {};
+}
+
+/// `numel` must be `factor` times `of`'s.
+expected<void> check_multiple(const char* op, const process_group::impl& g, const at::Tensor& big,
+                              const at::Tensor& small, int64_t factor) {
+  if (big.numel() != small.numel() * factor || big.scalar_type() != small.scalar_type())
+    return bad(errc::shape_mismatch, op, g,
+               "expected " + std::to_string(factor) + " x " + std::to_string(small.numel()) +
+                   " elements of one dtype, got " + std::to_string(big.numel()));
+  return {};
+}
+
+reduce_op native_op(reduce_op how) {
+  return how == reduce_op::mean ? reduce_op::sum : how;
+}
+
+} // namespace
+
+process_group::process_group() = default;
+process_group::process_group(std::unique_ptr<collective_backend> backend)
+    : impl_(std::make_unique<impl>()) {
+  impl_->backend = std::move(backend);
+}
+process_group::~process_group() = default;
+process_group::process_group(process_group&&) noexcept = default;
+process_group& process_group::operator=(process_group&&) noexcept = default;
+
+int process_group::rank() const {
+  return impl_ ? impl_->backend->rank() : 0;
+}
+
+int process_group::size() const {
+  return impl_ ? impl_->backend->size() : 0;
+}
+
+std::unique_ptr<collective_backend> process_group::release_backend() && {
+  if (!impl_)
+    return nullptr;
+  auto out = std::move(impl_->backend);
+  impl_.reset();
+  return out;
+}
+
+p2p_traffic process_group::traffic() const {
+  return impl_ ? impl_->traffic : p2p_traffic{};
+}
+
+namespace {
+
+[[gnu::noinline]] caf::error empty_group(const char* op) {
+  std::string what{op};
+  what += " on an empty process group";
+  return make_error(errc::invalid_argument, std::move(what));
+}
+
+} // namespace
+
+#define TROUPE_GROUP_CHECK(op)                                                                     \
+  if (!impl_)                                                                                      \
+    return empty_group(op);
+
+#define TROUPE_TRY(expr)                                                                           \
+  if (auto ok_ = (expr); !ok_)                                                                     \
+    return ok_.error();
+
+expected<void> process_group::all_reduce_sum(at::Tensor& tensor) {
+  return all_reduce(tensor, reduce_op::sum);
+}
+
+expected<void> process_group::all_reduce(at::Tensor& tensor, reduce_op how) {
+  TROUPE_GROUP_CHECK("all_reduce");
+  TROUPE_TRY(check_tensor("all_reduce", *impl_, tensor, "tensor"));
+  TROUPE_TRY(check_mean("all_reduce", *impl_, tensor, how));
+  TROUPE_TRY(impl_->backend->all_reduce(tensor, native_op(how)));
+  if (how == reduce_op::mean)
+    return guarded("all_reduce mean", [&] { tensor.div_(size()); });
+  return {};
+}
+
+expected<void> process_group::broadcast(at::Tensor& tensor, int root) {
+  TROUPE_GROUP_CHECK("broadcast");
+  TROUPE_TRY(check_tensor("broadcast", *impl_, tensor, "tensor"));
+  TROUPE_TRY(check_root("broadcast", *impl_, root));
+  return impl_->backend->broadcast(tensor, root);
+}
+
+expected<void> process_group::barrier() {
+  TROUPE_GROUP_CHECK("barrier");
+  return impl_->backend->barrier();
+}
+
+expected<void> process_group::reduce(at::Tensor& tensor, int root, reduce_op how) {
+  TROUPE_GROUP_CHECK("reduce");
+  TROUPE_TRY(check_tensor("reduce", *impl_, tensor, "tensor"));
+  TROUPE_TRY(check_root("reduce", *impl_, root));
+  TROUPE_TRY(check_mean("reduce", *impl_, tensor, how));
+  TROUPE_TRY(impl_->backend->reduce(tensor, root, native_op(how)));
+  if (how == reduce_op::mean && rank() == root)
+    return guarded("reduce mean", [&] { tensor.div_(size()); });
+  return {};
+}
+
+expected<void> process_group::scatter(const std::vector<at::Tensor>& inputs, at::Tensor& output,
+                                      int root) {
+  TROUPE_GROUP_CHECK("scatter");
+  TROUPE_TRY(check_tensor("scatter", *impl_, output, "output"));
+  TROUPE_TRY(check_root("scatter", *impl_, root));
+  auto expected_inputs = rank() == root ? static_cast<size_t>(size()) : 0;
+  if (inputs.size() != expected_inputs)
+    return bad(errc::invalid_argument, "scatter", *impl_,
+               "expected " + std::to_string(expected_inputs) + " inputs, got " +
+                   std::to_string(inputs.size()));
+  for (size_t i = 0; i < inputs.size(); ++i)
+    TROUPE_TRY(
+        check_same("scatter", *impl_, inputs[i], output, "inputs[" + std::to_string(i) + "]"));
+  auto copy = inputs;
+  return impl_->backend->scatter(copy, output, root);
+}
+
+expected<void> process_group::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs,
+                                     int root) {
+  TROUPE_GROUP_CHECK("gather");
+  TROUPE_TRY(check_tensor("gather", *impl_, input, "input"));
+  TROUPE_TRY(check_root("gather", *impl_, root));
+  auto expected_outputs = rank() == root ? static_cast<size_t>(size()) : 0;
+  if (outputs.size() != expected_outputs)
+    return bad(errc::invalid_argument, "gather", *impl_,
+               "expected " + std::to_string(expected_outputs) + " outputs, got " +
+                   std::to_string(outputs.size()));
+  for (size_t i = 0; i < outputs.size(); ++i)
+    TROUPE_TRY(
+        check_same("gather", *impl_, outputs[i], input, "outputs[" + std::to_string(i) + "]"));
+  auto in_copy = input;
+  return impl_->backend->gather(in_copy, outputs, root);
+}
+
+expected<void> process_group::all_to_all(const at::Tensor& input, at::Tensor& output) {
+  TROUPE_GROUP_CHECK("all_to_all");
+  TROUPE_TRY(check_tensor("all_to_all", *impl_, input, "input"));
+  TROUPE_TRY(check_tensor("all_to_all", *impl_, output, "output"));
+  if (input.numel() % size() != 0)
+    return bad(errc::shape_mismatch, "all_to_all", *impl_,
+               std::to_string(input.numel()) + " elements do not split into " +
+                   std::to_string(size()) + " chunks");
+  TROUPE_TRY(check_multiple("all_to_all", *impl_, output, input, 1));
+  auto flat_in = input.view({-1});
+  auto flat_out = output.view({-1});
+  return impl_->backend->all_to_all(flat_in, flat_out);
+}
+
+namespace {
+
+expected<void> check_tag(const char* op, const process_group::impl& g, int peer, int tag) {
+  if (peer < 0 || peer >= g.backend->size() || peer == g.backend->rank())
+    return bad(errc::invalid_argument, op, g,
+               "peer " + std::to_string(peer) + " is not another rank");
+  if (tag < 0 || tag > process_group::max_user_tag)
+    return bad(errc::invalid_argument, op, g,
+               "tag " + std::to_string(tag) + " outside [0, " +
+                   std::to_string(process_group::max_user_tag) + "]");
+  return {};
+}
+
+/// Sends and receives at once (either may be undefined), counting bytes.
+expected<void> exchange(process_group::impl& g, at::Tensor send, int dst, at::Tensor recv, int src,
+                        int tag) {
+  std::unique_ptr<pending_transfer> out, in;
+  if (send.defined()) {
+    auto s = g.backend->start_send(send, dst, tag);
+    if (!s)
+      return s.error();
+    out = std::move(*s);
+  }
+  if (recv.defined()) {
+    auto r = g.backend->start_recv(recv, src, tag);
+    if (!r) {
+      if (out)
+        (void)out->wait();
+      return r.error();
+    }
+    in = std::move(*r);
+  }
+  auto sent = out ? out->wait() : expected<void>{};
+  auto got = in ? in->wait() : expected<void>{};
+  if (!sent)
+    return sent.error();
+  if (!got)
+    return got.error();
+  if (send.defined())
+    g.traffic.bytes_sent += static_cast<int64_t>(send.nbytes());
+  if (recv.defined())
+    g.traffic.bytes_received += static_cast<int64_t>(recv.nbytes());
+  return {};
+}
+
+int wrap(int i, int n) {
+  return ((i % n) + n) % n;
+}
+
+expected<void> ring_reduce_scatter(process_group::impl& g, at::Tensor input, at::Tensor output,
+                                   reduce_op how) {
+  const int n = g.backend->size();
+  const int r = g.backend->rank();
+  const int64_t chunk = output.numel();
+  return guarded("reduce_scatter ring", [&]() -> expected<void> {
+    auto work = input.clone();
+    auto incoming = at::empty({chunk}, input.options());
+    auto part = [&](int c) { return work.narrow(0, int64_t{c} * chunk, chunk); };
+    for (int s = 0; s + 1 < n; ++s) {
+      TROUPE_TRY(exchange(g, part(wrap(r - s - 1, n)), wrap(r + 1, n), incoming, wrap(r - 1, n),
+                          ring_tag));
+      auto mine = part(wrap(r - s - 2, n));
+      switch (native_op(how)) {
+      case reduce_op::max:
+        at::maximum_out(mine, mine, incoming);
+        break;
+      case reduce_op::min:
+        at::minimum_out(mine, mine, incoming);
+        break;
+      default:
+        mine.add_(incoming);
+        break;
+      }
+    }
+    output.view({-1}).copy_(part(r));
+    if (how == reduce_op::mean)
+      output.div_(n);
+    return {};
+  });
+}
+
+expected<void> ring_all_gather(process_group::impl& g, at::Tensor input, at::Tensor output) {
+  const int n = g.backend->size();
+  const int r = g.backend->rank();
+  const int64_t chunk = input.numel();
+  auto flat = output.view({-1});
+  auto part = [&](int c) { return flat.narrow(0, int64_t{c} * chunk, chunk); };
+  auto placed = guarded("all_gather ring", [&] { part(r).copy_(input.view({-1})); });
+  if (!placed)
+    return placed;
+  for (int s = 0; s + 1 < n; ++s)
+    TROUPE_TRY(exchange(g, part(wrap(r - s, n)), wrap(r + 1, n), part(wrap(r - s - 1, n)),
+                        wrap(r - 1, n), ring_tag));
+  return {};
+}
+
+} // namespace
+
+expected<void> process_group::reduce_scatter(const at::Tensor& input, at::Tensor& output,
+                                             reduce_op how) {
+  TROUPE_GROUP_CHECK("reduce_scatter");
+  TROUPE_TRY(check_tensor("reduce_scatter", *impl_, input, "input"));
+  TROUPE_TRY(check_tensor("reduce_scatter", *impl_, output, "output"));
+  TROUPE_TRY(check_mean("reduce_scatter", *impl_, input, how));
+  TROUPE_TRY(check_multiple("reduce_scatter", *impl_, input, output, size()));
+  auto flat_in = input.view({-1});
+  auto flat_out = output.view({-1});
+  auto native = impl_->backend->reduce_scatter(flat_in, flat_out, native_op(how));
+  if (native) {
+    if (how == reduce_op::mean)
+      return guarded("reduce_scatter mean", [&] { output.div_(size()); });
+    return native;
+  }
+  if (code_of(native.error()) != errc::unsupported)
+    return native;
+  return ring_reduce_scatter(*impl_, flat_in, output, how);
+}
+
+expected<void> process_group::all_gather(const at::Tensor& input, at::Tensor& output) {
+  TROUPE_GROUP_CHECK("all_gather");
+  TROUPE_TRY(check_tensor("all_gather", *impl_, input, "input"));
+  TROUPE_TRY(check_tensor("all_gather", *impl_, output, "output"));
+  TROUPE_TRY(check_multiple("all_gather", *impl_, output, input, size()));
+  auto flat_in = input.view({-1});
+  auto flat_out = output.view({-1});
+  auto native = impl_->backend->all_gather(flat_in, flat_out);
+  if (native || code_of(native.error()) != errc::unsupported)
+    return native;
+  return ring_all_gather(*impl_, flat_in, flat_out);
+}
+
+expected<void> process_group::send(const at::Tensor& tensor, int dst, int tag) {
+  TROUPE_GROUP_CHECK("send");
+  TROUPE_TRY(check_tensor("send", *impl_, tensor, "tensor"));
+  TROUPE_TRY(check_tag("send", *impl_, dst, tag));
+  return exchange(*impl_, tensor, dst, at::Tensor{}, -1, tag);
+}
+
+expected<void> process_group::recv(at::Tensor& tensor, int src, int tag) {
+  TROUPE_GROUP_CHECK("recv");
+  TROUPE_TRY(check_tensor("recv", *impl_, tensor, "tensor"));
+  TROUPE_TRY(check_tag("recv", *impl_, src, tag));
+  return exchange(*impl_, at::Tensor{}, -1, tensor, src, tag);
+}
+
+expected<process_group> process_group::split(const std::string& name,
+                                             const std::vector<int>& ranks) {
+  TROUPE_GROUP_CHECK("split");
+  auto what = "split '" + name + "'";
+  if (name.empty() || name.find('/') != std::string::npos)
+    return bad(errc::invalid_argument, what.c_str(), *impl_,
+               "a group name is non-empty, without '/'");
+  bool ascending = std::adjacent_find(ranks.begin(), ranks.end(),
+                                      [](int a, int b) { return a >= b; }) == ranks.end();
+  if (ranks.empty() || !ascending || ranks.front() < 0 || ranks.back() >= size())
+    return bad(errc::invalid_argument, what.c_str(), *impl_,
+               "ranks must be ascending, distinct and in [0, " + std::to_string(size()) + ")");
+  if (!std::binary_search(ranks.begin(), ranks.end(), rank()))
+    return bad(errc::invalid_argument, what.c_str(), *impl_, "this rank is not a member");
+  if (!impl_->subgroup_names.insert(name).second)
+    return bad(errc::invalid_argument, what.c_str(), *impl_,
+               "the name is already used in this group");
+  auto sub = impl_->backend->subgroup(name, ranks);
+  if (!sub)
+    return with_prefix(sub.error(), what);
+  return process_group{std::move(*sub)};
+}
+
+int rank_mesh::size() const {
+  int n = 1;
+  for (int d : shape)
+    n *= d;
+  return n;
+}
+
+std::vector<int> rank_mesh::coords(int rank) const {
+  std::vector<int> out(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    out[d] = rank % shape[d];
+    rank /= shape[d];
+  }
+  return out;
+}
+
+std::vector<int> rank_mesh::line(int rank, size_t dim) const {
+  int stride = 1;
+  for (size_t d = dim + 1; d < shape.size(); ++d)
+    stride *= shape[d];
+  int first = rank - coords(rank)[dim] * stride;
+  std::vector<int> out;
+  for (int i = 0; i < shape[dim]; ++i)
+    out.push_back(first + i * stride);
+  return out;
+}
+
+expected<std::vector<process_group>> make_mesh_groups(process_group& world, const rank_mesh& mesh,
+                                                      const std::vector<std::string>& names) {
+  bool positive = std::all_of(mesh.shape.begin(), mesh.shape.end(), [](int d) { return d >= 1; });
+  if (mesh.shape.empty() || !positive || names.size() != mesh.shape.size())
+    return make_error(errc::invalid_argument,
+                      "mesh groups: a shape of positive sizes with one name per dimension");
+  if (mesh.size() != world.size())
+    return make_error(errc::shape_mismatch,
+                      "mesh groups: the mesh has " + std::to_string(mesh.size()) +
+                          " ranks, the world group " + std::to_string(world.size()));
+  std::vector<process_group> out;
+  for (size_t d = 0; d < mesh.shape.size(); ++d) {
+    auto line = mesh.line(world.rank(), d);
+    std::string key = names[d];
+    for (int r : line)
+      key += "." + std::to_string(r);
+    auto g = world.split(key, line);
+    if (!g)
+      return with_prefix(g.error(), "mesh dimension " + names[d]);
+    out.push_back(std::move(*g));
+  }
+  return out;
+}
+
+} // namespace troupe::runtime
