@@ -78,8 +78,7 @@ sigset_t block_stop_signals() {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-  return stop;
+  return stop; // (SIGPIPE is ignored in main)
 }
 
 // The controller's two faces: the gRPC API and (unless off) the dashboard.

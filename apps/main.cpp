@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <caf/all.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -257,6 +258,11 @@ runner add_worker(CLI::App& app) {
 } // namespace
 
 int main(int argc, char** argv) {
+  // Every command here talks over sockets (gloo pairs, the CAF middleman,
+  // gRPC, TCPStores), and gloo writes without MSG_NOSIGNAL: a peer whose
+  // connection closed (a killed worker, a controller restarting) must come
+  // back as an error value, not end this process with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"troupe: actor-based distributed RLHF"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string{"troupe "} + TROUPE_VERSION);

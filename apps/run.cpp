@@ -129,9 +129,8 @@ int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
     }
     lo.remote = cluster::remote_launch{nodes->bind_host, job_dir, nodes->nodes, {}};
   }
-  // The controller's connection may drop at any moment (it is restarted):
-  // a write to it must not end the job.
-  std::signal(SIGPIPE, SIG_IGN);
+  // (SIGPIPE is ignored in main: the controller's connection may drop at
+  // any moment, and a write to it must not end the job.)
   expected<actors::rl::job_summary> summary = make_error(errc::internal, "not run");
   caf::error published;
   {

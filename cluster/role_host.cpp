@@ -42,16 +42,16 @@ expected<std::vector<caf::actor>> worker_host::spawn(caf::actor_system& sys,
   const auto* a = plan_.find(spec.role);
   if (!a)
     return make_error(errc::invalid_argument, "the placement has no role '" + spec.role + "'");
-  if (spec.dp_size > static_cast<int32_t>(a->devices.size()))
-    return make_error(errc::invalid_argument, spec.role + ": dp " + std::to_string(spec.dp_size) +
-                                                  " but " + std::to_string(a->devices.size()) +
+  if (spec.layout.ranks() > static_cast<int32_t>(a->devices.size()))
+    return make_error(errc::invalid_argument, spec.role + ": " + std::to_string(spec.layout.ranks()) +
+                                                  " ranks but " + std::to_string(a->devices.size()) +
                                                   " devices placed");
   return actors::rl::spawn_ranks(spec, stores_, store_host_, [&](const actors::rl::role_spec& rs) -> expected<caf::actor> {
-    auto device = a->devices[static_cast<size_t>(rs.dp_rank)];
+    auto device = a->devices[static_cast<size_t>(rs.rank)];
     const auto& w = workers_.workers()[static_cast<size_t>(device)];
     auto s = rs;
     s.host = w.host;
-    auto name = (s.dp_size > 1 ? s.role + "[dp " + std::to_string(s.dp_rank) + "]" : s.role) +
+    auto name = (s.layout.dp > 1 ? s.role + "[dp " + std::to_string(s.rank) + "]" : s.role) +
                 " (worker " + std::to_string(w.rank) + (w.node.empty() ? "" : " on node " + w.node) +
                 ", pid " + std::to_string(w.pid) + ")";
     expected<caf::actor> out = make_error(errc::internal, name + ": no answer");

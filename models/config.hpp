@@ -3,6 +3,7 @@
 // config.json files (Llama, Qwen2 and Mistral families; causal LM, sequence-
 // and token-classification heads).
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <cstdint>
@@ -11,6 +12,18 @@
 #include <vector>
 
 namespace troupe::models {
+
+/// Which head sits on top of the decoder.
+enum class head_kind : uint8_t {
+  /// Vocabulary logits [B, T, V] (policy, reference).
+  lm,
+  /// One scalar per token [B, T] (critic); HF: *ForTokenClassification, 1 label.
+  value,
+  /// One scalar per sequence [B] at the last real token (reward model);
+  /// HF: *ForSequenceClassification, 1 label.
+  reward,
+};
+TROUPE_ENUM_NAMES(head_kind, "lm", "value", "reward")
 
 /// RoPE frequency scaling (HF "rope_scaling"). Supported types: "linear"
 /// (every frequency divided by `factor`) and "llama3" (Llama 3.1/3.2).

@@ -13,7 +13,6 @@
 // callers mask out.
 
 #include "models/config.hpp"
-#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <torch/torch.h>
@@ -29,18 +28,6 @@ struct decode_model;
 } // namespace troupe::kernels::cpu
 
 namespace troupe::models {
-
-/// Which head sits on top of the decoder.
-enum class head_kind : uint8_t {
-  /// Vocabulary logits [B, T, V] (policy, reference).
-  lm,
-  /// One scalar per token [B, T] (critic); HF: *ForTokenClassification, 1 label.
-  value,
-  /// One scalar per sequence [B] at the last real token (reward model);
-  /// HF: *ForSequenceClassification, 1 label.
-  reward,
-};
-TROUPE_ENUM_NAMES(head_kind, "lm", "value", "reward")
 
 /// Parses "lm" | "value" | "reward".
 expected<head_kind> parse_head_kind(const std::string& name);

@@ -121,60 +121,24 @@ void remove_default_weight_dir(const job_context& ctx, const std::string& stage)
 
 } // namespace
 
-expected<std::vector<caf::actor>> spawn_cast(job_context& ctx, const std::string& stage,
-                                             const std::string& role, const std::string& model_dir) {
-  role_spec spec;
-  spec.stage = stage;
-  spec.role = role;
-  spec.job_yaml = ctx.job_yaml;
-  spec.model_dir = model_dir;
-  spec.dp_size = static_cast<int32_t>(ctx.plan.dp_of(stage, role));
-  // Bounds the DP group's rendezvous and its collectives inside updates.
-  spec.timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      ctx.timeout_of(request_kind::compute))
-                      .count();
-  auto announce = [&](const char* status, const std::string& reason) {
-    for (int32_t r = 0; r < spec.dp_size; ++r) {
-      auto place = ctx.host->where(role, r);
-      ctx.emit(job::role_changed{stage, role, r, place.process, place.pid, status, reason, 0, "", place.node});
-    }
+cast make_cast(job_context& ctx, stage_id stage) {
+  cast_env env;
+  env.sys = ctx.sys;
+  env.self = ctx.self;
+  env.host = ctx.host;
+  env.job_yaml = ctx.job_yaml;
+  auto stage_name = std::string{to_string(stage)};
+  env.layout_of = [plan = &ctx.plan, stage_name](role_id role) {
+    return plan->layout_of(stage_name, std::string{to_string(role)});
   };
-  announce("started", "");
-  auto ranks = ctx.host->spawn(*ctx.sys, spec);
-  if (!ranks) {
-    announce("failed", describe(ranks.error()));
-    return with_prefix(ranks.error(), stage + ": spawning " + role);
-  }
-  announce("ready", "");
-  return ranks;
-}
-
-expected<train::engine_actor> spawn_trainer(job_context& ctx, const std::string& stage,
-                                            const std::string& role, const std::string& model_dir) {
-  auto ranks = spawn_cast(ctx, stage, role, model_dir);
-  if (!ranks)
-    return ranks.error();
-  if (ranks->size() == 1)
-    return caf::actor_cast<train::engine_actor>(ranks->front());
-  std::vector<train::engine_actor> typed;
-  for (auto& a : *ranks)
-    typed.push_back(caf::actor_cast<train::engine_actor>(a));
-  return train::spawn_engine_group(*ctx.sys, role, std::move(typed));
-}
-
-expected<inference::rollout_actor> spawn_rollout_role(job_context& ctx, const std::string& stage,
-                                                      const std::string& model_dir) {
-  auto ranks = spawn_cast(ctx, stage, "rollout", model_dir);
-  if (!ranks)
-    return ranks.error();
-  return caf::actor_cast<inference::rollout_actor>(ranks->front());
-}
-
-expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& model_dir) {
-  auto ranks = spawn_cast(ctx, "rl", "reward", model_dir);
-  if (!ranks)
-    return ranks.error();
-  return caf::actor_cast<reward_actor>(ranks->front());
+  env.emit = [link = ctx.link](job::event_body e) { link->emit(std::move(e)); };
+  // Bounds the DP group's rendezvous and its collectives inside updates.
+  env.group_timeout_ms =
+    std::chrono::duration_cast<std::chrono::milliseconds>(ctx.timeout_of(request_kind::compute)).count();
+  env.control_timeout = ctx.timeout_of(request_kind::control);
+  env.state_timeout = ctx.timeout_of(request_kind::state);
+  env.offload_dir = (ctx.run_dir / stage_name / "offload").string();
+  return cast{std::move(env), stage};
 }
 
 expected<actors::weight_channel> weight_channel_for(job_context& ctx, const std::string& stage) {
@@ -448,7 +412,10 @@ expected<stage_summary> read_done(job_context& ctx, const std::string& stage) {
 // ---- SFT and RM drivers -------------------------------------------------------
 
 struct supervised_stage {
-  std::string name;       // "sft" | "rm"
+  stage_id id = stage_id::sft;
+  std::string name;
+  /// The role it trains (policy: sft, reward: rm).
+  role_id trainer = role_id::policy;
   int64_t steps = 0;
   int64_t batch_size = 0;
   int64_t eval_every = 0;
@@ -475,8 +442,9 @@ expected<runtime::tensor_batch> pair_batch(job_context& ctx, const std::vector<p
 // One step's batch: demonstrations (sft) or preference pairs (rm).
 expected<runtime::tensor_batch> supervised_batch(job_context& ctx, const supervised_stage& st,
                                                  int64_t step) {
-  auto seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), st.name == "sft" ? 11u : 12u});
-  if (st.name == "sft") {
+  bool is_sft = st.id == stage_id::sft;
+  auto seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), is_sft ? 11u : 12u});
+  if (is_sft) {
     const auto& rows = ctx.data.sft;
     auto idx = batch_indices(static_cast<int64_t>(rows.size()), seed, step * st.batch_size, st.batch_size);
     std::vector<std::vector<int64_t>> prompts, responses;
@@ -506,7 +474,7 @@ expected<train::metric_map> supervised_step(job_context& ctx, const supervised_s
                                             const std::optional<runtime::tensor_batch>& eval_pairs,
                                             int64_t step) {
   auto* self = ctx.self;
-  bool is_sft = st.name == "sft";
+  bool is_sft = st.id == stage_id::sft;
   auto batch = supervised_batch(ctx, st, step);
   if (!batch)
     return batch.error();
@@ -544,25 +512,21 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
   if (!start)
     return start.error();
   ctx.emit(job::stage_started{st.name, st.steps, start->step});
-  bool is_sft = st.name == "sft";
-  auto trainer_or = spawn_trainer(ctx, st.name, is_sft ? "policy" : "reward", st.init_dir);
-  if (!trainer_or)
-    return trainer_or.error();
-  auto trainer = *trainer_or;
+  // The stage's cast (NOTE [stage table]): every role from the stage's start.
+  auto roles = make_cast(ctx, st.id);
+  for (auto role : stage_cast(st.id, *ctx.cfg))
+    if (auto ok = roles.spawn(role, st.init_dir); !ok)
+      return ok.error();
+  auto trainer = roles.handle_as<train::engine_actor>(st.trainer);
   std::optional<inference::rollout_actor> rollout;
+  if (roles.has(role_id::rollout))
+    rollout = roles.handle_as<inference::rollout_actor>(role_id::rollout);
   std::optional<runtime::tensor_batch> eval_pairs;
   auto finish = [&](expected<stage_summary> r) {
-    self->send_exit(trainer, caf::exit_reason::user_shutdown);
-    if (rollout)
-      self->send_exit(*rollout, caf::exit_reason::user_shutdown);
+    roles.stop();
     return r;
   };
-  if (is_sft) {
-    auto r = spawn_rollout_role(ctx, st.name, st.init_dir);
-    if (!r)
-      return finish(r.error());
-    rollout = *r;
-  } else {
+  if (!rollout) { // rm: held-out pairs instead of generation
     auto b = rm_eval_batch(ctx);
     if (!b)
       return finish(b.error());
@@ -649,11 +613,12 @@ expected<void> prepare_base(job_context& ctx) {
 }
 
 // The stage configuration of sft / rm.
-supervised_stage supervised_of(const job_context& ctx, const std::string& stage) {
+supervised_stage supervised_of(const job_context& ctx, stage_id stage) {
   const auto& cfg = *ctx.cfg;
   supervised_stage st;
-  st.name = stage;
-  if (stage == "sft") {
+  st.id = stage;
+  st.name = std::string{to_string(stage)};
+  if (stage == stage_id::sft) {
     st.steps = cfg.sft.steps;
     st.batch_size = cfg.sft.batch_size;
     st.eval_every = cfg.sft.eval_every;
@@ -664,6 +629,7 @@ supervised_stage supervised_of(const job_context& ctx, const std::string& stage)
     st.batch_size = cfg.rm.batch_size;
     st.eval_every = cfg.rm.eval_every;
     st.optim = cfg.rm.optim;
+    st.trainer = role_id::reward;
     st.head = models::head_kind::reward;
     st.init_dir = ctx.model_dir(std::string{to_string(cfg.rm.init)});
   }
@@ -701,7 +667,8 @@ expected<void> prepare(job_context& ctx) {
 expected<stage_summary> run_stage(job_context& ctx, const std::string& stage) {
   remove_default_weight_dir(ctx, stage);
   ctx.log->info(stage + ": starting");
-  auto s = stage == "rl" ? run_rl_stage(ctx) : run_supervised(ctx, supervised_of(ctx, stage));
+  const auto* row = find_stage(stage); // checked with the job file
+  auto s = row ? row->driver(ctx) : make_error(errc::invalid_config, "unknown stage '" + stage + "'");
   remove_default_weight_dir(ctx, stage);
   if (!s)
     return s;
@@ -766,6 +733,15 @@ expected<fs::path> check_run_dir(const job_config& cfg, const run_options& opts)
 }
 
 } // namespace
+
+expected<stage_summary> run_sft_stage(job_context& ctx) {
+  return run_supervised(ctx, supervised_of(ctx, stage_id::sft));
+}
+
+expected<stage_summary> run_rm_stage(job_context& ctx) {
+  return run_supervised(ctx, supervised_of(ctx, stage_id::rm));
+}
+
 } // namespace detail
 
 expected<rl_job> spawn_rl_job(caf::actor_system& sys, const job_config& cfg,
@@ -809,7 +785,7 @@ expected<rl_job> spawn_rl_job(caf::actor_system& sys, const job_config& cfg,
     ctx.run_dir = dir;
     ctx.job_yaml = runtime::to_yaml(cfg, false);
     ctx.channel_prefix = std::string{channel_root} + id + "-";
-    in_process_host local_host;
+    in_process_host local_host{opts.factories};
     ctx.host = opts.host ? opts.host : &local_host;
     auto s = drive_job(ctx);
     if (!s) {

@@ -16,6 +16,7 @@
 
 #include "actors/job/job_actor.hpp"
 #include "actors/rl/job_config.hpp"
+#include "actors/rl/roles.hpp"
 #include "actors/train/train_engine.hpp"
 
 #include <atomic>
@@ -25,8 +26,6 @@
 #include <vector>
 
 namespace troupe::actors::rl {
-
-class role_host;
 
 /// One step of a stage, for progress displays.
 struct progress_event {
@@ -52,6 +51,10 @@ struct run_options {
   /// Where the roles run (e.g. cluster::worker_host for worker processes);
   /// null = every role in this process.
   role_host* host = nullptr;
+  /// Parts of the roles built in this process that are not the built-in
+  /// ones (a reward backend; NOTE [reward backends]). A `host` builds its
+  /// roles with its own.
+  role_factories factories;
   /// Every scalar also as TensorBoard files under <run dir>/tensorboard/
   /// (NOTE [tensorboard files]).
   bool tensorboard = true;

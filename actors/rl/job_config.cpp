@@ -93,8 +93,8 @@ void check_run(const job_config& c, runtime::config_checks& checks) {
 
 // stages: known, unique, in dependency order.
 void check_stages(const job_config& c, runtime::config_checks& checks) {
-  // stages: known, unique, in dependency order
-  static const std::vector<std::string> order = {"sft", "rm", "rl"};
+  // stages: known, unique, in the stage table's order (NOTE [stage table])
+  const auto names = enum_name_list<stage_id>();
   checks.require(!c.stages.empty(), "stages", "must name at least one stage");
   std::set<std::string> seen;
   int last = -1;
@@ -103,15 +103,15 @@ void check_stages(const job_config& c, runtime::config_checks& checks) {
     // Located at the list (its items have no location of their own).
     const std::string at = "stages";
     auto item = "item " + std::to_string(i + 1) + ": ";
-    auto it = std::find(order.begin(), order.end(), s);
-    if (it == order.end()) {
-      checks.require(false, at, item + "unknown stage '" + s + "' (stages: sft, rm, rl)");
+    auto id = enum_from_name<stage_id>(s);
+    if (!id) {
+      checks.require(false, at, item + "unknown stage '" + s + "' (stages: " + names + ")");
       continue;
     }
     checks.require(seen.insert(s).second, at, item + "stage '" + s + "' appears twice");
-    int pos = static_cast<int>(it - order.begin());
+    int pos = static_cast<int>(*id);
     checks.require(pos > last, at,
-                   item + "stage '" + s + "' must come before the stages it feeds (order: sft, rm, rl)");
+                   item + "stage '" + s + "' must come before the stages it feeds (order: " + names + ")");
     last = std::max(last, pos);
   }
 }

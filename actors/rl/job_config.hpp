@@ -382,12 +382,18 @@ void visit(V& v, pool_config& c) {
   v.field("devices", c.devices, "Devices (worker processes) of the pool");
 }
 
-/// Where one role runs: its pool and its data-parallel size (DP ranks on
-/// the pool's first dp devices).
+/// Where one role runs: its pool and its parallel layout (NOTE [parallel
+/// layout] in roles.hpp: dp × tp × pp ranks on the pool's first devices).
 struct role_placement_config {
   std::string role;
   std::string pool;
   int64_t dp = 1;
+  int64_t tp = 1;
+  int64_t pp = 1;
+  /// How the DP dimension trains (ddp: replicas all-reduce gradients).
+  dp_strategy strategy = dp_strategy::ddp;
+  /// Rows a rank computes at once (gradients accumulate over its share); 0 = its whole share.
+  int64_t micro_batch_rows = 0;
   /// DP gradient buckets, MiB.
   double bucket_mb = 25;
 };
@@ -396,6 +402,11 @@ void visit(V& v, role_placement_config& c) {
   v.field("role", c.role, "policy | critic | reference | reward | rollout");
   v.field("pool", c.pool, "The pool that hosts it");
   v.field("dp", c.dp, "Data-parallel ranks (trained roles: policy, critic, the rm stage's reward)");
+  v.field("tp", c.tp, "Tensor-parallel ranks per replica (1 until tensor parallelism lands)");
+  v.field("pp", c.pp, "Pipeline stages per replica (1 until pipeline parallelism lands)");
+  v.choice("strategy", c.strategy, "How the dp ranks train (ddp until the ZeRO strategies land)");
+  v.field("micro_batch_rows", c.micro_batch_rows,
+          "Rows a rank computes at once, gradients accumulated; 0 = its whole share (only 0 for now)");
   v.field("bucket_mb", c.bucket_mb, "DP gradient all-reduce bucket size, MiB (reverse parameter order)");
 }
 

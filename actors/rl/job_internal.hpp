@@ -3,12 +3,14 @@
 // RM, rl_stage.cpp runs PPO / GRPO).
 
 #include "actors/inference/rollout.hpp"
+#include "actors/rl/cast.hpp"
 #include "actors/rl/data.hpp"
 #include "actors/job/job_actor.hpp"
 #include "actors/rl/job.hpp"
 #include "actors/rl/placement.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/roles.hpp"
+#include "actors/rl/stage_table.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "models/llama.hpp"
 #include "models/tokenizer.hpp"
@@ -169,15 +171,13 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version);
 
-/// Spawns `role` of `stage` with its model from `model_dir` on the job's
-/// host: one engine actor, or the engine group of its DP ranks.
-expected<train::engine_actor> spawn_trainer(job_context& ctx, const std::string& stage,
-                                            const std::string& role, const std::string& model_dir);
-expected<inference::rollout_actor> spawn_rollout_role(job_context& ctx, const std::string& stage,
-                                                      const std::string& model_dir);
-/// The rl stage's reward role; `model_dir` "" for a rule-only reward.
-expected<reward_actor> spawn_reward_role(job_context& ctx, const std::string& model_dir);
+/// An empty cast of `stage` on the job's host, with the job's timeouts,
+/// plan and events (NOTE [the cast]).
+cast make_cast(job_context& ctx, stage_id stage);
 
+/// The stage drivers (NOTE [stage table]).
+expected<stage_summary> run_sft_stage(job_context& ctx);
+expected<stage_summary> run_rm_stage(job_context& ctx);
 expected<stage_summary> run_rl_stage(job_context& ctx);
 
 } // namespace troupe::actors::rl::detail

@@ -3,6 +3,7 @@
 #include "actors/rl/role_traits.hpp"
 
 #include "actors/rl/roles.hpp"
+#include "actors/rl/stage_table.hpp"
 #include "models/config.hpp"
 #include "runtime/config.hpp"
 
@@ -18,7 +19,6 @@ namespace troupe::actors::rl {
 namespace {
 
 bool known_role(const std::string& r) { return find_role(r) != nullptr; }
-const std::set<std::string> dp_roles = {"policy", "critic", "reward"};
 
 // The pools of a placement, with the colocated default.
 std::vector<pool_config> pools_of(const placement_config& p) {
@@ -33,31 +33,23 @@ role_placement_config placement_of(const placement_config& p, const std::string&
     if (r.role == role)
       return r;
   auto pools = pools_of(p);
-  return {role, pools.empty() ? std::string{} : pools.front().name, 1, 25};
+  role_placement_config out;
+  out.role = role;
+  out.pool = pools.empty() ? std::string{} : pools.front().name;
+  return out;
 }
 
-bool has_stage(const job_config& c, const char* stage) {
+bool has_stage(const job_config& c, std::string_view stage) {
   return std::find(c.stages.begin(), c.stages.end(), stage) != c.stages.end();
 }
 
-// Rows each DP rank of `role` splits (0 = the role is not trained here).
-std::vector<std::pair<std::string, int64_t>> split_rows(const job_config& c, const std::string& role) {
-  auto has = [&](const char* s) { return has_stage(c, s); };
+// What each DP rank of `role` splits in the job's stages that train it
+// (the stage table's rows).
+std::vector<std::pair<std::string, int64_t>> split_rows(const job_config& c, const role_traits& role) {
   std::vector<std::pair<std::string, int64_t>> out;
-  const auto& r = c.rl;
-  int64_t rl_mb = r.minibatches > 0 ? r.prompts_per_iteration * r.samples_per_prompt / r.minibatches : 0;
-  if (role == "policy") {
-    if (has("sft"))
-      out.emplace_back("sft.batch_size", c.sft.batch_size);
-    if (has("rl"))
-      out.emplace_back("rl minibatch (prompts_per_iteration × samples_per_prompt / minibatches)", rl_mb);
-  } else if (role == "critic") {
-    if (has("rl") && uses_critic(r))
-      out.emplace_back("rl minibatch (prompts_per_iteration × samples_per_prompt / minibatches)", rl_mb);
-  } else if (role == "reward") {
-    if (has("rm"))
-      out.emplace_back("rm.batch_size", c.rm.batch_size);
-  }
+  for (const auto& st : all_stages())
+    if (role.trains_in(st.id) && has_stage(c, st.name) && in_cast(st.id, role.id, c))
+      out.push_back(st.dp_rows(c));
   return out;
 }
 
@@ -103,10 +95,14 @@ expected<models::llama_config> model_shape(const job_config& cfg) {
 double role_bytes(const job_config& cfg, const models::llama_config& m, const std::string& stage,
                   const std::string& role) {
   const auto* t = find_role(role);
-  if (!t || (t->id == role_id::reward && stage == "rl" && !uses_reward_model(cfg.rl.reward)))
+  const auto* st = find_stage(stage);
+  if (!t || !st)
     return 0;
-  auto params = static_cast<double>(parameters(m, t->head == "lm"));
-  double bytes = (t->trains_in(stage) ? 16 : 4) * params;
+  // A rule-only judge holds no model.
+  if (t->actor_in(st->id) == role_actor::judge && !uses_reward_model(cfg.rl.reward))
+    return 0;
+  auto params = static_cast<double>(parameters(m, t->head == models::head_kind::lm));
+  double bytes = (t->trains_in(st->id) ? 16 : 4) * params;
   if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
     auto e = engine_settings(cfg);
     auto blocks = inference::kv_pool_blocks(e, m, 4);
@@ -133,11 +129,16 @@ double host_memory_bytes() {
   return pages > 0 && size > 0 ? static_cast<double>(pages) * static_cast<double>(size) : 0;
 }
 
-// Roles of each stage of the job.
+// Roles of each stage of the job (the stage table's casts).
 std::vector<std::pair<std::string, std::vector<std::string>>> job_stage_roles(const job_config& c) {
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
-  for (const auto& s : c.stages)
-    out.emplace_back(s, stage_roles(s, uses_critic(c.rl), c.rl.kl.coef > 0));
+  for (const auto& s : c.stages) {
+    std::vector<std::string> roles;
+    if (const auto* st = find_stage(s))
+      for (auto r : st->cast(c))
+        roles.emplace_back(to_string(r));
+    out.emplace_back(s, std::move(roles));
+  }
   return out;
 }
 
@@ -202,6 +203,46 @@ void assign_nodes(const job_config& cfg, placement_plan& plan) {
 
 } // namespace
 
+namespace {
+
+// One role's layout (NOTE [parallel layout]): sizes, what is available
+// yet, the pool's devices and the rows its DP ranks split.
+void check_role_layout(const job_config& c, const role_placement_config& r, const std::string& at,
+                       const std::map<std::string, int64_t>& pool_devices, runtime::config_checks& checks) {
+  const auto* t = find_role(r.role);
+  checks.require(r.dp >= 1, at + ".dp", "must be >= 1");
+  checks.require(r.tp >= 1, at + ".tp", "must be >= 1");
+  checks.require(r.pp >= 1, at + ".pp", "must be >= 1");
+  checks.require(r.bucket_mb > 0, at + ".bucket_mb", "must be > 0");
+  checks.require(r.micro_batch_rows >= 0, at + ".micro_batch_rows", "must be >= 0 (0 = a rank's whole share)");
+  // Keys fixed for the parallel engines; refused until each lands.
+  checks.require(r.tp <= 1, at + ".tp", "tensor parallelism is not available yet: tp must be 1");
+  checks.require(r.pp <= 1, at + ".pp", "pipeline parallelism is not available yet: pp must be 1");
+  checks.require(r.strategy == dp_strategy::ddp, at + ".strategy",
+                 std::string{to_string(r.strategy)} + " is not available yet: use ddp");
+  checks.require(r.micro_batch_rows == 0, at + ".micro_batch_rows",
+                 "micro-batches are not available yet: 0 (a rank computes its whole share)");
+  if (r.dp > 1 && t && t->id == role_id::rollout)
+    checks.require(false, at + ".dp", "independent rollout engines (rollout dp > 1) are not available yet");
+  else if (r.dp > 1)
+    checks.require(t && t->trains(), at + ".dp",
+                   "data parallelism is for trained roles (policy, critic, reward); " + r.role +
+                     " has one rank");
+  auto ranks = r.dp * r.tp * r.pp;
+  if (pool_devices.count(r.pool) && r.dp >= 1 && ranks >= 1) {
+    auto n = pool_devices.at(r.pool);
+    checks.require(ranks <= n && n % ranks == 0, at + ".dp",
+                   "dp " + std::to_string(r.dp) + " must divide the " + std::to_string(n) +
+                     " devices of pool '" + r.pool + "'");
+  }
+  if (r.dp > 1 && t)
+    for (const auto& [what, rows] : split_rows(c, *t))
+      checks.require(rows % r.dp == 0, at + ".dp",
+                     "dp " + std::to_string(r.dp) + " must divide the " + what + " (" + std::to_string(rows) + ")");
+}
+
+} // namespace
+
 void check_placement(const job_config& c, runtime::config_checks& checks) {
   const auto& p = c.placement;
   const auto& res = c.resources;
@@ -259,23 +300,7 @@ void check_placement(const job_config& c, runtime::config_checks& checks) {
                    "expected one of policy, critic, reference, reward, rollout, got '" + r.role + "'");
     checks.require(seen.insert(r.role).second, at + ".role", "role '" + r.role + "' is placed twice");
     checks.require(pool_devices.count(r.pool) != 0, at + ".pool", "no pool named '" + r.pool + "'");
-    checks.require(r.dp >= 1, at + ".dp", "must be >= 1");
-    checks.require(r.bucket_mb > 0, at + ".bucket_mb", "must be > 0");
-    if (r.dp > 1)
-      checks.require(dp_roles.count(r.role) != 0, at + ".dp",
-                     "data parallelism is for trained roles (policy, critic, reward); " + r.role +
-                         " has one rank");
-    if (pool_devices.count(r.pool) && r.dp >= 1) {
-      auto n = pool_devices[r.pool];
-      checks.require(r.dp <= n && n % r.dp == 0, at + ".dp",
-                     "dp " + std::to_string(r.dp) + " must divide the " + std::to_string(n) +
-                         " devices of pool '" + r.pool + "'");
-    }
-    if (r.dp > 1)
-      for (const auto& [what, rows] : split_rows(c, r.role))
-        checks.require(rows % r.dp == 0, at + ".dp",
-                       "dp " + std::to_string(r.dp) + " must divide the " + what + " (" +
-                           std::to_string(rows) + ")");
+    check_role_layout(c, r, at, pool_devices, checks);
   }
   if (p.mode == placement_mode::disaggregated) {
     auto gen = placement_of(p, "rollout").pool;
@@ -293,12 +318,13 @@ const role_assignment* placement_plan::find(const std::string& role) const {
   return nullptr;
 }
 
-int64_t placement_plan::dp_of(const std::string& stage, const std::string& role) const {
+parallel_layout placement_plan::layout_of(const std::string& stage, const std::string& role) const {
   auto* r = find(role);
-  if (!r)
-    return 1;
-  bool trained = role == "policy" || role == "critic" || (role == "reward" && stage == "rm");
-  return trained ? r->dp : 1;
+  const auto* t = find_role(role);
+  const auto* st = find_stage(stage);
+  if (!r || !t || !st)
+    return {};
+  return t->trains_in(st->id) ? r->layout : parallel_layout{}; // frozen roles have one rank
 }
 
 std::vector<std::string> placement_plan::worker_labels() const {
@@ -361,7 +387,7 @@ std::string placement_plan::render() const {
     std::string devs;
     for (auto d : r.devices)
       devs += (devs.empty() ? "" : ", ") + std::to_string(d);
-    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.dp) + ", devices [" +
+    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.layout.dp) + ", devices [" +
            devs + "]\n";
   }
   if (weight_transport)
@@ -404,7 +430,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
       plan.driver_peak_bytes = std::max(plan.driver_peak_bytes, total);
     }
     for (const auto& r : used)
-      plan.roles.push_back({r, "", 1, {}});
+      plan.roles.push_back({r, "", parallel_layout{}, {}});
     // Refused before anything is spawned, not in the allocator mid-run.
     plan.device_memory_bytes = cfg.resources.device_memory_gb > 0
                                  ? cfg.resources.device_memory_gb * 1024.0 * 1024 * 1024
@@ -435,8 +461,9 @@ expected<placement_plan> make_plan(const job_config& cfg) {
     if (!used.count(role))
       continue;
     auto rp = placement_of(p, role);
-    role_assignment a{role, rp.pool, rp.dp, {}};
-    for (int64_t r = 0; r < rp.dp; ++r)
+    parallel_layout layout{static_cast<int32_t>(rp.dp), static_cast<int32_t>(rp.tp), static_cast<int32_t>(rp.pp)};
+    role_assignment a{role, rp.pool, layout, {}};
+    for (int64_t r = 0; r < layout.ranks(); ++r)
       a.devices.push_back(first.at(rp.pool) + r);
     plan.roles.push_back(a);
   }
@@ -445,7 +472,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
     for (const auto& a : plan.roles)
       for (size_t r = 0; r < a.devices.size(); ++r)
         if (a.devices[r] == d.index)
-          d.ranks.push_back(a.dp > 1 ? a.role + "[dp " + std::to_string(r) + "]" : a.role);
+          d.ranks.push_back(a.layout.dp > 1 ? a.role + "[dp " + std::to_string(r) + "]" : a.role);
     for (const auto& [stage, roles] : stages) {
       double total = 0;
       for (const auto& role : roles) {

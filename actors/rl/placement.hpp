@@ -27,6 +27,7 @@
 // device's peak is the largest stage total. Activations are not included.
 
 #include "actors/rl/job_config.hpp"
+#include "actors/rl/roles.hpp"
 
 #include <cstdint>
 #include <optional>
@@ -42,8 +43,9 @@ namespace troupe::actors::rl {
 struct role_assignment {
   std::string role;
   std::string pool;
-  int64_t dp = 1;
-  /// Global device (worker) index of each DP rank.
+  /// NOTE [parallel layout] in roles.hpp.
+  parallel_layout layout;
+  /// Global device (worker) index of each rank.
   std::vector<int64_t> devices;
 };
 
@@ -79,8 +81,12 @@ struct placement_plan {
   bool uses_workers() const { return !devices.empty(); }
   /// The assignment of `role` (every role of the job has one).
   const role_assignment* find(const std::string& role) const;
-  /// DP size of `role` in `stage` (frozen roles have one rank).
-  int64_t dp_of(const std::string& stage, const std::string& role) const;
+  /// The layout of `role` in `stage` (a role frozen there has one rank).
+  parallel_layout layout_of(const std::string& stage, const std::string& role) const;
+  /// DP size of `role` in `stage`.
+  int64_t dp_of(const std::string& stage, const std::string& role) const {
+    return layout_of(stage, role).dp;
+  }
   /// A worker label per device ("pool:role+role").
   std::vector<std::string> worker_labels() const;
   /// Devices on each node (its size is `nodes`).

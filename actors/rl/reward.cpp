@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <set>
 
 namespace troupe::actors::rl {
 
@@ -47,40 +48,29 @@ expected<std::vector<double>> rule_scores(const models::tokenizer& tok, rule_kin
 namespace {
 
 struct reward_state {
-  reward_spec spec;
-  std::shared_ptr<const models::tokenizer> tok;
-  std::shared_ptr<train::train_engine> model;
+  std::vector<weighted_backend> backends;
   bool fail_next = false;
   static inline const char* name = "reward";
 };
 
 using self_ptr = reward_actor::stateful_pointer<reward_state>;
 
+// Σ weight · scores over the backends, in order; each backend's own too.
 expected<runtime::tensor_batch> score(reward_state& st, const reward_request& req) {
   runtime::tensor_batch out;
   auto n = static_cast<int64_t>(req.responses.size());
   auto total = torch::zeros({n}, torch::kFloat);
-  if (st.spec.kind != reward_kind::model) {
-    auto rs = rule_scores(*st.tok, st.spec.rule, req.responses, req.answers);
-    if (!rs)
-      return rs.error();
-    auto t = torch::tensor(std::vector<float>(rs->begin(), rs->end()), torch::kFloat);
-    total = total + st.spec.rule_weight * t;
-    if (auto ok = out.set("rule_scores", t); !ok)
-      return ok.error();
-  }
-  if (st.spec.kind != reward_kind::rule) {
-    auto ms = st.model->scores(req.batch);
-    if (!ms)
-      return ms.error();
-    auto t = ms->get("scores");
+  for (auto& [backend, weight] : st.backends) {
+    auto key = std::string{backend->key()};
+    auto t = backend->score(req);
     if (!t)
-      return t.error();
-    if (t->size(0) != n)
-      return make_error(errc::shape_mismatch, "reward model scored " + std::to_string(t->size(0)) +
-                                                  " rows for " + std::to_string(n) + " responses");
-    total = total + st.spec.model_weight * *t;
-    if (auto ok = out.set("model_scores", *t); !ok)
+      return with_prefix(t.error(), key);
+    if (t->dim() != 1 || t->size(0) != n)
+      return make_error(errc::shape_mismatch, key + ": " + std::to_string(t->numel()) + " scores for " +
+                                                std::to_string(n) + " responses");
+    auto scores = t->to(torch::kFloat);
+    total = total + weight * scores;
+    if (auto ok = out.set(key, scores); !ok)
       return ok.error();
   }
   if (auto ok = out.set("scores", total); !ok)
@@ -114,14 +104,15 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
         return train::served_batch{std::move(*r), busy};
       },
       [=](actors::release_atom, const std::string& dir) -> caf::result<train::served_bytes> {
-        auto& st = self->state;
-        if (!st.model)
-          return train::served_bytes{};
         auto t0 = std::chrono::steady_clock::now();
-        auto freed = train::release_engine(*st.model, dir, "reward");
-        if (!freed)
-          return with_prefix(freed.error(), "reward: release");
-        return train::served_bytes{*freed, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+        int64_t freed = 0;
+        for (auto& [backend, weight] : self->state.backends) {
+          auto b = backend->release(dir);
+          if (!b)
+            return with_prefix(b.error(), "reward: release: " + std::string{backend->key()});
+          freed += *b;
+        }
+        return train::served_bytes{freed, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
       },
       [=](train::inject_failure_atom) { self->state.fail_next = true; },
   };
@@ -129,20 +120,19 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
 
 } // namespace
 
-expected<reward_actor> spawn_reward(caf::actor_system& sys, const reward_spec& spec,
-                                    std::shared_ptr<const models::tokenizer> tok,
-                                    std::unique_ptr<train::train_engine> model) {
-  if (static_cast<size_t>(spec.kind) >= enum_count<reward_kind>())
-    return make_error(errc::invalid_argument, "reward: unknown kind");
-  if (spec.kind != reward_kind::rule && !model)
-    return make_error(errc::invalid_argument,
-                      "reward: kind '" + std::string{to_string(spec.kind)} + "' needs a reward model");
-  if (spec.kind != reward_kind::model && !tok)
-    return make_error(errc::invalid_argument, "reward: the rule needs a tokenizer");
+expected<reward_actor> spawn_reward(caf::actor_system& sys, std::vector<weighted_backend> backends) {
+  if (backends.empty())
+    return make_error(errc::invalid_argument, "reward: no backend");
+  std::set<std::string_view> keys;
+  for (const auto& b : backends) {
+    if (!b.backend)
+      return make_error(errc::invalid_argument, "reward: an empty backend");
+    if (b.backend->key() == "scores" || !keys.insert(b.backend->key()).second)
+      return make_error(errc::invalid_argument,
+                        "reward: backend key '" + std::string{b.backend->key()} + "' is taken");
+  }
   reward_state st;
-  st.spec = spec;
-  st.tok = std::move(tok);
-  st.model = std::move(model);
+  st.backends = std::move(backends);
   return sys.spawn<caf::detached>(behavior, std::move(st));
 }
 

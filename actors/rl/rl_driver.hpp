@@ -3,6 +3,7 @@
 // iterations, rl_phases.cpp holds the phases). NOTE [rl iteration] in
 // rl_stage.cpp.
 
+#include "actors/rl/cast.hpp"
 #include "actors/rl/job_internal.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/settings.hpp"
@@ -33,14 +34,6 @@ struct rl_algorithm {
   rule_kind rule = rule_kind::positional;
 
   static expected<rl_algorithm> from(const rl_config& r);
-};
-
-struct rl_roles {
-  train::engine_actor policy;
-  std::optional<train::engine_actor> reference;
-  std::optional<train::engine_actor> critic;
-  reward_actor reward;
-  inference::rollout_actor rollout;
 };
 
 /// What a checkpoint holds besides the models: the iterations done and the
@@ -74,13 +67,10 @@ struct iteration_state {
   double held_s = 0;
 };
 
-/// Stops every role of the cast.
-void stop_cast(caf::blocking_actor* self, const rl_roles& roles);
-
 class rl_driver {
 public:
-  rl_driver(job_context& ctx, rl_roles roles, rl_algorithm algo, rl_progress progress)
-      : ctx_(ctx), roles_(std::move(roles)), algo_(algo), progress_(progress) {}
+  rl_driver(job_context& ctx, cast roles, rl_algorithm algo, rl_progress progress)
+      : ctx_(ctx), cast_(std::move(roles)), algo_(algo), progress_(progress) {}
 
   /// Runs the iterations left; stops the roles at the end.
   expected<stage_summary> run();
@@ -115,9 +105,13 @@ private:
   void inject(std::string_view phase, int64_t it);
   void role_failed(const iteration_state& s, std::string_view phase, const caf::error& err);
   void stop_roles();
+  train::engine_actor trainer(role_id role) const { return cast_.handle_as<train::engine_actor>(role); }
+  inference::rollout_actor rollout() const {
+    return cast_.handle_as<inference::rollout_actor>(role_id::rollout);
+  }
 
   job_context& ctx_;
-  rl_roles roles_;
+  cast cast_;
   rl_algorithm algo_;
   rl_progress progress_;
   /// Settings recorded by an earlier run of this job, not yet applied.

@@ -62,7 +62,7 @@ expected<void> rl_driver::gen(iteration_state& s) {
     outs = std::move(prefetched_->second);
     prefetched_.reset();
   } else {
-    outs = generate(ctx_, roles_.rollout, gen_requests(s.it), "rollout: gen");
+    outs = generate(ctx_, rollout(), gen_requests(s.it), "rollout: gen");
   }
   if (!outs)
     return outs.error();
@@ -87,8 +87,8 @@ expected<void> rl_driver::gen(iteration_state& s) {
   if (r.staleness > 0 && s.it + 1 < r.iterations) {
     auto next = s.it + 1;
     auto h = std::make_shared<decltype(self->request(
-        roles_.rollout, ctx_.timeout_of(request_kind::generate), inference::generate_atom::value,
-        gen_requests(next)))>(self->request(roles_.rollout, ctx_.timeout_of(request_kind::generate),
+        rollout(), ctx_.timeout_of(request_kind::generate), inference::generate_atom::value,
+        gen_requests(next)))>(self->request(rollout(), ctx_.timeout_of(request_kind::generate),
                                             inference::generate_atom::value, gen_requests(next)));
     collect_ahead_ = [this, h, next] {
       expected<std::vector<inference::request_output>> o = make_error(errc::internal, "no reply");
@@ -108,7 +108,7 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
     s.old_lp = s.eng_lp;
   } else {
     auto lp = ask_served<runtime::tensor_batch>(
-        ctx_, roles_.policy, request_kind::compute, "policy: old_log_prob", train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
+        ctx_, trainer(role_id::policy), request_kind::compute, "policy: old_log_prob", train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
     if (!lp)
       return lp.error();
     s.old_lp = log_probs_of(lp);
@@ -124,7 +124,7 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
 
 expected<void> rl_driver::ref(iteration_state& s) {
   auto lp = ask_served<runtime::tensor_batch>(
-      ctx_, *roles_.reference, request_kind::compute, "reference: ref", train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
+      ctx_, trainer(role_id::reference), request_kind::compute, "reference: ref", train::log_probs_atom::value, s.batch, ctx_.cfg->rl.generation.temperature, false);
   if (!lp)
     return lp.error();
   s.ref_lp = log_probs_of(lp);
@@ -133,7 +133,7 @@ expected<void> rl_driver::ref(iteration_state& s) {
 }
 
 expected<void> rl_driver::values(iteration_state& s) {
-  auto v = ask_served<runtime::tensor_batch>(ctx_, *roles_.critic, request_kind::compute, "critic: values",
+  auto v = ask_served<runtime::tensor_batch>(ctx_, trainer(role_id::critic), request_kind::compute, "critic: values",
                                             train::values_atom::value, s.batch);
   if (!v)
     return v.error();
@@ -148,15 +148,17 @@ expected<void> rl_driver::reward(iteration_state& s) {
   value_or_throw(req.batch.set("attention_mask", value_or_throw(s.batch.get("attention_mask"))));
   req.responses = s.responses;
   req.answers = s.answers;
-  auto sc = ask_served<runtime::tensor_batch>(ctx_, roles_.reward, request_kind::compute, "reward: score",
+  auto sc = ask_served<runtime::tensor_batch>(ctx_, cast_.handle_as<reward_actor>(role_id::reward), request_kind::compute, "reward: score",
                                              reward_atom::value, req);
   if (!sc)
     return sc.error();
   s.scores = value_or_throw(sc->get("scores"));
-  if (sc->contains("rule_scores"))
-    s.m["critic/rule_score/mean"] = value_or_throw(sc->get("rule_scores")).mean().item<double>();
-  if (sc->contains("model_scores"))
-    s.m["critic/model_score/mean"] = value_or_throw(sc->get("model_scores")).mean().item<double>();
+  // Each backend's own scores (NOTE [reward backends]): "rule_scores" →
+  // critic/rule_score/mean, "model_scores" → critic/model_score/mean.
+  const std::string suffix = "_scores";
+  for (const auto& [key, t] : sc->tensors())
+    if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
+      s.m["critic/" + key.substr(0, key.size() - 1) + "/mean"] = t.mean().item<double>();
   return {};
 }
 
@@ -227,7 +229,7 @@ expected<void> rl_driver::update_critic(iteration_state& s) {
   o.loss_agg = r.loss_agg;
   o.shuffle_seed =
       mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 61, static_cast<uint64_t>(s.it)});
-  auto res = ask_served<train::metric_map>(ctx_, *roles_.critic, request_kind::compute, "critic: update_critic",
+  auto res = ask_served<train::metric_map>(ctx_, trainer(role_id::critic), request_kind::compute, "critic: update_critic",
                                            train::update_critic_atom::value, s.batch, o);
   if (!res)
     return res.error();
@@ -250,7 +252,7 @@ expected<void> rl_driver::update_actor(iteration_state& s) {
   o.lr = r.actor_optim.lr;
   o.shuffle_seed =
       mix_seed({static_cast<uint64_t>(ctx_.cfg->run.seed), 62, static_cast<uint64_t>(s.it)});
-  auto res = ask_served<train::metric_map>(ctx_, roles_.policy, request_kind::compute, "policy: update_actor",
+  auto res = ask_served<train::metric_map>(ctx_, trainer(role_id::policy), request_kind::compute, "policy: update_actor",
                                            train::update_policy_atom::value, s.batch, o);
   if (!res)
     return res.error();
@@ -266,11 +268,11 @@ expected<void> rl_driver::gen_wait(iteration_state&) {
 }
 
 expected<void> rl_driver::weight_sync(iteration_state& s) {
-  return sync_weights(ctx_.self, ctx_, "rl", roles_.policy, roles_.rollout, s.it + 1);
+  return sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), s.it + 1);
 }
 
 expected<void> rl_driver::evaluate(iteration_state& s) {
-  return detail::evaluate(ctx_.self, ctx_, roles_.rollout, s.m, "rl", s.it + 1);
+  return detail::evaluate(ctx_.self, ctx_, rollout(), s.m, "rl", s.it + 1);
 }
 
 // Co-located offload (NOTE [rl iteration]): a role's idle state once its
@@ -279,29 +281,15 @@ expected<void> rl_driver::release_after(iteration_state& s, std::string_view pha
   if (!ctx_.cfg->placement.offload)
     return {};
   stopwatch t;
-  expected<int64_t> freed = int64_t{0};
-  auto dir = (ctx_.run_dir / "rl" / "offload").string();
-  if (phase == "gen" && !collect_ahead_) // the KV pool, unless the next gen runs
-    freed = ask<int64_t>(ctx_.self, roles_.rollout, ctx_.timeout_of(request_kind::control),
-                         "rollout: release", actors::release_atom::value);
-  else if (phase == "ref")
-    freed = ask_served<int64_t>(ctx_, *roles_.reference, request_kind::state, "reference: release",
-                                actors::release_atom::value, dir);
-  else if (phase == "reward" && algo_.reward_model) // a rule holds nothing to free
-    freed = ask_served<int64_t>(ctx_, roles_.reward, request_kind::state, "reward: release",
-                                actors::release_atom::value, dir);
-  else if (phase == "update_critic")
-    freed = ask_served<int64_t>(ctx_, *roles_.critic, request_kind::state, "critic: release",
-                                actors::release_atom::value, dir);
-  else if (phase == "weight_sync") // the policy's optimizer state, until its next update
-    freed = ask_served<int64_t>(ctx_, roles_.policy, request_kind::state, "policy: release",
-                                actors::release_atom::value, dir);
-  else
-    return {};
+  // The rollout keeps its KV pool while the next batch is generated ahead.
+  auto keep = [&](role_id r) { return r == role_id::rollout && collect_ahead_ != nullptr; };
+  auto freed = cast_.release_after(phase, keep, ctx_.roles_busy_s);
   if (!freed)
     return freed.error();
+  if (!*freed)
+    return {};
   s.m["timing_s/offload"] += t.seconds();
-  s.m["perf/offloaded_bytes"] += static_cast<double>(*freed);
+  s.m["perf/offloaded_bytes"] += static_cast<double>(**freed);
   return {};
 }
 

@@ -74,16 +74,6 @@ expected<rl_algorithm> rl_algorithm::from(const rl_config& r) {
   return a;
 }
 
-void stop_cast(caf::blocking_actor* self, const rl_roles& roles) {
-  self->send_exit(roles.policy, caf::exit_reason::user_shutdown);
-  self->send_exit(roles.reward, caf::exit_reason::user_shutdown);
-  self->send_exit(roles.rollout, caf::exit_reason::user_shutdown);
-  if (roles.reference)
-    self->send_exit(*roles.reference, caf::exit_reason::user_shutdown);
-  if (roles.critic)
-    self->send_exit(*roles.critic, caf::exit_reason::user_shutdown);
-}
-
 namespace {
 
 // The rollout engine's work during one step, from its counters before and after.
@@ -136,63 +126,48 @@ expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
   return out;
 }
 
-// The cast (NOTE [role hosting] in roles.hpp); on failure the roles built
-// so far are stopped.
-expected<rl_roles> spawn_cast(job_context& ctx, const rl_algorithm& algo) {
+// Where each role of the rl cast starts from: the policy, the reference and
+// the rollout from the sft stage's model (else the base), the critic from
+// rl.critic.init, a reward model from the rm stage or rl.reward.model_path
+// ("" for a rule-only reward).
+std::string start_dir(job_context& ctx, role_id role, const rl_algorithm& algo) {
   const auto& r = ctx.cfg->rl;
   const auto& stages = ctx.cfg->stages;
-  auto policy_dir = ctx.model_dir(
-      std::find(stages.begin(), stages.end(), "sft") != stages.end() ? "sft" : "base");
-  std::vector<caf::actor> spawned;
-  auto fail = [&](const caf::error& e) -> expected<rl_roles> {
-    for (auto& a : spawned)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    return e;
-  };
-  auto policy = spawn_trainer(ctx, "rl", "policy", policy_dir);
-  if (!policy)
-    return policy.error();
-  spawned.push_back(caf::actor_cast<caf::actor>(*policy));
-  std::optional<train::engine_actor> critic, reference;
-  if (algo.critic) {
-    auto c = spawn_trainer(ctx, "rl", "critic", ctx.model_dir(std::string{to_string(r.critic.init)}));
-    if (!c)
-      return fail(c.error());
-    critic = *c;
-    spawned.push_back(caf::actor_cast<caf::actor>(*c));
+  switch (role) {
+    case role_id::critic: return ctx.model_dir(std::string{to_string(r.critic.init)});
+    case role_id::reward:
+      return !algo.reward_model ? std::string{}
+             : r.reward.model_path.empty() ? ctx.model_dir("rm")
+                                           : r.reward.model_path;
+    default:
+      return ctx.model_dir(std::find(stages.begin(), stages.end(), "sft") != stages.end() ? "sft" : "base");
   }
-  if (algo.use_reference) {
-    auto c = spawn_trainer(ctx, "rl", "reference", policy_dir);
-    if (!c)
-      return fail(c.error());
-    reference = *c;
-    spawned.push_back(caf::actor_cast<caf::actor>(*c));
-  }
-  auto reward =
-      spawn_reward_role(ctx, algo.reward_model ? (r.reward.model_path.empty() ? ctx.model_dir("rm")
-                                                                              : r.reward.model_path)
-                                               : std::string{});
-  if (!reward)
-    return fail(reward.error());
-  spawned.push_back(caf::actor_cast<caf::actor>(*reward));
-  auto rollout = spawn_rollout_role(ctx, "rl", policy_dir);
-  if (!rollout)
-    return fail(rollout.error());
-  return rl_roles{*policy, reference, critic, *reward, *rollout};
 }
 
-expected<void> load_resume_state(job_context& ctx, const rl_roles& roles, const rl_resume& res) {
+// The cast (NOTE [the cast], NOTE [role hosting] in roles.hpp), in the
+// role table's order; on failure the roles built so far are stopped (the
+// cast's destructor).
+expected<cast> spawn_rl_cast(job_context& ctx, const rl_algorithm& algo) {
+  auto out = make_cast(ctx, stage_id::rl);
+  for (auto role : stage_cast(stage_id::rl, *ctx.cfg))
+    if (auto ok = out.spawn(role, start_dir(ctx, role, algo)); !ok)
+      return ok.error();
+  return out;
+}
+
+// The trainers' states of a checkpoint, each from its "<role>.state" file.
+expected<void> load_resume_state(job_context& ctx, const cast& roles, const rl_resume& res) {
   if (!res.files)
     return {};
-  auto p = ask<int64_t>(ctx.self, roles.policy, ctx.timeout_of(request_kind::state), res.dir + ": policy: load state",
-                        train::load_state_atom::value, res.files->at("policy.state"));
-  if (!p)
-    return p.error();
-  if (roles.critic) {
-    auto c = ask<int64_t>(ctx.self, *roles.critic, ctx.timeout_of(request_kind::state), res.dir + ": critic: load state",
-                          train::load_state_atom::value, res.files->at("critic.state"));
-    if (!c)
-      return c.error();
+  for (auto role : {role_id::policy, role_id::critic}) {
+    if (!roles.has(role))
+      continue;
+    auto name = std::string{to_string(role)};
+    auto ok = ask<int64_t>(ctx.self, roles.handle_as<train::engine_actor>(role), ctx.timeout_of(request_kind::state),
+                           res.dir + ": " + name + ": load state", train::load_state_atom::value,
+                           res.files->at(name + ".state"));
+    if (!ok)
+      return ok.error();
   }
   return {};
 }
@@ -207,13 +182,11 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
   if (!res)
     return res.error();
   ctx.emit(job::stage_started{"rl", ctx.cfg->rl.iterations, res->progress.iteration});
-  auto roles = spawn_cast(ctx, *algo);
+  auto roles = spawn_rl_cast(ctx, *algo);
   if (!roles)
     return roles.error();
-  if (auto ok = load_resume_state(ctx, *roles, *res); !ok) {
-    stop_cast(ctx.self, *roles);
-    return ok.error();
-  }
+  if (auto ok = load_resume_state(ctx, *roles, *res); !ok)
+    return ok.error(); // the cast stops its roles
   rl_driver driver{ctx, std::move(*roles), *algo, res->progress};
   return driver.run();
 }
@@ -221,7 +194,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
 // ---- the driver ---------------------------------------------------------------
 
 void rl_driver::stop_roles() {
-  stop_cast(ctx_.self, roles_);
+  cast_.stop();
 }
 
 // The weights the rollout starts with, the settings of an earlier run, and
@@ -239,7 +212,7 @@ expected<void> rl_driver::start() {
   }
   auto& st = progress_;
   if (st.iteration > 0)
-    return sync_weights(ctx_.self, ctx_, "rl", roles_.policy, roles_.rollout, st.iteration);
+    return sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), st.iteration);
   iteration_state s;
   s.it = -1;
   if (auto ok = evaluate(s); !ok)
@@ -270,7 +243,7 @@ expected<stage_summary> rl_driver::run() {
       return finish(sum);
     }
   }
-  auto saved = ask<std::string>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::state), "policy: save model",
+  auto saved = ask<std::string>(ctx_.self, trainer(role_id::policy), ctx_.timeout_of(request_kind::state), "policy: save model",
                                 train::save_model_atom::value, sum.output);
   if (!saved)
     return finish(saved.error());
@@ -432,17 +405,16 @@ rl_driver::apply_settings(int64_t it,
 
 expected<void> rl_driver::save_checkpoint() {
   runtime::checkpoint_files files;
-  auto p = ask<std::string>(ctx_.self, roles_.policy, ctx_.timeout_of(request_kind::state), "policy: save state",
-                            train::save_state_atom::value);
-  if (!p)
-    return p.error();
-  files["policy.state"] = std::move(*p);
-  if (roles_.critic) {
-    auto c = ask<std::string>(ctx_.self, *roles_.critic, ctx_.timeout_of(request_kind::state), "critic: save state",
-                              train::save_state_atom::value);
-    if (!c)
-      return c.error();
-    files["critic.state"] = std::move(*c);
+  // The trained roles' states, "<role>.state" each (load_resume_state reads them).
+  for (auto role : {role_id::policy, role_id::critic}) {
+    if (!cast_.has(role))
+      continue;
+    auto name = std::string{to_string(role)};
+    auto st = ask<std::string>(ctx_.self, trainer(role), ctx_.timeout_of(request_kind::state),
+                               name + ": save state", train::save_state_atom::value);
+    if (!st)
+      return st.error();
+    files[name + ".state"] = std::move(*st);
   }
   nlohmann::json j = {
       {"stage", "rl"}, {"iteration", progress_.iteration}, {"kl_coef", progress_.beta}};
@@ -453,30 +425,11 @@ expected<void> rl_driver::save_checkpoint() {
 // Fault injection (debug.*): the role of `phase` fails its next request.
 void rl_driver::inject(std::string_view phase, int64_t it) {
   const auto& d = ctx_.cfg->debug;
+  const auto* t = role_of_phase(phase);
   if (d.fail_role.empty() || it + 1 != d.fail_iteration ||
-      (!d.fail_phase.empty() && d.fail_phase != phase) || role_of_phase(phase) != d.fail_role)
+      (!d.fail_phase.empty() && d.fail_phase != phase) || !t || t->name != d.fail_role)
     return;
-  const auto* t = find_role(d.fail_role);
-  if (!t || !t->injectable)
-    return;
-  switch (t->id) {
-  case role_id::policy:
-    ctx_.self->send(roles_.policy, train::inject_failure_atom::value);
-    break;
-  case role_id::critic:
-    if (roles_.critic)
-      ctx_.self->send(*roles_.critic, train::inject_failure_atom::value);
-    break;
-  case role_id::reference:
-    if (roles_.reference)
-      ctx_.self->send(*roles_.reference, train::inject_failure_atom::value);
-    break;
-  case role_id::reward:
-    ctx_.self->send(roles_.reward, train::inject_failure_atom::value);
-    break;
-  case role_id::rollout:
-    break;
-  }
+  cast_.inject(t->id);
 }
 
 // The role-failed event of a phase's error: the role named first in the
@@ -484,7 +437,8 @@ void rl_driver::inject(std::string_view phase, int64_t it) {
 void rl_driver::role_failed(const iteration_state& s, std::string_view phase,
                             const caf::error& err) {
   auto text = context_of(err);
-  std::string role{role_of_phase(phase)};
+  const auto* phase_role = role_of_phase(phase);
+  std::string role{phase_role ? phase_role->name : std::string_view{}};
   for (const auto& t : all_roles())
     if (text.rfind(std::string{t.name} + ":", 0) == 0)
       role = t.name;

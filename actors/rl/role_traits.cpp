@@ -3,39 +3,73 @@
 namespace troupe::actors::rl {
 
 const std::vector<role_traits>& all_roles() {
+  using models::head_kind;
+  using s = stage_id;
   static const std::vector<role_traits> table{
       {role_id::policy,
        "policy",
-       {"sft", "rl"},
-       "lm",
+       {s::sft, s::rl},
+       head_kind::lm,
+       role_actor::trainer,
        41,
        {"old_log_prob", "update_actor", "weight_sync"},
+       "weight_sync",
        true},
-      {role_id::critic, "critic", {"rl"}, "value", 42, {"values", "update_critic"}, true},
-      {role_id::reference, "reference", {}, "lm", 43, {"ref"}, true},
-      {role_id::reward, "reward", {"rm"}, "reward", 44, {"reward"}, true},
-      {role_id::rollout, "rollout", {}, "lm", 45, {"gen", "evaluate"}, false},
+      {role_id::critic,
+       "critic",
+       {s::rl},
+       head_kind::value,
+       role_actor::trainer,
+       42,
+       {"values", "update_critic"},
+       "update_critic",
+       true},
+      {role_id::reference,
+       "reference",
+       {},
+       head_kind::lm,
+       role_actor::trainer,
+       43,
+       {"ref"},
+       "ref",
+       true},
+      {role_id::reward,
+       "reward",
+       {s::rm},
+       head_kind::reward,
+       role_actor::judge,
+       44,
+       {"reward"},
+       "reward",
+       true},
+      {role_id::rollout,
+       "rollout",
+       {},
+       head_kind::lm,
+       role_actor::rollout,
+       45,
+       {"gen", "evaluate"},
+       "gen",
+       false},
   };
   return table;
 }
 
 const role_traits* find_role(std::string_view name) {
-  for (const auto& r : all_roles())
-    if (r.name == name)
-      return &r;
-  return nullptr;
+  auto id = enum_from_name<role_id>(name);
+  return id ? &traits_of(*id) : nullptr;
 }
 
 const role_traits& traits_of(role_id id) {
   return all_roles()[static_cast<size_t>(id)];
 }
 
-std::string_view role_of_phase(std::string_view phase) {
+const role_traits* role_of_phase(std::string_view phase) {
   for (const auto& r : all_roles())
     for (auto p : r.rl_phases)
       if (p == phase)
-        return r.name;
-  return {};
+        return &r;
+  return nullptr;
 }
 
 } // namespace troupe::actors::rl

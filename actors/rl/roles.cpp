@@ -6,6 +6,7 @@
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/job_internal.hpp"
 #include "actors/rl/reward.hpp"
+#include "actors/rl/stage_table.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/compute.hpp"
@@ -23,18 +24,6 @@ role_host::place role_host::where(const std::string&, int) const {
   return {"driver", static_cast<int64_t>(::getpid())};
 }
 
-std::vector<std::string> stage_roles(const std::string& stage, bool critic, bool reference) {
-  if (stage == "sft")
-    return {"policy", "rollout"};
-  if (stage == "rm")
-    return {"reward"};
-  std::vector<std::string> out;
-  for (const auto& t : all_roles())
-    if ((t.id != role_id::critic || critic) && (t.id != role_id::reference || reference))
-      out.emplace_back(t.name);
-  return out;
-}
-
 namespace {
 
 // The model a role starts from, and how: head, whether a missing head is
@@ -45,53 +34,36 @@ struct model_recipe {
   bool allow_missing_head = false;
   uint64_t seed = 0;
   std::optional<train::optimizer_options> optim;
+  role_actor actor = role_actor::trainer;
 };
 
+// Read off the role and stage tables (NOTE [stage table]).
 expected<model_recipe> recipe_of(const job_config& cfg, const role_spec& s) {
-  auto seed = static_cast<uint64_t>(cfg.run.seed);
+  const auto* stage = find_stage(s.stage);
+  const auto* role = find_role(s.role);
+  if (!stage || !role || !in_cast(stage->id, role->id, cfg))
+    return make_error(errc::invalid_argument, "no role '" + s.role + "' in stage '" + s.stage + "'");
   model_recipe r;
-  if (s.stage == "sft" && (s.role == "policy" || s.role == "rollout")) {
-    r.seed = mix_seed({seed, 21, 1});
-    if (s.role == "policy")
-      r.optim = cfg.sft.optim;
-    return r;
-  }
-  if (s.stage == "rm" && s.role == "reward") {
-    r.head = models::head_kind::reward;
-    r.allow_missing_head = true;
-    r.seed = mix_seed({seed, 21, 2});
-    r.optim = cfg.rm.optim;
-    return r;
-  }
-  const auto* t = find_role(s.role);
-  if (s.stage == "rl" && t) {
-    // The role-traits table: head, seed salt, trained or frozen.
-    r.head = t->head == "value"    ? models::head_kind::value
-             : t->head == "reward" ? models::head_kind::reward
-                                   : models::head_kind::lm;
-    r.allow_missing_head = t->id == role_id::critic; // a fresh value head
-    r.seed = mix_seed({seed, t->seed_salt});
-    if (t->id == role_id::policy)
-      r.optim = cfg.rl.actor_optim;
-    else if (t->id == role_id::critic)
-      r.optim = cfg.rl.critic.optim;
-    return r;
-  }
-  return make_error(errc::invalid_argument,
-                    "no role '" + s.role + "' in stage '" + s.stage + "'");
+  r.head = role->head;
+  r.allow_missing_head = role->fresh_head_in(stage->id);
+  r.seed = stage->seed(cfg, *role);
+  if (role->trains_in(stage->id))
+    r.optim = stage->optim(cfg, role->id);
+  r.actor = role->actor_in(stage->id);
+  return r;
 }
 
 // The DP group of a trainer rank: the store client and the gloo group.
 expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec& s) {
-  auto st = runtime::connect_tcp_store(s.dp_store, s.timeout_ms);
+  auto st = runtime::connect_tcp_store(s.group_store, s.timeout_ms);
   if (!st)
     return with_prefix(st.error(), "joining the DP group");
   auto out = std::make_shared<train::data_parallel_group>();
   out->store = std::move(*st);
   runtime::group_options go;
-  go.rank = s.dp_rank;
-  go.world_size = s.dp_size;
-  go.name = s.dp_group;
+  go.rank = s.rank;
+  go.world_size = s.layout.ranks();
+  go.name = s.group_name;
   go.interface_host = s.host;
   go.timeout_ms = s.timeout_ms;
   auto g = runtime::make_process_group(out->store, go);
@@ -101,41 +73,54 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
   return out;
 }
 
-expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const role_spec& s) {
-  auto recipe = recipe_of(cfg, s);
-  if (!recipe)
-    return recipe.error();
-  if (s.dp_size < 1 || s.dp_rank < 0 || s.dp_rank >= s.dp_size)
-    return make_error(errc::invalid_argument, "dp rank " + std::to_string(s.dp_rank) +
-                                                  " of " + std::to_string(s.dp_size));
-  bool trainer = s.role == "policy" || s.role == "critic" || s.role == "reference" ||
-                 (s.role == "reward" && s.stage == "rm");
-  if (s.dp_size > 1 && !(trainer && recipe->optim))
-    return make_error(errc::invalid_argument,
-                      "data parallelism (dp " + std::to_string(s.dp_size) +
-                          ") is for trained roles (policy, critic, the rm stage's reward)");
-  runtime::set_compute_threads(static_cast<int>(cfg.run.threads));
-
-  if (s.role == "reward" && s.stage == "rl") {
-    reward_spec rs;
-    rs.kind = cfg.rl.reward.kind;
-    rs.rule = cfg.rl.reward.rule;
-    rs.rule_weight = cfg.rl.reward.rule_weight;
-    rs.model_weight = cfg.rl.reward.model_weight;
+// The built-in reward backends (NOTE [reward backends]): the rule and / or
+// a reward model loaded from the spec's directory, by rl.reward.kind.
+expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, const role_spec& s,
+                                                       const model_recipe& recipe) {
+  const auto& r = cfg.rl.reward;
+  std::vector<weighted_backend> out;
+  if (r.kind != reward_kind::model) {
     auto tok = detail::job_tokenizer(cfg.model);
     if (!tok)
       return tok.error();
-    std::unique_ptr<train::train_engine> engine;
-    if (uses_reward_model(cfg.rl.reward)) {
-      auto m = detail::load_model(s.model_dir, recipe->head, false, recipe->seed);
-      if (!m)
-        return with_prefix(m.error(), "loading " + s.model_dir);
-      auto e = train::train_engine::make(*m, std::nullopt);
-      if (!e)
-        return e.error();
-      engine = std::move(*e);
-    }
-    auto a = spawn_reward(sys, rs, tok->tok, std::move(engine));
+    out.push_back({make_rule_backend(tok->tok, r.rule), r.rule_weight});
+  }
+  if (r.kind != reward_kind::rule) {
+    auto m = detail::load_model(s.model_dir, recipe.head, false, recipe.seed);
+    if (!m)
+      return with_prefix(m.error(), "loading " + s.model_dir);
+    auto e = train::train_engine::make(*m, std::nullopt);
+    if (!e)
+      return e.error();
+    out.push_back({make_model_backend(std::move(*e)), r.model_weight});
+  }
+  return out;
+}
+
+expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const role_spec& s,
+                           const role_factories& factories) {
+  auto recipe = recipe_of(cfg, s);
+  if (!recipe)
+    return recipe.error();
+  const auto& l = s.layout;
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || s.rank < 0 || s.rank >= l.ranks())
+    return make_error(errc::invalid_argument, "rank " + std::to_string(s.rank) + " of a layout dp " +
+                                                std::to_string(l.dp) + " tp " + std::to_string(l.tp) +
+                                                " pp " + std::to_string(l.pp));
+  if (l.tp > 1 || l.pp > 1)
+    return make_error(errc::unsupported, "tensor and pipeline parallelism are not available yet (tp " +
+                                           std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")");
+  if (l.dp > 1 && !recipe->optim)
+    return make_error(errc::invalid_argument,
+                      "data parallelism (dp " + std::to_string(l.dp) +
+                          ") is for trained roles (policy, critic, the rm stage's reward)");
+  runtime::set_compute_threads(static_cast<int>(cfg.run.threads));
+
+  if (recipe->actor == role_actor::judge) {
+    auto backends = factories.reward ? factories.reward(cfg, s) : builtin_reward(cfg, s, *recipe);
+    if (!backends)
+      return backends.error();
+    auto a = spawn_reward(sys, std::move(*backends));
     if (!a)
       return a.error();
     return caf::actor_cast<caf::actor>(*a);
@@ -144,7 +129,7 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   auto model = detail::load_model(s.model_dir, recipe->head, recipe->allow_missing_head, recipe->seed);
   if (!model)
     return with_prefix(model.error(), "loading " + s.model_dir);
-  if (s.role == "rollout") {
+  if (recipe->actor == role_actor::rollout) {
     auto a = inference::spawn_rollout(sys, *model, engine_settings(cfg));
     if (!a)
       return a.error();
@@ -153,7 +138,7 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   auto engine = train::train_engine::make(*model, recipe->optim);
   if (!engine)
     return engine.error();
-  if (s.dp_size > 1) {
+  if (l.dp > 1) {
     auto g = join_group(s);
     if (!g)
       return g.error();
@@ -164,7 +149,7 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     if (auto ok = (*engine)->join_data_parallel(*g, bucket_mb); !ok)
       return ok.error();
   }
-  auto name = s.dp_size > 1 ? s.role + "[dp " + std::to_string(s.dp_rank) + "]" : s.role;
+  auto name = l.dp > 1 ? s.role + "[dp " + std::to_string(s.rank) + "]" : s.role;
   return caf::actor_cast<caf::actor>(train::spawn_engine_actor(sys, name, std::move(*engine)));
 }
 
@@ -200,7 +185,8 @@ expected<job_tokenizer_info> job_tokenizer(const model_config& m) {
 
 } // namespace detail
 
-expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec) {
+expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec,
+                                const role_factories& factories) {
   auto where = spec.stage + " " + spec.role;
   auto doc = runtime::yaml_document::from_text(spec.job_yaml, "role spec (" + where + ")");
   if (!doc)
@@ -208,7 +194,7 @@ expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec) {
   auto cfg = runtime::load_config<job_config>(*doc);
   if (!cfg)
     return with_prefix(cfg.error(), spec.role);
-  auto a = build(sys, *cfg, spec);
+  auto a = build(sys, *cfg, spec, factories);
   if (!a)
     return with_prefix(a.error(), spec.role);
   return a;
@@ -217,10 +203,10 @@ expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec) {
 expected<std::vector<caf::actor>> spawn_ranks(
     const role_spec& spec, std::vector<std::shared_ptr<void>>& stores, const std::string& store_host,
     const std::function<expected<caf::actor>(const role_spec&)>& spawn_one) {
-  auto dp = spec.dp_size;
-  if (dp < 1)
-    return make_error(errc::invalid_argument, spec.role + ": dp " + std::to_string(dp));
-  if (dp == 1) {
+  auto n = spec.layout.ranks();
+  if (n < 1)
+    return make_error(errc::invalid_argument, spec.role + ": " + std::to_string(n) + " ranks");
+  if (n == 1) {
     auto a = spawn_one(spec);
     if (!a)
       return a.error();
@@ -236,15 +222,15 @@ expected<std::vector<caf::actor>> spawn_ranks(
   auto server = std::make_shared<runtime::store>(std::move(*st));
   auto addr = so.host + ":" + std::to_string(server->port());
   stores.push_back(server);
-  std::vector<expected<caf::actor>> got(static_cast<size_t>(dp), make_error(errc::internal, "not built"));
+  std::vector<expected<caf::actor>> got(static_cast<size_t>(n), make_error(errc::internal, "not built"));
   std::vector<std::thread> threads;
-  for (int32_t r = 0; r < dp; ++r)
+  for (int32_t r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       auto s = spec;
-      s.dp_rank = r;
-      s.dp_store = addr;
-      if (s.dp_group.empty())
-        s.dp_group = spec.stage + "/" + spec.role;
+      s.rank = r;
+      s.group_store = addr;
+      if (s.group_name.empty())
+        s.group_name = spec.stage + "/" + spec.role;
       got[static_cast<size_t>(r)] = spawn_one(s);
     });
   for (auto& t : threads)
@@ -267,7 +253,8 @@ expected<std::vector<caf::actor>> spawn_ranks(
 
 expected<std::vector<caf::actor>> in_process_host::spawn(caf::actor_system& sys,
                                                           const role_spec& spec) {
-  return spawn_ranks(spec, stores_, store_host(), [&](const role_spec& s) { return spawn_role(sys, s); });
+  return spawn_ranks(spec, stores_, store_host(),
+                     [&](const role_spec& s) { return spawn_role(sys, s, factories_); });
 }
 
 } // namespace troupe::actors::rl

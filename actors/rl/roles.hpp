@@ -26,6 +26,28 @@
 
 namespace troupe::actors::rl {
 
+/// NOTE [parallel layout]: a role's ranks form a mesh of dp data-parallel
+/// replicas, each split tp ways by tensor parallelism and pp ways into
+/// pipeline stages (rank = (d · pp + p) · tp + t, runtime::rank_mesh{{dp,
+/// pp, tp}}); one process group per dimension. For the rollout, dp counts
+/// independent engines and tp a tensor-parallel engine. The job file sets
+/// it per role (placement.roles[].dp, .tp, .pp); until tensor and pipeline
+/// parallelism land, tp and pp are 1 and only trained roles have dp > 1.
+struct parallel_layout {
+  int32_t dp = 1;
+  int32_t tp = 1;
+  int32_t pp = 1;
+
+  /// Ranks of the role (dp · tp · pp).
+  int32_t ranks() const { return dp * tp * pp; }
+  bool operator==(const parallel_layout&) const = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, parallel_layout& x) {
+  return f(caf::meta::type_name("parallel_layout"), x.dp, x.tp, x.pp);
+}
+
 struct role_spec {
   /// sft | rm | rl.
   std::string stage;
@@ -35,13 +57,13 @@ struct role_spec {
   std::string job_yaml;
   /// The HF directory the role's model starts from ("" for a rule-only reward).
   std::string model_dir;
-  /// Data-parallel rank and size of this instance.
-  int32_t dp_rank = 0;
-  int32_t dp_size = 1;
-  /// "host:port" of the TCPStore of the role's DP group (dp_size > 1).
-  std::string dp_store;
-  /// Key prefix of the group in the store (unique per stage and role).
-  std::string dp_group;
+  /// The role's mesh of ranks, and this instance's rank in it.
+  parallel_layout layout;
+  int32_t rank = 0;
+  /// "host:port" of the TCPStore of the role's groups (more than one rank).
+  std::string group_store;
+  /// Key prefix of the groups in the store (unique per stage and role).
+  std::string group_name;
   /// Bound on the group's rendezvous and collectives.
   int64_t timeout_ms = 60000;
   /// The address this rank's process binds its gloo pairs to (its node's).
@@ -50,23 +72,32 @@ struct role_spec {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, role_spec& x) {
-  return f(caf::meta::type_name("role_spec"), x.stage, x.role, x.job_yaml, x.model_dir, x.dp_rank,
-           x.dp_size, x.dp_store, x.dp_group, x.timeout_ms, x.host);
+  return f(caf::meta::type_name("role_spec"), x.stage, x.role, x.job_yaml, x.model_dir, x.layout,
+           x.rank, x.group_store, x.group_name, x.timeout_ms, x.host);
 }
 
-/// The roles a stage uses, in spawn order.
-std::vector<std::string> stage_roles(const std::string& stage, bool critic, bool reference);
+struct job_config;
+struct weighted_backend;
+
+/// How roles get parts that are not the built-in ones (NOTE [reward
+/// backends]): unset members mean the built-in parts.
+struct role_factories {
+  /// The reward role's backends in the rl stage (the job, the role's spec).
+  std::function<expected<std::vector<weighted_backend>>(const job_config&, const role_spec&)> reward;
+};
 
 /// Builds the role's actor in this process (a train engine actor, the
-/// rollout actor or the reward actor, by role). Errors name the role.
-expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec);
+/// rollout actor or the reward actor, by the role and stage tables). Errors
+/// name the role.
+expected<caf::actor> spawn_role(caf::actor_system& sys, const role_spec& spec,
+                                const role_factories& factories = {});
 
-/// Builds every DP rank of `spec` (spec.dp_size of them) with `spawn_one`,
-/// concurrently (the ranks meet in the group's rendezvous): opens the
-/// group's TCPStore at `store_host` first (the address the ranks' processes
-/// reach this one at; kept in `stores` for the job's lifetime) and fills in
-/// each rank's dp fields. One rank: just spawn_one. On failure the ranks
-/// already built are stopped.
+/// Builds every rank of `spec` (spec.layout.ranks() of them) with
+/// `spawn_one`, concurrently (the ranks meet in the group's rendezvous):
+/// opens the group's TCPStore at `store_host` first (the address the ranks'
+/// processes reach this one at; kept in `stores` for the job's lifetime)
+/// and fills in each rank's rank and group fields. One rank: just
+/// spawn_one. On failure the ranks already built are stopped.
 expected<std::vector<caf::actor>> spawn_ranks(
     const role_spec& spec, std::vector<std::shared_ptr<void>>& stores, const std::string& store_host,
     const std::function<expected<caf::actor>(const role_spec&)>& spawn_one);
@@ -75,8 +106,8 @@ expected<std::vector<caf::actor>> spawn_ranks(
 class role_host {
 public:
   virtual ~role_host() = default;
-  /// Spawns the role, every DP rank of it (spec.dp_size), and answers one
-  /// actor per rank.
+  /// Spawns the role, every rank of it (spec.layout.ranks()), and answers
+  /// one actor per rank.
   virtual expected<std::vector<caf::actor>> spawn(caf::actor_system& sys, const role_spec& spec) = 0;
   /// The address the processes of the roles reach this (the driver's)
   /// process at: rendezvous stores listen there.
@@ -98,12 +129,14 @@ public:
   virtual int exit_signal(const std::string& role, int rank, int64_t timeout_ms) { return 0; }
 };
 
-/// Every role in the calling process, with one rank each.
+/// Every role in the calling process, built with `factories`.
 class in_process_host final : public role_host {
 public:
+  explicit in_process_host(role_factories factories = {}) : factories_(std::move(factories)) {}
   expected<std::vector<caf::actor>> spawn(caf::actor_system& sys, const role_spec& spec) override;
 
 private:
+  role_factories factories_;
   std::vector<std::shared_ptr<void>> stores_;
 };
 

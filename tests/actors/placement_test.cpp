@@ -71,8 +71,8 @@ TEST(Placement, ChecksRolesPoolsAndDivisibility) {
   EXPECT_NE(e.find("placement.roles[0].dp: dp 2 must divide the 1 devices of pool 'b'"), std::string::npos) << e;
   e = error_of(pools + "  roles: [{role: critic, pool: a, dp: 2}]\n", {"rl.minibatches=4"}); // 4 rows / 4 = 1
   EXPECT_NE(e.find("dp 2 must divide the rl minibatch"), std::string::npos) << e;
-  e = error_of(pools + "  roles: [{role: rollout, pool: a, dp: 2}]\n");
-  EXPECT_NE(e.find("rollout has one rank"), std::string::npos) << e;
+  e = error_of(pools + "  roles: [{role: reference, pool: a, dp: 2}]\n");
+  EXPECT_NE(e.find("reference has one rank"), std::string::npos) << e;
   e = error_of(pools + "  roles: [{role: actor, pool: c}]\n");
   EXPECT_NE(e.find("placement.roles[0].role: expected one of"), std::string::npos) << e;
   EXPECT_NE(e.find("placement.roles[0].pool: no pool named 'c'"), std::string::npos) << e;
@@ -206,5 +206,40 @@ TEST(Placement, TheWeightTransportFitsThePairAndImpossibleChoicesAreRefused) {
     auto ok = plan_of(two_pools, {"weight_sync.transport=" + t});
     ASSERT_TRUE(ok) << t << ": " << describe(ok.error());
     EXPECT_EQ(ok->weight_transport, enum_from_name<runtime::transport_kind>(t));
+  }
+}
+
+// NOTE [parallel layout]: the keys of the coming engines are part of the
+// file now; each is refused, with its YAML path, until its engine lands.
+TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
+  const std::string pools = "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 4}, {name: b, devices: 1}]\n";
+  auto ok = plan_of(pools + "  roles: [{role: policy, pool: a, dp: 2, tp: 1, pp: 1, strategy: ddp, "
+                            "micro_batch_rows: 0}]\n",
+                    {});
+  ASSERT_TRUE(ok) << describe(ok.error());
+  EXPECT_EQ(ok->layout_of("rl", "policy"), (parallel_layout{2, 1, 1}));
+  EXPECT_EQ(ok->layout_of("rl", "reference"), parallel_layout{}) << "frozen: one rank";
+  struct row {
+    std::string role;
+    std::string expected;
+  };
+  for (const auto& [role, expected] : std::vector<row>{
+         {"{role: policy, pool: a, tp: 2}",
+          "job.yaml:18:39: placement.roles[0].tp: tensor parallelism is not available yet: tp must be 1"},
+         {"{role: policy, pool: a, pp: 2}",
+          "job.yaml:18:39: placement.roles[0].pp: pipeline parallelism is not available yet: pp must be 1"},
+         {"{role: critic, pool: a, strategy: zero2}",
+          "job.yaml:18:45: placement.roles[0].strategy: zero2 is not available yet: use ddp"},
+         {"{role: policy, pool: a, micro_batch_rows: 4}",
+          "job.yaml:18:53: placement.roles[0].micro_batch_rows: micro-batches are not available yet"},
+         {"{role: rollout, pool: a, dp: 2}",
+          "job.yaml:18:40: placement.roles[0].dp: independent rollout engines (rollout dp > 1) are not "
+          "available yet"},
+         {"{role: policy, pool: a, tp: 0}", "placement.roles[0].tp: must be >= 1"},
+         {"{role: policy, pool: a, strategy: zero9}",
+          "placement.roles[0].strategy: expected one of ddp, zero1, zero2, zero3, got 'zero9'"},
+       }) {
+    auto e = error_of(pools + "  roles: [" + role + "]\n");
+    EXPECT_NE(e.find(expected), std::string::npos) << role << "\n" << e;
   }
 }

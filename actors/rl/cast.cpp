@@ -1,0 +1,167 @@
+#include "actors/rl/cast.hpp"
+
+#include "actors/rl/job_internal.hpp"
+#include "actors/train/engine_actor.hpp"
+#include "actors/train/engine_group.hpp"
+#include "actors/weight_channel.hpp"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+
+namespace troupe::actors::rl::detail {
+
+cast::cast(cast_env env, stage_id stage) : env_(std::move(env)), stage_(stage) {}
+cast::cast(cast&&) noexcept = default;
+cast& cast::operator=(cast&&) noexcept = default;
+
+cast::~cast() {
+  stop();
+}
+
+void cast::announce(const role_spec& spec, const char* status, const std::string& reason) const {
+  if (!env_.emit)
+    return;
+  for (int32_t r = 0; r < spec.layout.ranks(); ++r) {
+    auto place = env_.host->where(spec.role, r);
+    env_.emit(job::role_changed{spec.stage, spec.role, r, place.process, place.pid, status, reason,
+                                0, "", place.node});
+  }
+}
+
+expected<void> cast::spawn(role_id role, const std::string& model_dir) {
+  const auto& traits = traits_of(role);
+  auto stage_name = std::string{to_string(stage_)};
+  if (has(role))
+    return make_error(errc::invalid_argument,
+                      stage_name + ": " + std::string{traits.name} + " is already in the cast");
+  role_spec spec;
+  spec.stage = stage_name;
+  spec.role = std::string{traits.name};
+  spec.job_yaml = env_.job_yaml;
+  spec.model_dir = model_dir;
+  if (env_.layout_of)
+    spec.layout = env_.layout_of(role);
+  spec.timeout_ms = env_.group_timeout_ms;
+  announce(spec, "started", "");
+  auto ranks = env_.host->spawn(*env_.sys, spec);
+  if (!ranks) {
+    announce(spec, "failed", describe(ranks.error()));
+    return with_prefix(ranks.error(), stage_name + ": spawning " + spec.role);
+  }
+  announce(spec, "ready", "");
+  cast_member m;
+  m.traits = &traits;
+  m.spec = std::move(spec);
+  m.ranks = std::move(*ranks);
+  if (m.ranks.size() == 1) {
+    m.handle = m.ranks.front();
+  } else {
+    // Only trainers have DP ranks (the plan refuses others): one group actor.
+    std::vector<train::engine_actor> typed;
+    for (auto& a : m.ranks)
+      typed.push_back(caf::actor_cast<train::engine_actor>(a));
+    m.handle = caf::actor_cast<caf::actor>(
+        train::spawn_engine_group(*env_.sys, m.spec.role, std::move(typed)));
+  }
+  members_.push_back(std::move(m));
+  return {};
+}
+
+const cast_member* cast::member(role_id role) const {
+  auto it = std::find_if(members_.begin(), members_.end(),
+                         [role](const cast_member& m) { return m.traits->id == role; });
+  return it == members_.end() ? nullptr : &*it;
+}
+
+bool cast::has(role_id role) const {
+  return member(role) != nullptr;
+}
+
+caf::actor cast::handle(role_id role) const {
+  const auto* m = member(role);
+  return m ? m->handle : caf::actor{};
+}
+
+void cast::for_each(const std::function<void(const cast_member&)>& f) const {
+  for (const auto& m : members_)
+    f(m);
+}
+
+uint64_t cast::generation(role_id role) const {
+  const auto* m = member(role);
+  return m ? m->generation : 0;
+}
+
+void cast::stop() {
+  // The handle: the only rank, or the group, which ends its ranks.
+  for (const auto& m : members_)
+    caf::anon_send_exit(m.handle, caf::exit_reason::user_shutdown);
+  members_.clear();
+}
+
+expected<std::optional<int64_t>> cast::release_after(std::string_view phase,
+                                                     const std::function<bool(role_id)>& keep,
+                                                     double& busy_s) {
+  std::optional<int64_t> freed;
+  for (const auto& m : members_) {
+    const auto& t = *m.traits;
+    if (t.rl_idle_after != phase || (keep && keep(t.id)))
+      continue;
+    auto what = std::string{t.name} + ": release";
+    auto actor = t.actor_in(stage_);
+    if (actor == role_actor::judge && m.spec.model_dir.empty())
+      continue; // a rule holds nothing to free
+    expected<int64_t> got = int64_t{0};
+    if (actor == role_actor::rollout) {
+      got = make_error(errc::internal, what + ": no reply");
+      env_.self->request(m.handle, env_.control_timeout, actors::release_atom::value)
+          .receive([&](int64_t bytes) { got = bytes; },
+                   [&](caf::error& e) { got = request_error(e, what, env_.control_timeout); });
+    } else {
+      got = make_error(errc::internal, what + ": no reply");
+      env_.self
+          ->request(m.handle, env_.state_timeout, actors::release_atom::value, env_.offload_dir)
+          .receive(
+              [&](train::served_bytes& b) {
+                busy_s += b.busy_s;
+                got = b.value;
+              },
+              [&](caf::error& e) { got = request_error(e, what, env_.state_timeout); });
+    }
+    if (!got)
+      return got.error();
+    freed = freed.value_or(0) + *got;
+  }
+  return freed;
+}
+
+bool cast::inject(role_id role) {
+  const auto* m = member(role);
+  if (!m || !m->traits->injectable)
+    return false;
+  caf::anon_send(m->handle, train::inject_failure_atom::value);
+  return true;
+}
+
+expected<void> cast::replace(role_id role, int rank, caf::actor fresh) {
+  auto it = std::find_if(members_.begin(), members_.end(),
+                         [role](const cast_member& m) { return m.traits->id == role; });
+  auto name = std::string{to_string(role)};
+  if (it == members_.end())
+    return make_error(errc::not_found, "replace: " + name + " is not in the cast");
+  if (rank < 0 || static_cast<size_t>(rank) >= it->ranks.size())
+    return make_error(errc::out_of_range,
+                      "replace: " + name + " has no rank " + std::to_string(rank));
+  if (it->ranks.size() > 1)
+    return make_error(errc::unsupported, "replace: rank " + std::to_string(rank) + " of " + name +
+                                             "'s DP group (a group's ranks are not swapped yet)");
+  if (!fresh)
+    return make_error(errc::invalid_argument, "replace: " + name + ": no actor");
+  it->ranks[static_cast<size_t>(rank)] = fresh;
+  it->handle = fresh;
+  ++it->generation;
+  return {};
+}
+
+} // namespace troupe::actors::rl::detail
