@@ -52,6 +52,14 @@ caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, s
     }
     auto id = self->state.next++;
     self->state.open.emplace(id, self->make_response_promise());
+    // NOTE [relayed waits]: a relay (this proxy, an engine group) forwards a
+    // caller's request without a deadline of its own; the wait is bounded
+    // anyway. The caller's request carries the caller's timeout (from
+    // run.timeouts), so the caller gets its answer or its timeout whatever
+    // the relay does; and the relay monitors its target, so a target that
+    // goes down fails every open relayed request at once. What a relay
+    // keeps past a caller's timeout is one response handler, until the
+    // target answers or ends. (CAF 0.17 messages carry no deadline to pass on.)
     auto h = self->request(self->state.target, caf::infinite, std::move(msg));
     // The answer types of the role interfaces (a new one must be added
     // here: an answer of another type fails the request, never hangs it).

@@ -140,7 +140,8 @@ bool cast::inject(role_id role) {
   const auto* m = member(role);
   if (!m || !m->traits->injectable)
     return false;
-  caf::anon_send(m->handle, train::inject_failure_atom::value);
+  // From the driver itself: its next request to the role comes after this.
+  env_.self->send(m->handle, train::inject_failure_atom::value);
   return true;
 }
 

@@ -175,6 +175,9 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
     return with_prefix(e, self->state.role + ": " + what);
   };
 
+  // Requests to the ranks relay the caller's: NOTE [relayed waits] in
+  // actors/role_proxy.cpp (the group monitors its ranks and ends with the
+  // first that goes down, failing what is open).
   // split: rows over ranks, tensors back concatenated.
   // The request `atom` with a rank's rows.
   auto ask = [self](auto atom) {

