@@ -1,8 +1,11 @@
 #include "runtime/config.hpp"
 
+#include "runtime/utf8.hpp"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -406,11 +409,17 @@ void config_reader::read_value(std::string_view key, double& v) {
 
 void config_reader::read_value(std::string_view key, std::string& v) {
   TROUPE_LOOKUP(key);
-  if (hit->value.IsScalar()) {
-    v = hit->value.Scalar();
+  if (!hit->value.IsScalar()) {
+    fail("a string");
     return;
   }
-  fail("a string");
+  const auto& text = hit->value.Scalar();
+  if (auto at = invalid_utf8_at(text); at != std::string_view::npos) {
+    errors_->add(hit->where, hit->path,
+                 "expected UTF-8 text, got an invalid byte sequence at byte " + std::to_string(at));
+    return;
+  }
+  v = text;
 }
 
 namespace {
@@ -425,10 +434,16 @@ void read_list(const yaml_document& doc, const located& hit, std::vector<T>& v,
   std::vector<T> out;
   for (size_t i = 0; i < hit.value.size(); ++i) {
     T x{};
-    if (!convert_scalar(hit.value[i], x)) {
+    bool ok = convert_scalar(hit.value[i], x);
+    auto why = "expected " + what + ", got " + kind_of(hit.value[i]);
+    if constexpr (std::is_same_v<T, std::string>)
+      if (auto at = invalid_utf8_at(x); ok && at != std::string_view::npos) {
+        ok = false;
+        why = "expected UTF-8 text, got an invalid byte sequence at byte " + std::to_string(at);
+      }
+    if (!ok) {
       auto path = hit.path + "[" + std::to_string(i) + "]";
-      errors.add(locate(doc, path, hit.value[i].Mark()), path,
-                 "expected " + what + ", got " + kind_of(hit.value[i]));
+      errors.add(locate(doc, path, hit.value[i].Mark()), path, why);
       return;
     }
     out.push_back(x);

@@ -1,4 +1,5 @@
 #include "runtime/config.hpp"
+#include "runtime/utf8.hpp"
 
 #include "tests/support/temp_dir.hpp"
 
@@ -306,4 +307,31 @@ TEST(Config, BaseFilesMergeAndErrorsNameTheirFile) {
   auto l = load_config_file<job_cfg>(loop);
   ASSERT_FALSE(l);
   EXPECT_NE(describe(l.error()).find("more than 8 levels"), std::string::npos) << describe(l.error());
+}
+
+// Text fields take UTF-8 only: an invalid byte sequence is refused at load
+// with its location (it would otherwise reach logs, events and file names).
+TEST(Config, InvalidUtf8IsRefusedWithItsLocation) {
+  auto e = error_of(load("batch_size: 8\nname: \"ab\xff\xfe\"\n"));
+  EXPECT_NE(e.find("job.yaml:2:7: name: expected UTF-8 text, got an invalid byte sequence at byte 2"),
+            std::string::npos)
+    << e;
+  e = error_of(load("name: x\n", {"name=caf\xc3"}));
+  EXPECT_NE(e.find("name: expected UTF-8 text"), std::string::npos) << e;
+  // Valid multi-byte text passes.
+  auto ok = load("name: \"gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80\"\n");
+  ASSERT_TRUE(ok) << describe(ok.error());
+  EXPECT_EQ(ok->name, "gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80");
+}
+
+TEST(Utf8, FindsTheFirstInvalidSequence) {
+  EXPECT_EQ(invalid_utf8_at("plain ascii"), std::string_view::npos);
+  EXPECT_EQ(invalid_utf8_at("\xc3\xa9\xe2\x82\xac\xf4\x8f\xbf\xbf"), std::string_view::npos); // é € U+10FFFF
+  EXPECT_EQ(invalid_utf8_at("ab\x80"), 2u);              // a lone continuation byte
+  EXPECT_EQ(invalid_utf8_at("a\xc0\xaf"), 1u);           // overlong '/'
+  EXPECT_EQ(invalid_utf8_at("\xe0\x80\xaf"), 0u);        // overlong, 3 bytes
+  EXPECT_EQ(invalid_utf8_at("x\xed\xa0\x80"), 1u);       // a surrogate
+  EXPECT_EQ(invalid_utf8_at("\xf4\x90\x80\x80"), 0u);    // above U+10FFFF
+  EXPECT_EQ(invalid_utf8_at("ok\xe2\x82"), 2u);          // truncated
+  EXPECT_EQ(invalid_utf8_at("\xff"), 0u);
 }

@@ -1,0 +1,15 @@
+#pragma once
+// UTF-8 validation for text that enters from files and the network.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace troupe::runtime {
+
+/// The byte offset of the first invalid UTF-8 sequence in `text` (a bad
+/// lead or continuation byte, a truncated, overlong or surrogate sequence,
+/// or a code point above U+10FFFF); std::string_view::npos when it is valid.
+size_t invalid_utf8_at(std::string_view text) noexcept;
+
+} // namespace troupe::runtime
