@@ -420,8 +420,6 @@ struct supervised_stage {
   int64_t batch_size = 0;
   int64_t eval_every = 0;
   std::string init_dir;
-  models::head_kind head = models::head_kind::lm;
-  train::optimizer_options optim;
 };
 
 // Preference pairs as chosen / rejected sequences (prompt + response + EOS).
@@ -622,15 +620,12 @@ supervised_stage supervised_of(const job_context& ctx, stage_id stage) {
     st.steps = cfg.sft.steps;
     st.batch_size = cfg.sft.batch_size;
     st.eval_every = cfg.sft.eval_every;
-    st.optim = cfg.sft.optim;
     st.init_dir = ctx.base_dir;
   } else {
     st.steps = cfg.rm.steps;
     st.batch_size = cfg.rm.batch_size;
     st.eval_every = cfg.rm.eval_every;
-    st.optim = cfg.rm.optim;
     st.trainer = role_id::reward;
-    st.head = models::head_kind::reward;
     st.init_dir = ctx.model_dir(std::string{to_string(cfg.rm.init)});
   }
   return st;
