@@ -5,8 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+
+#include <poll.h>
 #include <unistd.h>
 
 namespace troupe::apps {
@@ -114,8 +118,12 @@ bool console_view::on_event(const j::event& e) {
   return false;
 }
 
-caf::actor spawn_console(caf::actor_system& sys, console_view* view) {
-  return sys.spawn([view](caf::event_based_actor* self) -> caf::behavior {
+caf::actor spawn_console(caf::actor_system& sys, console_view* view, const j::job_actor& job) {
+  return sys.spawn([view, job](caf::event_based_actor* self) -> caf::behavior {
+    // A job actor that ends without a final event (it threw: NOTE [job
+    // actor failures]) must not leave `troupe run` waiting on its console.
+    self->monitor(job);
+    self->set_down_handler([self](caf::down_msg&) { self->quit(); });
     return {[self, view](const j::event& e) {
       if (view->on_event(e))
         self->quit();
@@ -128,21 +136,50 @@ caf::actor spawn_console(caf::actor_system& sys, console_view* view) {
 namespace {
 
 std::atomic<int> g_signals{0};
+std::atomic<int> g_first{0};
 int g_wake[2] = {-1, -1};
 
 extern "C" void on_signal(int sig) {
+  int expected = 0;
+  g_first.compare_exchange_strong(expected, sig);
   if (g_signals.fetch_add(1) + 1 >= 3) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
   }
-  char c = 1;
+  char c = static_cast<char>(sig);
   [[maybe_unused]] auto n = ::write(g_wake[1], &c, 1);
+}
+
+using steady = std::chrono::steady_clock;
+
+// The watcher's wait for the next byte: -1 = the deadline passed, 0 = the
+// pipe closed or a stop byte, else the signal's number.
+int next_signal(std::optional<steady::time_point> deadline) {
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - steady::now());
+      if (left.count() <= 0)
+        return -1;
+      timeout_ms = static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+    }
+    pollfd p{g_wake[0], POLLIN, 0};
+    int r = ::poll(&p, 1, timeout_ms);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r == 0)
+      continue; // the deadline is checked at the top
+    char c = 0;
+    if (r < 0 || ::read(g_wake[0], &c, 1) != 1)
+      return 0;
+    return static_cast<unsigned char>(c);
+  }
 }
 
 } // namespace
 
-signal_watcher::signal_watcher() {
+signal_watcher::signal_watcher(stop_bounds bounds) : bounds_(bounds) {
   if (::pipe(g_wake) != 0)
     return;
   struct sigaction sa {};
@@ -167,13 +204,40 @@ void signal_watcher::watch(const j::job_actor& job) {
     send();
 }
 
+void signal_watcher::forget() {
+  std::lock_guard lock{mu_};
+  job_.reset();
+}
+
 int signal_watcher::count() {
   return g_signals.load();
 }
 
+bool signal_watcher::stopped_now() {
+  return g_first.load() == SIGTERM || g_signals.load() >= 2;
+}
+
+int signal_watcher::exit_status() {
+  return 128 + (g_first.load() ? g_first.load() : SIGINT);
+}
+
 void signal_watcher::loop() {
-  char c = 0;
-  while (::read(g_wake[0], &c, 1) == 1 && c != 0) {
+  std::optional<steady::time_point> deadline;
+  for (;;) {
+    int sig = next_signal(deadline);
+    if (sig == 0)
+      return;
+    if (sig < 0) {
+      char msg[160];
+      int n = std::snprintf(msg, sizeof msg,
+                            "\ntroupe: the job did not stop within the bound after %s: exiting now\n",
+                            g_first.load() == SIGTERM ? "SIGTERM" : "the signal");
+      [[maybe_unused]] auto w = ::write(STDERR_FILENO, msg, static_cast<size_t>(std::max(n, 0)));
+      ::_exit(exit_status());
+    }
+    auto bound = stopped_now() ? bounds_.now_s : bounds_.checkpoint_s;
+    auto at = steady::now() + std::chrono::milliseconds(static_cast<int64_t>(bound * 1000));
+    deadline = deadline ? std::min(*deadline, at) : at;
     std::lock_guard lock{mu_};
     send();
   }
@@ -181,7 +245,7 @@ void signal_watcher::loop() {
 
 void signal_watcher::send() {
   if (job_)
-    caf::anon_send(*job_, j::cancel_atom::value, g_signals.load() >= 2);
+    caf::anon_send(*job_, j::cancel_atom::value, stopped_now());
 }
 
 } // namespace troupe::apps

@@ -11,6 +11,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -46,6 +47,17 @@ int plan_command(const std::string& path, const std::vector<std::string>& overri
   return 0;
 }
 
+namespace {
+
+// NOTE [stop signals]: after SIGINT the current request may run to its
+// timeout and the checkpoint then takes up to its own.
+stop_bounds stop_bounds_of(const actors::rl::job_config& cfg) {
+  const auto& t = cfg.run.timeouts;
+  return {stop_bounds{}.now_s, std::max({t.compute_s, t.generate_s, t.weights_s}) + t.state_s + 10};
+}
+
+} // namespace
+
 int run_job_command(const run_command_options& o) {
   auto cfg = actors::rl::load_job(o.config_path, o.overrides);
   if (!cfg) {
@@ -54,19 +66,21 @@ int run_job_command(const run_command_options& o) {
   }
   console_view view{cfg->run.progress};
   expected<actors::rl::job_summary> summary = make_error(errc::internal, "not run");
+  // The watcher outlives the actor system: its bound holds while the
+  // system's end waits for the driver and the roles.
+  signal_watcher signals{stop_bounds_of(*cfg)};
   {
     caf::actor_system_config sys_cfg;
     actors::configure(sys_cfg);
     cluster::configure_network(sys_cfg);
     caf::actor_system sys{sys_cfg};
-    signal_watcher signals;
     // load and validate → spawn the job actor → subscribe the console →
     // start → wait for a final state (run_job).
     std::optional<caf::actor> console;
     actors::rl::run_options ro;
     ro.resume = o.resume;
     ro.on_spawn = [&](const actors::job::job_actor& job) {
-      auto c = spawn_console(sys, &view);
+      auto c = spawn_console(sys, &view, job);
       caf::scoped_actor self{sys};
       self->request(job, std::chrono::seconds(10), actors::job::subscribe_atom::value, c,
                     int64_t{1})
@@ -77,6 +91,7 @@ int run_job_command(const run_command_options& o) {
     cluster::launch_options lo;
     lo.timeout_ms = static_cast<int64_t>(cfg->run.timeouts.compute_s * 1000);
     summary = cluster::run_placed_job(sys, *cfg, ro, lo);
+    signals.forget();
     if (console) {
       caf::scoped_actor self{sys};
       self->wait_for(*console); // the last lines are printed
@@ -104,10 +119,10 @@ int run_job_command(const run_command_options& o) {
     std::fputc('\n', stderr);
   }
   if (summary->stopped) {
-    std::fprintf(stderr, signal_watcher::count() >= 2
+    std::fprintf(stderr, signal_watcher::stopped_now()
                            ? "cancelled --now: no checkpoint; --resume continues from the last one\n"
                            : "stopped: checkpoint written; continue with --resume\n");
-    return 130;
+    return signal_watcher::exit_status();
   }
   return 0;
 }
@@ -133,12 +148,12 @@ int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
   // any moment, and a write to it must not end the job.)
   expected<actors::rl::job_summary> summary = make_error(errc::internal, "not run");
   caf::error published;
+  signal_watcher signals{stop_bounds_of(*cfg)}; // outlives the actor system
   {
     caf::actor_system_config sys_cfg;
     actors::configure(sys_cfg);
     cluster::configure_network(sys_cfg);
     caf::actor_system sys{sys_cfg};
-    signal_watcher signals;
     actors::rl::run_options ro;
     ro.resume = resume;
     // NOTE [controller restart]: the job actor on a loopback port, and
@@ -158,6 +173,7 @@ int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
       }
     };
     summary = cluster::run_placed_job(sys, *cfg, ro, lo);
+    signals.forget();
   }
   if (published) {
     std::fprintf(stderr, "troupe driver: cannot publish the job actor: %s\n", describe(published).c_str());
@@ -167,7 +183,7 @@ int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
     std::fprintf(stderr, "troupe driver: %s\n", describe(summary.error()).c_str());
     return 1;
   }
-  return summary->stopped ? 130 : 0;
+  return summary->stopped ? signal_watcher::exit_status() : 0;
 }
 
 } // namespace troupe::apps

@@ -1,4 +1,5 @@
 #include "cluster/controller.hpp"
+#include "cluster/controller_core.hpp"
 
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/placement.hpp"
@@ -82,9 +83,10 @@ int64_t now_us() {
 // The controller's knowledge of one job. Guarded by controller::impl::mu.
 struct job_entry {
   job_record rec;
-  ctl_state state = ctl_state::queued;
+  /// Its state and moves (NOTE [controller core]).
+  job_book book;
+  ctl_state state() const { return book.state(); }
   j::job_status status;
-  std::vector<transition_view> transitions;
   std::vector<j::role_changed> roles;
   /// Every event of the journal so far, while the job is not final (the
   /// events of a final job are read from its journal when asked for).
@@ -175,12 +177,11 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   std::unique_ptr<node_registry> nodes;
   std::string jobs_root;
   int lock_fd = -1;
-  int64_t cores_total = 1;
 
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::string, std::shared_ptr<job_entry>> jobs;
-  std::deque<std::string> queue;
+  admission adm;
   bool accepting = true;
   bool stopping = false;
   bool shut_down = false;
@@ -201,7 +202,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   // ---- records and views (mu held) ----
 
   void persist(job_entry& e) {
-    e.rec.state = std::string{to_string(e.state)};
+    e.rec.state = std::string{to_string(e.state())};
     e.rec.stage = e.status.stage;
     e.rec.iteration = e.status.iteration;
     e.rec.total = e.status.total;
@@ -209,11 +210,11 @@ struct controller::impl : std::enable_shared_from_this<impl> {
     (void)store->update(e.rec); // a failed write is not a reason to lose the job in memory
   }
 
+  // Moves the job when the move is legal and not a replayed event's (NOTE
+  // [controller core]), and records it.
   void set_state(job_entry& e, ctl_state s, const std::string& reason, int64_t time_us) {
-    if (e.state == s)
+    if (!e.book.move(s, time_us, reason))
       return;
-    e.state = s;
-    e.transitions.push_back({s, time_us, reason});
     (void)store->add_transition(e.rec.id, {std::string{to_string(s)}, time_us, reason});
     if (s == ctl_state::paused)
       e.paused_since_us = time_us;
@@ -229,7 +230,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
 
   job_view view_of(const job_entry& e) const {
     job_view v;
-    v.state = e.state;
+    v.state = e.state();
     v.status = e.status;
     v.status.id = e.rec.id;
     v.status.name = e.rec.name;
@@ -245,26 +246,25 @@ struct controller::impl : std::enable_shared_from_this<impl> {
     v.run_dir = e.rec.run_dir;
     v.driver_pid = e.rec.driver_pid;
     v.exit_reason = e.rec.exit_reason;
-    v.resumable = e.rec.resumable && (e.state == ctl_state::lost || e.state == ctl_state::failed ||
-                                      e.state == ctl_state::cancelled);
-    if (e.state == ctl_state::queued) {
-      auto it = std::find(queue.begin(), queue.end(), e.rec.id);
-      v.queue_position = it == queue.end() ? 0 : static_cast<int32_t>(it - queue.begin() + 1);
+    v.resumable = e.rec.resumable && (e.state() == ctl_state::lost || e.state() == ctl_state::failed ||
+                                      e.state() == ctl_state::cancelled);
+    if (e.state() == ctl_state::queued) {
+      v.queue_position = static_cast<int32_t>(adm.position(e.rec.id));
     }
-    v.transitions = e.transitions;
+    v.transitions = e.book.transitions();
     v.roles = e.roles;
     v.resolved_config = e.rec.resolved_config;
     v.totals = e.totals;
     if (e.cfg)
       v.stages = e.cfg->stages;
     v.nodes = e.nodes;
-    if (e.state == ctl_state::queued)
+    if (e.state() == ctl_state::queued)
       v.wait_reason = e.wait_reason;
     return v;
   }
 
   double eta_of(const job_entry& e) const {
-    if (e.state != ctl_state::running && e.state != ctl_state::paused)
+    if (e.state() != ctl_state::running && e.state() != ctl_state::paused)
       return NAN;
     auto done = e.status.iteration - e.stage_from;
     if (done <= 0 || e.status.total < e.status.iteration)
@@ -358,84 +358,68 @@ struct controller::impl : std::enable_shared_from_this<impl> {
 
   // ---- the supervisor's work (mu held) ----
 
-  int64_t running_count() const {
-    int64_t n = 0;
-    for (const auto& [id, e] : jobs)
-      n += e->driver_alive ? 1 : 0;
-    return n;
-  }
-
   // Cores a job takes on this machine: its driver only, when its workers
   // run on nodes.
   int64_t local_cores(const job_entry& e) const {
-    return e.on_nodes ? 1 : std::min(e.rec.cores, cores_total);
+    return e.on_nodes ? 1 : std::min(e.rec.cores, adm.cores_total());
   }
 
-  int64_t cores_in_use() const {
-    int64_t n = 0;
+  std::vector<running_job> running_jobs() const {
+    std::vector<running_job> out;
     for (const auto& [id, e] : jobs)
-      n += e->driver_alive ? local_cores(*e) : 0;
-    return n;
+      if (e->driver_alive)
+        out.push_back({local_cores(*e), e->on_nodes ? e->nodes : std::vector<std::string>{},
+                       e->on_nodes ? e->node_need : std::vector<int64_t>{}});
+    return out;
   }
 
+  // What admission needs to know of a queued job (its plan's nodes, once).
+  admission_request request_of(job_entry& e) {
+    if (e.cfg && !e.need_known) {
+      auto plan = actors::rl::make_plan(*e.cfg);
+      if (plan && plan->uses_workers())
+        e.node_need = plan->devices_per_node();
+      e.need_known = true;
+    }
+    admission_request r{e.rec.id, e.rec.cores, e.node_need, actors::rl::launcher_kind::local};
+    if (e.cfg)
+      r.launcher = e.cfg->resources.launcher;
+    return r;
+  }
+
+  // Starts queued jobs in order while admission says they fit.
   void admit() {
-    while (accepting && !queue.empty() && running_count() < opt.max_running_jobs) {
-      auto e = find(queue.front());
-      if (!e || e->state != ctl_state::queued) {
-        queue.pop_front();
+    while (accepting && !adm.queue().empty()) {
+      auto id = adm.queue().front();
+      auto e = find(id);
+      if (!e || e->state() != ctl_state::queued) {
+        adm.remove(id);
         continue;
       }
-      // First in, first out: nothing overtakes the head.
-      if (!place_on_nodes(*e))
-        break;
-      if (cores_in_use() + local_cores(*e) > cores_total) {
-        e->wait_reason = "waiting for cores on the controller's machine";
+      auto d = adm.decide(request_of(*e), running_jobs(), nodes->list());
+      if (!d.start) {
+        e->wait_reason = d.wait_reason;
         break;
       }
-      queue.pop_front();
+      if (d.on_nodes && !write_nodes(*e, d.nodes))
+        break;
+      e->on_nodes = d.on_nodes;
+      e->nodes = d.nodes;
+      e->workers_sent = false;
+      e->wait_reason.clear();
+      adm.remove(id);
       start_driver(*e);
     }
   }
 
   // ---- jobs on nodes (mu held; NOTE [remote workers]) ----
 
-  // Devices each node holds for the jobs whose drivers run.
-  std::map<std::string, int64_t> node_devices_in_use() const {
-    std::map<std::string, int64_t> used;
-    for (const auto& [id, e] : jobs)
-      if (e->driver_alive && e->on_nodes)
-        for (size_t i = 0; i < e->nodes.size() && i < e->node_need.size(); ++i)
-          used[e->nodes[i]] += e->node_need[i];
-    return used;
-  }
-
-  // Decides where the head job's workers run and, on nodes, picks them and
-  // writes nodes.json; false when it must wait (wait_reason says why).
-  bool place_on_nodes(job_entry& e) {
-    if (!e.cfg)
-      return true;
-    if (!e.need_known) {
-      auto plan = actors::rl::make_plan(*e.cfg);
-      if (plan && plan->uses_workers())
-        e.node_need = plan->devices_per_node();
-      e.need_known = true;
-    }
-    const auto& launcher = e.cfg->resources.launcher;
-    auto ready = nodes->list();
-    bool any_ready = std::any_of(ready.begin(), ready.end(), [](const node_view& n) { return n.state == node_state::ready; });
-    using actors::rl::launcher_kind;
-    e.on_nodes = !e.node_need.empty() &&
-                 (launcher == launcher_kind::nodes || (launcher == launcher_kind::automatic && any_ready));
-    if (!e.on_nodes)
-      return true;
-    auto picked = assign_nodes(e.node_need, ready, node_devices_in_use());
-    if (!picked) {
-      e.wait_reason = context_of(picked.error());
-      return false;
-    }
+  // nodes.json for the driver: where its workers run.
+  bool write_nodes(job_entry& e, const std::vector<std::string>& picked) {
     job_nodes jn;
     jn.bind_host = opt.advertise;
-    for (const auto& name : *picked)
+    auto ready = nodes->list();
+    for (const auto& name : picked)
       for (const auto& n : ready)
         if (n.name == name)
           jn.nodes.push_back({n.name, n.address});
@@ -443,9 +427,6 @@ struct controller::impl : std::enable_shared_from_this<impl> {
       e.wait_reason = "cannot write " + std::string{nodes_file} + ": " + describe(ok.error());
       return false;
     }
-    e.nodes = *picked;
-    e.workers_sent = false;
-    e.wait_reason.clear();
     return true;
   }
 
@@ -479,7 +460,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   // lost, a worker that could not start), recorded before its driver is
   // killed so that the driver's end reports it.
   void fail_job(job_entry& e, const std::string& reason) {
-    if (!e.driver_alive || is_final(e.state))
+    if (!e.driver_alive || is_final(e.state()))
       return;
     e.verdict = reason;
     e.rec.error = reason;
@@ -518,7 +499,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   void on_node_lost(job_entry& e, const node_view& n) {
     if (!e.on_nodes || std::find(e.nodes.begin(), e.nodes.end(), n.name) == e.nodes.end())
       return;
-    bool just_failed = e.state == ctl_state::failed && (e.driver_alive || now_us() - e.rec.end_time_us < 30'000'000);
+    bool just_failed = e.state() == ctl_state::failed && (e.driver_alive || now_us() - e.rec.end_time_us < 30'000'000);
     if (!just_failed)
       return fail_job(e, loss_reason(e, n));
     if (!e.verdict.empty())
@@ -624,7 +605,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
         outbox.emplace_back(n, job_stop{e.rec.id, "its driver " + how});
     e.rec.exit_reason = how;
     catch_up(e);
-    if (!is_final(e.state)) {
+    if (!is_final(e.state())) {
       auto log = tail_of_file((fs::path{e.rec.job_dir} / "driver.log").string(), 600);
       std::string reason = e.rec.error.empty() ? how : e.rec.error + " (" + how + ")";
       if (!log.empty())
@@ -693,6 +674,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
 
   expected<void> load_records();
   void recover(job_entry& e);
+  void reattach(job_entry& e);
   void load_journal_status(job_entry& e);
 };
 
@@ -819,9 +801,9 @@ expected<job_record> controller::impl::validate(const submit_request& r,
                           "placed in the job's own folder)");
   cfg->run.dir = run_dir.string();
   cfg->run.progress = actors::rl::progress_style::none;
-  int64_t per_process = cfg->run.threads > 0 ? cfg->run.threads : cores_total;
+  int64_t per_process = cfg->run.threads > 0 ? cfg->run.threads : adm.cores_total();
   int64_t processes = std::max<int64_t>(1, static_cast<int64_t>(plan->devices.size()));
-  rec.cores = std::min(cores_total, per_process * processes);
+  rec.cores = std::min(adm.cores_total(), per_process * processes);
   rec.name = r.name.empty() ? cfg->run.name : r.name;
   rec.spec_name = spec_name;
   rec.spec_text = r.spec_text;
@@ -877,11 +859,11 @@ void controller::impl::forward(const std::string& id, std::string_view what, rep
 }
 
 expected<j::job_actor> controller::impl::actor_for(job_entry& e, std::string_view what) {
-  if (is_final(e.state))
+  if (is_final(e.state()))
     return make_error(errc::illegal_state, std::string{what} + ": job " + e.rec.id + " is " +
-                                               std::string{to_string(e.state)} +
+                                               std::string{to_string(e.state())} +
                                                " (a final state)");
-  if (e.state == ctl_state::queued)
+  if (e.state() == ctl_state::queued)
     return make_error(errc::illegal_state,
                       std::string{what} + ": job " + e.rec.id + " is queued; it has not started");
   if (!e.actor)
@@ -956,40 +938,50 @@ void controller::impl::load_journal_status(job_entry& e) {
 }
 
 void controller::impl::recover(job_entry& e) {
-  if (e.state == ctl_state::queued) {
-    queue.push_back(e.rec.id);
-    return;
-  }
-  if (is_final(e.state))
-    return;
   auto info = read_driver_info(e.rec.job_dir);
-  if (info && info->pid == e.rec.driver_pid && is_driver_of(info->pid, e.rec.job_dir)) {
-    // Re-attach: the feed subscribes from the first event (the job actor
-    // replays its journal), so the in-memory history starts over. A job on
-    // nodes holds its nodes' devices again (its workers were asked for).
-    if (auto jn = read_job_nodes(e.rec.job_dir)) {
-      e.on_nodes = true;
-      for (const auto& n : jn->nodes)
-        e.nodes.push_back(n.name);
-      if (auto plan = e.cfg ? actors::rl::make_plan(*e.cfg) : make_error(errc::internal, "no config");
-          plan && plan->nodes == static_cast<int64_t>(e.nodes.size()))
-        e.node_need = plan->devices_per_node();
-      e.node_need.resize(e.nodes.size(), 1);
-      e.need_known = true;
-      e.workers_sent = true;
-    }
-    e.driver_alive = true;
-    e.rec.last_seq = 0;
-    e.status = {};
-    e.attach_deadline_us = now_us() + static_cast<int64_t>(opt.driver_start_timeout_s * 1e6);
+  std::optional<driver_info> found;
+  if (info)
+    found = *info;
+  bool running = found && is_driver_of(found->pid, e.rec.job_dir);
+  switch (plan_recovery(e.state(), e.rec.driver_pid, found, running)) {
+  case recovery_step::keep:
     return;
+  case recovery_step::requeue:
+    adm.enqueue(e.rec.id);
+    return;
+  case recovery_step::reattach:
+    return reattach(e);
+  case recovery_step::settle:
+    break;
   }
   catch_up(e);
-  if (!is_final(e.state)) {
+  if (!is_final(e.state())) {
     e.rec.exit_reason = "the driver went away while the controller was down";
     set_state(e, ctl_state::lost, e.rec.exit_reason, now_us());
   }
   finalize(e);
+}
+
+// Re-attach: the feed subscribes from the first event (the job actor
+// replays its journal, and the job book lets through only the moves newer
+// than the last recorded), so the in-memory history starts over. A job on
+// nodes holds its nodes' devices again (its workers were asked for).
+void controller::impl::reattach(job_entry& e) {
+  if (auto jn = read_job_nodes(e.rec.job_dir)) {
+    e.on_nodes = true;
+    for (const auto& n : jn->nodes)
+      e.nodes.push_back(n.name);
+    if (auto plan = e.cfg ? actors::rl::make_plan(*e.cfg) : make_error(errc::internal, "no config");
+        plan && plan->nodes == static_cast<int64_t>(e.nodes.size()))
+      e.node_need = plan->devices_per_node();
+    e.node_need.resize(e.nodes.size(), 1);
+    e.need_known = true;
+    e.workers_sent = true;
+  }
+  e.driver_alive = true;
+  e.rec.last_seq = 0;
+  e.status = {};
+  e.attach_deadline_us = now_us() + static_cast<int64_t>(opt.driver_start_timeout_s * 1e6);
 }
 
 expected<void> controller::impl::load_records() {
@@ -999,19 +991,20 @@ expected<void> controller::impl::load_records() {
   for (auto& rec : *recs) {
     auto e = std::make_shared<job_entry>();
     auto state = parse_ctl_state(rec.state);
-    e->state = state ? *state : ctl_state::lost;
     e->rec = std::move(rec);
     e->status.stage = e->rec.stage;
     e->status.iteration = e->rec.iteration;
     e->status.total = e->rec.total;
+    std::vector<transition_view> history;
     if (auto ts = store->transitions(e->rec.id))
       for (auto& t : *ts)
         if (auto s = parse_ctl_state(t.state))
-          e->transitions.push_back({*s, t.time_us, t.reason});
+          history.push_back({*s, t.time_us, t.reason});
+    e->book.restore(state ? *state : ctl_state::lost, std::move(history));
     if (auto doc = runtime::yaml_document::from_text(e->rec.resolved_config, e->rec.spec_name))
       if (auto cfg = runtime::load_config<actors::rl::job_config>(*doc))
         e->cfg = std::make_shared<actors::rl::job_config>(std::move(*cfg));
-    if (!is_final(e->state) && e->state != ctl_state::queued)
+    if (!is_final(e->state()) && e->state() != ctl_state::queued)
       e->rec.last_seq = 0, e->status.last_seq = 0; // the journal is read again
     jobs[e->rec.id] = e;
     recover(*e);
@@ -1042,7 +1035,7 @@ expected<std::unique_ptr<controller>> controller::open(caf::actor_system& sys, c
   if (ec)
     return make_error(errc::io_error, "jobs root " + d->jobs_root + ": " + ec.message());
   auto hw = static_cast<int64_t>(std::thread::hardware_concurrency());
-  d->cores_total = d->opt.cores > 0 ? d->opt.cores : std::max<int64_t>(1, hw);
+  d->adm.limit(d->opt.cores > 0 ? d->opt.cores : std::max<int64_t>(1, hw), d->opt.max_running_jobs);
   auto store = job_store::open((fs::path{d->opt.state_dir} / "jobs.db").string());
   if (!store)
     return store.error();
@@ -1115,10 +1108,10 @@ expected<job_view> controller::submit(const submit_request& r) {
   e->rec = std::move(*rec);
   e->cfg = std::move(cfg);
   std::lock_guard lock{d.mu};
-  e->transitions.push_back({ctl_state::queued, e->rec.submit_time_us, "submitted"});
+  e->book.restore(ctl_state::queued, {{ctl_state::queued, e->rec.submit_time_us, "submitted"}});
   (void)d.store->add_transition(e->rec.id, {"queued", e->rec.submit_time_us, "submitted"});
   d.jobs[e->rec.id] = e;
-  d.queue.push_back(e->rec.id);
+  d.adm.enqueue(e->rec.id);
   d.cv.notify_all();
   return d.view_of(*e);
 }
@@ -1128,7 +1121,7 @@ std::vector<job_view> controller::list(const std::vector<ctl_state>& states, int
   std::lock_guard lock{d.mu};
   std::vector<std::shared_ptr<job_entry>> all;
   for (auto& [id, e] : d.jobs)
-    if (states.empty() || std::find(states.begin(), states.end(), e->state) != states.end())
+    if (states.empty() || std::find(states.begin(), states.end(), e->state()) != states.end())
       all.push_back(e);
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
     return a->rec.submit_time_us != b->rec.submit_time_us ? a->rec.submit_time_us > b->rec.submit_time_us
@@ -1153,7 +1146,7 @@ expected<job_view> controller::get(const std::string& id) {
   auto e = d.find(id);
   if (!e)
     return d.unknown(id);
-  if (is_final(e->state) && !e->status_loaded)
+  if (is_final(e->state()) && !e->status_loaded)
     d.load_journal_status(*e);
   return d.view_of(*e);
 }
@@ -1164,8 +1157,8 @@ void controller::cancel(const std::string& id, bool now, reply done) {
   auto e = d.find(id);
   if (!e)
     return lock.unlock(), done(d.unknown(id));
-  if (e->state == ctl_state::queued) {
-    d.queue.erase(std::remove(d.queue.begin(), d.queue.end(), id), d.queue.end());
+  if (e->state() == ctl_state::queued) {
+    d.adm.remove(id);
     d.set_state(*e, ctl_state::cancelled, "cancelled while queued", now_us());
     d.finalize(*e);
     auto v = d.view_of(*e);
@@ -1175,10 +1168,11 @@ void controller::cancel(const std::string& id, bool now, reply done) {
       w();
     return done(v);
   }
-  if (!is_final(e->state) && !e->actor && e->driver_alive) {
-    // The driver is starting: its signal watcher cancels the job it spawns.
+  if (!is_final(e->state()) && !e->actor && e->driver_alive) {
+    // The driver is starting: its signal watcher cancels the job it spawns
+    // (NOTE [stop signals]: SIGTERM = now, SIGINT = with a checkpoint).
     if (e->proc)
-      e->proc->kill(now ? SIGINT : SIGTERM);
+      e->proc->kill(now ? SIGTERM : SIGINT);
     auto v = d.view_of(*e);
     lock.unlock();
     return done(v);
@@ -1201,13 +1195,13 @@ void controller::resume(const std::string& id, reply done) {
   auto e = d.find(id);
   if (!e)
     return lock.unlock(), done(d.unknown(id));
-  bool restartable = e->state == ctl_state::lost || e->state == ctl_state::failed ||
-                     e->state == ctl_state::cancelled;
+  bool restartable = e->state() == ctl_state::lost || e->state() == ctl_state::failed ||
+                     e->state() == ctl_state::cancelled;
   if (restartable) {
     if (!e->rec.resumable) {
       lock.unlock();
       return done(make_error(errc::illegal_state,
-                             "resume: job " + id + " is " + std::string{to_string(e->state)} +
+                             "resume: job " + id + " is " + std::string{to_string(e->state())} +
                                  " and left no checkpoint to continue from"));
     }
     if (!d.accepting) {
@@ -1223,7 +1217,7 @@ void controller::resume(const std::string& id, reply done) {
     e->status = {};
     d.catch_up(*e);
     d.set_state(*e, ctl_state::queued, "resumed from its last checkpoint", now_us());
-    d.queue.push_back(id);
+    d.adm.enqueue(id);
     d.cv.notify_all();
     auto v = d.view_of(*e);
     lock.unlock();
@@ -1320,7 +1314,7 @@ public:
       }
       if (next_ <= e->rec.last_seq && e->events.empty()) {
         journal = (fs::path{e->rec.run_dir} / "events.jsonl").string();
-      } else if (is_final(e->state) && next_ > e->rec.last_seq) {
+      } else if (is_final(e->state()) && next_ > e->rec.last_seq) {
         b.final = c->view_of(*e);
         return b;
       } else {
@@ -1423,7 +1417,7 @@ void controller::shutdown() {
   }
   if (d.opt.on_shutdown != shutdown_policy::detach) {
     std::unique_lock lock{d.mu};
-    while (d.running_count() > 0 && std::chrono::steady_clock::now() < deadline)
+    while (!d.running_jobs().empty() && std::chrono::steady_clock::now() < deadline)
       d.cv.wait_for(lock, std::chrono::milliseconds(50));
   }
   {

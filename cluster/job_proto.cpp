@@ -60,6 +60,10 @@ struct proto_writer {
       w("prompt", s.prompt), w("response", s.response), w("score", s.score);
     }
   }
+  template <class T>
+  void operator()(const char* name, j::added_field<T> v) const {
+    (*this)(name, v.value);
+  }
 };
 
 // Reads them back; a field the message lacks leaves the struct's default.
@@ -100,6 +104,10 @@ struct proto_reader {
       auto& s = v.emplace_back();
       rd("prompt", s.prompt), rd("response", s.response), rd("score", s.score);
     }
+  }
+  template <class T>
+  void operator()(const char* name, j::added_field<T> v) const {
+    (*this)(name, v.value);
   }
 };
 

@@ -93,6 +93,16 @@ expected<local_process> local_process::spawn(const process_spec& spec) {
     return make_error(errc::io_error, spec.name + ": fork failed: " + std::strerror(errno));
   }
   if (pid == 0) {
+    // A child starts with default signal handling: the mask and the ignored
+    // dispositions survive exec, and a controller or node agent blocks
+    // SIGINT / SIGTERM for its sigwait and ignores SIGPIPE — a driver or
+    // worker inheriting that would never see a stop signal (NOTE [stop
+    // signals] in apps/console.hpp).
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT})
+      ::signal(sig, SIG_DFL);
     if (spec.detached) {
       ::setsid();
     } else {

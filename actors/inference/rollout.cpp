@@ -1,5 +1,7 @@
 #include "actors/inference/rollout.hpp"
 
+#include "actors/exceptions.hpp"
+
 #include "runtime/compute.hpp"
 
 #include "models/llama.hpp"
@@ -78,6 +80,13 @@ void on_step(self_ptr self) {
 
 rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<engine> eng) {
   self->state.eng = std::move(eng);
+  // An exception (in a step, say) ends the engine: every open generate call
+  // fails with its message (NOTE [escaping exceptions]).
+  self->set_exception_handler([self](std::exception_ptr& ep) {
+    auto err = error_of_exception(ep, "rollout");
+    fail_all(self, err);
+    return err;
+  });
   return {
       [=](generate_atom, std::vector<generate_request>& requests)
           -> caf::result<generation> {

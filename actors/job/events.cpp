@@ -36,6 +36,10 @@ struct json_writer {
       a.push_back({{"prompt", s.prompt}, {"response", s.response}, {"score", s.score}});
     out[key] = std::move(a);
   }
+  template <class T>
+  void operator()(const char* key, added_field<T> v) {
+    (*this)(key, v.value);
+  }
 };
 
 // JSON object members → payload; the first problem is kept.
@@ -115,6 +119,11 @@ struct json_reader {
         return bad(key, "an array of {prompt, response, score}");
       v.push_back(std::move(e));
     }
+  }
+  template <class T>
+  void operator()(const char* key, added_field<T> v) {
+    if (in.contains(key))
+      (*this)(key, v.value);
   }
 };
 

@@ -16,7 +16,8 @@
 //   phase_started   a phase of a step began (stage, iteration, phase)
 //   phase_finished  ... and ended (seconds)
 //   metrics         one step's metrics (stage, step, total, map)
-//   weight_sync     trainer → rollout weights (version, transport, bytes, s)
+//   weight_sync     weights from one role to another (version, transport,
+//                   bytes, s, from, to)
 //   checkpoint      a checkpoint was committed (stage, step, path, bytes, s)
 //   role            a role rank started / became ready / failed
 //                   (role, rank, process, pid, status, reason, signal, phase)
@@ -61,6 +62,18 @@ std::optional<job_state> parse_job_state(std::string_view s) noexcept;
 bool is_final(job_state s) noexcept;
 
 using metric_map = std::map<std::string, double>;
+
+/// A field added to a payload after journals were written without it: a
+/// reader finds it absent in an older line and keeps the default; writers
+/// always write it. `fields()` marks one as `f("key", added(x.member))`.
+template <class T>
+struct added_field {
+  T& value;
+};
+template <class T>
+added_field<T> added(T& v) {
+  return {v};
+}
 
 struct state_changed {
   static constexpr const char* kind = "state";
@@ -144,11 +157,16 @@ struct weight_synced {
   std::string transport;
   int64_t bytes = 0;
   double seconds = 0;
+  /// The role that published the weights and the one that took them in
+  /// (role names: "policy", "rollout"); empty in journals written before
+  /// the fields existed, which were always policy → rollout.
+  std::string from;
+  std::string to;
 };
 template <class F>
 void fields(F& f, weight_synced& x) {
   f("stage", x.stage), f("version", x.version), f("transport", x.transport), f("bytes", x.bytes),
-      f("seconds", x.seconds);
+      f("seconds", x.seconds), f("from", added(x.from)), f("to", added(x.to));
 }
 
 struct checkpoint_saved {

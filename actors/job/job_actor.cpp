@@ -1,5 +1,6 @@
 #include "actors/job/job_actor.hpp"
 
+#include "actors/exceptions.hpp"
 #include "runtime/file_io.hpp"
 
 #include <caf/all.hpp>
@@ -30,7 +31,10 @@ struct job_state_data {
   int64_t seq = 0;
   std::deque<event> ring;
   std::FILE* journal = nullptr;
-  std::string sink_error; // the journal's or a sink's first write error
+  // NOTE [job actor failures]: the first failure inside the job actor (the
+  // journal's or a sink's write, a throwing sink); the job ends failed with it.
+  std::string failure;
+  std::vector<bool> sink_dead; // a failed sink is not called again
   std::vector<caf::actor> subscribers;
   std::vector<caf::response_promise> awaiting;
   std::shared_ptr<std::atomic<bool>> attention = std::make_shared<std::atomic<bool>>(false);
@@ -92,23 +96,49 @@ void track(job_status& st, const event_body& b) {
   } else if (auto* e = std::get_if<metrics_reported>(&b)) {
     st.iteration = e->step, st.total = e->total, st.last_metrics = e->metrics;
   } else if (auto* e = std::get_if<weight_synced>(&b)) {
-    st.weight_versions["rollout"] = e->version;
-    st.weight_versions[e->stage == "rm" ? "reward" : "policy"] = e->version;
+    // An older journal's event has no roles: those were policy → rollout.
+    st.weight_versions[e->from.empty() ? "policy" : e->from] = e->version;
+    st.weight_versions[e->to.empty() ? "rollout" : e->to] = e->version;
   }
 }
 
 namespace {
 
-void write_journal(job_state_data& s, const event& e) {
+void fail_soon(self_ptr self, std::string reason);
+
+void write_journal(self_ptr self, const event& e) {
+  auto& s = self->state;
   if (!s.journal)
     return;
   auto line = to_json(e) + "\n";
   if (std::fwrite(line.data(), 1, line.size(), s.journal) != line.size() ||
       std::fflush(s.journal) != 0) {
-    if (s.sink_error.empty())
-      s.sink_error = s.opt.journal_path + ": " + std::strerror(errno);
+    auto why = s.opt.journal_path + ": " + std::strerror(errno);
     std::fclose(s.journal);
     s.journal = nullptr;
+    fail_soon(self, std::move(why));
+  }
+}
+
+// Each sink sees `e` unless it failed before; a sink's error or exception
+// fails the job (NOTE [job actor failures]).
+void feed_sinks(self_ptr self, const event& e) {
+  auto& s = self->state;
+  s.sink_dead.resize(s.opt.sinks.size(), false);
+  for (size_t i = 0; i < s.opt.sinks.size(); ++i) {
+    if (s.sink_dead[i])
+      continue;
+    std::string why;
+    try {
+      if (auto ok = s.opt.sinks[i](e); !ok)
+        why = describe(ok.error());
+    } catch (...) {
+      why = "a sink threw: " + what_of(std::current_exception());
+    }
+    if (!why.empty()) {
+      s.sink_dead[i] = true;
+      fail_soon(self, std::move(why));
+    }
   }
 }
 
@@ -116,10 +146,8 @@ void publish(self_ptr self, event_body body) {
   auto& s = self->state;
   event e{++s.seq, now_us(), std::move(body)};
   track(s, e.body);
-  write_journal(s, e);
-  for (const auto& sink : s.opt.sinks)
-    if (auto ok = sink(e); !ok && s.sink_error.empty())
-      s.sink_error = describe(ok.error());
+  write_journal(self, e);
+  feed_sinks(self, e);
   for (const auto& sub : s.subscribers)
     caf::anon_send(sub, e);
   s.ring.push_back(std::move(e));
@@ -341,6 +369,41 @@ void cancel(self_ptr self, bool now) {
   release_held(self);
 }
 
+// NOTE [job actor failures]: what fails inside the job actor itself — the
+// journal's write, a sink (an error or an exception), an exception escaping
+// one of its handlers — fails the job, and promptly: the driver is told to
+// stop at its next boundary without a checkpoint (as `cancel --now`), and
+// when it has stopped the job ends `failed` with the first failure as its
+// error. The journal keeps every event up to then and the final state; a
+// failed sink is not called again. An exception ends the actor itself
+// (CAF's rule), so its handler does the end's work first: it journals the
+// failed state, answers the awaiters, and raises the attention flag so the
+// driver's next boundary asks, finds the actor gone, and fails.
+void fail_soon(self_ptr self, std::string reason) {
+  auto& s = self->state;
+  if (!s.failure.empty())
+    return;
+  s.failure = std::move(reason);
+  if (is_final(s.fsm.state()) || s.fsm.state() == job_state::pending)
+    return;
+  cancel(self, true);
+  refresh_attention(s);
+}
+
+caf::error on_exception(self_ptr self, std::exception_ptr& ep) {
+  auto& s = self->state;
+  auto err = error_of_exception(ep, "job actor");
+  try {
+    s.failure = describe(err);
+    s.attention->store(true);
+    s.st.error = s.failure;
+    move_to(self, job_state::failed, s.failure);
+  } catch (...) {
+    // Ending anyway: the destructor answers whoever still waits.
+  }
+  return err;
+}
+
 void checkpoint(self_ptr self) {
   auto& s = self->state;
   if (!s.held || !s.held_at.consistent) {
@@ -389,9 +452,10 @@ void driver_done(self_ptr self, const std::string& state, const std::string& err
   if (s.fsm.state() == job_state::preparing && to == job_state::succeeded)
     move_to(self, job_state::running);
   s.st.error = error;
-  if (!s.sink_error.empty() && to == job_state::succeeded) {
+  if (!s.failure.empty()) {
+    // The driver stopped (or finished) after the failure: it is the cause.
     to = job_state::failed;
-    s.st.error = s.sink_error;
+    s.st.error = s.failure;
   }
   move_to(self, to, s.st.error);
 }
@@ -401,6 +465,7 @@ job_actor::behavior_type job_behavior(self_ptr self, job_options opt) {
   s.opt = std::move(opt);
   s.st.id = s.opt.id;
   s.st.name = s.opt.name;
+  self->set_exception_handler([self](std::exception_ptr& ep) { return on_exception(self, ep); });
   using st = job_state_data;
   return {
       [=](status_atom) -> caf::result<job_status> { return status_of(self->state); },

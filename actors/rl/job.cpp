@@ -224,7 +224,9 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
     return make_error(errc::corrupted, "weight sync " + std::to_string(version) + ": " +
                                            std::to_string(*sent) + " bytes published, " +
                                            std::to_string(*got) + " received");
-  ctx.emit(job::weight_synced{stage, version, std::string{to_string(channel.kind)}, *got, clock.seconds()});
+  ctx.emit(job::weight_synced{stage, version, std::string{to_string(channel.kind)}, *got,
+                              clock.seconds(), std::string{to_string(role_id::policy)},
+                              std::string{to_string(role_id::rollout)}});
   return {};
 }
 
@@ -803,6 +805,12 @@ expected<job_summary> run_job(caf::actor_system& sys, const job_config& cfg, con
     opts.on_spawn(job->actor);
   caf::scoped_actor self{sys};
   expected<job::job_status> status = make_error(errc::internal, "no reply");
+  // Both waits are bounded without a deadline of their own: `start` is
+  // answered by the handler at once, and `await` when the job reaches a final
+  // state — which the driver's requests (each under run.timeouts) and the
+  // stop signals' bound (NOTE [stop signals] in apps/console.hpp) make come;
+  // a job actor that ends without one answers its awaiters as it ends (NOTE
+  // [job actor failures]), and a dead one fails the request at once.
   auto ask_job = [&](auto atom) {
     self->request(job->actor, caf::infinite, atom)
       .receive([&](job::job_status& st) { status = std::move(st); },

@@ -1,5 +1,7 @@
 #include "actors/rl/reward.hpp"
 
+#include "actors/exceptions.hpp"
+
 #include "models/tokenizer.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -80,15 +82,7 @@ expected<runtime::tensor_batch> score(reward_state& st, const reward_request& re
 
 reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
   self->state = std::move(init);
-  self->set_exception_handler([](std::exception_ptr& ep) -> caf::error {
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      return make_error(errc::internal, e.what());
-    } catch (...) {
-      return make_error(errc::internal, "reward: unknown exception");
-    }
-  });
+  self->set_exception_handler([](std::exception_ptr& ep) { return error_of_exception(ep, ""); });
   return {
       [=](reward_atom, const reward_request& req) -> caf::result<train::served_batch> {
         auto& st = self->state;

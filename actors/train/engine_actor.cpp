@@ -1,5 +1,7 @@
 #include "actors/train/engine_actor.hpp"
 
+#include "actors/exceptions.hpp"
+
 #include "runtime/compute.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -63,16 +65,9 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
                                      std::shared_ptr<train_engine> eng) {
   self->state.eng = std::move(eng);
   self->state.role = std::move(role);
-  // A throwing handler ends the actor with an error that names the role.
-  self->set_exception_handler([self](std::exception_ptr& ep) -> caf::error {
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      return make_error(errc::internal, e.what());
-    } catch (...) {
-      return make_error(errc::internal, self->state.role + ": unknown exception");
-    }
-  });
+  // A throwing handler ends the actor; the request it served fails with the
+  // exception's message (NOTE [escaping exceptions]).
+  self->set_exception_handler([](std::exception_ptr& ep) { return error_of_exception(ep, ""); });
   using runtime::tensor_batch;
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {

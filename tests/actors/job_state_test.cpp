@@ -27,7 +27,7 @@ std::vector<event> one_of_each() {
       phase_started{"rl", 4, "gen"},
       phase_finished{"rl", 4, "gen", 0.25, false},
       metrics_reported{"rl", 4, 10, {{"critic/score/mean", 0.5}, {"actor/ppo_kl", -1e-9}}},
-      weight_synced{"rl", 4, "shm", 123456, 0.01},
+      weight_synced{"rl", 4, "shm", 123456, 0.01, "policy", "rollout"},
       checkpoint_saved{"rl", 4, "/x/rl/checkpoints/iter_00000004", 999, 0.2},
       role_changed{"rl", "critic", 1, "worker 2", 4242, "failed", "critic: values: boom", 9,
                    "values"},
@@ -59,6 +59,30 @@ TEST(JobEvents, EveryKindRoundTripsThroughItsJsonLine) {
   }
   EXPECT_EQ(kinds.size(), all.size()) << "kind names must be distinct";
   EXPECT_EQ(event_kinds().size(), all.size());
+}
+
+TEST(JobEvents, WeightSyncsNameTheirRolesAndOlderLinesWithoutThemStillRead) {
+  auto line = to_json(event{1, 2, weight_synced{"sft", 3, "alias", 10, 0.5, "policy", "rollout"}});
+  EXPECT_NE(line.find(R"("from":"policy")"), std::string::npos) << line;
+  EXPECT_NE(line.find(R"("to":"rollout")"), std::string::npos) << line;
+  job_status st;
+  track(st, event_from_json(line)->body);
+  EXPECT_EQ(st.weight_versions, (std::map<std::string, int64_t>{{"policy", 3}, {"rollout", 3}}));
+
+  // A journal line from before the roles were written: policy -> rollout.
+  auto old = event_from_json(
+      R"({"seq":4,"time_us":5,"kind":"weight_sync","stage":"rl","version":7,"transport":"shm","bytes":1,"seconds":0.1})");
+  ASSERT_TRUE(old) << describe(old.error());
+  EXPECT_EQ(std::get<weight_synced>(old->body).from, "");
+  job_status st2;
+  track(st2, old->body);
+  EXPECT_EQ(st2.weight_versions, (std::map<std::string, int64_t>{{"policy", 7}, {"rollout", 7}}));
+
+  // Present but of the wrong type is still an error.
+  auto bad = event_from_json(
+      R"({"seq":4,"time_us":5,"kind":"weight_sync","stage":"rl","version":7,"transport":"shm","bytes":1,"seconds":0.1,"from":3})");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("field \"from\" is not a string"), std::string::npos);
 }
 
 TEST(JobEvents, NonFiniteMetricsTravelAsNull) {
