@@ -3,6 +3,7 @@
 #include "actors/actor_system.hpp"
 #include "actors/rl/job.hpp"
 #include "actors/rl/placement.hpp"
+#include "cluster/driver_link.hpp"
 #include "cluster/role_host.hpp"
 
 #include "apps/console.hpp"
@@ -127,6 +128,24 @@ int run_job_command(const run_command_options& o) {
   return 0;
 }
 
+namespace {
+
+// NOTE [driver link] (cluster/driver_link.hpp) and NOTE [controller
+// restart]: the driver's front on a loopback port, and driver.json saying
+// where, before anything else, so the controller can attach at once.
+expected<caf::actor> publish_front(caf::actor_system& sys, const std::string& job_dir) {
+  auto front = cluster::spawn_driver_front(sys);
+  auto port = sys.middleman().publish(front, 0, "127.0.0.1");
+  if (!port)
+    return port.error();
+  cluster::driver_info info{static_cast<int64_t>(::getpid()), *port};
+  if (auto ok = cluster::write_driver_info(job_dir, info); !ok)
+    return ok.error();
+  return front;
+}
+
+} // namespace
+
 int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
   auto spec = (std::filesystem::path{job_dir} / cluster::driver_spec_file).string();
   auto cfg = actors::rl::load_job(spec, {});
@@ -142,42 +161,37 @@ int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
       std::fprintf(stderr, "troupe driver: %s\n", describe(nodes.error()).c_str());
       return 1;
     }
-    lo.remote = cluster::remote_launch{nodes->bind_host, job_dir, nodes->nodes, {}};
+    lo.remote = cluster::remote_launch{nodes->bind_host, nodes->nodes, {}, {}};
   }
   // (SIGPIPE is ignored in main: the controller's connection may drop at
   // any moment, and a write to it must not end the job.)
   expected<actors::rl::job_summary> summary = make_error(errc::internal, "not run");
-  caf::error published;
   signal_watcher signals{stop_bounds_of(*cfg)}; // outlives the actor system
   {
     caf::actor_system_config sys_cfg;
     actors::configure(sys_cfg);
     cluster::configure_network(sys_cfg);
     caf::actor_system sys{sys_cfg};
+    auto front = publish_front(sys, job_dir);
+    if (!front) {
+      std::fprintf(stderr, "troupe driver: cannot publish the driver link: %s\n", describe(front.error()).c_str());
+      return 1;
+    }
+    if (lo.remote)
+      lo.remote->ask_for_workers = [f = *front](const cluster::worker_request_file& w) {
+        caf::anon_send(f, cluster::workers_atom::value, w);
+      };
     actors::rl::run_options ro;
     ro.resume = resume;
-    // NOTE [controller restart]: the job actor on a loopback port, and
-    // driver.json saying where, for the controller to attach.
-    ro.on_spawn = [&](const actors::job::job_actor& job) {
+    ro.on_spawn = [&, f = *front](const actors::job::job_actor& job) {
       signals.watch(job);
-      auto port = sys.middleman().publish(job, 0, "127.0.0.1");
-      if (!port) {
-        published = port.error();
-        caf::anon_send(job, actors::job::cancel_atom::value, true);
-        return;
-      }
-      cluster::driver_info info{static_cast<int64_t>(::getpid()), *port};
-      if (auto ok = cluster::write_driver_info(job_dir, info); !ok) {
-        published = ok.error();
-        caf::anon_send(job, actors::job::cancel_atom::value, true);
-      }
+      caf::anon_send(f, cluster::driver_job_atom::value, caf::actor_cast<caf::actor>(job));
     };
     summary = cluster::run_placed_job(sys, *cfg, ro, lo);
     signals.forget();
-  }
-  if (published) {
-    std::fprintf(stderr, "troupe driver: cannot publish the job actor: %s\n", describe(published).c_str());
-    return 1;
+    // The front lives until told to go (the system's end waits for it); the
+    // controller's link goes down with it.
+    caf::anon_send_exit(*front, caf::exit_reason::user_shutdown);
   }
   if (!summary) {
     std::fprintf(stderr, "troupe driver: %s\n", describe(summary.error()).c_str());

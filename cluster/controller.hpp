@@ -219,6 +219,9 @@ public:
   class job_store& store();
   /// The node agents that joined (NodeService keeps it).
   node_registry& nodes();
+  /// How many times the supervisor has looked at the jobs: once per piece
+  /// of news or deadline (NOTE [supervision by events]), never on a timer.
+  int64_t supervisor_rounds() const;
 
   struct impl;
 

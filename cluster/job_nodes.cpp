@@ -93,56 +93,12 @@ expected<job_nodes> read_job_nodes(const std::string& job_dir) {
   return out;
 }
 
-expected<void> write_worker_requests(const std::string& job_dir, const worker_request_file& w) {
-  json workers = json::array();
-  for (const auto& x : w.workers)
-    workers.push_back({{"rank", x.rank}, {"node", x.node}, {"label", x.label}});
-  json j{{"pid", w.pid}, {"driver", w.driver}, {"cwd", w.cwd}, {"timeout_ms", w.timeout_ms},
-         {"workers", workers}};
-  return runtime::write_file_atomic(path_of(job_dir, workers_file), j.dump(2));
-}
-
-expected<worker_request_file> read_worker_requests(const std::string& job_dir) {
-  auto path = path_of(job_dir, workers_file);
-  auto j = read_json(path);
-  if (!j)
-    return j.error();
-  worker_request_file out;
-  auto pid = field<int64_t>(*j, "pid", path);
-  auto driver = field<std::string>(*j, "driver", path);
-  auto cwd = field<std::string>(*j, "cwd", path);
-  auto timeout = field<int64_t>(*j, "timeout_ms", path);
-  if (!pid)
-    return pid.error();
-  if (!driver)
-    return driver.error();
-  if (!cwd)
-    return cwd.error();
-  if (!timeout)
-    return timeout.error();
-  out.pid = *pid, out.driver = *driver, out.cwd = *cwd, out.timeout_ms = *timeout;
-  auto it = j->find("workers");
-  if (it == j->end() || !it->is_array())
-    return make_error(errc::parse_error, path + ": 'workers' must be a list");
-  for (size_t i = 0; i < it->size(); ++i) {
-    auto where = path + ": workers[" + std::to_string(i) + "]";
-    const auto& x = (*it)[i];
-    if (!x.is_object())
-      return make_error(errc::parse_error, where + ": not an object");
-    auto rank = field<int64_t>(x, "rank", where);
-    auto node = field<int64_t>(x, "node", where);
-    auto label = field<std::string>(x, "label", where);
-    if (!rank)
-      return rank.error();
-    if (!node)
-      return node.error();
-    if (!label)
-      return label.error();
-    if (*rank != static_cast<int64_t>(i))
-      return make_error(errc::parse_error, where + ": rank " + std::to_string(*rank) + " out of order");
-    out.workers.push_back({static_cast<int32_t>(*rank), *node, *label});
-  }
-  return out;
+expected<void> check_worker_requests(const worker_request_file& w) {
+  for (size_t i = 0; i < w.workers.size(); ++i)
+    if (w.workers[i].rank != static_cast<int32_t>(i))
+      return make_error(errc::invalid_argument, "workers[" + std::to_string(i) + "]: rank " +
+                                                    std::to_string(w.workers[i].rank) + " out of order");
+  return {};
 }
 
 expected<void> check_worker_start(const worker_start& s) {

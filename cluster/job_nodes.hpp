@@ -7,10 +7,11 @@
 // node of the plan, reserves its devices and writes <job dir>/nodes.json
 // (the address the driver listens on, each node's name and address) before
 // it starts the driver with --nodes. The driver publishes its registrar on
-// that address and writes <job dir>/workers.json (its pid, the registrar's
-// address, its working directory, one entry per worker: rank, node, label);
-// the controller reads it and sends each node's agent a StartWorker per
-// worker of that node. The agent checks the request, builds the argv itself
+// that address and tells the controller, over the driver link (NOTE [driver
+// link] in driver_link.hpp), which workers it waits for (its pid, the
+// registrar's address, its working directory, one entry per worker: rank,
+// node, label); the controller checks the request and sends each node's
+// agent a StartWorker per worker of that node. The agent checks the request, builds the argv itself
 // (`troupe worker` and nothing else, no shell) and reports every exit. The
 // workers register as local ones do (NOTE [worker lifecycle] in
 // workers.hpp). When the job ends, however it ends, the controller sends
@@ -21,6 +22,8 @@
 
 #include "runtime/error.hpp"
 
+#include <caf/meta/type_name.hpp>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -30,7 +33,6 @@
 namespace troupe::cluster {
 
 inline constexpr const char* nodes_file = "nodes.json";
-inline constexpr const char* workers_file = "workers.json";
 
 struct job_node {
   std::string name;
@@ -57,7 +59,7 @@ struct worker_entry {
   std::string label;
 };
 
-/// workers.json: the workers a driver waits for.
+/// The workers a driver waits for (a message on the driver link).
 struct worker_request_file {
   int64_t pid = 0;
   /// The registrar, HOST:PORT.
@@ -68,8 +70,18 @@ struct worker_request_file {
   std::vector<worker_entry> workers;
 };
 
-expected<void> write_worker_requests(const std::string& job_dir, const worker_request_file& w);
-expected<worker_request_file> read_worker_requests(const std::string& job_dir);
+/// Refuses a request whose workers are not ranked 0, 1, ... in order.
+expected<void> check_worker_requests(const worker_request_file& w);
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_entry& x) {
+  return f(caf::meta::type_name("worker_entry"), x.rank, x.node, x.label);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_request_file& x) {
+  return f(caf::meta::type_name("worker_request"), x.pid, x.driver, x.cwd, x.timeout_ms, x.workers);
+}
 
 /// One StartWorker, as an agent receives it.
 struct worker_start {

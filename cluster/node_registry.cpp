@@ -44,7 +44,7 @@ expected<uint64_t> node_registry::join(const node_hello& h, const std::string& p
                       "advertise_host: '" + address.substr(0, 80) + "' is not a host name or address");
   if (h.resources.cores < 0 || h.resources.memory_bytes < 0 || h.resources.gpus < 0)
     return make_error(errc::invalid_argument, "resources: negative counts");
-  std::lock_guard lock{mu_};
+  std::unique_lock lock{mu_};
   auto it = nodes_.find(h.name);
   if (it != nodes_.end() && it->second.view.state == node_state::ready)
     return make_error(errc::illegal_state, "name: node '" + h.name + "' is already joined (from " +
@@ -65,7 +65,12 @@ expected<uint64_t> node_registry::join(const node_hello& h, const std::string& p
   e.close = std::move(close);
   e.send = std::move(send);
   auto id = e.session;
+  auto view = e.view;
   nodes_[h.name] = std::move(e);
+  auto listeners = joined_listeners_;
+  lock.unlock();
+  for (const auto& f : listeners)
+    f(view);
   return id;
 }
 
@@ -156,6 +161,11 @@ std::optional<node_view> node_registry::find(const std::string& name) const {
 void node_registry::on_lost(std::function<void(const node_view&)> f) {
   std::lock_guard lock{mu_};
   lost_listeners_.push_back(std::move(f));
+}
+
+void node_registry::on_joined(std::function<void(const node_view&)> f) {
+  std::lock_guard lock{mu_};
+  joined_listeners_.push_back(std::move(f));
 }
 
 bool node_registry::send(const std::string& name, const node_command& c) {

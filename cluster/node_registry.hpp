@@ -116,6 +116,8 @@ public:
 
   /// Called (without the lock) for each node that becomes lost.
   void on_lost(std::function<void(const node_view&)> f);
+  /// Called (without the lock) for each node that joins (is ready).
+  void on_joined(std::function<void(const node_view&)> f);
 
   /// Sends `c` to the agent of node `name` (without the lock held); false
   /// when the node is not ready or its stream has ended.
@@ -142,6 +144,7 @@ private:
   std::map<std::string, entry> nodes_;
   uint64_t next_session_ = 1;
   std::vector<std::function<void(const node_view&)>> lost_listeners_;
+  std::vector<std::function<void(const node_view&)>> joined_listeners_;
   std::vector<std::function<void(const std::string&, const worker_exit&)>> exit_listeners_;
 };
 

@@ -88,6 +88,7 @@ void configure_network(caf::actor_system_config& cfg) {
   // its actors go down, and monitors fire.
   cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
   cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(5)});
+  cfg.add_message_type<worker_request_file>("troupe.worker_request");
 }
 
 // ---- the worker process ------------------------------------------------------------
@@ -275,8 +276,8 @@ struct worker_set::impl {
     return {};
   }
 
-  // NOTE [remote workers]: the controller reads workers.json and asks the
-  // nodes' agents to start them.
+  // NOTE [remote workers]: the controller hears of them on the driver link
+  // and asks the nodes' agents to start them.
   expected<void> request_remote(const launch_options& o) {
     worker_request_file w;
     w.pid = ::getpid();
@@ -286,8 +287,9 @@ struct worker_set::impl {
     w.timeout_ms = o.timeout_ms;
     for (size_t r = 0; r < roles.size(); ++r)
       w.workers.push_back({static_cast<int32_t>(r), o.remote->node_of[r], roles[r]});
-    if (auto ok = write_worker_requests(o.remote->job_dir, w); !ok)
-      return with_prefix(ok.error(), "launch workers: asking for the workers");
+    if (!o.remote->ask_for_workers)
+      return make_error(errc::invalid_argument, "launch workers: on nodes, but no controller to ask");
+    o.remote->ask_for_workers(w);
     return {};
   }
 

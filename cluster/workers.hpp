@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,12 +61,12 @@ void configure_network(caf::actor_system_config& cfg);
 struct remote_launch {
   /// The address the registrar listens on (reached from every node).
   std::string bind_host;
-  /// The job's folder: workers.json is written there.
-  std::string job_dir;
   /// Name and address of each node of the job.
   std::vector<job_node> nodes;
   /// The node (index into `nodes`) of each worker.
   std::vector<int64_t> node_of;
+  /// Tells the controller which workers to start (NOTE [driver link]).
+  std::function<void(const worker_request_file&)> ask_for_workers;
 };
 
 struct launch_options {

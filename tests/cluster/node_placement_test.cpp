@@ -1,12 +1,18 @@
-// Which ready node plays each node of a plan (NOTE [node slots]), the files
-// a controller and a driver exchange for a job on nodes, and the checks an
-// agent makes before it runs a StartWorker from the wire.
+// Which ready node plays each node of a plan (NOTE [node slots]), what a
+// controller and a driver exchange for a job on nodes (nodes.json, the
+// driver link's worker request), and the checks an agent makes before it
+// runs a StartWorker from the wire.
 #include "cluster/job_nodes.hpp"
 #include "cluster/node_placement.hpp"
+#include "cluster/workers.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include "runtime/file_io.hpp"
 
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
 #include <gtest/gtest.h>
 
 using namespace troupe;
@@ -68,27 +74,30 @@ TEST(JobNodes, TheControllersChoiceAndTheDriversRequestRoundTrip) {
   EXPECT_EQ(n->nodes[1].name, "b");
   EXPECT_EQ(n->nodes[1].host, "10.1.0.3");
 
+  // The driver's request crosses the driver link as a CAF message.
   worker_request_file w{42, "10.1.0.1:5000", "/srv/jobs", 30000, {{0, 0, "train:policy"}, {1, 1, "gen:rollout"}}};
-  ASSERT_TRUE(write_worker_requests(dir, w));
-  auto r = read_worker_requests(dir);
-  ASSERT_TRUE(r) << describe(r.error());
-  EXPECT_EQ(r->pid, 42);
-  EXPECT_EQ(r->driver, "10.1.0.1:5000");
-  ASSERT_EQ(r->workers.size(), 2u);
-  EXPECT_EQ(r->workers[1].node, 1);
-  EXPECT_EQ(r->workers[1].label, "gen:rollout");
+  caf::actor_system_config cfg;
+  configure_network(cfg);
+  caf::actor_system sys{cfg};
+  std::vector<char> buf;
+  caf::binary_serializer sink{sys, buf};
+  ASSERT_FALSE(sink(w));
+  worker_request_file r;
+  caf::binary_deserializer source{sys, buf};
+  ASSERT_FALSE(source(r));
+  EXPECT_EQ(r.pid, 42);
+  EXPECT_EQ(r.driver, "10.1.0.1:5000");
+  EXPECT_EQ(r.timeout_ms, 30000);
+  ASSERT_EQ(r.workers.size(), 2u);
+  EXPECT_EQ(r.workers[1].node, 1);
+  EXPECT_EQ(r.workers[1].label, "gen:rollout");
+  EXPECT_TRUE(check_worker_requests(r));
 
-  // Damaged files are errors naming the file and the field, never a crash.
-  auto path = dir + "/" + workers_file;
-  ASSERT_TRUE(runtime::write_file_atomic(path, R"({"pid": 1, "driver": "x:1", "cwd": "/", "timeout_ms": 5,
-                                                   "workers": [{"rank": 1, "node": 0, "label": "a"}]})"));
-  auto bad = read_worker_requests(dir);
+  // Workers out of rank order are refused, naming the entry.
+  r.workers[0].rank = 1;
+  auto bad = check_worker_requests(r);
   ASSERT_FALSE(bad);
   EXPECT_NE(describe(bad.error()).find("workers[0]: rank 1 out of order"), std::string::npos) << describe(bad.error());
-  ASSERT_TRUE(runtime::write_file_atomic(path, R"({"pid": "1"})"));
-  bad = read_worker_requests(dir);
-  ASSERT_FALSE(bad);
-  EXPECT_NE(describe(bad.error()).find("'pid' is missing or of the wrong type"), std::string::npos);
   ASSERT_TRUE(runtime::write_file_atomic(dir + "/" + nodes_file, "[1, 2"));
   EXPECT_FALSE(read_job_nodes(dir));
 }

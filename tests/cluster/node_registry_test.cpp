@@ -25,10 +25,16 @@ constexpr int64_t ms = 1000;
 
 TEST(NodeRegistry, ANodeIsReadyWhileItHeartbeatsAndLostWhenSilent) {
   node_registry r{{100, 1000}};
-  std::vector<std::string> closed, lost;
+  std::vector<std::string> closed, lost, joined;
   r.on_lost([&](const node_view& v) { lost.push_back(v.name + ": " + v.reason); });
+  // Joins are news too (a queued job may fit now), told with the lock free.
+  r.on_joined([&](const node_view& v) {
+    joined.push_back(v.name + " " + to_string(v.state).data());
+    EXPECT_TRUE(r.find(v.name)) << "the registry is usable from a listener";
+  });
   auto id = r.join(hello("a"), "ipv4:10.0.0.2:4000", [&](const std::string& why) { closed.push_back(why); }, 0);
   ASSERT_TRUE(id);
+  EXPECT_EQ(joined, std::vector<std::string>{"a ready"});
   auto v = r.find("a");
   ASSERT_TRUE(v);
   EXPECT_EQ(v->state, node_state::ready);
