@@ -365,7 +365,6 @@ void controller::impl::send_to_agents(const std::vector<std::pair<std::string, n
   }
 }
 
-
 namespace {
 
 void deliver(const std::weak_ptr<controller::impl>& ctl, const std::string& id, const j::event& ev) {

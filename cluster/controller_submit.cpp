@@ -13,7 +13,6 @@ namespace troupe::cluster {
 
 namespace {
 
-
 std::string random_id() {
   static std::mutex mu;
   static std::mt19937_64 gen{std::random_device{}()};
