@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <poll.h>
@@ -50,8 +51,12 @@ void process_watch::poke() {
 expected<void> process_watch::watch_process(int64_t pid) {
   int fd = pidfd_of(pid);
   if (fd < 0) {
-    if (errno == ESRCH) { // already gone
-      on_news_();
+    if (errno == ESRCH) { // already gone: the thread tells
+      {
+        std::lock_guard lock{mu_};
+        news_ = true;
+      }
+      poke();
       return {};
     }
     return make_error(errc::io_error, "pidfd_open " + std::to_string(pid) + ": " + std::strerror(errno));
@@ -136,6 +141,7 @@ void process_watch::loop() {
     }
     {
       std::lock_guard lock{mu_};
+      news = std::exchange(news_, false) || news;
       for (size_t i = 2; i < fds.size(); ++i) {
         if (!fds[i].revents)
           continue;

@@ -7,8 +7,9 @@
 // process has ended, child or not, and never confused with a later process
 // of the same pid) and one inotify descriptor for the folders (a file
 // created, written and closed, or renamed into one — write_file_atomic's
-// rename). It calls `on_news` with no lock of its own held; what changed is
-// for the owner to look at.
+// rename). It calls `on_news` from its own thread only (never from a call
+// of the owner's, which may hold the lock on_news takes) and with no lock
+// of its own held; what changed is for the owner to look at.
 
 #include "runtime/error.hpp"
 
@@ -45,6 +46,7 @@ private:
   int inotify_ = -1;
   int wake_ = -1; // eventfd: the set changed, or stop
   bool stop_ = false;
+  bool news_ = false; // news found outside the thread (a pid already gone)
   std::thread thread_;
 };
 

@@ -30,9 +30,11 @@ struct news_counter {
   std::mutex mu;
   std::condition_variable cv;
   int count = 0;
+  std::thread::id last_caller;
   void operator()() {
     std::lock_guard lock{mu};
     ++count;
+    last_caller = std::this_thread::get_id();
     cv.notify_all();
   }
   bool wait_beyond(int seen, std::chrono::milliseconds limit) {
@@ -77,6 +79,9 @@ TEST(ProcessWatch, AProcessThatEndsAndAFileThatLandsAreNews) {
   EXPECT_FALSE(news.wait_beyond(before, 300ms));
   ASSERT_TRUE(watch.watch_process(p->pid())); // reaped: gone already
   EXPECT_TRUE(news.wait_beyond(before, 1s));
+  // Told from the watch's thread, never inside the caller's call (which may
+  // hold the lock the callback takes).
+  EXPECT_NE(news.last_caller, std::this_thread::get_id());
   EXPECT_FALSE(watch.watch_folder(tmp.file("missing")));
 }
 
