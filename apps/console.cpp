@@ -209,10 +209,6 @@ void signal_watcher::forget() {
   job_.reset();
 }
 
-int signal_watcher::count() {
-  return g_signals.load();
-}
-
 bool signal_watcher::stopped_now() {
   return g_first.load() == SIGTERM || g_signals.load() >= 2;
 }

@@ -69,8 +69,6 @@ public:
   void watch(const actors::job::job_actor& job);
   /// Drops the job's handle (before its actor system ends); the bound stays.
   void forget();
-  /// Signals received so far.
-  static int count();
   /// Whether the job was told to stop now (no checkpoint).
   static bool stopped_now();
   /// 128 + the first signal's number (130 for SIGINT, 143 for SIGTERM).

@@ -35,13 +35,6 @@ bool transition_allowed(ctl_state from, ctl_state to) noexcept {
   return false;
 }
 
-expected<void> check_transition(ctl_state from, ctl_state to) {
-  if (transition_allowed(from, to))
-    return {};
-  return make_error(errc::invalid_argument, "a job cannot move from " + std::string{to_string(from)} + " to " +
-                                                std::string{to_string(to)});
-}
-
 void job_book::restore(ctl_state state, std::vector<transition_view> history) {
   state_ = state;
   transitions_ = std::move(history);

@@ -37,8 +37,6 @@ namespace troupe::cluster {
 /// move). Final states end the job, except that failed, cancelled and lost
 /// jobs may be queued again (resume).
 bool transition_allowed(ctl_state from, ctl_state to) noexcept;
-/// The same, as an error naming both states.
-expected<void> check_transition(ctl_state from, ctl_state to);
 
 /// One job's state and its history of moves.
 class job_book {

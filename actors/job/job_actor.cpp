@@ -124,7 +124,6 @@ void write_journal(self_ptr self, const event& e) {
 // fails the job (NOTE [job actor failures]).
 void feed_sinks(self_ptr self, const event& e) {
   auto& s = self->state;
-  s.sink_dead.resize(s.opt.sinks.size(), false);
   for (size_t i = 0; i < s.opt.sinks.size(); ++i) {
     if (s.sink_dead[i])
       continue;
@@ -226,8 +225,8 @@ void start_driver(self_ptr self) {
     driver_outcome out;
     try {
       out = fn ? fn(b, link) : driver_outcome{job_state::failed, "the job has no driver"};
-    } catch (const std::exception& e) {
-      out = {job_state::failed, std::string{"driver: "} + e.what()};
+    } catch (...) { // NOTE [escaping exceptions]: whatever it throws
+      out = {job_state::failed, "driver: " + what_of(std::current_exception())};
     }
     caf::anon_send(link.job(), driver_done_atom::value, std::string{to_string(out.state)},
                    out.error);
@@ -465,6 +464,7 @@ job_actor::behavior_type job_behavior(self_ptr self, job_options opt) {
   s.opt = std::move(opt);
   s.st.id = s.opt.id;
   s.st.name = s.opt.name;
+  s.sink_dead.assign(s.opt.sinks.size(), false);
   self->set_exception_handler([self](std::exception_ptr& ep) { return on_exception(self, ep); });
   using st = job_state_data;
   return {
