@@ -80,6 +80,15 @@ runner add_env(CLI::App& app) {
   };
 }
 
+// The names a flag of enum type accepts (NOTE [enum names]).
+template <class E>
+std::vector<std::string> choice_names() {
+  std::vector<std::string> names;
+  for (auto n : troupe::enum_choices<E>())
+    names.emplace_back(n);
+  return names;
+}
+
 runner add_generate(CLI::App& app) {
   auto* gen = app.add_subcommand("generate", command_help("generate"));
   struct flags {
@@ -89,6 +98,7 @@ runner add_generate(CLI::App& app) {
     bool quiet = false;
     int threads = 0;
     std::string decode_panels = "auto";
+    std::string decode_isa = "auto";
   };
   auto f = std::make_shared<flags>();
   auto& go = f->go;
@@ -112,16 +122,16 @@ runner add_generate(CLI::App& app) {
   gen->add_option("--max-num-seqs", go.engine.max_num_seqs, "Running sequences at most");
   gen->add_option("--max-batched-tokens", go.engine.max_batched_tokens, "Tokens per step at most");
   gen->add_flag("--no-prefix-caching", f->no_prefix, "Disable prefix reuse");
+  using troupe::actors::inference::isa_mode;
   using troupe::actors::inference::panels_mode;
   gen->add_option("--decode-panels", f->decode_panels,
-                  "CPU decode of batches from a packed copy of the weights: auto (when "
-                  "requests batch), on, off")
-      ->check(CLI::IsMember([] {
-        std::vector<std::string> names;
-        for (auto n : troupe::enum_choices<panels_mode>())
-          names.emplace_back(n);
-        return names;
-      }()));
+                  "CPU decode of batches from a packed copy of the weights: auto (where it "
+                  "wins), on, off")
+      ->check(CLI::IsMember(choice_names<panels_mode>()));
+  gen->add_option("--decode-isa", f->decode_isa,
+                  "CPU decode instruction set: auto (the widest this CPU runs), avx512, avx2, "
+                  "baseline")
+      ->check(CLI::IsMember(choice_names<isa_mode>()));
   gen->add_flag("--quiet", f->quiet, "Do not print the metrics line to stderr");
   gen->add_option("--threads", f->threads, "CPU compute threads (0 = one per core)")
       ->check(CLI::NonNegativeNumber);
@@ -131,8 +141,8 @@ runner add_generate(CLI::App& app) {
     if (seed_opt->count() > 0)
       f->go.sampling.seed = f->seed;
     f->go.engine.enable_prefix_caching = !f->no_prefix;
-    f->go.engine.decode_panels =
-      *troupe::enum_from_name<troupe::actors::inference::panels_mode>(f->decode_panels);
+    f->go.engine.decode_panels = *troupe::enum_from_name<panels_mode>(f->decode_panels);
+    f->go.engine.decode_isa = *troupe::enum_from_name<isa_mode>(f->decode_isa);
     f->go.print_metrics = !f->quiet;
     troupe::runtime::set_compute_threads(f->threads);
     return troupe::apps::run_generate(f->go);

@@ -1,171 +1,434 @@
-// CPU decode (issue 19): the fused kernel (NOTE [fused decode] in
-// kernels/cpu/fused_decode.hpp) against the ATen path of the same
-// model in the same run, at 1 and 2 threads, on the 15M Llama shape (dim
-// 288, 6 layers, vocab 32000, tied embeddings) and the 24M one (the same
-// with an untied LM head). Each comparison interleaves the two paths over
-// the rounds and keeps each side's best (the VM is shared and noisy).
-// Also: the bytes of parameters read per token × tokens/s against a
-// read-only streaming bandwidth measured here (not memcpy, which writes
-// too); the model step alone (no engine scheduling or sampling); batch 32,
-// whose steps read the packed copy of the weights (NOTE [packed panels];
-// the engine packs: max_num_seqs 64), and its model step from the stored
-// rows for comparison.
+// CPU decode (issues 19, 28): the fused kernel (NOTE [fused decode] in
+// kernels/cpu/fused_decode.hpp) on every instruction-set path this machine
+// runs (NOTE [decode isa]), side by side with the per-operator ATen path
+// (which reaches OpenBLAS through at::mm) and with a naive C decoder
+// (bench/naive_decoder.h) on the same weights, in one run.
 //
-// Usage: bench_decode [rounds] [tokens]
+//  - The read limit: the larger of a multi-stream read (bench/stream_read.h)
+//    and the naive decoder's bytes per second, at 1 and 2 threads.
+//  - Batch 1: each path's model step against ATen and the naive decoder, and
+//    the bytes of weights it reads per second against the limit.
+//  - The sweep: model steps of batch 1 … 64 at 1 and 2 threads, fused from
+//    packed panels, fused from the stored rows, ATen, and the default (auto)
+//    choice; the crossover points the table in kernels/cpu/decode_isa.cpp
+//    records (NOTE [decode crossovers]).
+//  - The engine: `troupe generate`'s loop (sampling included) at batch 1 and
+//    32, the default against decode_panels on and off.
+// Every figure is the median of `rounds` rounds that run all the cases of a
+// comparison in an order that alternates from round to round (the machine is
+// shared and noisy; ratios compare runs taken together).
+//
+// Usage: bench_decode [--isa all|auto|avx512|avx2|baseline] [--shape 15m|24m|both]
+//                     [--rounds N] [--no-sweep] [--no-engine]
 #include "actors/inference/engine.hpp"
 #include "bench/llama_shapes.hpp"
-#include "kernels/cpu/fused_decode.hpp"
+#include "bench/naive_decoder.h"
+#include "bench/stream_read.h"
+#include "kernels/cpu/decode_isa.hpp"
 #include "models/llama.hpp"
 
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
 using namespace troupe;
 using namespace troupe::actors::inference;
+using kernels::cpu::decode_isa;
+using kernels::cpu::decode_path;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-std::unique_ptr<engine> make(models::llama_model m) {
+struct options {
+  std::vector<decode_isa> isas;
+  std::vector<bool> tied{false};
+  int rounds = 5;
+  bool sweep = true, engine = true;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "bench_decode: %s\nusage: bench_decode [--isa all|auto|avx512|avx2|baseline] "
+               "[--shape 15m|24m|both] [--rounds N] [--no-sweep] [--no-engine]\n",
+               why);
+  std::exit(2);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  std::string isa = "all";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc)
+        usage(("missing a value after " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--isa")
+      isa = value();
+    else if (a == "--shape") {
+      auto s = value();
+      if (s == "15m")
+        o.tied = {true};
+      else if (s == "24m")
+        o.tied = {false};
+      else if (s == "both")
+        o.tied = {true, false};
+      else
+        usage(("--shape: expected 15m, 24m or both, got " + s).c_str());
+    } else if (a == "--rounds")
+      o.rounds = std::max(1, std::atoi(value().c_str()));
+    else if (a == "--no-sweep")
+      o.sweep = false;
+    else if (a == "--no-engine")
+      o.engine = false;
+    else
+      usage(("unknown argument " + a).c_str());
+  }
+  if (isa == "all")
+    o.isas = kernels::cpu::supported_decode_isas();
+  else if (auto named = enum_from_name<decode_isa>(isa)) {
+    if (auto why = kernels::cpu::unsupported_why(*named); !why.empty())
+      usage(("--isa " + why).c_str());
+    o.isas = {kernels::cpu::resolve(*named)};
+  } else
+    usage(("--isa: expected all or one of " + enum_name_list<decode_isa>() + ", got " + isa)
+              .c_str());
+  return o;
+}
+
+std::string cpu_model() {
+  std::ifstream in{"/proc/cpuinfo"};
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0)
+      return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Runs every case `rounds` times, forwards and backwards in turn, and
+// returns each case's median seconds.
+std::vector<double> interleaved(const std::vector<std::function<double()>>& cases, int rounds) {
+  std::vector<std::vector<double>> times(cases.size());
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < cases.size(); ++i) {
+      auto c = r % 2 == 0 ? i : cases.size() - 1 - i;
+      times[c].push_back(cases[c]());
+    }
+  std::vector<double> out;
+  for (auto& t : times)
+    out.push_back(median(t));
+  return out;
+}
+
+// Seconds per call of fn: one call to warm up (a packed copy made, pages
+// touched), then calls until 60 ms have passed (at least 3).
+double per_call(const std::function<void()>& fn) {
+  fn();
+  int calls = 0;
+  auto t0 = clock_type::now();
+  double dt = 0;
+  while (calls < 3 || dt < 0.06) {
+    fn();
+    ++calls;
+    dt = std::chrono::duration<double>(clock_type::now() - t0).count();
+  }
+  return dt / calls;
+}
+
+// ---- the read limit -------------------------------------------------------------------
+
+// The best multi-stream read (GB/s) of `threads` threads over a 256 MiB
+// buffer: 1, 2, 4 and 8 streams a thread, without and with prefetching 1 or
+// 4 KiB ahead, best of 3 passes each.
+double stream_limit(int threads) {
+  static std::vector<float> buf((256u << 20) / sizeof(float), 1.0f);
+  double best = 0;
+  for (int streams : {1, 2, 4, 8})
+    for (int prefetch : {0, 4, 16})
+      for (int pass = 0; pass < 3; ++pass)
+        best = std::max(best, stream_read_gbps(buf.data(), buf.size(), threads, streams, prefetch));
+  return best;
+}
+
+// ---- the naive C decoder --------------------------------------------------------------
+
+// The naive decoder over a model's weights (pointers into its tensors).
+struct naive {
+  std::vector<std::vector<const float*>> per_layer; // 9 arrays of one pointer per layer
+  std::vector<float> inv_freq;
+  naive_decoder* d = nullptr;
+
+  explicit naive(models::llama_model& m) {
+    const auto& c = m->config();
+    auto w = m->named_weights();
+    auto ptr = [&](const std::string& name) -> const float* {
+      return w.at(name).data_ptr<float>();
+    };
+    const char* names[] = {"attention_norm", "attention.wq", "attention.wk",
+                           "attention.wv",   "attention.wo", "ffn_norm",
+                           "feed_forward.w1", "feed_forward.w3", "feed_forward.w2"};
+    per_layer.resize(9);
+    for (int k = 0; k < 9; ++k)
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        per_layer[static_cast<size_t>(k)].push_back(
+            ptr("layers." + std::to_string(l) + "." + names[k] + ".weight"));
+    for (double f : models::rope_inv_freq(c))
+      inv_freq.push_back(static_cast<float>(f));
+    naive_config nc{static_cast<int>(c.hidden_size),         static_cast<int>(c.intermediate_size),
+                    static_cast<int>(c.num_hidden_layers),   static_cast<int>(c.num_attention_heads),
+                    static_cast<int>(c.num_key_value_heads), static_cast<int>(c.vocab_size),
+                    static_cast<int>(c.max_position_embeddings), static_cast<float>(c.rms_norm_eps)};
+    naive_weights nw{ptr("tok_embeddings.weight"),
+                     per_layer[0].data(),
+                     per_layer[1].data(),
+                     per_layer[2].data(),
+                     per_layer[3].data(),
+                     per_layer[4].data(),
+                     per_layer[5].data(),
+                     per_layer[6].data(),
+                     per_layer[7].data(),
+                     per_layer[8].data(),
+                     ptr("norm.weight"),
+                     c.tie_word_embeddings ? ptr("tok_embeddings.weight") : ptr("output.weight"),
+                     inv_freq.data()};
+    d = naive_new(&nc, &nw);
+  }
+  ~naive() { naive_free(d); }
+  naive(const naive&) = delete;
+  naive& operator=(const naive&) = delete;
+};
+
+// The largest difference between the naive decoder's logits and the model's
+// over a short sequence (both must compute the same function).
+float naive_disagreement(models::llama_model& m, naive& n) {
+  std::vector<int64_t> ids{1, 450, 4996, 17354, 1701, 432, 17204, 975};
+  torch::NoGradGuard no_grad;
+  auto t = torch::tensor(ids).view({1, -1});
+  auto want = m->forward(t, torch::ones_like(t))[0];
+  float worst = 0;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const float* got = naive_forward(n.d, static_cast<int>(ids[p]), static_cast<int>(p), 1);
+    auto row = want[static_cast<int64_t>(p)].contiguous();
+    const float* w = row.data_ptr<float>();
+    for (int64_t v = 0; v < row.numel(); ++v)
+      worst = std::max(worst, std::abs(got[v] - w[v]));
+  }
+  return worst;
+}
+
+// ---- model steps -----------------------------------------------------------------------
+
+// A decode step of `batch` requests, each one token at position 100, and
+// the pools it reads (the model step alone: no scheduling, no sampling).
+struct step_input {
+  models::paged_kv_cache cache;
+  models::paged_batch b;
+  step_input(models::llama_model& m, int64_t batch) : cache(m->make_paged_cache(16 * batch, 16)) {
+    auto i64 = torch::TensorOptions().dtype(torch::kInt64);
+    b.input_ids = torch::full({batch}, 7, i64);
+    b.positions = torch::full({batch}, 100, i64);
+    b.slot_mapping = torch::arange(batch, i64) * 256 + 100;
+    b.block_tables = torch::arange(16 * batch, torch::kInt32).view({batch, 16});
+    b.context_lens = torch::full({batch}, 101, i64);
+    b.query_start = torch::arange(batch + 1, i64);
+  }
+};
+
+// How a case runs the model's decode steps.
+struct way {
+  const char* name;
+  decode_path path;
+  kernels::cpu::panels_mode panels;
+};
+const way kPanels{"panels", decode_path::fused, kernels::cpu::panels_mode::on};
+const way kRows{"rows", decode_path::fused, kernels::cpu::panels_mode::off};
+const way kAten{"ATen", decode_path::aten, kernels::cpu::panels_mode::off};
+const way kAuto{"auto", decode_path::automatic, kernels::cpu::panels_mode::automatic};
+
+std::function<double()> model_case(models::llama_model& m, step_input& in, decode_isa isa,
+                                   way w, int threads) {
+  return [&m, &in, isa, w, threads] {
+    at::set_num_threads(threads);
+    m->set_decode_isa(isa);
+    m->set_decode_path(w.path);
+    m->set_decode_panels(w.panels);
+    return per_call([&] { m->forward_paged(in.b, in.cache); });
+  };
+}
+
+struct shape_info {
+  bool tied;
+  double bytes; // of weights read per token
+};
+
+// ---- batch 1 -------------------------------------------------------------------------------
+
+void batch_one(models::llama_model& m, const shape_info& s, const options& o,
+               const double (&stream)[3]) {
+  naive n{m};
+  std::printf("  naive C decoder agrees with the model to %.2g (max |logit difference|)\n",
+              naive_disagreement(m, n));
+  step_input in{m, 1};
+  for (int threads : {1, 2}) {
+    // The naive decoder at position 100 (its cache holds 0..99 from a warm-up).
+    for (int p = 0; p < 100; ++p)
+      naive_forward(n.d, 7, p, threads);
+    std::vector<std::function<double()>> cases;
+    cases.push_back([&n, threads] { return per_call([&] { naive_forward(n.d, 7, 100, threads); }); });
+    cases.push_back(model_case(m, in, decode_isa::automatic, kAten, threads));
+    for (auto isa : o.isas)
+      cases.push_back(model_case(m, in, isa, kRows, threads));
+    auto t = interleaved(cases, o.rounds);
+    const double naive_gbps = s.bytes / t[0] / 1e9;
+    const double limit = std::max(stream[threads], naive_gbps);
+    std::printf("  batch 1, %d thread%s: read limit %.2f GB/s (streams %.2f, naive %.2f); naive "
+                "%.0f tokens/s, ATen %.0f tokens/s\n",
+                threads, threads == 1 ? " " : "s", limit, stream[threads], naive_gbps, 1 / t[0],
+                1 / t[1]);
+    for (size_t i = 0; i < o.isas.size(); ++i) {
+      double sec = t[2 + i], gbps = s.bytes / sec / 1e9;
+      std::printf("    %-8s fused %.0f tokens/s = %.2fx ATen, %.2fx naive; reads %.2f GB/s = "
+                  "%.0f%% of the limit\n",
+                  std::string{to_string(o.isas[i])}.c_str(), 1 / sec, t[1] / sec, t[0] / sec, gbps,
+                  100 * gbps / limit);
+    }
+  }
+}
+
+// ---- the sweep -----------------------------------------------------------------------------
+
+void sweep(models::llama_model& m, const options& o) {
+  const std::vector<int64_t> batches{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64};
+  std::map<int64_t, std::unique_ptr<step_input>> inputs;
+  for (auto b : batches)
+    inputs[b] = std::make_unique<step_input>(m, b);
+  for (auto isa : o.isas) {
+    const auto& table = kernels::cpu::crossover(isa);
+    std::printf("\n  sweep, %s path (tokens/s of the model step; table: panels from batch %lld, "
+                "ATen from %lld)\n",
+                std::string{to_string(isa)}.c_str(), static_cast<long long>(table.panels_from),
+                static_cast<long long>(table.aten_from));
+    std::printf("    %5s %3s %10s %10s %10s %10s %8s %8s\n", "batch", "thr", "panels", "rows",
+                "ATen", "auto", "best/ATen", "auto/ATen");
+    for (int threads : {1, 2}) {
+      int64_t panels_win = 0, aten_win = 0;
+      for (auto b : batches) {
+        auto& in = *inputs[b];
+        std::vector<std::function<double()>> cases;
+        for (const auto& w : {kPanels, kRows, kAten, kAuto})
+          cases.push_back(model_case(m, in, isa, w, threads));
+        auto t = interleaved(cases, o.rounds);
+        auto rate = [&](double sec) { return static_cast<double>(b) / sec; };
+        double best_fused = std::min(t[0], t[1]);
+        if (b > 1 && t[0] < t[1] && panels_win == 0)
+          panels_win = b;
+        if (best_fused > t[2] && aten_win == 0)
+          aten_win = b;
+        std::printf("    %5lld %3d %10.0f %10.0f %10.0f %10.0f %8.2f %8.2f\n",
+                    static_cast<long long>(b), threads, rate(t[0]), rate(t[1]), rate(t[2]),
+                    rate(t[3]), t[2] / best_fused, t[2] / t[3]);
+      }
+      std::printf("    %d thread%s: panels first beat rows at batch %lld; ATen first beats the "
+                  "fused kernel at %lld (0: never)\n",
+                  threads, threads == 1 ? "" : "s", static_cast<long long>(panels_win),
+                  static_cast<long long>(aten_win));
+    }
+  }
+  m->set_decode_path(decode_path::automatic);
+  m->set_decode_panels(kernels::cpu::panels_mode::automatic);
+}
+
+// ---- the engine ---------------------------------------------------------------------------
+
+// Generated tokens per second of `batch` sampled requests of 64 tokens each
+// after a 16-token prompt (decode steps only: the first token comes with
+// the prefill and is left out).
+double engine_rate(models::llama_model& m, kernels::cpu::panels_mode panels, int batch, int salt) {
   engine_config c;
   c.num_blocks = 2048;
   c.max_num_seqs = 64;
   c.max_batched_tokens = 4096;
+  c.decode_panels = panels;
   auto e = engine::make(m, c);
-  if (!e) {
-    std::fprintf(stderr, "engine: %s\n", describe(e.error()).c_str());
-    std::exit(1);
-  }
-  return std::move(*e);
-}
-
-// Generated tokens per second of `batch` greedy requests of `tokens` each
-// after a 16-token prompt (the decode steps only: prefill excluded).
-double decode_rate(engine& e, int batch, int tokens, int salt) {
+  if (!e)
+    usage(describe(e.error()).c_str());
   std::vector<generate_request> reqs;
   for (int r = 0; r < batch; ++r) {
     generate_request q;
     q.id = std::to_string(r);
     for (int i = 0; i < 16; ++i)
       q.prompt.push_back((i * 7919 + (r + salt) * 104729) % 32000);
-    q.sampling.temperature = 0;
-    q.sampling.max_tokens = tokens;
+    q.sampling.temperature = 1;
+    q.sampling.seed = static_cast<uint64_t>(r + 1);
+    q.sampling.max_tokens = 64;
     q.sampling.ignore_eos = true;
     reqs.push_back(std::move(q));
   }
-  auto before = e.metrics();
+  (*e)->generate(reqs); // warm: pages, the packed copy
   auto t0 = clock_type::now();
-  auto outs = e.generate(std::move(reqs));
+  auto outs = (*e)->generate(std::move(reqs));
   double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
-  if (!outs) {
-    std::fprintf(stderr, "generate: %s\n", describe(outs.error()).c_str());
-    std::exit(1);
-  }
-  auto after = e.metrics();
-  // The first token of each request comes with its prefill step.
-  double ttft_s = (after.mean_ttft_ms() > 0 ? after.mean_ttft_ms() : 0) / 1000.0;
-  (void)before;
-  return static_cast<double>(batch) * (tokens - 1) / std::max(1e-9, wall - ttft_s);
+  if (!outs)
+    usage(describe(outs.error()).c_str());
+  double ttft = (*e)->metrics().mean_ttft_ms() / 1000.0;
+  return static_cast<double>(batch) * 63 / std::max(1e-9, wall - ttft);
 }
 
-// Seconds per forward_paged of a decode step of `batch` requests, each one
-// token at position 100 (the model step alone, without the engine's
-// scheduling and sampling).
-double model_step_seconds(models::llama_model& m, int steps, int64_t batch, int rounds = 3) {
-  auto cache = m->make_paged_cache(16 * batch, 16);
-  models::paged_batch b;
-  auto i64 = torch::TensorOptions().dtype(torch::kInt64);
-  b.input_ids = torch::full({batch}, 7, i64);
-  b.positions = torch::full({batch}, 100, i64);
-  b.slot_mapping = torch::arange(batch, i64) * 256 + 100;
-  b.block_tables = torch::arange(16 * batch, torch::kInt32).view({batch, 16});
-  b.context_lens = torch::full({batch}, 101, i64);
-  b.query_start = torch::arange(batch + 1, i64);
-  double best = 1e9;
-  for (int round = 0; round < rounds; ++round) {
-    auto t0 = clock_type::now();
-    for (int i = 0; i < steps; ++i)
-      m->forward_paged(b, cache);
-    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / steps);
+void engine_figures(models::llama_model& m, const options& o) {
+  using kernels::cpu::panels_mode;
+  at::set_num_threads(2);
+  m->set_decode_isa(decode_isa::automatic);
+  m->set_decode_path(decode_path::automatic);
+  std::printf("\n  engine (sampling included), 2 threads, the auto path, 64 tokens per request:\n");
+  double one = 0;
+  for (int batch : {1, 32}) {
+    int salt = 0;
+    std::vector<std::function<double()>> cases;
+    for (auto p : {panels_mode::automatic, panels_mode::on, panels_mode::off})
+      cases.push_back([&m, p, batch, &salt] { return 1 / engine_rate(m, p, batch, salt++); });
+    auto t = interleaved(cases, o.rounds);
+    if (batch == 1)
+      one = 1 / t[0];
+    std::printf("    batch %2d: default %.0f tokens/s, panels on %.0f, off %.0f; default / best "
+                "%.2fx%s\n",
+                batch, 1 / t[0], 1 / t[1], 1 / t[2], std::min(t[1], t[2]) / t[0],
+                batch > 1 ? (" ; batch " + std::to_string(batch) + " / batch 1 = " +
+                             std::to_string(1 / t[0] / one).substr(0, 4) + "x")
+                                .c_str()
+                          : "");
   }
-  return best;
-}
-
-// Read-only streaming bandwidth (GB/s) of `threads` threads reading a
-// 256 MiB buffer each pass (best of 5).
-double read_bandwidth(int threads) {
-  const size_t n = (256u << 20) / sizeof(float);
-  std::vector<float> buf(n, 1.0f);
-  double best = 0;
-  for (int pass = 0; pass < 5; ++pass) {
-    std::atomic<double> total{0};
-    auto t0 = clock_type::now();
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] {
-        const float* p = buf.data() + n * t / threads;
-        size_t len = n / threads;
-        // The kernel's own dot product of the range with itself: one stream
-        // of loads at the kernel's vector width (the second operand hits
-        // the same lines).
-        float s = kernels::cpu::dot(p, p, static_cast<int64_t>(len));
-        total = total + s;
-      });
-    for (auto& t : ts)
-      t.join();
-    double dt = std::chrono::duration<double>(clock_type::now() - t0).count();
-    if (total.load() > 0)
-      best = std::max(best, static_cast<double>(n * sizeof(float)) / dt / 1e9);
-  }
-  return best;
-}
-
-struct pair_result {
-  double fused = 0, aten = 0;
-};
-
-// Best tokens/s of each path at each thread count in `threads`. Every round
-// runs all of them, in an order that alternates from round to round (the
-// first run after a change of batch or threads is often the slower), so the
-// ratios compare runs taken at the same time on this noisy machine.
-std::vector<pair_result> compare(models::llama_model& m, engine& e, int batch, int tokens,
-                                 int rounds, const std::vector<int>& threads) {
-  std::vector<pair_result> best(threads.size());
-  int salt = 0;
-  for (int r = 0; r < rounds; ++r)
-    for (size_t i = 0; i < threads.size(); ++i) {
-      auto t = r % 2 == 0 ? i : threads.size() - 1 - i;
-      at::set_num_threads(threads[t]);
-      for (int k = 0; k < 2; ++k) {
-        bool fused = (r + k) % 2 == 0;
-        m->set_fused_decode(fused);
-        auto rate = decode_rate(e, batch, tokens, salt++);
-        auto& slot = fused ? best[t].fused : best[t].aten;
-        slot = std::max(slot, rate);
-      }
-    }
-  m->set_fused_decode(true);
-  return best;
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-  int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
-  int tokens = argc > 2 ? std::max(8, std::atoi(argv[2])) : 200;
-  std::printf("machine: %u hardware threads; %d rounds, %d tokens per request (16-token prompt)\n",
-              std::thread::hardware_concurrency(), rounds, tokens);
-  double bw1 = read_bandwidth(1), bw2 = read_bandwidth(2);
-  std::printf("read-only streaming bandwidth: %.2f GB/s (1 thread), %.2f GB/s (2 threads) = "
-              "%.2fx\n",
-              bw1, bw2, bw2 / bw1);
-  for (bool tied : {true, false}) {
+  auto o = parse(argc, argv);
+  std::printf("machine: %s, %u hardware threads; paths it runs:", cpu_model().c_str(),
+              std::thread::hardware_concurrency());
+  for (auto isa : kernels::cpu::supported_decode_isas())
+    std::printf(" %s", std::string{to_string(isa)}.c_str());
+  std::printf("; auto picks %s\n", std::string{to_string(kernels::cpu::best_decode_isa())}.c_str());
+  std::printf("%d interleaved rounds, medians\n", o.rounds);
+  const double stream[3] = {0, stream_limit(1), stream_limit(2)};
+  std::printf("multi-stream read: %.2f GB/s (1 thread), %.2f GB/s (2 threads)\n", stream[1],
+              stream[2]);
+  for (bool tied : o.tied) {
     torch::manual_seed(1);
     auto model = models::make_llama(bench::llama_shape(tied), models::head_kind::lm);
     if (!model)
@@ -175,72 +438,18 @@ int main(int argc, char** argv) {
     int64_t params = 0;
     for (const auto& p : m->parameters())
       params += p.numel();
-    // Every weight is read once per token except an untied embedding table,
-    // of which one row is.
+    // Every weight is read once per token except an untied embedding
+    // table, of which one row is.
     auto c = bench::llama_shape(tied);
     auto table = c.vocab_size * c.hidden_size;
-    double bytes = 4.0 * static_cast<double>(tied ? params : params - table + c.hidden_size);
-    auto e = make(m);
-    std::printf("\n%.1fM parameters (%s embeddings), %.1f MB of them read per token\n",
-                params / 1e6, tied ? "tied" : "untied", bytes / 1e6);
-    auto by_threads = compare(m, *e, 1, tokens, rounds, {1, 2});
-    for (int threads : {1, 2}) {
-      const auto& r = by_threads[static_cast<size_t>(threads - 1)];
-      double bw = threads == 1 ? bw1 : bw2;
-      std::printf("  batch 1, %d thread%s: fused %.1f tokens/s, ATen %.1f tokens/s = %.2fx; "
-                  "fused reads %.2f GB/s = %.0f%% of streaming\n",
-                  threads, threads == 1 ? " " : "s", r.fused, r.aten, r.fused / r.aten,
-                  bytes * r.fused / 1e9, 100 * bytes * r.fused / 1e9 / bw);
-    }
-    for (int threads : {1, 2}) {
-      at::set_num_threads(threads);
-      m->set_fused_decode(true);
-      double fused = model_step_seconds(m, 100, 1);
-      m->set_fused_decode(false);
-      double aten = model_step_seconds(m, 100, 1);
-      m->set_fused_decode(true);
-      std::printf("  model step alone, %d thread%s: fused %.0f us, ATen %.0f us = %.2fx\n", threads,
-                  threads == 1 ? " " : "s", 1e6 * fused, 1e6 * aten, aten / fused);
-    }
-    std::printf("  2-thread scaling: fused %.2fx, ATen %.2fx\n",
-                by_threads[1].fused / by_threads[0].fused, by_threads[1].aten / by_threads[0].aten);
-    auto b32 = compare(m, *e, 32, 64, std::max(2, rounds), {2})[0];
-    std::printf("  batch 32, 2 threads: %.1f tokens/s (%.1f with fusing off) = %.2fx; batch 32 / "
-                "batch 1 fused %.2fx, ATen %.2fx\n",
-                b32.fused, b32.aten, b32.fused / b32.aten, b32.fused / by_threads[1].fused,
-                b32.aten / by_threads[1].aten);
-    {
-      // Making the packed copy: one step that makes it minus one that reads
-      // it, after the weights changed in place (as a weight load writes
-      // them: the old copy's buffers are reused) and after a release.
-      m->set_fused_decode(true);
-      model_step_seconds(m, 1, 32);
-      double reuse = model_step_seconds(m, 1, 32);
-      double after_load = 1e9, after_release = 1e9;
-      for (int i = 0; i < 3; ++i) {
-        {
-          torch::NoGradGuard no_grad;
-          for (auto& p : m->parameters())
-            p.mul_(1.0);
-        }
-        after_load = std::min(after_load, model_step_seconds(m, 1, 32, 1) - reuse);
-        m->drop_decode_panels();
-        after_release = std::min(after_release, model_step_seconds(m, 1, 32, 1) - reuse);
-      }
-      std::printf("  making the packed copy (%.1f MB): %.1f ms after a weight load, %.1f ms after "
-                  "a release\n",
-                  m->decode_panels_bytes() / 1e6, 1e3 * after_load, 1e3 * after_release);
-      double fused = model_step_seconds(m, 20, 32);
-      m->set_decode_panels(false);
-      double rows = model_step_seconds(m, 20, 32);
-      m->set_decode_panels(true);
-      m->set_fused_decode(false);
-      double aten = model_step_seconds(m, 20, 32);
-      m->set_fused_decode(true);
-      std::printf("  model step alone, batch 32, 2 threads: fused %.2f ms (%.2f ms from stored "
-                  "rows), ATen %.2f ms = %.2fx\n",
-                  1e3 * fused, 1e3 * rows, 1e3 * aten, aten / fused);
-    }
+    shape_info s{tied, 4.0 * static_cast<double>(tied ? params : params - table + c.hidden_size)};
+    std::printf("\n%.1fM parameters (%s embeddings), %.1f MB of them read per token\n", params / 1e6,
+                tied ? "tied" : "untied", s.bytes / 1e6);
+    batch_one(m, s, o, stream);
+    if (o.sweep)
+      sweep(m, o);
+    if (o.engine)
+      engine_figures(m, o);
   }
   return 0;
 }

@@ -43,6 +43,10 @@ pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET GLOBAL cpp-httplib)
 # Replace patterns, NOTE [tokenizer patterns]).
 pkg_check_modules(ONIGURUMA REQUIRED IMPORTED_TARGET GLOBAL oniguruma)
 
+# OpenMP: the CPU decode's team (NOTE [decode team]) runs on the OpenMP pool
+# ATen's operators use; only the files that need it get the flag.
+find_package(OpenMP REQUIRED COMPONENTS C CXX)
+
 # CUDA: compile the .cu kernels when nvcc is there (build machines have CUDA
 # 13 without a GPU; kernels are tested on a GPU machine).
 set(TROUPE_WITH_CUDA OFF)

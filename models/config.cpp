@@ -626,8 +626,9 @@ std::vector<double> rope_inv_freq(const llama_config& c) {
   return out;
 }
 
-int64_t decode_panels_bytes(const llama_config& c) {
-  using kernels::cpu::packed_size;
+int64_t decode_panels_bytes(const llama_config& c, kernels::cpu::decode_isa isa) {
+  const int64_t rows = kernels::cpu::panel_rows(isa);
+  auto packed_size = [rows](int64_t r, int64_t k) { return kernels::cpu::packed_size(r, k, rows); };
   const int64_t D = c.hidden_size, hd = c.resolved_head_dim();
   const int64_t q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
   const int64_t layer = packed_size(q + 2 * kv, D) + packed_size(D, q) +

@@ -3,6 +3,7 @@
 // config.json files (Llama, Qwen2 and Mistral families; causal LM, sequence-
 // and token-classification heads).
 
+#include "kernels/cpu/decode_isa.hpp"
 #include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
@@ -87,8 +88,10 @@ std::string to_hf_config_json(const llama_config& c);
 expected<void> validate(const llama_config& c);
 
 /// Bytes of the packed copy of an fp32 lm model's weights that fused CPU
-/// decode steps of several requests read (llama_model_impl::set_decode_panels).
-int64_t decode_panels_bytes(const llama_config& c);
+/// decode steps of several requests read (llama_model_impl::set_decode_panels),
+/// packed for the instruction-set path `isa`.
+int64_t decode_panels_bytes(const llama_config& c,
+                            kernels::cpu::decode_isa isa = kernels::cpu::decode_isa::automatic);
 
 /// The RoPE inverse frequencies theta^(-2i/d) for i in [0, d/2), with
 /// rope_scaling applied (d = resolved_head_dim()).

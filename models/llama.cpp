@@ -454,6 +454,7 @@ struct packed_decode_weights {
   std::vector<kernels::cpu::decode_panels> layers;
   const float* lm_head = nullptr;
   std::vector<std::pair<const void*, int64_t>> made_from;
+  int64_t panel_rows = 0; // of the path it was packed for
   int64_t bytes = 0;
 };
 
@@ -468,10 +469,17 @@ std::vector<std::pair<const void*, int64_t>> parameter_state(const torch::nn::Mo
 
 } // namespace
 
-void llama_model_impl::set_decode_panels(bool on) {
-  decode_panels_ = on;
-  if (!on)
+void llama_model_impl::set_decode_panels(kernels::cpu::panels_mode mode) {
+  decode_panels_ = mode;
+  if (mode == kernels::cpu::panels_mode::off)
     drop_decode_panels();
+}
+
+void llama_model_impl::set_decode_isa(kernels::cpu::decode_isa isa) {
+  if (auto why = kernels::cpu::unsupported_why(isa); !why.empty())
+    throw std::invalid_argument("decode_isa " + why);
+  std::lock_guard<std::mutex> lock{*team_mu_};
+  decode_isa_ = isa;
 }
 
 int64_t llama_model_impl::decode_panels_bytes() const {
@@ -486,7 +494,8 @@ void llama_model_impl::drop_decode_panels() {
 
 const packed_decode_weights& llama_model_impl::packed_weights() {
   auto state = parameter_state(*this);
-  if (panels_ && panels_->made_from == state)
+  const auto rows_per_panel = kernels::cpu::panel_rows(decode_isa_);
+  if (panels_ && panels_->made_from == state && panels_->panel_rows == rows_per_panel)
     return *panels_;
   // The old copy's buffers take the new one (the shapes do not change:
   // no fresh pages to fault in after every weight load).
@@ -496,7 +505,7 @@ const packed_decode_weights& llama_model_impl::packed_weights() {
   panels_.reset();
   auto p = std::make_shared<packed_decode_weights>();
   auto pack = [&](int64_t rows, int64_t cols, auto&& fill) {
-    const auto size = kernels::cpu::packed_size(rows, cols);
+    const auto size = kernels::cpu::packed_size(rows, cols, rows_per_panel);
     auto reused = p->panels.size() < buffers.size() ? buffers[p->panels.size()] : torch::Tensor{};
     auto t =
         reused.defined() && reused.numel() == size ? reused : torch::empty({size}, torch::kFloat32);
@@ -508,7 +517,7 @@ const packed_decode_weights& llama_model_impl::packed_weights() {
   auto matrix = [&](const torch::Tensor& w) {
     auto c = w.contiguous();
     return pack(c.size(0), c.size(1), [&](float* out) {
-      kernels::cpu::pack_panels(c.data_ptr<float>(), c.size(0), c.size(1), out);
+      kernels::cpu::pack_panels(c.data_ptr<float>(), c.size(0), c.size(1), rows_per_panel, out);
     });
   };
   for (const auto& layer : *layers_) {
@@ -521,13 +530,14 @@ const packed_decode_weights& llama_model_impl::packed_weights() {
     const auto& w1 = f.w1->weight;
     l.w13 = pack(2 * w1.size(0), w1.size(1), [&](float* out) {
       kernels::cpu::pack_swiglu(w1.data_ptr<float>(), f.w3->weight.data_ptr<float>(), w1.size(0),
-                                w1.size(1), out);
+                                w1.size(1), rows_per_panel, out);
     });
     l.w2 = matrix(f.w2->weight);
     p->layers.push_back(l);
   }
   p->lm_head = matrix(output_ ? output_->weight : tok_embeddings_->weight);
   p->made_from = std::move(state);
+  p->panel_rows = rows_per_panel;
   panels_ = std::move(p);
   return *panels_;
 }
@@ -587,10 +597,15 @@ bool llama_model_impl::fusable_weights(const paged_kv_cache& cache) {
 
 torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_cache& cache,
                                            const torch::Tensor& logit_rows) {
-  if (!fused_decode_ || head_ != head_kind::lm || !fusable_weights(cache))
+  if (decode_path_ == kernels::cpu::decode_path::aten || head_ != head_kind::lm ||
+      !fusable_weights(cache))
     return {};
   auto indices = decode_step_indices(batch, cache, logit_rows);
   if (!indices)
+    return {};
+  auto n = indices->tokens.numel();
+  const auto choice = kernels::cpu::choose_decode(decode_isa_, n, decode_path_, decode_panels_);
+  if (!choice.fused)
     return {};
   std::unique_lock<std::mutex> lock{*team_mu_, std::try_to_lock};
   if (!lock.owns_lock())
@@ -598,7 +613,6 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   auto threads = std::max(1, at::get_num_threads());
   if (!team_ || team_->size() != threads)
     team_ = std::make_shared<kernels::cpu::thread_team>(threads);
-  auto n = indices->tokens.numel();
   auto logits = torch::empty({n, config_.vocab_size}, torch::kFloat32);
   kernels::cpu::decode_batch b;
   b.size = n;
@@ -610,7 +624,8 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   b.context_lens = indices->context_lens.data_ptr<int64_t>();
   b.logits = logits.data_ptr<float>();
   auto view = decode_view(cache);
-  if (decode_panels_ && n > 1)
+  view.isa = decode_isa_;
+  if (choice.panels && decode_panels_ != kernels::cpu::panels_mode::off)
     with_panels(view, packed_weights());
   kernels::cpu::fused_decode(view, b, *team_);
   return logits;

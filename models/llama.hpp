@@ -12,6 +12,7 @@
 // whatever padding surrounds them. Pad positions produce finite garbage that
 // callers mask out.
 
+#include "kernels/cpu/decode_isa.hpp"
 #include "models/config.hpp"
 #include "runtime/error.hpp"
 
@@ -113,19 +114,28 @@ public:
   /// Parameters by troupe name ("layers.0.attention.wq.weight", ...).
   std::map<std::string, torch::Tensor> named_weights() const;
 
-  /// Whether forward_paged runs decode steps (one new token per request)
-  /// through the fused CPU kernel (NOTE [fused decode] in
-  /// kernels/cpu/fused_decode.hpp; fp32 lm models on the CPU; default on).
-  void set_fused_decode(bool on) { fused_decode_ = on; }
-  bool fused_decode() const { return fused_decode_; }
+  /// How forward_paged runs decode steps (one new token per request) of fp32
+  /// lm models on the CPU: through the fused kernel (NOTE [fused decode] in
+  /// kernels/cpu/fused_decode.hpp), the per-operator ATen path, or (auto,
+  /// the default) whichever the crossover table says wins at the step's
+  /// batch size (NOTE [decode crossovers] in kernels/cpu/decode_isa.hpp).
+  void set_decode_path(kernels::cpu::decode_path path) { decode_path_ = path; }
+  kernels::cpu::decode_path decode_path() const { return decode_path_; }
+
+  /// The fused kernel's instruction-set path (NOTE [decode isa]; default
+  /// auto). Throws std::invalid_argument for one this CPU lacks.
+  void set_decode_isa(kernels::cpu::decode_isa isa);
+  kernels::cpu::decode_isa decode_isa() const { return decode_isa_; }
 
   /// Whether fused decode steps of more than one request read a packed copy
-  /// of the weights (NOTE [packed panels] in kernels/cpu/fused_decode.hpp;
-  /// default off: it costs a second copy of the weights). The copy is made
-  /// at the first such step, and made again after the weights change
-  /// (assign_hf_weights, or any in-place write LibTorch counts); off frees it.
-  void set_decode_panels(bool on);
-  bool decode_panels() const { return decode_panels_; }
+  /// of the weights (NOTE [packed panels] in kernels/cpu/fused_decode.hpp):
+  /// auto where the crossover table says, on at every such step, off never
+  /// (the default: it costs a second copy of the weights). The copy is made
+  /// at the first step that reads it, and made again after the weights
+  /// change (assign_hf_weights, or any in-place write LibTorch counts) or
+  /// the path does; off frees it.
+  void set_decode_panels(kernels::cpu::panels_mode mode);
+  kernels::cpu::panels_mode decode_panels() const { return decode_panels_; }
   /// Bytes of the packed copy now (0 when none is made).
   int64_t decode_panels_bytes() const;
   /// Drops the packed copy (the weights were written where LibTorch cannot
@@ -152,8 +162,9 @@ private:
   std::shared_ptr<torch::nn::Module> norm_;
   torch::nn::Linear output_{nullptr};     // lm head when untied
   torch::nn::Linear score_head_{nullptr}; // value or reward head
-  bool fused_decode_ = true;
-  bool decode_panels_ = false;
+  kernels::cpu::decode_path decode_path_ = kernels::cpu::decode_path::automatic;
+  kernels::cpu::decode_isa decode_isa_ = kernels::cpu::decode_isa::automatic;
+  kernels::cpu::panels_mode decode_panels_ = kernels::cpu::panels_mode::off;
   // The packed copy and the parameters' state it was made from.
   std::shared_ptr<packed_decode_weights> panels_;
   // The fused kernel's threads, and who runs them: a second caller at the

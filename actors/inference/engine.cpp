@@ -557,16 +557,18 @@ expected<void> validate(const engine_config& c) {
   if (static_cast<size_t>(c.decode_panels) >= enum_count<panels_mode>())
     bad.push_back("engine.decode_panels: expected one of " + enum_name_list<panels_mode>() + ", got " +
                   std::to_string(static_cast<int>(c.decode_panels)));
+  if (auto why = kernels::cpu::unsupported_why(c.decode_isa); !why.empty())
+    bad.push_back("engine.decode_isa: " + why);
   if (auto err = make_error_list(errc::invalid_config, bad))
     return err;
   return caf::unit;
 }
 
 bool packs_decode_panels(const engine_config& c) {
-  if (c.decode_panels != panels_mode::automatic)
-    return c.decode_panels == panels_mode::on;
-  return (c.expected_sequences > 0 ? std::min(c.expected_sequences, c.max_num_seqs)
-                                   : c.max_num_seqs) >= 2;
+  const auto batch = c.expected_sequences > 0 ? std::min(c.expected_sequences, c.max_num_seqs)
+                                              : c.max_num_seqs;
+  return kernels::cpu::wants_panels(c.decode_isa, batch, kernels::cpu::decode_path::automatic,
+                                    c.decode_panels);
 }
 
 double engine_metrics::tokens_per_second() const {
@@ -597,7 +599,8 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
   auto& d = *e->impl_;
   d.model = model;
   d.model->eval();
-  d.model->set_decode_panels(packs_decode_panels(config));
+  d.model->set_decode_isa(config.decode_isa);
+  d.model->set_decode_panels(packs_decode_panels(config) ? config.decode_panels : panels_mode::off);
   d.config = config;
   const auto& mc = model->config();
   d.vocab = mc.vocab_size;

@@ -16,6 +16,7 @@
 // sample their first tokens from the same logits with their own streams.
 
 #include "actors/inference/sampler.hpp"
+#include "kernels/cpu/decode_isa.hpp"
 #include "models/config.hpp"
 #include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
@@ -39,9 +40,10 @@ class llama_model;
 namespace troupe::actors::inference {
 
 /// Whether decode steps read a packed copy of the weights (NOTE [decode
-/// panels]): auto = where steps batch.
-enum class panels_mode : uint8_t { automatic, on, off };
-TROUPE_ENUM_NAMES(panels_mode, "auto", "on", "off")
+/// panels]), and on which instruction-set path the CPU decode runs (NOTE
+/// [decode isa] in kernels/cpu/decode_isa.hpp).
+using kernels::cpu::panels_mode;
+using isa_mode = kernels::cpu::decode_isa;
 
 struct engine_config {
   /// Tokens per KV block.
@@ -67,11 +69,16 @@ struct engine_config {
   int64_t expected_tokens = 0;
   /// NOTE [decode panels]: decode steps of several requests on an fp32 CPU
   /// model can read a packed second copy of the weights (NOTE [packed
-  /// panels] in kernels/cpu/fused_decode.hpp), faster at batch sizes from
-  /// 2 up and as large again as the weights. "auto" packs when the steps
-  /// will batch: the expected sequences (else max_num_seqs) are 2 or more;
-  /// "on", "off". The planner's memory estimate uses the same rule.
+  /// panels] in kernels/cpu/fused_decode.hpp), faster from a batch size the
+  /// crossover table gives per path (NOTE [decode crossovers]) and as large
+  /// again as the weights. "auto" packs when the steps will batch that far:
+  /// the expected sequences (else max_num_seqs) reach the crossover, and
+  /// reads the copy from it on; "on" reads it at every batched step; "off"
+  /// never makes it. The planner's memory estimate uses the same rule.
   panels_mode decode_panels = panels_mode::automatic;
+  /// The CPU decode's instruction-set path: auto (the widest this CPU
+  /// runs), avx512, avx2, baseline; a path the CPU lacks is refused.
+  isa_mode decode_isa = isa_mode::automatic;
 };
 
 /// Whether an engine with this config packs its weights when its model is
@@ -107,7 +114,9 @@ void visit(V& v, engine_config& c) {
   v.field("max_model_len", c.max_model_len, "Prompt + generation limit; 0 = the model's context");
   v.field("enable_prefix_caching", c.enable_prefix_caching, "Share prompt KV between samples");
   v.choice("decode_panels", c.decode_panels,
-           "CPU decode of batches from a packed copy of the weights (auto: when steps batch)");
+           "CPU decode of batches from a packed copy of the weights (auto: where it wins)");
+  v.choice("decode_isa", c.decode_isa,
+           "CPU decode instruction set (auto: the widest this CPU runs)");
 }
 
 struct generate_request {

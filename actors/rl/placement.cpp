@@ -109,7 +109,7 @@ double role_bytes(const job_config& cfg, const models::llama_config& m, const st
     bytes += blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, m, 4))
                     : e.kv_cache_mb * 1024.0 * 1024.0;
     if (inference::packs_decode_panels(e)) // NOTE [decode panels]
-      bytes += static_cast<double>(models::decode_panels_bytes(m));
+      bytes += static_cast<double>(models::decode_panels_bytes(m, e.decode_isa));
   }
   return bytes;
 }

@@ -17,10 +17,11 @@
 // weights are read in their stored row-major [out, in] layout: each output
 // row is one sequential dot product, the whole matrix one stream the
 // hardware prefetchers follow. At B > 1 the step is bound by arithmetic;
-// given a packed copy of the weights (NOTE [packed panels]), a tile of 32
-// rows meets up to 12 tokens with no horizontal sums; without one, a tile of
-// 4 stored rows meets 4 tokens at a time (16 accumulators, one transposing
-// reduction), the next tile's rows prefetched while this one computes.
+// given a packed copy of the weights (NOTE [packed panels]), a tile of a
+// panel meets as many tokens as the registers hold with no horizontal sums;
+// without one, a tile of 4 (or 2) stored rows meets 4 tokens at a time, the
+// next tile's rows prefetched while this one computes. The arithmetic runs
+// on one instruction-set path, chosen by the caller (NOTE [decode isa]).
 // Either way every weight byte comes from memory once per step. Attention
 // reads K/V in place through the block tables, a block at a time, with the
 // sampler's vectorised softmax. The numbers follow the ATen path's definitions
@@ -28,69 +29,64 @@
 // sums run in another order, so they agree to float rounding
 // (tests/kernels/fused_decode_test.cpp, tests/models/llama_paged_test.cpp).
 
-#include <atomic>
-#include <condition_variable>
+#include "kernels/cpu/decode_isa.hpp"
+
 #include <cstdint>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 namespace troupe::kernels::cpu {
 
-/// Threads that run one function together and meet at barriers. The caller
-/// is member 0; the others sleep between runs (after a short spin). One
-/// caller at a time.
+/// NOTE [decode team]: the threads that run a decode step together and
+/// meet at barriers are OpenMP's: the pool ATen's CPU operators use (its
+/// parallel backend here), and that the rest of a decode loop keeps awake
+/// (the sampler's rows, a prefill's GEMMs). A team of its own ran beside
+/// that pool's idle threads, which spin for a while after each region: on 2
+/// cores the step's threads then shared them with a spinner, and measured
+/// 15-25 % slower at 2 threads (bench_decode, issue 28). A run gets as many
+/// members as OpenMP gives it: `size`, or one inside another parallel
+/// region; callers split work by the count they are given.
 class thread_team {
 public:
-  explicit thread_team(int size);
-  ~thread_team();
-  thread_team(const thread_team&) = delete;
-  thread_team& operator=(const thread_team&) = delete;
+  explicit thread_team(int size) : size_(size < 1 ? 1 : size) {}
 
   int size() const { return size_; }
-  /// Runs fn(member) on every member; returns when all have returned.
-  void run(const std::function<void(int)>& fn);
+  /// Runs fn(member, members) on members <= size() threads (the caller is
+  /// member 0); returns when all have returned.
+  void run(const std::function<void(int, int)>& fn);
   /// Inside run(): waits until every member has arrived.
   void barrier();
 
 private:
-  void work(int member);
-
   int size_;
-  std::vector<std::thread> threads_;
-  const std::function<void(int)>* job_ = nullptr;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> finished_{0};
-  std::atomic<int> arrived_{0};
-  std::atomic<uint32_t> phase_{0};
-  std::atomic<bool> stop_{false};
-  std::atomic<int> sleepers_{0};
-  std::mutex mu_;
-  std::condition_variable wake_;
 };
 
 /// NOTE [packed panels]: a copy of a weight matrix W [rows, cols] laid out
-/// for batched decode steps. Rows go in panels of kPanelRows (the last one
-/// padded with zeros); a panel stores its rows' k-th elements together,
-/// k = 0, 1, ...: panel[k][j] = W[p · kPanelRows + j][k]. A tile of a panel
-/// and T tokens then keeps 2 T vector accumulators, each step along k loads
-/// two vectors of weights and one scalar of each token's input, and its sums
-/// come out whole (no horizontal reductions); the panels follow each other
-/// in memory, so the whole matrix is one stream. The SwiGLU pair w1 | w3
-/// packs as one matrix whose panels hold kPanelRows / 2 rows of w1 followed
-/// by the same rows of w3, so that a tile yields gate and up side by side.
-/// Inputs are read k-major ([cols, tokens]) for the same reason. The panel
-/// kernels and the packing are in kernels/cpu/decode_panels.cpp.
-constexpr int64_t kPanelRows = 32;
+/// for batched decode steps. Rows go in panels of P rows (two vectors of the
+/// path's width: panel_rows() in kernels/cpu/decode_isa.hpp; the last panel
+/// padded with zeros); a panel stores its rows' k-th elements together, k =
+/// 0, 1, ...: panel[k][j] = W[p · P + j][k]. A tile of a panel and T tokens
+/// then keeps 2 T vector accumulators, each step along k loads two vectors
+/// of weights and one scalar of each token's input, and its sums come out
+/// whole (no horizontal reductions): T is what the register file holds (12
+/// with AVX-512's 32 registers, 6 with AVX2's or SSE's 16). The batch runs
+/// through a panel tile after tile while the panel stays in L1/L2, so each
+/// weight comes from memory once per step whatever the batch; the panels
+/// follow each other in memory, so the whole matrix is one stream. The
+/// SwiGLU pair w1 | w3 packs as one matrix whose panels hold P / 2 rows of
+/// w1 followed by the same rows of w3, so that a tile yields gate and up
+/// side by side. Inputs are read k-major ([cols, tokens]) for the same
+/// reason. The packing is in kernels/cpu/decode_panels.cpp, the kernels
+/// that read it in kernels/cpu/decode_kernels_body.hpp.
 
-/// Floats of W [rows, cols] in panels.
-int64_t packed_size(int64_t rows, int64_t cols);
+/// Floats of W [rows, cols] in panels of `panel_rows`.
+int64_t packed_size(int64_t rows, int64_t cols, int64_t panel_rows);
 /// Packs a row-major W [rows, cols] into `out` (packed_size floats).
-void pack_panels(const float* w, int64_t rows, int64_t cols, float* out);
+void pack_panels(const float* w, int64_t rows, int64_t cols, int64_t panel_rows, float* out);
 /// Packs the SwiGLU pair (w1, w3, each [rows, cols]) into `out`
-/// (packed_size(2 · rows, cols) floats).
-void pack_swiglu(const float* w1, const float* w3, int64_t rows, int64_t cols, float* out);
+/// (packed_size(2 · rows, cols, panel_rows) floats).
+void pack_swiglu(const float* w1, const float* w3, int64_t rows, int64_t cols, int64_t panel_rows,
+                 float* out);
 
 /// One layer's matrices in panels (NOTE [packed panels]).
 struct decode_panels {
@@ -125,6 +121,9 @@ struct decode_model {
   /// at all. With them, steps of more than one request use the panels.
   const float* lm_head_panels = nullptr;
   int64_t block_size = 16;
+  /// The instruction-set path that runs the step (one this CPU supports;
+  /// the panels are packed for its panel_rows()).
+  decode_isa isa = decode_isa::automatic;
 
   bool packed() const { return lm_head_panels != nullptr; }
 
@@ -148,8 +147,8 @@ struct decode_batch {
 /// batch against the pools (ids, slots, tables, lengths in range).
 void fused_decode(const decode_model& m, const decode_batch& b, thread_team& team);
 
-/// The dot product of n floats (the kernel's inner loop, at its vector
-/// width; for tests and the benchmark's streaming read).
-float dot(const float* a, const float* b, int64_t n);
+/// The dot product of n floats (the kernel's inner loop on the path, at its
+/// vector width; for tests).
+float dot(const float* a, const float* b, int64_t n, decode_isa isa = decode_isa::automatic);
 
 } // namespace troupe::kernels::cpu

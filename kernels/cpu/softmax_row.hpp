@@ -2,10 +2,13 @@
 // One row of the sampler's softmax in a fused pass over raw floats (no
 // LibTorch): max, argmax and the normaliser of softmax(scale · x), optionally
 // writing the unnormalised probabilities. actors/inference/sampler.cpp calls
-// it per logits row from ATen's thread pool. Compiled with -O3 and cloned for
-// AVX-512 / AVX2 / baseline x86-64 (chosen at load time), so the vocabulary
-// scans run at vector width: at batch 32 these rows are 32 × 32000 floats per
+// it per logits row from ATen's thread pool. Compiled with -O3 for each
+// instruction-set path (NOTE [decode isa] in kernels/cpu/decode_isa.hpp;
+// the widest this CPU runs unless one is named), so the vocabulary scans run
+// at vector width: at batch 32 these rows are 32 × 32000 floats per
 // decode step, which ATen's log_softmax plus a scalar argmax took ~2.6 ms for.
+
+#include "kernels/cpu/decode_isa.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -56,6 +59,9 @@ struct softmax_row_stats {
 /// exp is a degree-7 polynomial after range reduction (relative error below
 /// 2e-7, the float rounding scale); the sum accumulates in double.
 softmax_row_stats softmax_row(const float* x, int64_t n, float scale, float* weights);
+/// The same on a named path (one this CPU supports; for tests and benches).
+softmax_row_stats softmax_row(const float* x, int64_t n, float scale, float* weights,
+                              cpu::decode_isa isa);
 
 /// log softmax(scale · x)[v] from the stats: scale · (x_v − max) − log(sum).
 double softmax_row_logprob(const softmax_row_stats& s, float x_v, float scale);

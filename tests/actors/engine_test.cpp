@@ -351,6 +351,14 @@ TEST(DecodePanels, PackedWhereStepsBatchAndReleasedWithTheKvPool) {
   c.decode_panels = panels_mode::off;
   c.expected_sequences = 8;
   EXPECT_FALSE(packs_decode_panels(c));
+  c.decode_panels = panels_mode::automatic;
+  c.decode_isa = static_cast<isa_mode>(9);
+  auto bad_isa = validate(c);
+  ASSERT_FALSE(bad_isa);
+  EXPECT_NE(describe(bad_isa.error()).find("engine.decode_isa: expected one of auto, avx512, avx2, "
+                                           "baseline, got 9"),
+            std::string::npos);
+  c.decode_isa = isa_mode::automatic;
   c.decode_panels = static_cast<panels_mode>(7);
   auto bad = validate(c);
   ASSERT_FALSE(bad);
@@ -360,9 +368,9 @@ TEST(DecodePanels, PackedWhereStepsBatchAndReleasedWithTheKvPool) {
   engine_config one;
   one.expected_sequences = 1;
   make_engine(m, one);
-  EXPECT_FALSE(m->decode_panels());
+  EXPECT_EQ(m->decode_panels(), panels_mode::off);
   auto e = make_engine(m); // max_num_seqs 64: packs
-  EXPECT_TRUE(m->decode_panels());
+  EXPECT_EQ(m->decode_panels(), panels_mode::automatic);
   std::vector<generate_request> reqs;
   for (int i = 0; i < 3; ++i)
     reqs.push_back({"r" + std::to_string(i), {1, 2, 3, static_cast<int64_t>(i)}, greedy(4)});

@@ -136,6 +136,8 @@ std::vector<choice_field> job_choices() {
        [](const job_config& c) { return name_or_auto(c.rl.kl.placement); }},
       {"rl.rollout.decode_panels", names_of<actors::inference::panels_mode>(),
        [=](const job_config& c) { return s(c.rl.rollout.decode_panels); }},
+      {"rl.rollout.decode_isa", names_of<actors::inference::isa_mode>(),
+       [=](const job_config& c) { return s(c.rl.rollout.decode_isa); }},
       {"weight_sync.transport", names_of<runtime::transport_kind>(true),
        [](const job_config& c) { return name_or_auto(c.weight_sync.transport); }},
       {"resources.launcher", names_of<launcher_kind>(),

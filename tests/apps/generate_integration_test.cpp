@@ -1,6 +1,7 @@
 // Runs the real `troupe generate` on a tiny random model saved as an HF
 // directory: JSONL in, JSONL out, greedy results equal the dense model's, and
 // a malformed prompts file is reported as file:line.
+#include "kernels/cpu/decode_isa.hpp"
 #include "models/llama.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -102,4 +103,61 @@ TEST(TroupeGenerate, PromptLongerThanContextIsRejected) {
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("request '0': prompt: 64 tokens do not fit the context of 64"), std::string::npos)
     << out;
+}
+
+// NOTE [decode isa]: --decode-isa runs the path it names: every path this
+// CPU supports gives the same greedy samples (three of one prompt: batched
+// steps, from the packed panels); a path it lacks, or no path at all, is
+// refused before any work.
+TEST(TroupeGenerate, EveryInstructionSetPathGivesTheSameSamples) {
+  test::temp_dir dir;
+  auto model = tiny_byte_model();
+  ASSERT_TRUE(models::save_pretrained(model, dir.file("model")));
+  auto generate = [&](const std::string& isa, int& status) {
+    return run_command(std::string{TROUPE_BINARY_PATH} + " generate --model " +
+                           dir.file("model") + " --prompt hello -n 3 --max-tokens 6 " +
+                           "--temperature 0 --ignore-eos --quiet --decode-panels on " +
+                           "--decode-isa " + isa + " 2>&1",
+                       status);
+  };
+  auto rows_of = [](const std::string& out) {
+    std::istringstream lines(out);
+    std::vector<nlohmann::json> rows;
+    for (std::string line; std::getline(lines, line);)
+      rows.push_back(nlohmann::json::parse(line));
+    return rows;
+  };
+  int status = -1;
+  const auto baseline = generate("baseline", status);
+  ASSERT_EQ(status, 0) << baseline;
+  const auto reference = rows_of(baseline);
+  ASSERT_EQ(reference.size(), 3u);
+  for (auto isa : kernels::cpu::supported_decode_isas()) {
+    auto name = std::string{to_string(isa)};
+    auto out = generate(name, status);
+    ASSERT_EQ(status, 0) << out;
+    auto rows = rows_of(out);
+    ASSERT_EQ(rows.size(), 3u) << out;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      // The same tokens; log-probs to float rounding (sums in another order).
+      EXPECT_EQ(rows[r]["token_ids"], reference[r]["token_ids"]) << name;
+      auto lp = rows[r]["logprobs"].get<std::vector<double>>();
+      auto want = reference[r]["logprobs"].get<std::vector<double>>();
+      ASSERT_EQ(lp.size(), want.size());
+      for (size_t i = 0; i < lp.size(); ++i)
+        EXPECT_NEAR(lp[i], want[i], 1e-5) << name << ", sample " << r << ", token " << i;
+    }
+  }
+  for (auto isa : {kernels::cpu::decode_isa::avx512, kernels::cpu::decode_isa::avx2}) {
+    if (kernels::cpu::cpu_supports(isa))
+      continue;
+    auto out = generate(std::string{to_string(isa)}, status);
+    EXPECT_NE(status, 0);
+    EXPECT_NE(out.find("engine.decode_isa: " + std::string{to_string(isa)} + ": this CPU lacks"),
+              std::string::npos)
+        << out;
+  }
+  auto out = generate("avx3", status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--decode-isa"), std::string::npos) << out;
 }

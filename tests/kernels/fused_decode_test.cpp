@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <omp.h>
+
 #include <atomic>
 #include <cmath>
 #include <vector>
@@ -18,7 +20,8 @@ namespace {
 
 TEST(FusedDecode, DotMatchesADoubleSumForEveryTailLength) {
   torch::manual_seed(3);
-  for (int64_t n : {0, 1, 7, 15, 16, 17, 63, 64, 65, 127, 288, 768, 1001}) {
+  for (auto isa : cpu::supported_decode_isas())
+  for (int64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 288, 768, 1001}) {
     auto a = torch::randn({n + 1}), b = torch::randn({n + 1});
     // Offset by one float: the kernel must not assume aligned rows.
     const float* pa = a.data_ptr<float>() + 1;
@@ -28,7 +31,8 @@ TEST(FusedDecode, DotMatchesADoubleSumForEveryTailLength) {
       ref += static_cast<double>(pa[i]) * pb[i];
       mag += std::abs(static_cast<double>(pa[i]) * pb[i]);
     }
-    EXPECT_NEAR(cpu::dot(pa, pb, n), ref, 1e-6 * (mag + 1)) << "n " << n;
+    EXPECT_NEAR(cpu::dot(pa, pb, n, isa), ref, 1e-6 * (mag + 1))
+        << to_string(isa) << ", n " << n;
   }
 }
 
@@ -43,7 +47,8 @@ TEST(FusedDecode, TeamRunsEveryMemberAndBarriersOrderThePhases) {
     std::vector<std::atomic<int>> slot(static_cast<size_t>(size));
     std::atomic<int> wrong{0}, calls{0};
     for (int run = 0; run < 20; ++run) {
-      team.run([&](int member) {
+      team.run([&](int member, int members) {
+        EXPECT_EQ(members, size); // not nested: every member asked for
         calls.fetch_add(1);
         for (int p = 0; p < kPhases; ++p) {
           slot[static_cast<size_t>(member)].store(run * kPhases + p);
@@ -58,6 +63,24 @@ TEST(FusedDecode, TeamRunsEveryMemberAndBarriersOrderThePhases) {
     EXPECT_EQ(calls.load(), 20 * size) << "size " << size;
     EXPECT_EQ(wrong.load(), 0) << "size " << size;
   }
+}
+
+// NOTE [decode team]: a step run from inside another parallel region gets
+// the members OpenMP gives it there (one), and still computes the whole
+// step: the work is split by the count given, not the count asked for.
+TEST(FusedDecode, ANestedRunGetsOneMemberAndDoesAllTheWork) {
+  cpu::thread_team team{2};
+  std::vector<int> members_seen(2, -1), done(2, 0);
+#pragma omp parallel num_threads(2)
+  {
+    const int outer = omp_get_thread_num();
+    team.run([&](int member, int members) {
+      members_seen[static_cast<size_t>(outer)] = members;
+      done[static_cast<size_t>(outer)] += member == 0;
+    });
+  }
+  EXPECT_EQ(members_seen, (std::vector<int>{1, 1}));
+  EXPECT_EQ(done, (std::vector<int>{1, 1}));
 }
 
 // A two-layer GQA decoder with biases, written op by op in LibTorch.
@@ -149,13 +172,16 @@ struct reference_model {
     return m;
   }
 
-  // view() with every matrix also in panels (kept in `panels`).
-  cpu::decode_model packed_view() {
+  // view() with every matrix also in panels for the path (kept in `panels`).
+  cpu::decode_model packed_view(cpu::decode_isa isa) {
     auto m = view();
+    m.isa = isa;
+    const auto rows = cpu::panel_rows(isa);
     auto pack = [&](const torch::Tensor& w) {
       auto c = w.contiguous();
-      panels.push_back(torch::empty({cpu::packed_size(c.size(0), c.size(1))}));
-      cpu::pack_panels(c.data_ptr<float>(), c.size(0), c.size(1), panels.back().data_ptr<float>());
+      panels.push_back(torch::empty({cpu::packed_size(c.size(0), c.size(1), rows)}));
+      cpu::pack_panels(c.data_ptr<float>(), c.size(0), c.size(1), rows,
+                       panels.back().data_ptr<float>());
       return panels.back().data_ptr<float>();
     };
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -163,8 +189,8 @@ struct reference_model {
       auto& P = m.layers[i].panels;
       P.qkv = pack(torch::cat({L.wq, L.wk, L.wv}));
       P.wo = pack(L.wo);
-      panels.push_back(torch::empty({cpu::packed_size(2 * hidden, dim)}));
-      cpu::pack_swiglu(L.w1.data_ptr<float>(), L.w3.data_ptr<float>(), hidden, dim,
+      panels.push_back(torch::empty({cpu::packed_size(2 * hidden, dim, rows)}));
+      cpu::pack_swiglu(L.w1.data_ptr<float>(), L.w3.data_ptr<float>(), hidden, dim, rows,
                        panels.back().data_ptr<float>());
       P.w13 = panels.back().data_ptr<float>();
       P.w2 = pack(L.w2);
@@ -176,48 +202,53 @@ struct reference_model {
 };
 
 TEST(FusedDecode, PanelsHoldEachRowsKthElementsTogetherAndPadWithZeros) {
-  const int64_t rows = 40, cols = 3; // a whole panel and a padded one
-  auto w = torch::randn({rows, cols});
-  std::vector<float> out(static_cast<size_t>(cpu::packed_size(rows, cols)), -1.0f);
-  ASSERT_EQ(out.size(), 64u * cols);
-  cpu::pack_panels(w.data_ptr<float>(), rows, cols, out.data());
-  auto a = w.accessor<float, 2>();
-  for (int64_t p = 0; p < 2; ++p)
-    for (int64_t k = 0; k < cols; ++k)
-      for (int64_t j = 0; j < cpu::kPanelRows; ++j) {
-        auto r = p * cpu::kPanelRows + j;
-        EXPECT_EQ(out[static_cast<size_t>((p * cols + k) * cpu::kPanelRows + j)],
-                  r < rows ? a[r][k] : 0.0f)
-            << "panel " << p << ", k " << k << ", row " << j;
-      }
-  // SwiGLU: 16 rows of w1 then the same 16 of w3 in each panel.
-  const int64_t hidden = 20;
-  auto w1 = torch::randn({hidden, cols}), w3 = torch::randn({hidden, cols});
-  std::vector<float> sw(static_cast<size_t>(cpu::packed_size(2 * hidden, cols)), -1.0f);
-  cpu::pack_swiglu(w1.data_ptr<float>(), w3.data_ptr<float>(), hidden, cols, sw.data());
-  auto a1 = w1.accessor<float, 2>(), a3 = w3.accessor<float, 2>();
-  for (int64_t p = 0; p < 2; ++p)
-    for (int64_t k = 0; k < cols; ++k)
-      for (int64_t j = 0; j < cpu::kPanelRows; ++j) {
-        auto r = p * 16 + j % 16;
-        float want = r >= hidden ? 0.0f : j < 16 ? a1[r][k] : a3[r][k];
-        EXPECT_EQ(sw[static_cast<size_t>((p * cols + k) * cpu::kPanelRows + j)], want)
-            << "panel " << p << ", k " << k << ", row " << j;
-      }
+  for (int64_t P : {8, 16, 32}) { // every path's panel
+    SCOPED_TRACE("panel rows " + std::to_string(P));
+    const int64_t rows = P + P / 4, cols = 3; // a whole panel and a padded one
+    auto w = torch::randn({rows, cols});
+    std::vector<float> out(static_cast<size_t>(cpu::packed_size(rows, cols, P)), -1.0f);
+    ASSERT_EQ(out.size(), static_cast<size_t>(2 * P * cols));
+    cpu::pack_panels(w.data_ptr<float>(), rows, cols, P, out.data());
+    auto a = w.accessor<float, 2>();
+    for (int64_t p = 0; p < 2; ++p)
+      for (int64_t k = 0; k < cols; ++k)
+        for (int64_t j = 0; j < P; ++j) {
+          auto r = p * P + j;
+          EXPECT_EQ(out[static_cast<size_t>((p * cols + k) * P + j)], r < rows ? a[r][k] : 0.0f)
+              << "panel " << p << ", k " << k << ", row " << j;
+        }
+    // SwiGLU: P / 2 rows of w1 then the same rows of w3 in each panel.
+    const int64_t hidden = P / 2 + P / 8, half = P / 2;
+    auto w1 = torch::randn({hidden, cols}), w3 = torch::randn({hidden, cols});
+    std::vector<float> sw(static_cast<size_t>(cpu::packed_size(2 * hidden, cols, P)), -1.0f);
+    cpu::pack_swiglu(w1.data_ptr<float>(), w3.data_ptr<float>(), hidden, cols, P, sw.data());
+    auto a1 = w1.accessor<float, 2>(), a3 = w3.accessor<float, 2>();
+    for (int64_t p = 0; p < 2; ++p)
+      for (int64_t k = 0; k < cols; ++k)
+        for (int64_t j = 0; j < P; ++j) {
+          auto r = p * half + j % half;
+          float want = r >= hidden ? 0.0f : j < half ? a1[r][k] : a3[r][k];
+          EXPECT_EQ(sw[static_cast<size_t>((p * cols + k) * P + j)], want)
+              << "panel " << p << ", k " << k << ", row " << j;
+        }
+  }
 }
 
 // Requests of different lengths decoded together: each request's tokens
 // and block table are its own; every step's logits and K/V must equal the
 // per-op reference's, for batches that fill whole tiles and leave
 // remainders, from the stored rows and from the panels (whose tiles hold up
-// to 12 tokens: 13 takes two); heads of 8 (attention's scalar loops) and of
-// 32 (its vector ones, two vectors a head).
+// to 12 or 6 tokens: 13 takes two or three), on every path this CPU runs;
+// heads of 8 (attention's scalar loops on the wider paths) and of 32 (its
+// vector ones).
 TEST(FusedDecode, BatchedStepsMatchAPerOpReferenceAndWriteTheSameKv) {
+  for (auto isa : cpu::supported_decode_isas())
   for (int64_t head_dim : {8, 32})
     for (bool panels : {false, true})
       for (int threads : {1, 2, 3})
         for (int64_t batch : {1, 3, 5, 13}) {
-          SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", threads " +
+          SCOPED_TRACE(std::string{to_string(isa)} + ", head_dim " + std::to_string(head_dim) +
+                       ", threads " +
                        std::to_string(threads) + ", batch " + std::to_string(batch) +
                        (panels ? ", panels" : ", stored rows"));
           reference_model ref{head_dim}, fused{head_dim};
@@ -225,7 +256,8 @@ TEST(FusedDecode, BatchedStepsMatchAPerOpReferenceAndWriteTheSameKv) {
             fused.layers[l].k_cache.copy_(ref.layers[l].k_cache);
             fused.layers[l].v_cache.copy_(ref.layers[l].v_cache);
           }
-          auto m = panels ? fused.packed_view() : fused.view();
+          auto m = panels ? fused.packed_view(isa) : fused.view();
+          m.isa = isa;
           cpu::thread_team team{threads};
           // Request r owns blocks 2r + 1 and 2r, in that order (out of order,
           // so that the tables' indirection counts); request r starts r % 2

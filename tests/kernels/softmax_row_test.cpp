@@ -24,10 +24,12 @@ std::vector<float> random_row(int64_t n, double spread, uint64_t seed) {
 
 // Every index's log-prob (from the written weights and from the stats), the
 // normaliser and the argmax against the double-precision reference.
-void expect_matches_reference(const std::vector<float>& x, float scale) {
+void expect_matches_reference(const std::vector<float>& x, float scale,
+                              troupe::kernels::cpu::decode_isa isa) {
   auto n = static_cast<int64_t>(x.size());
   std::vector<float> w(x.size(), -1.0f);
-  auto s = softmax_row(x.data(), n, scale, w.data());
+  auto s = softmax_row(x.data(), n, scale, w.data(), isa);
+  SCOPED_TRACE(std::string{to_string(isa)});
   auto ref_in = torch::from_blob(const_cast<float*>(x.data()), {n}, torch::kFloat32)
                   .to(torch::kFloat64);
   auto ref = torch::log_softmax(ref_in * static_cast<double>(scale), 0);
@@ -50,10 +52,12 @@ void expect_matches_reference(const std::vector<float>& x, float scale) {
 } // namespace
 
 TEST(SoftmaxRow, MatchesDoubleLogSoftmaxOverLengthsAndTemperatures) {
-  // Lengths around the 16-lane block, and a 32000-token vocabulary.
-  for (int64_t n : {1, 2, 15, 16, 17, 31, 33, 1000, 32000})
-    for (float scale : {1.0f, 1.0f / 0.7f, 2.5f, 0.1f})
-      expect_matches_reference(random_row(n, 4.0, static_cast<uint64_t>(n)), scale);
+  // Lengths around the 16-lane block, and a 32000-token vocabulary, on
+  // every instruction-set path this CPU runs (NOTE [decode isa]).
+  for (auto isa : troupe::kernels::cpu::supported_decode_isas())
+    for (int64_t n : {1, 2, 15, 16, 17, 31, 33, 1000, 32000})
+      for (float scale : {1.0f, 1.0f / 0.7f, 2.5f, 0.1f})
+        expect_matches_reference(random_row(n, 4.0, static_cast<uint64_t>(n)), scale, isa);
 }
 
 TEST(SoftmaxRow, WideLogitRangesUnderflowToZeroNotGarbage) {
@@ -70,7 +74,8 @@ TEST(SoftmaxRow, WideLogitRangesUnderflowToZeroNotGarbage) {
     else
       EXPECT_NEAR(w[v], std::exp(y), 3e-7 * std::exp(y)) << v;
   }
-  expect_matches_reference(x, 1.0f);
+  for (auto isa : troupe::kernels::cpu::supported_decode_isas())
+    expect_matches_reference(x, 1.0f, isa);
 }
 
 TEST(SoftmaxRow, MaskedLogitsGetZeroWeight) {

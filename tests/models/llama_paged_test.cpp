@@ -14,6 +14,8 @@
 
 using namespace troupe;
 using namespace troupe::models;
+using troupe::kernels::cpu::decode_path;
+using troupe::kernels::cpu::panels_mode;
 
 namespace {
 
@@ -300,14 +302,16 @@ TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
         if (name.find("bias") != std::string::npos)
           t.normal_(0, 0.1);
     }
+    for (auto isa : kernels::cpu::supported_decode_isas())
     for (bool panels : {false, true})
       for (int threads : {1, 2})
         for (size_t batch : {1, 5}) {
-          SCOPED_TRACE("variant " + std::to_string(variant) + ", threads " +
-                       std::to_string(threads) + ", batch " + std::to_string(batch) +
-                       (panels ? ", panels" : ""));
+          SCOPED_TRACE("variant " + std::to_string(variant) + ", " + std::string{to_string(isa)} +
+                       ", threads " + std::to_string(threads) + ", batch " +
+                       std::to_string(batch) + (panels ? ", panels" : ""));
           at::set_num_threads(threads);
-          model->set_decode_panels(panels);
+          model->set_decode_isa(isa);
+          model->set_decode_panels(panels ? panels_mode::on : panels_mode::off);
           auto fused_cache = model->make_paged_cache(48, 4);
           auto aten_cache = model->make_paged_cache(48, 4);
           pager fused_pages{48, 4, 5}, aten_pages{48, 4, 5};
@@ -319,14 +323,14 @@ TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
             ap.push_back(&ar[r]);
             prompts.push_back(random_tokens(static_cast<int64_t>(3 + 4 * r), 3 + r));
           }
-          model->set_fused_decode(true); // the prompts: the ATen path either way
+          model->set_decode_path(decode_path::fused); // the prompts: the ATen path either way
           model->forward_paged(fused_pages.step(fp, prompts), fused_cache);
           model->forward_paged(aten_pages.step(ap, prompts), aten_cache);
           std::vector<std::vector<int64_t>> next(batch, std::vector<int64_t>{5});
           for (int s = 0; s < 8; ++s) {
-            model->set_fused_decode(true);
+            model->set_decode_path(decode_path::fused);
             auto fused = model->forward_paged(fused_pages.step(fp, next), fused_cache);
-            model->set_fused_decode(false);
+            model->set_decode_path(decode_path::aten);
             auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
             ASSERT_EQ(fused.sizes(), aten.sizes());
             EXPECT_LT(max_abs_diff(fused, aten), 1e-5) << "step " << s;
@@ -343,9 +347,10 @@ TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
           }
           // Batches made the packed copy when asked to, and only then.
           if (batch > 1)
-            EXPECT_EQ(model->decode_panels_bytes(), panels ? decode_panels_bytes(config) : 0);
+            EXPECT_EQ(model->decode_panels_bytes(),
+                      panels ? decode_panels_bytes(config, isa) : 0);
         }
-    model->set_decode_panels(false);
+    model->set_decode_panels(panels_mode::off);
     EXPECT_EQ(model->decode_panels_bytes(), 0);
   }
   at::set_num_threads(threads_before);
@@ -368,11 +373,11 @@ std::pair<torch::Tensor, torch::Tensor> fused_and_aten_step(llama_model& model, 
   }
   model->forward_paged(fused_pages.step(fp, prompts), fused_cache);
   model->forward_paged(aten_pages.step(ap, prompts), aten_cache);
-  model->set_fused_decode(true);
+  model->set_decode_path(decode_path::fused);
   auto fused = model->forward_paged(fused_pages.step(fp, next), fused_cache);
-  model->set_fused_decode(false);
+  model->set_decode_path(decode_path::aten);
   auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
-  model->set_fused_decode(true);
+  model->set_decode_path(decode_path::automatic);
   return {fused, aten};
 }
 
@@ -385,7 +390,7 @@ TEST(LlamaPaged, DecodePanelsFollowWeightChanges) {
   ASSERT_TRUE(m) << describe(m.error());
   auto model = *m;
   model->eval();
-  model->set_decode_panels(true);
+  model->set_decode_panels(panels_mode::on);
   auto [before, before_aten] = fused_and_aten_step(model, 3);
   EXPECT_LT(max_abs_diff(before, before_aten), 1e-5);
   ASSERT_GT(model->decode_panels_bytes(), 0);
