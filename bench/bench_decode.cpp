@@ -18,8 +18,12 @@
 // comparison in an order that alternates from round to round (the machine is
 // shared and noisy; ratios compare runs taken together).
 //
+//  - The command line: `troupe generate -n 32 --max-tokens 64 --temperature 1
+//    --ignore-eos --threads 2` on the shape saved as a model directory, against
+//    `-n 1`, with --decode-panels auto, on and off (the figure users see).
+//
 // Usage: bench_decode [--isa all|auto|avx512|avx2|baseline] [--shape 15m|24m|both]
-//                     [--rounds N] [--no-sweep] [--no-engine]
+//                     [--rounds N] [--no-sweep] [--no-engine] [--no-cli]
 #include "actors/inference/engine.hpp"
 #include "bench/llama_shapes.hpp"
 #include "bench/naive_decoder.h"
@@ -29,7 +33,12 @@
 
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -52,13 +61,13 @@ struct options {
   std::vector<decode_isa> isas;
   std::vector<bool> tied{false};
   int rounds = 5;
-  bool sweep = true, engine = true;
+  bool sweep = true, engine = true, cli = true;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "bench_decode: %s\nusage: bench_decode [--isa all|auto|avx512|avx2|baseline] "
-               "[--shape 15m|24m|both] [--rounds N] [--no-sweep] [--no-engine]\n",
+               "[--shape 15m|24m|both] [--rounds N] [--no-sweep] [--no-engine] [--no-cli]\n",
                why);
   std::exit(2);
 }
@@ -91,6 +100,8 @@ options parse(int argc, char** argv) {
       o.sweep = false;
     else if (a == "--no-engine")
       o.engine = false;
+    else if (a == "--no-cli")
+      o.cli = false;
     else
       usage(("unknown argument " + a).c_str());
   }
@@ -136,10 +147,13 @@ std::vector<double> interleaved(const std::vector<std::function<double()>>& case
   return out;
 }
 
-// Seconds per call of fn: one call to warm up (a packed copy made, pages
-// touched), then calls until 60 ms have passed (at least 3).
+// Seconds per call of fn: calls for 30 ms to warm up (a packed copy made,
+// its pages touched and settled), then calls until 60 ms have passed (at
+// least 3).
 double per_call(const std::function<void()>& fn) {
-  fn();
+  for (auto w0 = clock_type::now();
+       std::chrono::duration<double>(clock_type::now() - w0).count() < 0.03;)
+    fn();
   int calls = 0;
   auto t0 = clock_type::now();
   double dt = 0;
@@ -415,6 +429,65 @@ void engine_figures(models::llama_model& m, const options& o) {
   }
 }
 
+// ---- the command line ---------------------------------------------------------------------
+
+// The tokens/s `troupe generate` reports (its metrics line on stderr) for
+// `args` after the model directory; the process runs without a shell.
+double generate_rate(const std::string& model_dir, const std::string& log,
+                     const std::vector<std::string>& args) {
+  std::vector<std::string> argv{TROUPE_BINARY_PATH, "generate", "--model", model_dir};
+  argv.insert(argv.end(), args.begin(), args.end());
+  pid_t pid = fork();
+  if (pid == 0) {
+    int out = open("/dev/null", O_WRONLY), err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(out, 1);
+    dup2(err, 2);
+    std::vector<char*> raw;
+    for (auto& a : argv)
+      raw.push_back(a.data());
+    raw.push_back(nullptr);
+    execv(raw[0], raw.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::ifstream in{log};
+  std::string text{std::istreambuf_iterator<char>{in}, {}};
+  auto at = text.find(" tokens/s");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || at == std::string::npos)
+    usage(("troupe generate failed: " + text).c_str());
+  auto from = text.rfind(' ', at - 1) + 1;
+  return std::stod(text.substr(from, at - from));
+}
+
+void cli_figures(models::llama_model& m, const options& o) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("bench_decode." + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  if (auto saved = models::save_pretrained(m, (dir / "model").string()); !saved)
+    usage(describe(saved.error()).c_str());
+  const auto model = (dir / "model").string(), log = (dir / "log").string();
+  std::printf("\n  troupe generate --prompt 'Once upon a time' --max-tokens 64 --temperature 1 "
+              "--ignore-eos --threads 2 (the byte tokenizer; tokens/s it reports):\n");
+  auto run = [&](int n, const char* panels) {
+    return generate_rate(model, log,
+                         {"--prompt", "Once upon a time", "-n", std::to_string(n), "--max-tokens",
+                          "64", "--temperature", "1", "--ignore-eos", "--threads", "2",
+                          "--decode-panels", panels, "--seed", "1"});
+  };
+  std::vector<std::function<double()>> cases;
+  for (int n : {1, 32})
+    for (const char* p : {"auto", "on", "off"})
+      cases.push_back([&run, n, p] { return 1 / run(n, p); });
+  auto t = interleaved(cases, o.rounds);
+  for (int i = 0; i < 2; ++i)
+    std::printf("    -n %2d: auto %.0f tokens/s, on %.0f, off %.0f; auto / best %.2fx\n",
+                i == 0 ? 1 : 32, 1 / t[3 * i], 1 / t[3 * i + 1], 1 / t[3 * i + 2],
+                std::min(t[3 * i + 1], t[3 * i + 2]) / t[3 * i]);
+  std::printf("    -n 32 / -n 1 (auto): %.2fx\n", t[0] / t[3]);
+  std::filesystem::remove_all(dir);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -450,6 +523,8 @@ int main(int argc, char** argv) {
       sweep(m, o);
     if (o.engine)
       engine_figures(m, o);
+    if (o.cli)
+      cli_figures(m, o);
   }
   return 0;
 }

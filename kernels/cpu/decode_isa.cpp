@@ -93,12 +93,18 @@ int64_t panel_rows(decode_isa isa) {
 
 namespace {
 
-// NOTE [decode crossovers]: medians of 5 interleaved rounds of bench_decode
-// --sweep (the model step alone, 1 and 2 threads, the 15M and 24M shapes).
+// NOTE [decode crossovers]: from bench_decode's sweep (the model step alone,
+// batch 1-64 at 1 and 2 threads, the 24.4M shape, medians of 5 interleaved
+// rounds; docs/benchmarks.md "CPU decode on every instruction set"). On
+// every path the panels beat the stored rows from batch 2. The AVX-512 and
+// AVX2 kernels beat ATen at every batch measured (1.2-4.9x); the baseline
+// path's (SSE2: 4 floats a vector) fall behind ATen's OpenBLAS GEMM from
+// batch 16 at 2 threads (1.00x there, 0.81x at 64) and 24 at 1 thread, so
+// from 16 on its steps take the ATen path.
 constexpr decode_crossover kCrossovers[] = {
-  {decode_isa::avx512, 2, 0, "AMD EPYC (Zen 4), 2 vCPUs"},
-  {decode_isa::avx2, 2, 0, "AMD EPYC (Zen 4), 2 vCPUs, the AVX2 path forced"},
-  {decode_isa::baseline, 2, 0, "AMD EPYC (Zen 4), 2 vCPUs, the baseline path forced"},
+  {decode_isa::avx512, 2, 0, "AMD EPYC (Zen 4, AVX-512), 2 vCPUs, 2026-11-26"},
+  {decode_isa::avx2, 2, 0, "the same machine, the AVX2 path forced"},
+  {decode_isa::baseline, 2, 16, "the same machine, the baseline path forced"},
 };
 
 } // namespace

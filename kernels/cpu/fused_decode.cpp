@@ -67,10 +67,10 @@ std::pair<int64_t, int64_t> share(int64_t n, int t, int size, int64_t unit = 1) 
 // the stored weights and k-major for the panels (NOTE [packed panels]).
 struct activations {
   std::vector<float> x, qkv, att, h;
+  std::vector<float> cos, sin; // [size, head_dim / 2]: each token's RoPE angles, for every layer
   // The projections' next unclaimed chunk, one counter per projection of
   // the step in order (4 a layer, then the LM head).
   std::vector<std::atomic<int64_t>> next;
-  std::vector<float> cos, sin; // [size, head_dim / 2]: each token's RoPE angles, for every layer
   activations(const decode_model& m, const decode_batch& b, int64_t qkv_rows, int64_t q_rows)
       : x(static_cast<size_t>(b.size * m.dim)), qkv(static_cast<size_t>(b.size * qkv_rows)),
         att(static_cast<size_t>(b.size * q_rows)), h(static_cast<size_t>(b.size * m.hidden)),
@@ -135,29 +135,12 @@ public:
     });
   }
 
-  // RoPE of the query heads; RoPE of the key heads and the K/V write.
-  void rope_and_store(const decode_layer& L) {
-    const int64_t heads = m_.n_heads + m_.n_kv;
-    auto [h0, h1] = share(B_ * heads, me_, n_);
-    for (int64_t item = h0; item < h1; ++item) {
-      auto t = item / heads, hd = item % heads;
-      float* row = a_.qkv.data() + t * qkv_rows_;
-      if (hd < m_.n_heads) {
-        rope(row + hd * HD_, a_.cos_of(t, HD_), a_.sin_of(t, HD_), HD_);
-        continue;
-      }
-      auto j = hd - m_.n_heads;
-      float* k = row + q_rows_ + j * HD_;
-      const float* v = row + q_rows_ + kv_rows_ + j * HD_;
-      rope(k, a_.cos_of(t, HD_), a_.sin_of(t, HD_), HD_);
-      auto slot = (b_.slots[t] * m_.n_kv + j) * HD_;
-      std::copy_n(k, HD_, L.k_cache + slot);
-      std::copy_n(v, HD_, L.v_cache + slot);
-    }
-  }
-
   // Attention by request, or by (request, range of KV heads) when the
-  // requests are fewer than the members.
+  // requests are fewer than the members. Each item first turns its query
+  // and key heads by RoPE and writes its K/V: an item reads only its own
+  // request's cache, and the new token's slot is its own (a shared
+  // partly-filled block is copied before a request writes into it: NOTE
+  // [engine step]), so no barrier is needed between the write and the reads.
   void attend(const decode_layer& L) {
     const int64_t group = m_.n_heads / m_.n_kv;
     const int64_t parts = std::min<int64_t>(m_.n_kv, (n_ + B_ - 1) / B_);
@@ -165,10 +148,11 @@ public:
     for (int64_t item = i0; item < i1; ++item) {
       auto t = item / parts;
       auto [j0, j1] = share(m_.n_kv, static_cast<int>(item % parts), static_cast<int>(parts));
+      rope_and_store(L, t, j0, j1);
       float* out = packed_ ? head_out_.data() : a_.att.data() + t * q_rows_;
       k_.attend_heads(a_.qkv.data() + t * qkv_rows_, L.k_cache, L.v_cache,
-                   b_.block_tables + t * b_.table_width, m_.block_size, m_.n_kv, group, j0, j1, HD_,
-                   b_.context_lens[t], scores_.data(), inv_sum_.data(), out);
+                      b_.block_tables + t * b_.table_width, m_.block_size, m_.n_kv, group, j0, j1,
+                      HD_, b_.context_lens[t], scores_.data(), inv_sum_.data(), out);
       if (packed_)
         for (int64_t d = j0 * group * HD_; d < j1 * group * HD_; ++d)
           a_.att[static_cast<size_t>(at(t, d, q_rows_))] = out[d];
@@ -213,6 +197,24 @@ public:
   }
 
 private:
+  // RoPE of token t's KV heads [j0, j1) and their query heads; the K/V
+  // write of those KV heads.
+  void rope_and_store(const decode_layer& L, int64_t t, int64_t j0, int64_t j1) {
+    const int64_t group = m_.n_heads / m_.n_kv;
+    float* row = a_.qkv.data() + t * qkv_rows_;
+    const float *cos = a_.cos_of(t, HD_), *sin = a_.sin_of(t, HD_);
+    for (int64_t h = j0 * group; h < j1 * group; ++h)
+      rope(row + h * HD_, cos, sin, HD_);
+    for (int64_t j = j0; j < j1; ++j) {
+      float* k = row + q_rows_ + j * HD_;
+      const float* v = row + q_rows_ + kv_rows_ + j * HD_;
+      rope(k, cos, sin, HD_);
+      auto slot = (b_.slots[t] * m_.n_kv + j) * HD_;
+      std::copy_n(k, HD_, L.k_cache + slot);
+      std::copy_n(v, HD_, L.v_cache + slot);
+    }
+  }
+
   // Where token t's element i of an input of n elements lives.
   int64_t at(int64_t t, int64_t i, int64_t n) const { return packed_ ? i * B_ + t : t * n + i; }
 
@@ -289,8 +291,6 @@ void fused_decode(const decode_model& m, const decode_batch& b, thread_team& tea
     for (const auto& L : m.layers) {
       s.normalise(L.attn_norm);
       s.project_qkv(L);
-      team.barrier();
-      s.rope_and_store(L);
       team.barrier();
       s.attend(L);
       team.barrier();

@@ -8,12 +8,13 @@
 // overhead; the ATen path issues ~15 operators per layer, each parallelised
 // on its own (OpenMP fork/join, BLAS sgemv / sgemm that packs the weights
 // on every call) with small tensors allocated between them. Here a team of
-// threads runs the whole step: every projection's output rows are split
-// over the team (q|k|v as one row space, gate|up fused with SiLU), RMSNorm
+// threads runs the whole step: every projection's output rows are claimed
+// in chunks by the team (NOTE [claimed chunks]; q|k|v as one row space,
+// gate|up fused with SiLU), RMSNorm
 // is folded into the rows' input (each thread normalises the residual for
 // itself instead of waiting for one), RoPE, the K/V write and attention are
 // split by (request, head), and the team meets at a barrier between
-// dependent steps (6 per layer), not at a fork and join. At B = 1 the
+// dependent steps (5 per layer), not at a fork and join. At B = 1 the
 // weights are read in their stored row-major [out, in] layout: each output
 // row is one sequential dot product, the whole matrix one stream the
 // hardware prefetchers follow. At B > 1 the step is bound by arithmetic;
