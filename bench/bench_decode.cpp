@@ -335,13 +335,13 @@ void sweep(models::llama_model& m, const options& o) {
   for (auto isa : o.isas) {
     const auto& table = kernels::cpu::crossover(isa);
     std::printf("\n  sweep, %s path (tokens/s of the model step; table: panels from batch %lld, "
-                "ATen from %lld)\n",
+                "rows again from %lld, ATen from %lld)\n",
                 std::string{to_string(isa)}.c_str(), static_cast<long long>(table.panels_from),
-                static_cast<long long>(table.aten_from));
+                static_cast<long long>(table.rows_from), static_cast<long long>(table.aten_from));
     std::printf("    %5s %3s %10s %10s %10s %10s %8s %8s\n", "batch", "thr", "panels", "rows",
                 "ATen", "auto", "best/ATen", "auto/ATen");
     for (int threads : {1, 2}) {
-      int64_t panels_win = 0, aten_win = 0;
+      int64_t panels_win = 0, rows_win = 0, aten_win = 0;
       for (auto b : batches) {
         auto& in = *inputs[b];
         std::vector<std::function<double()>> cases;
@@ -352,16 +352,18 @@ void sweep(models::llama_model& m, const options& o) {
         double best_fused = std::min(t[0], t[1]);
         if (b > 1 && t[0] < t[1] && panels_win == 0)
           panels_win = b;
+        if (panels_win != 0 && t[1] < t[0] && rows_win == 0)
+          rows_win = b;
         if (best_fused > t[2] && aten_win == 0)
           aten_win = b;
         std::printf("    %5lld %3d %10.0f %10.0f %10.0f %10.0f %8.2f %8.2f\n",
                     static_cast<long long>(b), threads, rate(t[0]), rate(t[1]), rate(t[2]),
                     rate(t[3]), t[2] / best_fused, t[2] / t[3]);
       }
-      std::printf("    %d thread%s: panels first beat rows at batch %lld; ATen first beats the "
-                  "fused kernel at %lld (0: never)\n",
+      std::printf("    %d thread%s: panels first beat rows at batch %lld, rows beat them again "
+                  "at %lld; ATen first beats the fused kernel at %lld (0: never)\n",
                   threads, threads == 1 ? "" : "s", static_cast<long long>(panels_win),
-                  static_cast<long long>(aten_win));
+                  static_cast<long long>(rows_win), static_cast<long long>(aten_win));
     }
   }
   m->set_decode_path(decode_path::automatic);

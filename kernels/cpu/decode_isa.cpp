@@ -95,16 +95,17 @@ namespace {
 
 // NOTE [decode crossovers]: from bench_decode's sweep (the model step alone,
 // batch 1-64 at 1 and 2 threads, the 24.4M shape, medians of 5 interleaved
-// rounds; docs/benchmarks.md "CPU decode on every instruction set"). On
-// every path the panels beat the stored rows from batch 2. The AVX-512 and
-// AVX2 kernels beat ATen at every batch measured (1.2-4.9x); the baseline
-// path's (SSE2: 4 floats a vector) fall behind ATen's OpenBLAS GEMM from
-// batch 16 at 2 threads (1.00x there, 0.81x at 64) and 24 at 1 thread, so
-// from 16 on its steps take the ATen path.
+// rounds, two runs; docs/benchmarks.md "CPU decode on every instruction
+// set"). On every path the panels beat the stored rows from batch 2. The
+// AVX-512 and AVX2 kernels beat ATen at every batch measured (1.5-4.8x).
+// The baseline path (SSE2: 4 floats a vector, a 6-token tile) is
+// arithmetic-bound soonest: its stored-row tiles overtake its panels from
+// batch 6, and ATen's OpenBLAS GEMM overtakes both from batch 24 at 1
+// thread and 16-48 at 2 (runs differ), so from 24 on its steps take ATen.
 constexpr decode_crossover kCrossovers[] = {
-  {decode_isa::avx512, 2, 0, "AMD EPYC (Zen 4, AVX-512), 2 vCPUs, 2026-11-26"},
-  {decode_isa::avx2, 2, 0, "the same machine, the AVX2 path forced"},
-  {decode_isa::baseline, 2, 16, "the same machine, the baseline path forced"},
+  {decode_isa::avx512, 2, 0, 0, "AMD EPYC (Zen 4, AVX-512), 2 vCPUs, 2026-11-26"},
+  {decode_isa::avx2, 2, 0, 0, "the same machine, the AVX2 path forced"},
+  {decode_isa::baseline, 2, 6, 24, "the same machine, the baseline path forced"},
 };
 
 } // namespace
@@ -124,7 +125,8 @@ decode_choice choose_decode(decode_isa isa, int64_t batch, decode_path path, pan
               (path == decode_path::automatic && (c.aten_from == 0 || batch < c.aten_from));
   out.panels = out.fused && batch > 1 &&
                (panels == panels_mode::on ||
-                (panels == panels_mode::automatic && batch >= c.panels_from));
+                (panels == panels_mode::automatic && batch >= c.panels_from &&
+                 (c.rows_from == 0 || batch < c.rows_from)));
   return out;
 }
 

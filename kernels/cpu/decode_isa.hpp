@@ -67,13 +67,14 @@ TROUPE_ENUM_NAMES(decode_path, "auto", "fused", "aten")
 
 /// NOTE [decode crossovers]: the batch sizes at which the choices change,
 /// per instruction-set path, measured with bench/bench_decode (its sweep
-/// prints these points; docs/benchmarks.md has the tables). Below
-/// panels_from a batched step reads the stored rows, from it on the packed
-/// panels; from aten_from on (0: never) the ATen path is faster than the
-/// fused kernel. `measured_on` names the machine.
+/// prints these points; docs/benchmarks.md has the tables). A batched step
+/// reads the packed panels from panels_from on and the stored rows again
+/// from rows_from on (0: never); from aten_from on (0: never) the ATen path
+/// is faster than the fused kernel. `measured_on` names the machine.
 struct decode_crossover {
   decode_isa isa;
   int64_t panels_from;
+  int64_t rows_from;
   int64_t aten_from;
   const char* measured_on;
 };

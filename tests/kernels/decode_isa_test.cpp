@@ -56,7 +56,9 @@ TEST(DecodeIsa, ChoicesFollowTheCrossoverTableAndTheForcedModes) {
     for (int64_t batch = 1; batch <= 64; ++batch) {
       auto a = choose_decode(isa, batch, decode_path::automatic, panels_mode::automatic);
       EXPECT_EQ(a.fused, c.aten_from == 0 || batch < c.aten_from) << batch;
-      EXPECT_EQ(a.panels, a.fused && batch > 1 && batch >= c.panels_from) << batch;
+      EXPECT_EQ(a.panels, a.fused && batch > 1 && batch >= c.panels_from &&
+                              (c.rows_from == 0 || batch < c.rows_from))
+          << batch;
       // Forced: the fused kernel, from the panels at every batched step.
       auto f = choose_decode(isa, batch, decode_path::fused, panels_mode::on);
       EXPECT_TRUE(f.fused);
