@@ -38,10 +38,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -112,8 +112,8 @@ options parse(int argc, char** argv) {
       usage(("--isa " + why).c_str());
     o.isas = {kernels::cpu::resolve(*named)};
   } else
-    usage(("--isa: expected all or one of " + enum_name_list<decode_isa>() + ", got " + isa)
-              .c_str());
+    usage(
+        ("--isa: expected all or one of " + enum_name_list<decode_isa>() + ", got " + isa).c_str());
   return o;
 }
 
@@ -194,8 +194,8 @@ struct naive {
     auto ptr = [&](const std::string& name) -> const float* {
       return w.at(name).data_ptr<float>();
     };
-    const char* names[] = {"attention_norm", "attention.wq", "attention.wk",
-                           "attention.wv",   "attention.wo", "ffn_norm",
+    const char* names[] = {"attention_norm",  "attention.wq",    "attention.wk",
+                           "attention.wv",    "attention.wo",    "ffn_norm",
                            "feed_forward.w1", "feed_forward.w3", "feed_forward.w2"};
     per_layer.resize(9);
     for (int k = 0; k < 9; ++k)
@@ -204,10 +204,14 @@ struct naive {
             ptr("layers." + std::to_string(l) + "." + names[k] + ".weight"));
     for (double f : models::rope_inv_freq(c))
       inv_freq.push_back(static_cast<float>(f));
-    naive_config nc{static_cast<int>(c.hidden_size),         static_cast<int>(c.intermediate_size),
-                    static_cast<int>(c.num_hidden_layers),   static_cast<int>(c.num_attention_heads),
-                    static_cast<int>(c.num_key_value_heads), static_cast<int>(c.vocab_size),
-                    static_cast<int>(c.max_position_embeddings), static_cast<float>(c.rms_norm_eps)};
+    naive_config nc{static_cast<int>(c.hidden_size),
+                    static_cast<int>(c.intermediate_size),
+                    static_cast<int>(c.num_hidden_layers),
+                    static_cast<int>(c.num_attention_heads),
+                    static_cast<int>(c.num_key_value_heads),
+                    static_cast<int>(c.vocab_size),
+                    static_cast<int>(c.max_position_embeddings),
+                    static_cast<float>(c.rms_norm_eps)};
     naive_weights nw{ptr("tok_embeddings.weight"),
                      per_layer[0].data(),
                      per_layer[1].data(),
@@ -275,8 +279,8 @@ const way kRows{"rows", decode_path::fused, kernels::cpu::panels_mode::off};
 const way kAten{"ATen", decode_path::aten, kernels::cpu::panels_mode::off};
 const way kAuto{"auto", decode_path::automatic, kernels::cpu::panels_mode::automatic};
 
-std::function<double()> model_case(models::llama_model& m, step_input& in, decode_isa isa,
-                                   way w, int threads) {
+std::function<double()> model_case(models::llama_model& m, step_input& in, decode_isa isa, way w,
+                                   int threads) {
   return [&m, &in, isa, w, threads] {
     at::set_num_threads(threads);
     m->set_decode_isa(isa);
@@ -304,7 +308,8 @@ void batch_one(models::llama_model& m, const shape_info& s, const options& o,
     for (int p = 0; p < 100; ++p)
       naive_forward(n.d, 7, p, threads);
     std::vector<std::function<double()>> cases;
-    cases.push_back([&n, threads] { return per_call([&] { naive_forward(n.d, 7, 100, threads); }); });
+    cases.push_back(
+        [&n, threads] { return per_call([&] { naive_forward(n.d, 7, 100, threads); }); });
     cases.push_back(model_case(m, in, decode_isa::automatic, kAten, threads));
     for (auto isa : o.isas)
       cases.push_back(model_case(m, in, isa, kRows, threads));
@@ -424,8 +429,8 @@ void engine_figures(models::llama_model& m, const options& o) {
     std::printf("    batch %2d: default %.0f tokens/s, panels on %.0f, off %.0f; default / best "
                 "%.2fx%s\n",
                 batch, 1 / t[0], 1 / t[1], 1 / t[2], std::min(t[1], t[2]) / t[0],
-                batch > 1 ? (" ; batch " + std::to_string(batch) + " / batch 1 = " +
-                             std::to_string(1 / t[0] / one).substr(0, 4) + "x")
+                batch > 1 ? (" ; batch " + std::to_string(batch) +
+                             " / batch 1 = " + std::to_string(1 / t[0] / one).substr(0, 4) + "x")
                                 .c_str()
                           : "");
   }
@@ -441,7 +446,8 @@ double generate_rate(const std::string& model_dir, const std::string& log,
   argv.insert(argv.end(), args.begin(), args.end());
   pid_t pid = fork();
   if (pid == 0) {
-    int out = open("/dev/null", O_WRONLY), err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int out = open("/dev/null", O_WRONLY),
+        err = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(out, 1);
     dup2(err, 2);
     std::vector<char*> raw;
@@ -463,8 +469,7 @@ double generate_rate(const std::string& model_dir, const std::string& log,
 }
 
 void cli_figures(models::llama_model& m, const options& o) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("bench_decode." + std::to_string(getpid()));
+  auto dir = std::filesystem::temp_directory_path() / ("bench_decode." + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   if (auto saved = models::save_pretrained(m, (dir / "model").string()); !saved)
     usage(describe(saved.error()).c_str());
@@ -518,8 +523,8 @@ int main(int argc, char** argv) {
     auto c = bench::llama_shape(tied);
     auto table = c.vocab_size * c.hidden_size;
     shape_info s{tied, 4.0 * static_cast<double>(tied ? params : params - table + c.hidden_size)};
-    std::printf("\n%.1fM parameters (%s embeddings), %.1f MB of them read per token\n", params / 1e6,
-                tied ? "tied" : "untied", s.bytes / 1e6);
+    std::printf("\n%.1fM parameters (%s embeddings), %.1f MB of them read per token\n",
+                params / 1e6, tied ? "tied" : "untied", s.bytes / 1e6);
     batch_one(m, s, o, stream);
     if (o.sweep)
       sweep(m, o);

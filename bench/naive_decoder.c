@@ -42,8 +42,8 @@ naive_decoder* naive_new(const naive_config* c, const naive_weights* w) {
 }
 
 void naive_free(naive_decoder* d) {
-  float* bufs[] = {d->x, d->xn, d->q, d->k, d->v, d->att, d->out, d->g, d->u,
-                   d->logits, d->scores, d->k_cache, d->v_cache};
+  float* bufs[] = {d->x, d->xn, d->q,      d->k,      d->v,       d->att,    d->out,
+                   d->g, d->u,  d->logits, d->scores, d->k_cache, d->v_cache};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
     free(bufs[i]);
   free(d);

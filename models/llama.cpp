@@ -603,12 +603,13 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   auto indices = decode_step_indices(batch, cache, logit_rows);
   if (!indices)
     return {};
-  auto n = indices->tokens.numel();
-  const auto choice = kernels::cpu::choose_decode(decode_isa_, n, decode_path_, decode_panels_);
-  if (!choice.fused)
-    return {};
   std::unique_lock<std::mutex> lock{*team_mu_, std::try_to_lock};
   if (!lock.owns_lock())
+    return {};
+  auto n = indices->tokens.numel();
+  // (Under the lock: set_decode_isa takes it too.)
+  const auto choice = kernels::cpu::choose_decode(decode_isa_, n, decode_path_, decode_panels_);
+  if (!choice.fused)
     return {};
   auto threads = std::max(1, at::get_num_threads());
   if (!team_ || team_->size() != threads)

@@ -565,8 +565,8 @@ expected<void> validate(const engine_config& c) {
 }
 
 bool packs_decode_panels(const engine_config& c) {
-  const auto batch = c.expected_sequences > 0 ? std::min(c.expected_sequences, c.max_num_seqs)
-                                              : c.max_num_seqs;
+  const auto batch =
+      c.expected_sequences > 0 ? std::min(c.expected_sequences, c.max_num_seqs) : c.max_num_seqs;
   return kernels::cpu::wants_panels(c.decode_isa, batch, kernels::cpu::decode_path::automatic,
                                     c.decode_panels);
 }

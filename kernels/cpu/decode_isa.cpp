@@ -72,8 +72,7 @@ std::string unsupported_why(decode_isa isa, const cpu_levels& levels) {
   std::string runs;
   for (auto s : supported_decode_isas(levels))
     runs += (runs.empty() ? "" : ", ") + std::string{to_string(s)};
-  return std::string{to_string(isa)} + ": this CPU lacks " + requirement(isa) + "; it runs " +
-         runs;
+  return std::string{to_string(isa)} + ": this CPU lacks " + requirement(isa) + "; it runs " + runs;
 }
 
 const decode_kernels& decode_kernels_of(decode_isa isa) {
@@ -103,9 +102,9 @@ namespace {
 // batch 6, and ATen's OpenBLAS GEMM overtakes both from batch 24 at 1
 // thread and 16-48 at 2 (runs differ), so from 24 on its steps take ATen.
 constexpr decode_crossover kCrossovers[] = {
-  {decode_isa::avx512, 2, 0, 0, "AMD EPYC (Zen 4, AVX-512), 2 vCPUs, 2026-11-26"},
-  {decode_isa::avx2, 2, 0, 0, "the same machine, the AVX2 path forced"},
-  {decode_isa::baseline, 2, 6, 24, "the same machine, the baseline path forced"},
+    {decode_isa::avx512, 2, 0, 0, "AMD EPYC (Zen 4, AVX-512), 2 vCPUs, 2026-11-26"},
+    {decode_isa::avx2, 2, 0, 0, "the same machine, the AVX2 path forced"},
+    {decode_isa::baseline, 2, 6, 24, "the same machine, the baseline path forced"},
 };
 
 } // namespace
@@ -123,10 +122,10 @@ decode_choice choose_decode(decode_isa isa, int64_t batch, decode_path path, pan
   decode_choice out;
   out.fused = path == decode_path::fused ||
               (path == decode_path::automatic && (c.aten_from == 0 || batch < c.aten_from));
-  out.panels = out.fused && batch > 1 &&
-               (panels == panels_mode::on ||
-                (panels == panels_mode::automatic && batch >= c.panels_from &&
-                 (c.rows_from == 0 || batch < c.rows_from)));
+  out.panels =
+      out.fused && batch > 1 &&
+      (panels == panels_mode::on || (panels == panels_mode::automatic && batch >= c.panels_from &&
+                                     (c.rows_from == 0 || batch < c.rows_from)));
   return out;
 }
 

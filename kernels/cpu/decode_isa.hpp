@@ -14,6 +14,7 @@
 // refused, never run. No environment variable chooses: the caller does.
 
 #include "runtime/enum_names.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>

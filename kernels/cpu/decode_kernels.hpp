@@ -47,16 +47,15 @@ struct decode_kernels {
   /// H k-major [hidden, batch]: H[r][t] = silu(W1[r] · X[t] + b1) · (W3[r]
   /// · X[t] + b3) for the hidden rows of SwiGLU panels (pack_swiglu) [p0, p1).
   void (*swiglu_panels)(const float* panels, int64_t hidden, const float* b1, const float* b3,
-                        const float* x, int64_t batch, float* h, int64_t p0, int64_t p1,
-                        int64_t n);
+                        const float* x, int64_t batch, float* h, int64_t p0, int64_t p1, int64_t n);
 
   // ---- attention, the sampler ----
   /// Attention of one request's query heads that read KV heads [j0, j1)
   /// (kernels/cpu/decode_kernels_body.hpp says how).
   void (*attend_heads)(const float* q, const float* k_cache, const float* v_cache,
                        const int32_t* block_table, int64_t block_size, int64_t n_kv, int64_t group,
-                       int64_t j0, int64_t j1, int64_t head_dim, int64_t context_len,
-                       float* scores, float* inv_sum, float* out);
+                       int64_t j0, int64_t j1, int64_t head_dim, int64_t context_len, float* scores,
+                       float* inv_sum, float* out);
   float (*dot)(const float* a, const float* b, int64_t n);
   detail::softmax_row_stats (*softmax_row)(const float* x, int64_t n, float scale, float* weights);
 };

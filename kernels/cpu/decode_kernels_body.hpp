@@ -593,20 +593,20 @@ float dot(const float* a, const float* b, int64_t n) {
 namespace decode_tables {
 
 const decode_kernels TROUPE_DECODE_TABLE = {
-  decode_isa::TROUPE_DECODE_TABLE,
-  true,
-  kLanes,
-  kPanelRows,
-  kPanelTokens,
-  kRows,
-  linear_rows,
-  swiglu_rows,
-  linear_panels,
-  qkv_panels,
-  swiglu_panels,
-  attend_heads,
-  dot,
-  softmax_row,
+    decode_isa::TROUPE_DECODE_TABLE,
+    true,
+    kLanes,
+    kPanelRows,
+    kPanelTokens,
+    kRows,
+    linear_rows,
+    swiglu_rows,
+    linear_panels,
+    qkv_panels,
+    swiglu_panels,
+    attend_heads,
+    dot,
+    softmax_row,
 };
 
 } // namespace decode_tables

@@ -75,8 +75,7 @@ struct activations {
       : x(static_cast<size_t>(b.size * m.dim)), qkv(static_cast<size_t>(b.size * qkv_rows)),
         att(static_cast<size_t>(b.size * q_rows)), h(static_cast<size_t>(b.size * m.hidden)),
         cos(static_cast<size_t>(b.size * m.head_dim / 2)),
-        sin(static_cast<size_t>(b.size * m.head_dim / 2)),
-        next(4 * m.layers.size() + 1) {
+        sin(static_cast<size_t>(b.size * m.head_dim / 2)), next(4 * m.layers.size() + 1) {
     const int64_t half = m.head_dim / 2;
     for (int64_t t = 0; t < b.size; ++t) {
       std::copy_n(m.embedding_row(b.tokens[t]), m.dim, x.data() + t * m.dim);
@@ -96,10 +95,11 @@ struct activations {
 class step {
 public:
   step(const decode_model& m, const decode_batch& b, int me, int members, activations& a)
-      : m_(m), b_(b), a_(a), k_(decode_kernels_of(m.isa)), me_(me), n_(members), B_(b.size), D_(m.dim), HD_(m.head_dim),
-        q_rows_(m.n_heads * HD_), kv_rows_(m.n_kv * HD_), qkv_rows_(q_rows_ + 2 * kv_rows_),
-        packed_(m.packed() && B_ > 1), xn_(static_cast<size_t>(B_ * D_)),
-        head_out_(static_cast<size_t>(q_rows_)), inv_sum_(static_cast<size_t>(m.n_heads)) {
+      : m_(m), b_(b), a_(a), k_(decode_kernels_of(m.isa)), me_(me), n_(members), B_(b.size),
+        D_(m.dim), HD_(m.head_dim), q_rows_(m.n_heads * HD_), kv_rows_(m.n_kv * HD_),
+        qkv_rows_(q_rows_ + 2 * kv_rows_), packed_(m.packed() && B_ > 1),
+        xn_(static_cast<size_t>(B_ * D_)), head_out_(static_cast<size_t>(q_rows_)),
+        inv_sum_(static_cast<size_t>(m.n_heads)) {
     int64_t max_context = 0;
     for (int64_t t = 0; t < B_; ++t)
       max_context = std::max(max_context, b.context_lens[t]);

@@ -355,8 +355,9 @@ TEST(DecodePanels, PackedWhereStepsBatchAndReleasedWithTheKvPool) {
   c.decode_isa = static_cast<isa_mode>(9);
   auto bad_isa = validate(c);
   ASSERT_FALSE(bad_isa);
-  EXPECT_NE(describe(bad_isa.error()).find("engine.decode_isa: expected one of auto, avx512, avx2, "
-                                           "baseline, got 9"),
+  EXPECT_NE(describe(bad_isa.error())
+                .find("engine.decode_isa: expected one of auto, avx512, avx2, "
+                      "baseline, got 9"),
             std::string::npos);
   c.decode_isa = isa_mode::automatic;
   c.decode_panels = static_cast<panels_mode>(7);

@@ -114,8 +114,8 @@ TEST(TroupeGenerate, EveryInstructionSetPathGivesTheSameSamples) {
   auto model = tiny_byte_model();
   ASSERT_TRUE(models::save_pretrained(model, dir.file("model")));
   auto generate = [&](const std::string& isa, int& status) {
-    return run_command(std::string{TROUPE_BINARY_PATH} + " generate --model " +
-                           dir.file("model") + " --prompt hello -n 3 --max-tokens 6 " +
+    return run_command(std::string{TROUPE_BINARY_PATH} + " generate --model " + dir.file("model") +
+                           " --prompt hello -n 3 --max-tokens 6 " +
                            "--temperature 0 --ignore-eos --quiet --decode-panels on " +
                            "--decode-isa " + isa + " 2>&1",
                        status);

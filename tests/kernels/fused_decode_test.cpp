@@ -21,19 +21,19 @@ namespace {
 TEST(FusedDecode, DotMatchesADoubleSumForEveryTailLength) {
   torch::manual_seed(3);
   for (auto isa : cpu::supported_decode_isas())
-  for (int64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 288, 768, 1001}) {
-    auto a = torch::randn({n + 1}), b = torch::randn({n + 1});
-    // Offset by one float: the kernel must not assume aligned rows.
-    const float* pa = a.data_ptr<float>() + 1;
-    const float* pb = b.data_ptr<float>() + 1;
-    double ref = 0, mag = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      ref += static_cast<double>(pa[i]) * pb[i];
-      mag += std::abs(static_cast<double>(pa[i]) * pb[i]);
+    for (int64_t n :
+         {0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 127, 288, 768, 1001}) {
+      auto a = torch::randn({n + 1}), b = torch::randn({n + 1});
+      // Offset by one float: the kernel must not assume aligned rows.
+      const float* pa = a.data_ptr<float>() + 1;
+      const float* pb = b.data_ptr<float>() + 1;
+      double ref = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ref += static_cast<double>(pa[i]) * pb[i];
+        mag += std::abs(static_cast<double>(pa[i]) * pb[i]);
+      }
+      EXPECT_NEAR(cpu::dot(pa, pb, n, isa), ref, 1e-6 * (mag + 1)) << to_string(isa) << ", n " << n;
     }
-    EXPECT_NEAR(cpu::dot(pa, pb, n, isa), ref, 1e-6 * (mag + 1))
-        << to_string(isa) << ", n " << n;
-  }
 }
 
 TEST(FusedDecode, TeamRunsEveryMemberAndBarriersOrderThePhases) {
@@ -243,67 +243,68 @@ TEST(FusedDecode, PanelsHoldEachRowsKthElementsTogetherAndPadWithZeros) {
 // vector ones).
 TEST(FusedDecode, BatchedStepsMatchAPerOpReferenceAndWriteTheSameKv) {
   for (auto isa : cpu::supported_decode_isas())
-  for (int64_t head_dim : {8, 32})
-    for (bool panels : {false, true})
-      for (int threads : {1, 2, 3})
-        for (int64_t batch : {1, 3, 5, 13}) {
-          SCOPED_TRACE(std::string{to_string(isa)} + ", head_dim " + std::to_string(head_dim) +
-                       ", threads " +
-                       std::to_string(threads) + ", batch " + std::to_string(batch) +
-                       (panels ? ", panels" : ", stored rows"));
-          reference_model ref{head_dim}, fused{head_dim};
-          for (size_t l = 0; l < ref.layers.size(); ++l) { // the same caches to start with
-            fused.layers[l].k_cache.copy_(ref.layers[l].k_cache);
-            fused.layers[l].v_cache.copy_(ref.layers[l].v_cache);
+    for (int64_t head_dim : {8, 32})
+      for (bool panels : {false, true})
+        for (int threads : {1, 2, 3})
+          for (int64_t batch : {1, 3, 5, 13}) {
+            SCOPED_TRACE(std::string{to_string(isa)} + ", head_dim " + std::to_string(head_dim) +
+                         ", threads " + std::to_string(threads) + ", batch " +
+                         std::to_string(batch) + (panels ? ", panels" : ", stored rows"));
+            reference_model ref{head_dim}, fused{head_dim};
+            for (size_t l = 0; l < ref.layers.size(); ++l) { // the same caches to start with
+              fused.layers[l].k_cache.copy_(ref.layers[l].k_cache);
+              fused.layers[l].v_cache.copy_(ref.layers[l].v_cache);
+            }
+            auto m = panels ? fused.packed_view(isa) : fused.view();
+            m.isa = isa;
+            cpu::thread_team team{threads};
+            // Request r owns blocks 2r + 1 and 2r, in that order (out of order,
+            // so that the tables' indirection counts); request r starts r % 2
+            // positions in and crosses into its second block.
+            const int64_t width = 2;
+            std::vector<int32_t> tables;
+            for (int64_t r = 0; r < batch; ++r)
+              tables.insert(tables.end(),
+                            {static_cast<int32_t>(2 * r + 1), static_cast<int32_t>(2 * r)});
+            std::vector<float> logits(static_cast<size_t>(batch * fused.vocab));
+            for (int64_t step = 0; step < 6; ++step) {
+              std::vector<int64_t> tokens, pos, slots, ctx;
+              for (int64_t r = 0; r < batch; ++r) {
+                auto p = r % 2 + step;
+                const int32_t* table = tables.data() + r * width;
+                tokens.push_back((p * 7 + 3 + r * 11) % fused.vocab);
+                pos.push_back(p);
+                slots.push_back(table[p / 4] * 4 + p % 4);
+                ctx.push_back(p + 1);
+              }
+              cpu::decode_batch b;
+              b.size = batch;
+              b.tokens = tokens.data();
+              b.positions = pos.data();
+              b.slots = slots.data();
+              b.block_tables = tables.data();
+              b.table_width = width;
+              b.context_lens = ctx.data();
+              b.logits = logits.data();
+              cpu::fused_decode(m, b, team);
+              for (int64_t r = 0; r < batch; ++r) {
+                std::vector<int32_t> table(tables.begin() + r * width,
+                                           tables.begin() + (r + 1) * width);
+                auto want = ref.step(tokens[r], pos[r], slots[r], table);
+                auto got = torch::from_blob(logits.data() + r * fused.vocab, {fused.vocab});
+                EXPECT_LT((got - want).abs().max().item<float>(), 2e-5)
+                    << "step " << step << ", request " << r;
+              }
+              for (size_t l = 0; l < ref.layers.size(); ++l) {
+                EXPECT_LT(
+                    (fused.layers[l].k_cache - ref.layers[l].k_cache).abs().max().item<float>(),
+                    1e-5);
+                EXPECT_LT(
+                    (fused.layers[l].v_cache - ref.layers[l].v_cache).abs().max().item<float>(),
+                    1e-5);
+              }
+            }
           }
-          auto m = panels ? fused.packed_view(isa) : fused.view();
-          m.isa = isa;
-          cpu::thread_team team{threads};
-          // Request r owns blocks 2r + 1 and 2r, in that order (out of order,
-          // so that the tables' indirection counts); request r starts r % 2
-          // positions in and crosses into its second block.
-          const int64_t width = 2;
-          std::vector<int32_t> tables;
-          for (int64_t r = 0; r < batch; ++r)
-            tables.insert(tables.end(),
-                          {static_cast<int32_t>(2 * r + 1), static_cast<int32_t>(2 * r)});
-          std::vector<float> logits(static_cast<size_t>(batch * fused.vocab));
-          for (int64_t step = 0; step < 6; ++step) {
-            std::vector<int64_t> tokens, pos, slots, ctx;
-            for (int64_t r = 0; r < batch; ++r) {
-              auto p = r % 2 + step;
-              const int32_t* table = tables.data() + r * width;
-              tokens.push_back((p * 7 + 3 + r * 11) % fused.vocab);
-              pos.push_back(p);
-              slots.push_back(table[p / 4] * 4 + p % 4);
-              ctx.push_back(p + 1);
-            }
-            cpu::decode_batch b;
-            b.size = batch;
-            b.tokens = tokens.data();
-            b.positions = pos.data();
-            b.slots = slots.data();
-            b.block_tables = tables.data();
-            b.table_width = width;
-            b.context_lens = ctx.data();
-            b.logits = logits.data();
-            cpu::fused_decode(m, b, team);
-            for (int64_t r = 0; r < batch; ++r) {
-              std::vector<int32_t> table(tables.begin() + r * width,
-                                         tables.begin() + (r + 1) * width);
-              auto want = ref.step(tokens[r], pos[r], slots[r], table);
-              auto got = torch::from_blob(logits.data() + r * fused.vocab, {fused.vocab});
-              EXPECT_LT((got - want).abs().max().item<float>(), 2e-5)
-                  << "step " << step << ", request " << r;
-            }
-            for (size_t l = 0; l < ref.layers.size(); ++l) {
-              EXPECT_LT((fused.layers[l].k_cache - ref.layers[l].k_cache).abs().max().item<float>(),
-                        1e-5);
-              EXPECT_LT((fused.layers[l].v_cache - ref.layers[l].v_cache).abs().max().item<float>(),
-                        1e-5);
-            }
-          }
-        }
 }
 
 } // namespace

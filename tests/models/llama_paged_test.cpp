@@ -303,53 +303,53 @@ TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
           t.normal_(0, 0.1);
     }
     for (auto isa : kernels::cpu::supported_decode_isas())
-    for (bool panels : {false, true})
-      for (int threads : {1, 2})
-        for (size_t batch : {1, 5}) {
-          SCOPED_TRACE("variant " + std::to_string(variant) + ", " + std::string{to_string(isa)} +
-                       ", threads " + std::to_string(threads) + ", batch " +
-                       std::to_string(batch) + (panels ? ", panels" : ""));
-          at::set_num_threads(threads);
-          model->set_decode_isa(isa);
-          model->set_decode_panels(panels ? panels_mode::on : panels_mode::off);
-          auto fused_cache = model->make_paged_cache(48, 4);
-          auto aten_cache = model->make_paged_cache(48, 4);
-          pager fused_pages{48, 4, 5}, aten_pages{48, 4, 5};
-          std::vector<request> fr(batch), ar(batch);
-          std::vector<request*> fp, ap;
-          std::vector<std::vector<int64_t>> prompts;
-          for (size_t r = 0; r < batch; ++r) {
-            fp.push_back(&fr[r]);
-            ap.push_back(&ar[r]);
-            prompts.push_back(random_tokens(static_cast<int64_t>(3 + 4 * r), 3 + r));
-          }
-          model->set_decode_path(decode_path::fused); // the prompts: the ATen path either way
-          model->forward_paged(fused_pages.step(fp, prompts), fused_cache);
-          model->forward_paged(aten_pages.step(ap, prompts), aten_cache);
-          std::vector<std::vector<int64_t>> next(batch, std::vector<int64_t>{5});
-          for (int s = 0; s < 8; ++s) {
-            model->set_decode_path(decode_path::fused);
-            auto fused = model->forward_paged(fused_pages.step(fp, next), fused_cache);
-            model->set_decode_path(decode_path::aten);
-            auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
-            ASSERT_EQ(fused.sizes(), aten.sizes());
-            EXPECT_LT(max_abs_diff(fused, aten), 1e-5) << "step " << s;
+      for (bool panels : {false, true})
+        for (int threads : {1, 2})
+          for (size_t batch : {1, 5}) {
+            SCOPED_TRACE("variant " + std::to_string(variant) + ", " + std::string{to_string(isa)} +
+                         ", threads " + std::to_string(threads) + ", batch " +
+                         std::to_string(batch) + (panels ? ", panels" : ""));
+            at::set_num_threads(threads);
+            model->set_decode_isa(isa);
+            model->set_decode_panels(panels ? panels_mode::on : panels_mode::off);
+            auto fused_cache = model->make_paged_cache(48, 4);
+            auto aten_cache = model->make_paged_cache(48, 4);
+            pager fused_pages{48, 4, 5}, aten_pages{48, 4, 5};
+            std::vector<request> fr(batch), ar(batch);
+            std::vector<request*> fp, ap;
+            std::vector<std::vector<int64_t>> prompts;
             for (size_t r = 0; r < batch; ++r) {
-              auto row = static_cast<int64_t>(r);
-              EXPECT_LT(max_abs_diff(fused[row], dense_logits(model, fr[r].tokens)[-1]), 1e-5)
-                  << "step " << s << ", request " << r;
-              next[r] = {greedy(fused[row])};
+              fp.push_back(&fr[r]);
+              ap.push_back(&ar[r]);
+              prompts.push_back(random_tokens(static_cast<int64_t>(3 + 4 * r), 3 + r));
             }
-            for (size_t l = 0; l < fused_cache.k.size(); ++l) {
-              EXPECT_LT(max_abs_diff(fused_cache.k[l], aten_cache.k[l]), 1e-5);
-              EXPECT_LT(max_abs_diff(fused_cache.v[l], aten_cache.v[l]), 1e-5);
+            model->set_decode_path(decode_path::fused); // the prompts: the ATen path either way
+            model->forward_paged(fused_pages.step(fp, prompts), fused_cache);
+            model->forward_paged(aten_pages.step(ap, prompts), aten_cache);
+            std::vector<std::vector<int64_t>> next(batch, std::vector<int64_t>{5});
+            for (int s = 0; s < 8; ++s) {
+              model->set_decode_path(decode_path::fused);
+              auto fused = model->forward_paged(fused_pages.step(fp, next), fused_cache);
+              model->set_decode_path(decode_path::aten);
+              auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
+              ASSERT_EQ(fused.sizes(), aten.sizes());
+              EXPECT_LT(max_abs_diff(fused, aten), 1e-5) << "step " << s;
+              for (size_t r = 0; r < batch; ++r) {
+                auto row = static_cast<int64_t>(r);
+                EXPECT_LT(max_abs_diff(fused[row], dense_logits(model, fr[r].tokens)[-1]), 1e-5)
+                    << "step " << s << ", request " << r;
+                next[r] = {greedy(fused[row])};
+              }
+              for (size_t l = 0; l < fused_cache.k.size(); ++l) {
+                EXPECT_LT(max_abs_diff(fused_cache.k[l], aten_cache.k[l]), 1e-5);
+                EXPECT_LT(max_abs_diff(fused_cache.v[l], aten_cache.v[l]), 1e-5);
+              }
             }
+            // Batches made the packed copy when asked to, and only then.
+            if (batch > 1)
+              EXPECT_EQ(model->decode_panels_bytes(),
+                        panels ? decode_panels_bytes(config, isa) : 0);
           }
-          // Batches made the packed copy when asked to, and only then.
-          if (batch > 1)
-            EXPECT_EQ(model->decode_panels_bytes(),
-                      panels ? decode_panels_bytes(config, isa) : 0);
-        }
     model->set_decode_panels(panels_mode::off);
     EXPECT_EQ(model->decode_panels_bytes(), 0);
   }
