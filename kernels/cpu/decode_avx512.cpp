@@ -19,20 +19,7 @@
 
 #else // another architecture: the path is not built
 
-const troupe::kernels::cpu::decode_kernels troupe::kernels::cpu::decode_tables::avx512 = {
-    troupe::kernels::cpu::decode_isa::avx512,
-    false,
-    0,
-    0,
-    0,
-    0,
-    nullptr,
-    nullptr,
-    nullptr,
-    nullptr,
-    nullptr,
-    nullptr,
-    nullptr,
-    nullptr};
+const troupe::kernels::cpu::decode_kernels troupe::kernels::cpu::decode_tables::avx512 =
+    troupe::kernels::cpu::unbuilt_table(troupe::kernels::cpu::decode_isa::avx512);
 
 #endif

@@ -60,6 +60,13 @@ struct decode_kernels {
   detail::softmax_row_stats (*softmax_row)(const float* x, int64_t n, float scale, float* weights);
 };
 
+/// The table of a path not compiled for this architecture (built false, no
+/// kernels: cpu_supports refuses it before any call).
+inline decode_kernels unbuilt_table(decode_isa isa) {
+  return {isa,     false,   0,       0,       0,       0,       nullptr,
+          nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+}
+
 /// The table of a path this CPU supports (`automatic` resolved); the caller
 /// has checked cpu_supports.
 const decode_kernels& decode_kernels_of(decode_isa isa);
