@@ -54,11 +54,9 @@ void rope(float* v, const float* cos, const float* sin, int64_t head_dim) {
   }
 }
 
-// [begin, end) of member `t` of `size` over n items (contiguous, balanced;
-// in whole units of `unit` but the last).
-std::pair<int64_t, int64_t> share(int64_t n, int t, int size, int64_t unit = 1) {
-  auto units = (n + unit - 1) / unit;
-  return {std::min(n, units * t / size * unit), std::min(n, units * (t + 1) / size * unit)};
+// [begin, end) of member `t` of `size` over n items (contiguous, balanced).
+std::pair<int64_t, int64_t> share(int64_t n, int t, int size) {
+  return {n * t / size, n * (t + 1) / size};
 }
 
 // The step's activations, shared by the team (each member writes only its
