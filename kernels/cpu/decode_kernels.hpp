@@ -17,6 +17,12 @@ struct qkv_bias {
   int64_t q_rows, kv_rows;
 };
 
+// A part of one request's attention: its query heads that read KV heads
+// [j0, j1), over its cached positions [p0, p1).
+struct attention_part {
+  int64_t j0, j1, p0, p1;
+};
+
 struct decode_kernels {
   decode_isa isa;
   /// Whether the table was compiled in (the x86 paths on x86 only).
@@ -50,12 +56,15 @@ struct decode_kernels {
                         const float* x, int64_t batch, float* h, int64_t p0, int64_t p1, int64_t n);
 
   // ---- attention, the sampler ----
-  /// Attention of one request's query heads that read KV heads [j0, j1)
-  /// (kernels/cpu/decode_kernels_body.hpp says how).
+  /// A part of one request's attention, unnormalised: per query head the
+  /// largest score, the sum of the softmax numerators and their weighted sum
+  /// of V rows (kernels/cpu/decode_kernels_body.hpp says how); parts of one
+  /// head over disjoint positions combine exactly (combine_attention in
+  /// kernels/cpu/fused_decode.cpp).
   void (*attend_heads)(const float* q, const float* k_cache, const float* v_cache,
                        const int32_t* block_table, int64_t block_size, int64_t n_kv, int64_t group,
-                       int64_t j0, int64_t j1, int64_t head_dim, int64_t context_len, float* scores,
-                       float* inv_sum, float* out);
+                       int64_t head_dim, attention_part part, float* scores, float* max, float* sum,
+                       float* out);
   float (*dot)(const float* a, const float* b, int64_t n);
   detail::softmax_row_stats (*softmax_row)(const float* x, int64_t n, float scale, float* weights);
 };

@@ -440,57 +440,91 @@ void swiglu_panels(const float* panels, int64_t hidden, const float* b1, const f
 
 detail::softmax_row_stats softmax_row(const float* x, int64_t n, float scale, float* weights);
 
-// Calls fn(position, row) for each of the first `context_len` positions of
-// a request, row pointing at its `kv_head` in `pool` through the block table
-// (a block at a time: no division per position).
+// Calls fn(position, row, ahead) for positions [p0, p1) of a request, row
+// pointing at its `kv_head` in `pool` through the block table (a block at a
+// time: no division per position) and ahead at the row one block later
+// (nullptr past p1): the row to prefetch, as the pool's blocks need not be
+// adjacent.
 template <class Fn>
 TROUPE_INLINE void each_cached(const float* pool, const int32_t* block_table, int64_t block_size,
-                               int64_t n_kv, int64_t kv_head, int64_t head_dim, int64_t context_len,
-                               Fn&& fn) {
+                               int64_t n_kv, int64_t kv_head, int64_t head_dim, int64_t p0,
+                               int64_t p1, Fn&& fn) {
   const int64_t stride = n_kv * head_dim; // floats from one slot to the next
-  for (int64_t p = 0, blk = 0; p < context_len; ++blk) {
-    const float* row =
-        pool + static_cast<int64_t>(block_table[blk]) * block_size * stride + kv_head * head_dim;
-    for (int64_t end = std::min(context_len, p + block_size); p < end; ++p, row += stride)
-      fn(p, row);
+  auto at = [&](int64_t blk, int64_t offset) {
+    return pool + (static_cast<int64_t>(block_table[blk]) * block_size + offset) * stride +
+           kv_head * head_dim;
+  };
+  for (int64_t p = p0, blk = p0 / block_size; p < p1; ++blk) {
+    const int64_t offset = p - blk * block_size, end = std::min(p1, (blk + 1) * block_size);
+    const float* row = at(blk, offset);
+    const float* ahead = end < p1 ? at(blk + 1, offset) : nullptr;
+    for (; p < end; ++p, row += stride) {
+      fn(p, row, p + block_size < p1 ? ahead : nullptr);
+      ahead += ahead ? stride : 0;
+    }
   }
 }
 
-// Attention of one request's query heads that read KV heads [j0, j1):
-// out[h] = softmax(q[h] · K / sqrt(D)) V for each such head h, reading the
-// K/V rows in place through the block table, a position at a time: a
-// position's rows of these KV heads are adjacent in the pools, so each pass
-// over K or V is one sequential stream, and each K/V row is read once for
-// its whole group of query heads. q and out are the request's rows of every
-// head [n_heads · D]; scores holds (j1 − j0) · group · context_len floats,
-// inv_sum (j1 − j0) · group.
+// Prefetches n floats from p, a line at a time (nothing for a null p).
+TROUPE_INLINE void prefetch_floats(const float* p, int64_t n) {
+  if (!p)
+    return;
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(float)); b += 64)
+    __builtin_prefetch(c + b, 0, 3);
+}
+
+// A part of one request's attention (decode_kernels.hpp): for each query
+// head h reading KV heads [j0, j1), over positions [p0, p1),
+//   max[h] = max_p s_p,  sum[h] = Σ_p exp(scale (s_p − max[h])),
+//   out[h] = Σ_p exp(scale (s_p − max[h])) V_p   (not yet divided by sum),
+// with s_p = q[h] · K_p and scale = 1 / sqrt(D). It reads the K/V rows in
+// place through the block table, a position at a time: a position's rows
+// of these KV heads are adjacent in the pools, so each pass over K or V is
+// one sequential stream, each K/V row is read once for its whole group of
+// query heads, and each pass prefetches its rows a block ahead (the next
+// block need not be adjacent, where the hardware prefetchers would follow).
+// q and out are the request's rows of every head [n_heads · D]; max and sum
+// are indexed from the part's first head; scores holds (j1 − j0) · group ·
+// (p1 − p0) floats. An empty range gives max −inf and sum 0; a NaN score or
+// a non-finite max gives sum NaN (and that head's out NaN).
 void attend_heads(const float* q, const float* k_cache, const float* v_cache,
                   const int32_t* block_table, int64_t block_size, int64_t n_kv, int64_t group,
-                  int64_t j0, int64_t j1, int64_t head_dim, int64_t context_len, float* scores,
-                  float* inv_sum, float* out) {
+                  int64_t head_dim, attention_part part, float* scores, float* max, float* sum,
+                  float* out) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const int64_t h0 = j0 * group, heads = (j1 - j0) * group;
-  auto score = [&](int64_t h) { return scores + (h - h0) * context_len; };
-  each_cached(k_cache, block_table, block_size, n_kv, j0, head_dim, context_len,
-              [&](int64_t p, const float* k) {
+  const int64_t h0 = part.j0 * group, heads = (part.j1 - part.j0) * group;
+  const int64_t n = part.p1 - part.p0, span = (part.j1 - part.j0) * head_dim;
+  auto score = [&](int64_t h) { return scores + (h - h0) * n; };
+  each_cached(k_cache, block_table, block_size, n_kv, part.j0, head_dim, part.p0, part.p1,
+              [&](int64_t p, const float* k, const float* ahead) {
+                prefetch_floats(ahead, span);
                 for (int64_t h = h0; h < h0 + heads; ++h)
-                  score(h)[p] =
-                      row_dot(q + h * head_dim, k + (h / group - j0) * head_dim, head_dim);
+                  score(h)[p - part.p0] =
+                      row_dot(q + h * head_dim, k + (h / group - part.j0) * head_dim, head_dim);
               });
   // The weights exp(scale · (s − max)) in place, at vector width (the
-  // sampler's kernel), and 1 / their sum; a NaN score makes its head's
-  // output NaN, as ATen (marked by a negative inv_sum).
+  // sampler's kernel); a NaN score makes its head's sum NaN, as ATen's
+  // output.
   for (int64_t h = h0; h < h0 + heads; ++h) {
-    auto stats = softmax_row(score(h), context_len, scale, score(h));
-    inv_sum[h - h0] = stats.argmax < 0 ? -1.0f : static_cast<float>(1.0 / stats.sum);
     std::fill_n(out + h * head_dim, head_dim, 0.0f);
+    if (n == 0) {
+      max[h - h0] = -std::numeric_limits<float>::infinity();
+      sum[h - h0] = 0.0f;
+      continue;
+    }
+    auto stats = softmax_row(score(h), n, scale, score(h));
+    max[h - h0] = stats.max;
+    sum[h - h0] =
+        stats.argmax < 0 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(stats.sum);
   }
   const bool vectors = head_dim % kLanes == 0;
-  each_cached(v_cache, block_table, block_size, n_kv, j0, head_dim, context_len,
-              [&](int64_t p, const float* v) {
+  each_cached(v_cache, block_table, block_size, n_kv, part.j0, head_dim, part.p0, part.p1,
+              [&](int64_t p, const float* v, const float* ahead) {
+                prefetch_floats(ahead, span);
                 for (int64_t h = h0; h < h0 + heads; ++h) {
-                  const float w = inv_sum[h - h0] < 0 ? 0.0f : score(h)[p] * inv_sum[h - h0];
-                  const float* vh = v + (h / group - j0) * head_dim;
+                  const float w = score(h)[p - part.p0];
+                  const float* vh = v + (h / group - part.j0) * head_dim;
                   float* o = out + h * head_dim;
                   if (vectors)
                     for (int64_t d = 0; d < head_dim; d += kLanes)
@@ -501,7 +535,7 @@ void attend_heads(const float* q, const float* k_cache, const float* v_cache,
                 }
               });
   for (int64_t h = h0; h < h0 + heads; ++h)
-    if (inv_sum[h - h0] < 0)
+    if (std::isnan(sum[h - h0])) // its scores were never turned into weights
       std::fill_n(out + h * head_dim, head_dim, std::numeric_limits<float>::quiet_NaN());
 }
 

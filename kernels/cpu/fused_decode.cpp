@@ -59,19 +59,46 @@ std::pair<int64_t, int64_t> share(int64_t n, int t, int size) {
   return {n * t / size, n * (t + 1) / size};
 }
 
+// NOTE [attention parts]: a request's attention is cut into `parts` parts
+// over its positions: one part when the requests are at least the members,
+// more, so that every member has work, when they are fewer. Each part gives
+// per query head the largest score, the sum of its softmax numerators and
+// their weighted sum of V rows (attend_heads), and each member combines
+// the parts into its own copy of the attention output before the output
+// projection: out = Σ_i e_i o_i / Σ_i e_i sum_i, e_i = exp(scale (max_i −
+// M)), M the largest max_i. Cutting by positions rather than by KV heads
+// gives each member whole K/V rows: a head's row is a fraction of a slot,
+// and members splitting the slots each pulled all of it from memory (at
+// batch 1, attention took as long on two members as on one). A part ropes
+// its own copy of the query; the part holding the new token's position
+// also ropes its key and writes its K/V slot before reading it, and no
+// other part reads that slot, so no barrier separates them.
+int64_t attention_parts(int64_t requests, int members) {
+  return requests >= members ? 1 : (members + requests - 1) / requests;
+}
+
 // The step's activations, shared by the team (each member writes only its
 // own rows or items of them). The projections' inputs (the normalised
-// residual, the attention output, the FFN's hidden rows) are token rows for
-// the stored weights and k-major for the panels (NOTE [packed panels]).
+// residual, the combined attention output, the FFN's hidden rows) are token
+// rows for the stored weights and k-major for the panels (NOTE [packed
+// panels]).
 struct activations {
-  std::vector<float> x, qkv, att, h;
+  std::vector<float> x, qkv, h;
+  // The attention parts of each request (NOTE [attention parts]): outputs
+  // [size, parts, q_rows], largest scores and sums [size, parts, n_heads].
+  int64_t parts;
+  std::vector<float> part_out, part_max, part_sum;
   std::vector<float> cos, sin; // [size, head_dim / 2]: each token's RoPE angles, for every layer
   // The projections' next unclaimed chunk, one counter per projection of
   // the step in order (4 a layer, then the LM head).
   std::vector<std::atomic<int64_t>> next;
-  activations(const decode_model& m, const decode_batch& b, int64_t qkv_rows, int64_t q_rows)
+  activations(const decode_model& m, const decode_batch& b, int members, int64_t qkv_rows,
+              int64_t q_rows)
       : x(static_cast<size_t>(b.size * m.dim)), qkv(static_cast<size_t>(b.size * qkv_rows)),
-        att(static_cast<size_t>(b.size * q_rows)), h(static_cast<size_t>(b.size * m.hidden)),
+        h(static_cast<size_t>(b.size * m.hidden)), parts(attention_parts(b.size, members)),
+        part_out(static_cast<size_t>(b.size * parts * q_rows)),
+        part_max(static_cast<size_t>(b.size * parts * m.n_heads)),
+        part_sum(static_cast<size_t>(b.size * parts * m.n_heads)),
         cos(static_cast<size_t>(b.size * m.head_dim / 2)),
         sin(static_cast<size_t>(b.size * m.head_dim / 2)), next(4 * m.layers.size() + 1) {
     const int64_t half = m.head_dim / 2;
@@ -96,8 +123,8 @@ public:
       : m_(m), b_(b), a_(a), k_(decode_kernels_of(m.isa)), me_(me), n_(members), B_(b.size),
         D_(m.dim), HD_(m.head_dim), q_rows_(m.n_heads * HD_), kv_rows_(m.n_kv * HD_),
         qkv_rows_(q_rows_ + 2 * kv_rows_), packed_(m.packed() && B_ > 1),
-        xn_(static_cast<size_t>(B_ * D_)), head_out_(static_cast<size_t>(q_rows_)),
-        inv_sum_(static_cast<size_t>(m.n_heads)) {
+        xn_(static_cast<size_t>(B_ * D_)), q_(static_cast<size_t>(q_rows_)),
+        att_(static_cast<size_t>(B_ * q_rows_)), part_weights_(static_cast<size_t>(a.parts)) {
     int64_t max_context = 0;
     for (int64_t t = 0; t < B_; ++t)
       max_context = std::max(max_context, b.context_lens[t]);
@@ -133,33 +160,30 @@ public:
     });
   }
 
-  // Attention by request, or by (request, range of KV heads) when the
-  // requests are fewer than the members. Each item first turns its query
-  // and key heads by RoPE and writes its K/V: an item reads only its own
-  // request's cache, and the new token's slot is its own (a shared
-  // partly-filled block is copied before a request writes into it: NOTE
-  // [engine step]), so no barrier is needed between the write and the reads.
+  // The member's attention parts (NOTE [attention parts]), by (request,
+  // part).
   void attend(const decode_layer& L) {
-    const int64_t group = m_.n_heads / m_.n_kv;
-    const int64_t parts = std::min<int64_t>(m_.n_kv, (n_ + B_ - 1) / B_);
+    const int64_t group = m_.n_heads / m_.n_kv, parts = a_.parts;
     auto [i0, i1] = share(B_ * parts, me_, n_);
     for (int64_t item = i0; item < i1; ++item) {
-      auto t = item / parts;
-      auto [j0, j1] = share(m_.n_kv, static_cast<int>(item % parts), static_cast<int>(parts));
-      rope_and_store(L, t, j0, j1);
-      float* out = packed_ ? head_out_.data() : a_.att.data() + t * q_rows_;
-      k_.attend_heads(a_.qkv.data() + t * qkv_rows_, L.k_cache, L.v_cache,
-                      b_.block_tables + t * b_.table_width, m_.block_size, m_.n_kv, group, j0, j1,
-                      HD_, b_.context_lens[t], scores_.data(), inv_sum_.data(), out);
-      if (packed_)
-        for (int64_t d = j0 * group * HD_; d < j1 * group * HD_; ++d)
-          a_.att[static_cast<size_t>(at(t, d, q_rows_))] = out[d];
+      const int64_t t = item / parts, len = b_.context_lens[t];
+      auto [p0, p1] = share(len, static_cast<int>(item % parts), static_cast<int>(parts));
+      rope_query(t);
+      if (p0 < p1 && p1 == len)
+        rope_and_store_kv(L, t);
+      k_.attend_heads(q_.data(), L.k_cache, L.v_cache, b_.block_tables + t * b_.table_width,
+                      m_.block_size, m_.n_kv, group, HD_, {0, m_.n_kv, p0, p1}, scores_.data(),
+                      a_.part_max.data() + item * m_.n_heads,
+                      a_.part_sum.data() + item * m_.n_heads, a_.part_out.data() + item * q_rows_);
     }
   }
 
-  // x += Wo · attention (+ bo).
+  // x += Wo · attention (+ bo), on the member's own combination of the
+  // attention parts.
   void project_out(const decode_layer& L) {
-    residual(L.wo, L.panels.wo, L.bo, a_.att.data(), q_rows_);
+    for (int64_t t = 0; t < B_; ++t)
+      combine_attention(t);
+    residual(L.wo, L.panels.wo, L.bo, att_.data(), q_rows_);
   }
 
   // The FFN's hidden rows: silu(W1 · xn) ⊙ (W3 · xn).
@@ -195,21 +219,60 @@ public:
   }
 
 private:
-  // RoPE of token t's KV heads [j0, j1) and their query heads; the K/V
-  // write of those KV heads.
-  void rope_and_store(const decode_layer& L, int64_t t, int64_t j0, int64_t j1) {
-    const int64_t group = m_.n_heads / m_.n_kv;
+  // The member's copy of token t's query heads, turned by RoPE.
+  void rope_query(int64_t t) {
+    std::copy_n(a_.qkv.data() + t * qkv_rows_, q_rows_, q_.data());
+    for (int64_t h = 0; h < m_.n_heads; ++h)
+      rope(q_.data() + h * HD_, a_.cos_of(t, HD_), a_.sin_of(t, HD_), HD_);
+  }
+
+  // Token t's key heads turned by RoPE, and its K/V written to its slot.
+  void rope_and_store_kv(const decode_layer& L, int64_t t) {
     float* row = a_.qkv.data() + t * qkv_rows_;
-    const float *cos = a_.cos_of(t, HD_), *sin = a_.sin_of(t, HD_);
-    for (int64_t h = j0 * group; h < j1 * group; ++h)
-      rope(row + h * HD_, cos, sin, HD_);
-    for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t j = 0; j < m_.n_kv; ++j) {
       float* k = row + q_rows_ + j * HD_;
       const float* v = row + q_rows_ + kv_rows_ + j * HD_;
-      rope(k, cos, sin, HD_);
+      rope(k, a_.cos_of(t, HD_), a_.sin_of(t, HD_), HD_);
       auto slot = (b_.slots[t] * m_.n_kv + j) * HD_;
       std::copy_n(k, HD_, L.k_cache + slot);
       std::copy_n(v, HD_, L.v_cache + slot);
+    }
+  }
+
+  // Token t's attention output from its parts (NOTE [attention parts]),
+  // into the member's att_ (laid out for the output projection). A head
+  // with a NaN part, or none with a distribution, is NaN (as ATen's).
+  void combine_attention(int64_t t) {
+    const int64_t parts = a_.parts;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(HD_));
+    const float* max = a_.part_max.data() + t * parts * m_.n_heads;
+    const float* sum = a_.part_sum.data() + t * parts * m_.n_heads;
+    const float* out = a_.part_out.data() + t * parts * q_rows_;
+    auto& weight = part_weights_;
+    for (int64_t h = 0; h < m_.n_heads; ++h) {
+      float top = -std::numeric_limits<float>::infinity();
+      bool nan = false;
+      for (int64_t i = 0; i < parts; ++i) {
+        float s = sum[i * m_.n_heads + h];
+        nan |= std::isnan(s);
+        if (s > 0)
+          top = std::max(top, max[i * m_.n_heads + h]);
+      }
+      double denominator = 0;
+      for (int64_t i = 0; i < parts; ++i) {
+        float s = sum[i * m_.n_heads + h];
+        weight[static_cast<size_t>(i)] =
+            s > 0 ? std::exp(scale * (max[i * m_.n_heads + h] - top)) : 0.0f;
+        denominator += static_cast<double>(weight[static_cast<size_t>(i)]) * s;
+      }
+      const float inv = nan || !(denominator > 0) ? std::numeric_limits<float>::quiet_NaN()
+                                                  : static_cast<float>(1.0 / denominator);
+      for (int64_t d = h * HD_; d < (h + 1) * HD_; ++d) {
+        float v = 0;
+        for (int64_t i = 0; i < parts; ++i)
+          v += weight[static_cast<size_t>(i)] * out[i * q_rows_ + d];
+        att_[static_cast<size_t>(at(t, d, q_rows_))] = v * inv;
+      }
     }
   }
 
@@ -222,12 +285,17 @@ private:
   // busier core, an interrupt, a sibling hyperthread's work) takes fewer of
   // them instead of holding the team at the next barrier. Each member calls
   // the projections in the same order, so the i-th call of every member
-  // uses counter i.
+  // uses counter i. A batch of one token is bound by memory, not by
+  // arithmetic: there each member takes one contiguous share instead, a
+  // long stream its core's prefetchers follow (claimed chunks interleave
+  // the members' streams: 4-10 % slower at 2 threads on a Zen 4 VM).
   template <class Fn>
   void claim(int64_t units, int64_t per_chunk, Fn&& fn) {
     auto& next = a_.next[static_cast<size_t>(projection_++)];
-    if (n_ == 1) {
-      fn(int64_t{0}, units);
+    if (n_ == 1 || B_ == 1) {
+      auto [u0, u1] = share(units, me_, n_);
+      if (u0 < u1)
+        fn(u0, u1);
       return;
     }
     for (int64_t c; (c = next.fetch_add(per_chunk, std::memory_order_relaxed)) < units;)
@@ -270,7 +338,7 @@ private:
   const int64_t B_, D_, HD_, q_rows_, kv_rows_, qkv_rows_;
   const bool packed_;
   size_t projection_ = 0; // the step's projections called so far
-  std::vector<float> xn_, head_out_, inv_sum_, scores_;
+  std::vector<float> xn_, q_, att_, part_weights_, scores_;
 };
 
 } // namespace
@@ -283,7 +351,7 @@ void fused_decode(const decode_model& m, const decode_batch& b, thread_team& tea
   if (auto why = unsupported_why(m.isa); !why.empty())
     throw std::invalid_argument("fused_decode: decode_isa " + why);
   const int64_t q_rows = m.n_heads * m.head_dim;
-  activations a{m, b, q_rows + 2 * m.n_kv * m.head_dim, q_rows};
+  activations a{m, b, team.size(), q_rows + 2 * m.n_kv * m.head_dim, q_rows};
   team.run([&](int me, int members) {
     step s{m, b, me, members, a};
     for (const auto& L : m.layers) {

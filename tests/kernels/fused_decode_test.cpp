@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace cpu = troupe::kernels::cpu;
@@ -305,6 +306,45 @@ TEST(FusedDecode, BatchedStepsMatchAPerOpReferenceAndWriteTheSameKv) {
               }
             }
           }
+}
+
+// A NaN in one cached key reaches the logits whichever part of the
+// request's positions holds it (NOTE [attention parts]: one request on 2 or
+// 3 members is cut into as many parts, and the combination must not lose
+// a part's NaN), as the per-op reference's softmax does; a long context
+// (40 positions, 10 blocks) puts it in the first, a middle and the last part.
+TEST(FusedDecode, ANaNKeyInAnyAttentionPartMakesTheLogitsNaN) {
+  for (auto isa : cpu::supported_decode_isas())
+    for (int threads : {1, 2, 3})
+      for (int64_t nan_at : {0, 20, 38}) {
+        SCOPED_TRACE(std::string{to_string(isa)} + ", threads " + std::to_string(threads) +
+                     ", NaN key at position " + std::to_string(nan_at));
+        reference_model fused{32};
+        auto m = fused.view();
+        m.isa = isa;
+        std::vector<int32_t> table(10);
+        for (int32_t i = 0; i < 10; ++i)
+          table[static_cast<size_t>(i)] = 9 - i; // out of order
+        const int64_t pos = 39, slot = table[pos / 4] * 4 + pos % 4;
+        auto k0 = fused.layers[0].k_cache.view({-1, fused.n_kv, fused.head_dim});
+        k0[table[static_cast<size_t>(nan_at / 4)] * 4 + nan_at % 4][1][3] =
+            std::numeric_limits<float>::quiet_NaN();
+        std::vector<int64_t> token{5}, position{pos}, slots{slot}, ctx{pos + 1};
+        std::vector<float> logits(static_cast<size_t>(fused.vocab));
+        cpu::decode_batch b;
+        b.size = 1;
+        b.tokens = token.data();
+        b.positions = position.data();
+        b.slots = slots.data();
+        b.block_tables = table.data();
+        b.table_width = 10;
+        b.context_lens = ctx.data();
+        b.logits = logits.data();
+        cpu::thread_team team{threads};
+        cpu::fused_decode(m, b, team);
+        for (float v : logits)
+          ASSERT_TRUE(std::isnan(v));
+      }
 }
 
 } // namespace
