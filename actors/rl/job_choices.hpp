@@ -4,6 +4,7 @@
 // folder (the KL estimator, loss aggregation, transport kinds, log levels)
 // are declared there.
 
+#include "actors/train/dp_strategy.hpp"
 #include "runtime/enum_names.hpp"
 
 #include <cstdint>
@@ -44,11 +45,8 @@ TROUPE_ENUM_NAMES(logprob_source, "policy", "engine")
 enum class launcher_kind : uint8_t { automatic, local, nodes };
 TROUPE_ENUM_NAMES(launcher_kind, "auto", "local", "nodes")
 
-/// How a role's data-parallel ranks train: ddp (replicas, gradients
-/// all-reduced) or a ZeRO stage (sharded optimizer state / gradients /
-/// parameters).
-enum class dp_strategy : uint8_t { ddp, zero1, zero2, zero3 };
-TROUPE_ENUM_NAMES(dp_strategy, "ddp", "zero1", "zero2", "zero3")
+/// How a role's data-parallel ranks train (actors/train/dp_strategy.hpp).
+using train::dp_strategy;
 
 /// NOTE [placement modes] below.
 enum class placement_mode : uint8_t { in_process, colocated, disaggregated, hybrid };

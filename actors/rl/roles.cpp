@@ -142,11 +142,11 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     auto g = join_group(s);
     if (!g)
       return g.error();
-    double bucket_mb = 25;
+    train::strategy_options so;
     for (const auto& rp : cfg.placement.roles)
       if (rp.role == s.role)
-        bucket_mb = rp.bucket_mb;
-    if (auto ok = (*engine)->join_data_parallel(*g, bucket_mb); !ok)
+        so = {rp.strategy, rp.bucket_mb};
+    if (auto ok = (*engine)->join_data_parallel(*g, so); !ok)
       return ok.error();
   }
   auto name = l.dp > 1 ? s.role + "[dp " + std::to_string(s.rank) + "]" : s.role;

@@ -1,5 +1,6 @@
 #include "actors/train/train_engine.hpp"
 
+#include "actors/train/training_strategy.hpp"
 #include "kernels/kl.hpp"
 #include "kernels/logprobs.hpp"
 #include "kernels/losses.hpp"
@@ -48,7 +49,9 @@ double item(const at::Tensor& t) { return t.detach().to(at::kDouble).item<double
 struct train_engine::impl {
   models::llama_model model{nullptr};
   std::optional<optimizer_options> opts;
-  std::unique_ptr<torch::optim::AdamW> optim;
+  /// How the parameters, gradients and AdamW state are held and updated
+  /// (NOTE [training strategies]); null for a frozen engine.
+  std::unique_ptr<training_strategy> strategy;
   int64_t steps = 0;
 
   /// The file of the offloaded optimizer state ("" = resident).
@@ -58,12 +61,7 @@ struct train_engine::impl {
   expected<void> reload_optimizer() {
     if (offloaded.empty())
       return {};
-    auto ok = guarded("reloading the offloaded optimizer state", [&]() -> expected<void> {
-      torch::serialize::InputArchive a;
-      a.load_from(offloaded);
-      optim->load(a);
-      return {};
-    });
+    auto ok = strategy->reload_state(offloaded);
     if (!ok)
       return with_prefix(ok.error(), offloaded);
     std::remove(offloaded.c_str());
@@ -122,7 +120,7 @@ struct train_engine::impl {
   }
 
   expected<void> require_trainable(const char* what) {
-    if (!optim)
+    if (!strategy)
       return make_error(errc::invalid_argument,
                         std::string{what} + ": this engine has no optimizer (a frozen model)");
     return make_resident();
@@ -141,13 +139,11 @@ struct train_engine::impl {
     return ids.narrow(1, 1, ids.size(1) - 1);
   }
 
-  // Learning rate of the next step (linear warm-up), set on the optimizer.
-  double apply_lr() {
+  // Learning rate of the next step (linear warm-up).
+  double next_lr() const {
     double lr = opts->lr;
     if (opts->warmup_steps > 0)
       lr *= std::min(1.0, static_cast<double>(steps + 1) / static_cast<double>(opts->warmup_steps));
-    for (auto& group : optim->param_groups())
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     return lr;
   }
 
@@ -169,30 +165,21 @@ struct train_engine::impl {
   };
 
   // Backward of `loss` (over `units` loss units: tokens or rows; `tokens`
-  // valid tokens), the DP gradient sum, clip, step.
+  // valid tokens), then the strategy's gradient sync, clip and step (NOTE
+  // [training strategies]).
   step_result step(const at::Tensor& loss, double units, double tokens) {
-    optim->zero_grad();
+    strategy->zero_grad();
     double share = 1, token_share = 1;
     if (dp) {
       std::tie(share, token_share) = dp_shares(units, tokens);
       (loss * share).backward();
-      value_or_throw(reducer->all_reduce(1.0));
     } else {
       loss.backward();
     }
-    auto params = model->parameters();
-    double norm = 0;
-    if (opts->grad_clip > 0) {
-      norm = torch::nn::utils::clip_grad_norm_(params, opts->grad_clip);
-    } else {
-      double sq = 0;
-      for (const auto& p : params)
-        if (p.grad().defined())
-          sq += p.grad().pow(2).sum().item<double>();
-      norm = std::sqrt(sq);
-    }
-    double lr = apply_lr();
-    optim->step();
+    value_or_throw(strategy->sync_gradients());
+    const double norm = value_or_throw(strategy->clip_gradients(opts->grad_clip));
+    const double lr = next_lr();
+    value_or_throw(strategy->step(lr));
     ++steps;
     return {norm, lr, share, token_share};
   }
@@ -203,7 +190,6 @@ struct train_engine::impl {
   // sequence-mean modes — so the summed gradients are the gradients of the
   // whole minibatch's loss, and every rank clips and steps identically.
   std::shared_ptr<data_parallel_group> dp;
-  std::optional<runtime::gradient_reducer> reducer;
 
   // This rank's shares of the minibatch's loss units and of its tokens.
   std::pair<double, double> dp_shares(double units, double tokens) {
@@ -301,9 +287,8 @@ expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model m
     e->impl_->opts = optim;
     if (optim) {
       e->impl_->model->train();
-      torch::optim::AdamWOptions o(optim->lr);
-      o.betas({optim->beta1, optim->beta2}).eps(optim->eps).weight_decay(optim->weight_decay);
-      e->impl_->optim = std::make_unique<torch::optim::AdamW>(e->impl_->model->parameters(), o);
+      e->impl_->strategy = value_or_throw(
+          training_strategy::make(e->impl_->model->parameters(), *optim, nullptr, {}));
     } else {
       e->impl_->model->eval();
       for (auto& p : e->impl_->model->parameters())
@@ -313,50 +298,50 @@ expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model m
   });
 }
 
-bool train_engine::trainable() const { return impl_->optim != nullptr; }
+bool train_engine::trainable() const {
+  return impl_->strategy != nullptr;
+}
 
 expected<void> train_engine::join_data_parallel(std::shared_ptr<data_parallel_group> group,
-                                                double bucket_mb) {
+                                                const strategy_options& options) {
+  auto& d = *impl_;
   if (!group)
     return make_error(errc::invalid_argument, "join_data_parallel: no group");
-  if (impl_->dp)
+  if (d.dp)
     return make_error(errc::invalid_argument, "join_data_parallel: already in a group");
-  if (!(bucket_mb > 0))
+  if (!(options.bucket_mb > 0))
     return make_error(errc::invalid_argument, "join_data_parallel: bucket_mb must be > 0");
+  if (!d.strategy && options.kind != dp_strategy::ddp)
+    return make_error(errc::invalid_argument,
+                      "join_data_parallel: " + std::string{to_string(options.kind)} +
+                          " shards training state, and this engine has "
+                          "no optimizer (a frozen model)");
+  if (d.steps > 0 || !d.offloaded.empty())
+    return make_error(errc::invalid_argument,
+                      "join_data_parallel: join before the first optimizer step");
   return guarded("join_data_parallel", [&]() -> expected<void> {
-    auto params = impl_->model->parameters();
+    auto params = d.model->parameters();
     if (auto ok = runtime::broadcast_parameters(params, group->group, 0); !ok)
       return with_prefix(ok.error(), "broadcasting the parameters from rank 0");
-    if (impl_->optim) {
-      runtime::reducer_options ro;
-      ro.bucket_bytes = static_cast<int64_t>(bucket_mb * 1024 * 1024);
-      auto r = runtime::gradient_reducer::make(params, group->group, ro);
-      if (!r)
-        return r.error();
-      impl_->reducer.emplace(std::move(*r));
+    if (d.strategy) {
+      auto s = training_strategy::make(params, *d.opts, &group->group, options);
+      if (!s)
+        return s.error();
+      d.strategy = std::move(*s);
     }
-    impl_->dp = std::move(group);
+    d.dp = std::move(group);
     return {};
   });
 }
 
 expected<int64_t> train_engine::offload_optimizer(const std::string& path) {
   auto& d = *impl_;
-  if (!d.optim || !d.offloaded.empty())
+  if (!d.strategy || !d.offloaded.empty())
     return int64_t{0};
   return guarded("offload_optimizer", [&]() -> expected<int64_t> {
-    int64_t bytes = 0;
-    for (const auto& [key, st] : d.optim->state()) {
-      const auto& a = static_cast<const torch::optim::AdamWParamState&>(*st);
-      for (const auto* t : {&a.exp_avg(), &a.exp_avg_sq(), &a.max_exp_avg_sq()})
-        if (t->defined())
-          bytes += t->numel() * static_cast<int64_t>(t->element_size());
-    }
-    if (!d.optim->state().empty()) {
-      torch::serialize::OutputArchive a;
-      d.optim->save(a);
-      a.save_to(path);
-      d.optim->state().clear();
+    int64_t bytes = d.strategy->optimizer_bytes();
+    if (bytes > 0) {
+      value_or_throw(d.strategy->offload_state(path));
       d.offloaded = path;
     }
     for (auto& p : d.model->parameters())
@@ -372,7 +357,7 @@ bool train_engine::optimizer_offloaded() const { return !impl_->offloaded.empty(
 
 expected<int64_t> train_engine::offload_weights(const std::string& path) {
   auto& d = *impl_;
-  if (d.optim || d.weights_out)
+  if (d.strategy || d.weights_out)
     return int64_t{0};
   if (!d.weights_file.empty() && d.weights_file != path)
     return make_error(errc::invalid_argument, "offload_weights: the weights were offloaded to " +
@@ -404,6 +389,12 @@ expected<int64_t> train_engine::offload_weights(const std::string& path) {
 bool train_engine::weights_offloaded() const { return impl_->weights_out; }
 
 int train_engine::data_parallel_size() const { return impl_->dp ? impl_->dp->group.size() : 1; }
+dp_strategy train_engine::strategy() const {
+  return impl_->strategy ? impl_->strategy->kind() : dp_strategy::ddp;
+}
+int64_t train_engine::optimizer_state_bytes() const {
+  return impl_->strategy && impl_->offloaded.empty() ? impl_->strategy->optimizer_bytes() : 0;
+}
 int64_t train_engine::steps() const { return impl_->steps; }
 const models::llama_model& train_engine::model() const { return impl_->model; }
 
@@ -630,11 +621,8 @@ expected<std::string> train_engine::save_state() const {
     torch::serialize::OutputArchive archive;
     for (const auto& p : impl_->model->named_parameters())
       archive.write("param/" + p.key(), p.value().detach());
-    if (impl_->optim) {
-      torch::serialize::OutputArchive optim_archive;
-      impl_->optim->save(optim_archive);
-      archive.write("optimizer", optim_archive);
-    }
+    if (impl_->strategy)
+      value_or_throw(impl_->strategy->save_state(archive));
     archive.write("steps", torch::tensor(impl_->steps, torch::kLong));
     std::ostringstream out;
     archive.save_to(out);
@@ -662,16 +650,14 @@ expected<void> train_engine::load_state(const std::string& bytes) {
                               c10::str(p.value().sizes()) + " in the model");
       copies.emplace_back(p.value(), t);
     }
-    torch::serialize::InputArchive optim_archive;
-    if (impl_->optim && !archive.try_read("optimizer", optim_archive))
-      return make_error(errc::corrupted, "load_state: the state has no optimizer");
+    // The optimizer state next (a state without one is refused before
+    // any parameter is written), then the parameters.
+    if (impl_->strategy)
+      value_or_throw(impl_->strategy->load_state(archive));
     {
       torch::NoGradGuard no_grad;
       for (auto& [param, t] : copies)
         param.copy_(t);
-    }
-    if (impl_->optim) {
-      impl_->optim->load(optim_archive);
     }
     at::Tensor steps;
     archive.read("steps", steps);

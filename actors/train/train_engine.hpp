@@ -16,6 +16,7 @@
 // "rejected_ids", "rejected_mask" [B, L].
 
 #include "actors/train/optimizer_options.hpp"
+#include "actors/train/training_strategy.hpp"
 #include "kernels/kl.hpp"
 #include "kernels/masked.hpp"
 #include "runtime/collectives.hpp"
@@ -157,15 +158,22 @@ public:
   expected<std::string> save_state() const;
   expected<void> load_state(const std::string& bytes);
 
-  /// Joins a data-parallel group (NOTE [data-parallel training]): the
-  /// parameters are broadcast from rank 0, and every optimizer step from now
-  /// on weights the local loss by its share of the group's loss units and
-  /// sums the gradients over the group in buckets (bucket_mb, reverse
-  /// parameter order) before clipping and stepping.
+  /// Joins a data-parallel group (NOTE [data-parallel training]) under a
+  /// strategy (NOTE [training strategies]), before the first optimizer step:
+  /// the parameters are broadcast from rank 0, and every optimizer step from
+  /// now on weights the local loss by its share of the group's loss units
+  /// and lets the strategy sum the gradients over the group (ddp: all-reduced
+  /// in buckets of bucket_mb; zero1: reduce-scattered into each rank's shard)
+  /// before clipping and stepping. A frozen engine joins under ddp only.
   expected<void> join_data_parallel(std::shared_ptr<data_parallel_group> group,
-                                    double bucket_mb = 25);
+                                    const strategy_options& options = {});
   /// DP size (1 without a group).
   int data_parallel_size() const;
+  /// The strategy's kind (ddp without a group).
+  dp_strategy strategy() const;
+  /// Bytes of optimizer state this rank holds now (0 while offloaded, and
+  /// before the first step).
+  int64_t optimizer_state_bytes() const;
 
   /// Co-located offload: writes the optimizer state to `path` and frees it
   /// and the gradients; the next update (or save_state) reads it back and

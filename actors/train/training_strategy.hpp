@@ -1,0 +1,92 @@
+#pragma once
+// How a training engine's data-parallel ranks hold and update the model: one
+// interface over the DP dimension, one implementation per dp_strategy.
+//
+// NOTE [training strategies]: the engine's step is the same under every
+// strategy —
+//   zero_grad; backward of the rank's weighted loss (NOTE [data-parallel
+//   training]); sync_gradients; clip_gradients; step(lr)
+// — and each strategy decides what a rank holds:
+//   ddp    every rank a replica of the parameters, the gradients and the
+//          AdamW state; sync_gradients all-reduces the gradients in buckets
+//          (NOTE [gradient buckets]); every rank steps the whole model.
+//   zero1  the parameters live in one flat buffer, padded to a multiple of
+//          the DP size and cut into equal shards, one a rank; the AdamW
+//          state exists for the rank's shard only (1/N of it); the
+//          gradients are reduce-scattered into the rank's shard, the rank
+//          steps its shard, and the shards are all-gathered back into every
+//          rank's flat buffer (the parameters are views into it). AdamW is
+//          element-wise, so a sharded step is the replicated one.
+//   zero2, zero3  not yet (the job file refuses them).
+// The gradient norm is the whole gradient's whatever the strategy (a
+// sharded one all-reduces its shards' squared norms) and clipping follows
+// torch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
+//
+// Blocking: every call that communicates must be made by every rank of the
+// group in the same order (the engine's actor thread).
+
+#include "actors/train/dp_strategy.hpp"
+#include "actors/train/optimizer_options.hpp"
+#include "runtime/error.hpp"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+} // namespace torch::serialize
+
+namespace troupe::runtime {
+class process_group;
+}
+
+namespace troupe::actors::train {
+
+struct strategy_options {
+  dp_strategy kind = dp_strategy::ddp;
+  /// ddp's all-reduce bucket (NOTE [gradient buckets]).
+  double bucket_mb = 25;
+};
+
+class training_strategy {
+public:
+  /// The strategy for a model's trainable `params` (registration order; one
+  /// dtype and device) over `group` (null: one rank, nothing shared). The
+  /// parameters must already be equal on every rank.
+  static expected<std::unique_ptr<training_strategy>> make(std::vector<at::Tensor> params,
+                                                           const optimizer_options& optim,
+                                                           runtime::process_group* group,
+                                                           const strategy_options& options);
+  virtual ~training_strategy();
+
+  virtual dp_strategy kind() const = 0;
+
+  /// Clears the gradients before a step's backward.
+  virtual void zero_grad() = 0;
+  /// After backward: the gradients summed over the group, as far as this
+  /// rank keeps them (ddp: all of them; zero: its shard).
+  virtual expected<void> sync_gradients() = 0;
+  /// The norm of the whole synced gradient; scaled to `max_norm` when it is
+  /// larger (0: never).
+  virtual expected<double> clip_gradients(double max_norm) = 0;
+  /// One AdamW step at `lr` of what this rank updates; every rank holds the
+  /// full new parameters afterwards.
+  virtual expected<void> step(double lr) = 0;
+
+  /// Bytes of optimizer state this rank holds.
+  virtual int64_t optimizer_bytes() const = 0;
+  /// Writes the optimizer state to `path` and frees it; reload_state reads
+  /// it back (the same rank, the same strategy).
+  virtual expected<void> offload_state(const std::string& path) = 0;
+  virtual expected<void> reload_state(const std::string& path) = 0;
+  /// The optimizer state into / from a training-state archive.
+  virtual expected<void> save_state(torch::serialize::OutputArchive& archive) const = 0;
+  virtual expected<void> load_state(torch::serialize::InputArchive& archive) = 0;
+};
+
+} // namespace troupe::actors::train
