@@ -218,8 +218,13 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
   // Keys fixed for the parallel engines; refused until each lands.
   checks.require(r.tp <= 1, at + ".tp", "tensor parallelism is not available yet: tp must be 1");
   checks.require(r.pp <= 1, at + ".pp", "pipeline parallelism is not available yet: pp must be 1");
-  checks.require(r.strategy == dp_strategy::ddp, at + ".strategy",
-                 std::string{to_string(r.strategy)} + " is not available yet: use ddp");
+  checks.require(r.strategy == dp_strategy::ddp || r.strategy == dp_strategy::zero1,
+                 at + ".strategy",
+                 std::string{to_string(r.strategy)} + " is not available yet: use ddp or zero1");
+  if (r.strategy != dp_strategy::ddp && t)
+    checks.require(t->trains(), at + ".strategy",
+                   std::string{to_string(r.strategy)} + " shards training state, and " + r.role +
+                       " is not trained");
   checks.require(r.micro_batch_rows == 0, at + ".micro_batch_rows",
                  "micro-batches are not available yet: 0 (a rank computes its whole share)");
   if (r.dp > 1 && t && t->id == role_id::rollout)

@@ -240,7 +240,14 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](save_model_atom, const std::string& dir) {
         return self->delegate(rank(0), save_model_atom::value, dir);
       },
-      [=](save_state_atom) { return self->delegate(rank(0), save_state_atom::value); },
+      [=](save_state_atom) {
+        // Every rank: a sharded strategy gathers its optimizer state (NOTE
+        // [training strategies]); rank 0's bytes are the state.
+        return fan_out<std::string, std::string>(
+            self, n(),
+            [=](size_t r) { return self->request(rank(r), caf::infinite, save_state_atom::value); },
+            first);
+      },
       [=](load_state_atom, const std::string& bytes) {
         return fan_out<int64_t, int64_t>(
             self, n(),

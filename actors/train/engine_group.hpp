@@ -12,10 +12,11 @@
 //              minibatches a single engine would (make_minibatches), gives
 //              rank r the r-th slice of each one in order and asks it to
 //              step through them unshuffled;
-//   all        load_state goes to every rank;
-//   rank 0     rm_eval, export, publish, save_model, save_state and
-//              injected failures (the ranks' weights and states are
-//              identical).
+//   all        load_state and save_state go to every rank (a sharded
+//              strategy gathers its optimizer state to save it: NOTE
+//              [training strategies]; rank 0's bytes are the answer);
+//   rank 0     rm_eval, export, publish, save_model and injected failures
+//              (every rank holds the whole weights after a step).
 // The first error of any rank is the answer; a rank that goes down ends the
 // group with it. Ending the group ends its ranks.
 

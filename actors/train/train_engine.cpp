@@ -339,16 +339,10 @@ expected<int64_t> train_engine::offload_optimizer(const std::string& path) {
   if (!d.strategy || !d.offloaded.empty())
     return int64_t{0};
   return guarded("offload_optimizer", [&]() -> expected<int64_t> {
-    int64_t bytes = d.strategy->optimizer_bytes();
-    if (bytes > 0) {
-      value_or_throw(d.strategy->offload_state(path));
+    const bool state = d.strategy->optimizer_bytes() > 0;
+    auto bytes = value_or_throw(d.strategy->release(path));
+    if (state)
       d.offloaded = path;
-    }
-    for (auto& p : d.model->parameters())
-      if (p.grad().defined()) {
-        bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
-        p.mutable_grad() = at::Tensor();
-      }
     return bytes;
   });
 }

@@ -18,6 +18,10 @@
 //          rank's flat buffer (the parameters are views into it). AdamW is
 //          element-wise, so a sharded step is the replicated one.
 //   zero2, zero3  not yet (the job file refuses them).
+// Both keep the parameters in a flat buffer with flat gradients (views the
+// backward accumulates into) and step them with one flat AdamW (NOTE [flat
+// AdamW]), so a training state saved under one strategy and DP size loads
+// under any other.
 // The gradient norm is the whole gradient's whatever the strategy (a
 // sharded one all-reduces its shards' squared norms) and clipping follows
 // torch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
@@ -80,11 +84,16 @@ public:
 
   /// Bytes of optimizer state this rank holds.
   virtual int64_t optimizer_bytes() const = 0;
-  /// Writes the optimizer state to `path` and frees it; reload_state reads
-  /// it back (the same rank, the same strategy).
-  virtual expected<void> offload_state(const std::string& path) = 0;
+  /// Co-located offload: writes the optimizer state this rank holds to
+  /// `path` (when there is any) and frees it and the gradient buffers;
+  /// answers the bytes freed. reload_state reads the file back (the same
+  /// rank, the same strategy); the next zero_grad makes new gradients.
+  virtual expected<int64_t> release(const std::string& path) = 0;
   virtual expected<void> reload_state(const std::string& path) = 0;
-  /// The optimizer state into / from a training-state archive.
+  /// The optimizer state into / from a training-state archive, in one layout
+  /// whatever the strategy and DP size (NOTE [flat AdamW] in the .cpp): the
+  /// whole model's moments and the step count. Saving gathers the shards:
+  /// every rank of the group calls it.
   virtual expected<void> save_state(torch::serialize::OutputArchive& archive) const = 0;
   virtual expected<void> load_state(torch::serialize::InputArchive& archive) = 0;
 };

@@ -219,25 +219,34 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
   ASSERT_TRUE(ok) << describe(ok.error());
   EXPECT_EQ(ok->layout_of("rl", "policy"), (parallel_layout{2, 1, 1}));
   EXPECT_EQ(ok->layout_of("rl", "reference"), parallel_layout{}) << "frozen: one rank";
+  // zero1 is built (NOTE [training strategies]).
+  ok = plan_of(pools + "  roles: [{role: policy, pool: a, dp: 2, strategy: zero1}]\n", {});
+  ASSERT_TRUE(ok) << describe(ok.error());
   struct row {
     std::string role;
     std::string expected;
   };
   for (const auto& [role, expected] : std::vector<row>{
-         {"{role: policy, pool: a, tp: 2}",
-          "job.yaml:18:39: placement.roles[0].tp: tensor parallelism is not available yet: tp must be 1"},
-         {"{role: policy, pool: a, pp: 2}",
-          "job.yaml:18:39: placement.roles[0].pp: pipeline parallelism is not available yet: pp must be 1"},
-         {"{role: critic, pool: a, strategy: zero2}",
-          "job.yaml:18:45: placement.roles[0].strategy: zero2 is not available yet: use ddp"},
-         {"{role: policy, pool: a, micro_batch_rows: 4}",
-          "job.yaml:18:53: placement.roles[0].micro_batch_rows: micro-batches are not available yet"},
-         {"{role: rollout, pool: a, dp: 2}",
-          "job.yaml:18:40: placement.roles[0].dp: independent rollout engines (rollout dp > 1) are not "
-          "available yet"},
-         {"{role: policy, pool: a, tp: 0}", "placement.roles[0].tp: must be >= 1"},
-         {"{role: policy, pool: a, strategy: zero9}",
-          "placement.roles[0].strategy: expected one of ddp, zero1, zero2, zero3, got 'zero9'"},
+           {"{role: policy, pool: a, tp: 2}", "job.yaml:18:39: placement.roles[0].tp: tensor "
+                                              "parallelism is not available yet: tp must be 1"},
+           {"{role: policy, pool: a, pp: 2}", "job.yaml:18:39: placement.roles[0].pp: pipeline "
+                                              "parallelism is not available yet: pp must be 1"},
+           {"{role: critic, pool: a, strategy: zero2}",
+            "job.yaml:18:45: placement.roles[0].strategy: zero2 is not available yet: use ddp or "
+            "zero1"},
+           {"{role: reference, pool: a, strategy: zero1}",
+            "job.yaml:18:48: placement.roles[0].strategy: zero1 shards training state, and "
+            "reference "
+            "is not trained"},
+           {"{role: policy, pool: a, micro_batch_rows: 4}",
+            "job.yaml:18:53: placement.roles[0].micro_batch_rows: micro-batches are not available "
+            "yet"},
+           {"{role: rollout, pool: a, dp: 2}", "job.yaml:18:40: placement.roles[0].dp: independent "
+                                               "rollout engines (rollout dp > 1) are not "
+                                               "available yet"},
+           {"{role: policy, pool: a, tp: 0}", "placement.roles[0].tp: must be >= 1"},
+           {"{role: policy, pool: a, strategy: zero9}",
+            "placement.roles[0].strategy: expected one of ddp, zero1, zero2, zero3, got 'zero9'"},
        }) {
     auto e = error_of(pools + "  roles: [" + role + "]\n");
     EXPECT_NE(e.find(expected), std::string::npos) << role << "\n" << e;

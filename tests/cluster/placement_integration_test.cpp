@@ -83,6 +83,25 @@ TEST(Placement, DisaggregatedWithDataParallelTrainersMatchesWithin1e5) {
   test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(placed->run.dir));
 }
 
+// NOTE [training strategies]: the same job with the policy and the critic
+// under zero1 (each of the 2 ranks in its worker holding half of the AdamW
+// state; the checkpoints gather it) learns as the in-process run does.
+TEST(Placement, Zero1TrainersAcrossWorkersMatchWithin1e5) {
+  test::temp_dir tmp;
+  std::string zero1 = disaggregated;
+  for (size_t at; (at = zero1.find("dp: 2}")) != std::string::npos;)
+    zero1.replace(at, 6, "dp: 2, strategy: zero1}");
+  auto local = parse_job(tiny_job(tmp.file("local")));
+  auto placed = parse_job(tiny_job(tmp.file("placed"), "") + zero1);
+  ASSERT_TRUE(local) << describe(local.error());
+  ASSERT_TRUE(placed) << describe(placed.error());
+  auto a = run_placed(*local, tmp);
+  ASSERT_TRUE(a) << describe(a.error());
+  auto b = run_placed(*placed, tmp);
+  ASSERT_TRUE(b) << describe(b.error());
+  test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(placed->run.dir));
+}
+
 TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
   // The rollout in its own worker: weights cross processes through shared
   // memory (auto) or a gloo broadcast; either way the in-process run.
