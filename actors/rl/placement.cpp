@@ -225,8 +225,6 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
     checks.require(t->trains(), at + ".strategy",
                    std::string{to_string(r.strategy)} + " shards training state, and " + r.role +
                        " is not trained");
-  checks.require(r.micro_batch_rows == 0, at + ".micro_batch_rows",
-                 "micro-batches are not available yet: 0 (a rank computes its whole share)");
   if (r.dp > 1 && t && t->id == role_id::rollout)
     checks.require(false, at + ".dp", "independent rollout engines (rollout dp > 1) are not available yet");
   else if (r.dp > 1)
@@ -244,6 +242,17 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
     for (const auto& [what, rows] : split_rows(c, *t))
       checks.require(rows % r.dp == 0, at + ".dp",
                      "dp " + std::to_string(r.dp) + " must divide the " + what + " (" + std::to_string(rows) + ")");
+  // NOTE [micro-batches]: a rank's share is computed micro_batch_rows at a
+  // time; a share that is not a multiple would end on a shorter micro-batch
+  // (exact, but not what the key promises to bound), so it is refused.
+  if (r.micro_batch_rows > 0 && r.dp >= 1 && t)
+    for (const auto& [what, rows] : split_rows(c, *t)) {
+      const auto share = rows / r.dp;
+      checks.require(
+          share <= r.micro_batch_rows || share % r.micro_batch_rows == 0, at + ".micro_batch_rows",
+          std::to_string(r.micro_batch_rows) + " does not divide a rank's share of the " + what +
+              " (" + std::to_string(share) + " rows)");
+    }
 }
 
 } // namespace

@@ -138,15 +138,17 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   auto engine = train::train_engine::make(*model, recipe->optim);
   if (!engine)
     return engine.error();
+  role_placement_config placed; // the role's placement keys (defaults when unlisted)
+  for (const auto& rp : cfg.placement.roles)
+    if (rp.role == s.role)
+      placed = rp;
+  if (auto ok = (*engine)->set_micro_batch_rows(placed.micro_batch_rows); !ok)
+    return ok.error();
   if (l.dp > 1) {
     auto g = join_group(s);
     if (!g)
       return g.error();
-    train::strategy_options so;
-    for (const auto& rp : cfg.placement.roles)
-      if (rp.role == s.role)
-        so = {rp.strategy, rp.bucket_mb};
-    if (auto ok = (*engine)->join_data_parallel(*g, so); !ok)
+    if (auto ok = (*engine)->join_data_parallel(*g, {placed.strategy, placed.bucket_mb}); !ok)
       return ok.error();
   }
   auto name = l.dp > 1 ? s.role + "[dp " + std::to_string(s.rank) + "]" : s.role;

@@ -164,24 +164,79 @@ struct train_engine::impl {
     double token_share = 1;
   };
 
-  // Backward of `loss` (over `units` loss units: tokens or rows; `tokens`
-  // valid tokens), then the strategy's gradient sync, clip and step (NOTE
-  // [training strategies]).
-  step_result step(const at::Tensor& loss, double units, double tokens) {
-    strategy->zero_grad();
+  /// Rows a micro-batch computes at once; 0 = the whole (NOTE [micro-batches]).
+  int64_t micro_rows = 0;
+
+  // The micro-batches of a batch: slices of micro_rows rows (the last may
+  // be shorter), or the batch itself.
+  std::vector<runtime::tensor_batch> micro_batches(const runtime::tensor_batch& b) const {
+    if (micro_rows <= 0 || b.size() <= micro_rows)
+      return {b};
+    std::vector<runtime::tensor_batch> out;
+    for (int64_t r = 0; r < b.size(); r += micro_rows)
+      out.push_back(value_or_throw(b.slice(r, std::min(b.size(), r + micro_rows))));
+    return out;
+  }
+
+  // A forward pass without gradient, a micro-batch at a time, its outputs
+  // concatenated.
+  template <class Fn>
+  runtime::tensor_batch by_micro_batches(const runtime::tensor_batch& b, Fn&& fn) {
+    std::vector<runtime::tensor_batch> outs;
+    for (const auto& part : micro_batches(b))
+      outs.push_back(fn(part));
+    return outs.size() == 1 ? std::move(outs.front())
+                            : value_or_throw(runtime::tensor_batch::concat(outs));
+  }
+
+  // NOTE [micro-batches]: an optimizer step over a (rank's share of a)
+  // minibatch computes it a micro-batch at a time and accumulates the
+  // gradients: micro-batch i's loss — a mean over its own loss units
+  // (tokens or rows) — is weighted by its units over the group's units for
+  // the whole minibatch (share · units_i / units of the rank), so the summed
+  // gradient is the minibatch's whatever the micro-batch size or the DP
+  // split; then the strategy syncs, clips and steps once. Each metric is the
+  // units-weighted mean over the micro-batches (token-weighted for
+  // `token_keys`), then reduced over the group (group_metrics).
+  struct micro_part {
+    at::Tensor loss;
+    metric_map metrics;
+  };
+  template <class Units, class Loss>
+  std::pair<step_result, metric_map>
+  accumulate(const runtime::tensor_batch& batch, Units&& units_of, Loss&& loss_of,
+             std::initializer_list<const char*> token_keys = {}) {
+    auto parts = micro_batches(batch);
+    std::vector<std::pair<double, double>> units;
+    double rank_units = 0, rank_tokens = 0;
+    for (const auto& p : parts) {
+      units.push_back(units_of(p));
+      rank_units += units.back().first;
+      rank_tokens += units.back().second;
+    }
     double share = 1, token_share = 1;
-    if (dp) {
-      std::tie(share, token_share) = dp_shares(units, tokens);
-      (loss * share).backward();
-    } else {
-      loss.backward();
+    if (dp)
+      std::tie(share, token_share) = dp_shares(rank_units, rank_tokens);
+    strategy->zero_grad();
+    metric_map local;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const double n = static_cast<double>(parts.size());
+      const double w = rank_units > 0 ? units[i].first / rank_units : 1 / n;
+      const double wt = rank_tokens > 0 ? units[i].second / rank_tokens : 1 / n;
+      auto part = loss_of(parts[i]);
+      (part.loss * (share * w)).backward();
+      for (const auto& [k, v] : part.metrics) {
+        bool token = std::any_of(token_keys.begin(), token_keys.end(),
+                                 [&](const char* t) { return k == t; });
+        local[k] += v * (token ? wt : w);
+      }
     }
     value_or_throw(strategy->sync_gradients());
     const double norm = value_or_throw(strategy->clip_gradients(opts->grad_clip));
     const double lr = next_lr();
     value_or_throw(strategy->step(lr));
     ++steps;
-    return {norm, lr, share, token_share};
+    return {{norm, lr, share, token_share}, std::move(local)};
   }
 
   // NOTE [data-parallel training]: a DP rank holds a whole replica. Its
@@ -261,6 +316,14 @@ double loss_units(const at::Tensor& mask, kernels::loss_agg_mode agg) {
   if (agg == kernels::loss_agg_mode::token_mean)
     return tokens_of(mask);
   return (mask.to(torch::kDouble).sum(1) > 0).to(torch::kDouble).sum().item<double>();
+}
+
+// A batch's (loss units under `agg`, valid response tokens).
+auto units_with(kernels::loss_agg_mode agg) {
+  return [agg](const runtime::tensor_batch& b) {
+    auto mask = need(b, "response_mask");
+    return std::pair{loss_units(mask, agg), tokens_of(mask)};
+  };
 }
 
 } // namespace
@@ -386,6 +449,14 @@ int train_engine::data_parallel_size() const { return impl_->dp ? impl_->dp->gro
 dp_strategy train_engine::strategy() const {
   return impl_->strategy ? impl_->strategy->kind() : dp_strategy::ddp;
 }
+expected<void> train_engine::set_micro_batch_rows(int64_t rows) {
+  if (rows < 0)
+    return make_error(errc::invalid_argument,
+                      "micro_batch_rows must be >= 0 (0 = the whole batch), got " +
+                          std::to_string(rows));
+  impl_->micro_rows = rows;
+  return {};
+}
 int64_t train_engine::optimizer_state_bytes() const {
   return impl_->strategy && impl_->offloaded.empty() ? impl_->strategy->optimizer_bytes() : 0;
 }
@@ -400,27 +471,22 @@ expected<runtime::tensor_batch> train_engine::log_probs(const runtime::tensor_ba
     return ok.error();
   return guarded("log_probs", [&]() -> expected<runtime::tensor_batch> {
     torch::NoGradGuard no_grad;
-    auto logits = impl_->shifted_logits(batch);
     kernels::logits_options lo;
     lo.temperature = temperature;
-    runtime::tensor_batch out;
-    auto tokens = impl_->next_tokens(batch);
-    if (with_entropy) {
-      auto r = kernels::token_log_probs_and_entropy(logits, tokens, lo);
-      if (!r)
-        return r.error();
-      if (auto ok = out.set("entropy", r->entropy); !ok)
-        return ok.error();
-      if (auto ok = out.set("log_probs", r->log_probs); !ok)
-        return ok.error();
-    } else {
-      auto r = kernels::token_log_probs(logits, tokens, lo);
-      if (!r)
-        return r.error();
-      if (auto ok = out.set("log_probs", *r); !ok)
-        return ok.error();
-    }
-    return out;
+    return impl_->by_micro_batches(batch, [&](const runtime::tensor_batch& mb) {
+      auto logits = impl_->shifted_logits(mb);
+      auto tokens = impl_->next_tokens(mb);
+      runtime::tensor_batch out;
+      if (with_entropy) {
+        auto r = value_or_throw(kernels::token_log_probs_and_entropy(logits, tokens, lo));
+        value_or_throw(out.set("entropy", r.entropy));
+        value_or_throw(out.set("log_probs", r.log_probs));
+      } else {
+        value_or_throw(
+            out.set("log_probs", value_or_throw(kernels::token_log_probs(logits, tokens, lo))));
+      }
+      return out;
+    });
   });
 }
 
@@ -431,11 +497,12 @@ expected<runtime::tensor_batch> train_engine::values(const runtime::tensor_batch
     return ok.error();
   return guarded("values", [&]() -> expected<runtime::tensor_batch> {
     torch::NoGradGuard no_grad;
-    auto v = impl_->model->forward(need(batch, "input_ids"), need(batch, "attention_mask"));
-    runtime::tensor_batch out;
-    if (auto ok = out.set("values", v.narrow(1, 0, v.size(1) - 1).contiguous()); !ok)
-      return ok.error();
-    return out;
+    return impl_->by_micro_batches(batch, [&](const runtime::tensor_batch& mb) {
+      auto v = impl_->model->forward(need(mb, "input_ids"), need(mb, "attention_mask"));
+      runtime::tensor_batch out;
+      value_or_throw(out.set("values", v.narrow(1, 0, v.size(1) - 1).contiguous()));
+      return out;
+    });
   });
 }
 
@@ -446,11 +513,12 @@ expected<runtime::tensor_batch> train_engine::scores(const runtime::tensor_batch
     return ok.error();
   return guarded("scores", [&]() -> expected<runtime::tensor_batch> {
     torch::NoGradGuard no_grad;
-    auto s = impl_->model->forward(need(batch, "input_ids"), need(batch, "attention_mask"));
-    runtime::tensor_batch out;
-    if (auto ok = out.set("scores", s.to(torch::kFloat)); !ok)
-      return ok.error();
-    return out;
+    return impl_->by_micro_batches(batch, [&](const runtime::tensor_batch& mb) {
+      auto s = impl_->model->forward(need(mb, "input_ids"), need(mb, "attention_mask"));
+      runtime::tensor_batch out;
+      value_or_throw(out.set("scores", s.to(torch::kFloat)));
+      return out;
+    });
   });
 }
 
@@ -470,7 +538,7 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
     po.agg = o.loss_agg;
     kernels::logits_options lo;
     lo.temperature = o.temperature;
-    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
+    auto loss_of = [&](const runtime::tensor_batch& mb) {
       auto mask = need(mb, "response_mask");
       auto logits = impl_->shifted_logits(mb);
       auto lpe = value_or_throw(
@@ -478,24 +546,27 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
       auto pl = value_or_throw(kernels::ppo_policy_loss(lpe.log_probs, need(mb, "old_log_probs"),
                                                         need(mb, "advantages"), mask, po));
       auto entropy = value_or_throw(kernels::entropy_bonus(lpe.entropy, mask, o.loss_agg));
-      auto loss = pl.loss - o.entropy_coef * entropy;
-      metric_map m;
+      impl::micro_part part{pl.loss - o.entropy_coef * entropy, {}};
+      auto& m = part.metrics;
       if (o.kl_loss_coef > 0) {
         auto kl = value_or_throw(
             kernels::kl_loss(lpe.log_probs, need(mb, "ref_log_probs"), mask, o.kl_estimator, o.loss_agg));
-        loss = loss + o.kl_loss_coef * kl;
+        part.loss = part.loss + o.kl_loss_coef * kl;
         m["actor/kl_loss"] = item(kl);
       }
-      auto r = impl_->step(loss, loss_units(mask, o.loss_agg), tokens_of(mask));
       m["actor/pg_loss"] = item(pl.loss);
       m["actor/pg_clipfrac"] = item(pl.pg_clipfrac);
       m["actor/pg_clipfrac_lower"] = item(pl.pg_clipfrac_lower);
       m["actor/ppo_kl"] = item(pl.ppo_kl);
       m["actor/entropy"] = item(entropy);
+      return part;
+    };
+    const auto token_keys = {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"};
+    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
+      auto [r, m] = impl_->accumulate(mb, units_with(o.loss_agg), loss_of, token_keys);
       m["actor/grad_norm"] = r.grad_norm;
       m["actor/lr"] = r.lr;
-      sums.add(impl_->group_metrics(std::move(m), r,
-                                    {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"}));
+      sums.add(impl_->group_metrics(std::move(m), r, token_keys));
     }
     return sums.mean();
   });
@@ -515,18 +586,21 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
       vo.clip = o.value_clip;
     else
       vo.clip = std::nullopt;
-    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
+    auto loss_of = [&](const runtime::tensor_batch& mb) {
       auto v = impl_->model->forward(need(mb, "input_ids"), need(mb, "attention_mask"));
       v = v.narrow(1, 0, v.size(1) - 1);
       auto vl = value_or_throw(kernels::value_loss(v, need(mb, "values"), need(mb, "returns"),
                                                    need(mb, "response_mask"), vo));
-      auto mask = need(mb, "response_mask");
-      auto r = impl_->step(vl.loss, loss_units(mask, o.loss_agg), tokens_of(mask));
-      sums.add(impl_->group_metrics({{"critic/vf_loss", item(vl.loss)},
-                                     {"critic/vf_clipfrac", item(vl.vf_clipfrac)},
-                                     {"critic/grad_norm", r.grad_norm},
-                                     {"critic/lr", r.lr}},
-                                    r, {"critic/vf_clipfrac"}));
+      return impl::micro_part{
+          vl.loss,
+          {{"critic/vf_loss", item(vl.loss)}, {"critic/vf_clipfrac", item(vl.vf_clipfrac)}}};
+    };
+    const auto token_keys = {"critic/vf_clipfrac"};
+    for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
+      auto [r, m] = impl_->accumulate(mb, units_with(o.loss_agg), loss_of, token_keys);
+      m["critic/grad_norm"] = r.grad_norm;
+      m["critic/lr"] = r.lr;
+      sums.add(impl_->group_metrics(std::move(m), r, token_keys));
     }
     return sums.mean();
   });
@@ -536,12 +610,16 @@ expected<metric_map> train_engine::sft_step(const runtime::tensor_batch& batch) 
   if (auto ok = impl_->require_trainable("sft_step"); !ok)
     return ok.error();
   return guarded("sft_step", [&]() -> expected<metric_map> {
-    auto logits = impl_->shifted_logits(batch);
-    auto lp = value_or_throw(kernels::token_log_probs(logits, impl_->next_tokens(batch)));
-    auto mask = need(batch, "response_mask");
-    auto loss = -value_or_throw(kernels::masked_mean(lp, mask));
-    auto r = impl_->step(loss, tokens_of(mask), tokens_of(mask));
-    return impl_->group_metrics({{"sft/loss", item(loss)}, {"sft/grad_norm", r.grad_norm}, {"sft/lr", r.lr}}, r);
+    auto loss_of = [&](const runtime::tensor_batch& mb) {
+      auto logits = impl_->shifted_logits(mb);
+      auto lp = value_or_throw(kernels::token_log_probs(logits, impl_->next_tokens(mb)));
+      auto loss = -value_or_throw(kernels::masked_mean(lp, need(mb, "response_mask")));
+      return impl::micro_part{loss, {{"sft/loss", item(loss)}}};
+    };
+    auto [r, m] = impl_->accumulate(batch, units_with(kernels::loss_agg_mode::token_mean), loss_of);
+    m["sft/grad_norm"] = r.grad_norm;
+    m["sft/lr"] = r.lr;
+    return impl_->group_metrics(std::move(m), r);
   });
 }
 
@@ -568,17 +646,24 @@ expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
   if (impl_->model->head() != models::head_kind::reward)
     return make_error(errc::invalid_argument, "rm_step: the model has no reward head");
   return guarded("rm_step", [&]() -> expected<metric_map> {
-    auto [rc, rr] = pair_scores(impl_->model, batch);
-    auto margin = rc - rr;
-    auto loss = -torch::log_sigmoid(margin).mean();
-    auto rows = static_cast<double>(margin.size(0));
-    auto r = impl_->step(loss, rows, rows);
-    return impl_->group_metrics({{"rm/loss", item(loss)},
-                                 {"rm/accuracy", item((margin > 0).to(torch::kFloat).mean())},
-                                 {"rm/margin", item(margin.mean())},
-                                 {"rm/grad_norm", r.grad_norm},
-                                 {"rm/lr", r.lr}},
-                                r);
+    auto loss_of = [&](const runtime::tensor_batch& mb) {
+      auto [rc, rr] = pair_scores(impl_->model, mb);
+      auto margin = rc - rr;
+      auto loss = -torch::log_sigmoid(margin).mean();
+      return impl::micro_part{loss,
+                              {{"rm/loss", item(loss)},
+                               {"rm/accuracy", item((margin > 0).to(torch::kFloat).mean())},
+                               {"rm/margin", item(margin.mean())}}};
+    };
+    // A pair is a loss unit.
+    auto pairs = [](const runtime::tensor_batch& mb) {
+      auto n = static_cast<double>(mb.size());
+      return std::pair{n, n};
+    };
+    auto [r, m] = impl_->accumulate(batch, pairs, loss_of);
+    m["rm/grad_norm"] = r.grad_norm;
+    m["rm/lr"] = r.lr;
+    return impl_->group_metrics(std::move(m), r);
   });
 }
 

@@ -171,6 +171,10 @@ public:
   int data_parallel_size() const;
   /// The strategy's kind (ddp without a group).
   dp_strategy strategy() const;
+  /// Computes every update and forward pass `rows` rows at a time (NOTE
+  /// [micro-batches]: the gradients accumulate, and the result does not
+  /// depend on the size); 0 = a batch at once.
+  expected<void> set_micro_batch_rows(int64_t rows);
   /// Bytes of optimizer state this rank holds now (0 while offloaded, and
   /// before the first step).
   int64_t optimizer_state_bytes() const;

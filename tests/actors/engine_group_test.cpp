@@ -45,7 +45,8 @@ struct setup {
   train::engine_actor single, group;
 
   setup(models::head_kind head, const std::string& name, int64_t timeout_ms = 20000,
-        train::dp_strategy strategy = train::dp_strategy::ddp, int world = 2) {
+        train::dp_strategy strategy = train::dp_strategy::ddp, int world = 2,
+        int64_t micro_batch_rows = 0) {
     actors::configure(cfg);
     sys = std::make_unique<caf::actor_system>(cfg);
     auto base = tiny_model(11);
@@ -56,8 +57,10 @@ struct setup {
     auto groups = runtime::make_local_groups(world, go);
     EXPECT_TRUE(groups) << describe(groups.error());
     std::vector<std::unique_ptr<train::train_engine>> ranks;
-    for (int r = 0; r < world; ++r)
+    for (int r = 0; r < world; ++r) {
       ranks.push_back(engine_of(copy_of(base, head)));
+      EXPECT_TRUE(ranks.back()->set_micro_batch_rows(micro_batch_rows));
+    }
     // Joining broadcasts from rank 0: every rank joins at once.
     auto join = [&](int r) {
       auto g = std::make_shared<train::data_parallel_group>();
@@ -164,6 +167,18 @@ train::metric_map expect_same_sft_step(setup& s, const runtime::tensor_batch& ba
   return *a;
 }
 
+// One critic update of 2 minibatches of `batch` on the single engine and on
+// the group: the same metrics and weights.
+void expect_same_critic_update(setup& s, const runtime::tensor_batch& batch) {
+  train::critic_update_options o;
+  o.minibatches = 2;
+  auto a = s.ask<train::served_metrics>(s.single, train::update_critic_atom::value, batch, o);
+  auto b = s.ask<train::served_metrics>(s.group, train::update_critic_atom::value, batch, o);
+  ASSERT_TRUE(a && b);
+  expect_same_metrics(a->value, b->value);
+  EXPECT_LT(s.weight_gap(), tolerance);
+}
+
 class EngineGroupPolicy : public ::testing::TestWithParam<kernels::loss_agg_mode> {};
 
 } // namespace
@@ -236,14 +251,7 @@ TEST_P(EngineGroupStrategy, RanksMatchOneEngine) {
   }
   {
     setup s{models::head_kind::value, "critic-" + name, 20000, strategy, world};
-    train::critic_update_options o;
-    o.minibatches = 2;
-    auto batch = rl_batch(8, 200);
-    auto a = s.ask<train::served_metrics>(s.single, train::update_critic_atom::value, batch, o);
-    auto b = s.ask<train::served_metrics>(s.group, train::update_critic_atom::value, batch, o);
-    ASSERT_TRUE(a && b);
-    expect_same_metrics(a->value, b->value);
-    EXPECT_LT(s.weight_gap(), tolerance);
+    expect_same_critic_update(s, rl_batch(8, 200));
   }
   {
     setup s{models::head_kind::lm, "sft-" + name, 20000, strategy, world};
@@ -266,6 +274,51 @@ INSTANTIATE_TEST_SUITE_P(Strategies, EngineGroupStrategy,
                            return std::string{to_string(std::get<0>(info.param))} + "_" +
                                   std::to_string(std::get<1>(info.param)) + "_ranks";
                          });
+
+// NOTE [micro-batches]: ranks that compute their share 1 or 3 rows at a
+// time (gradients accumulated; 3 leaves a shorter last micro-batch) train
+// as one engine computing whole minibatches — PPO updates under token-mean
+// and a sequence-mean mode, critic updates, SFT steps of uneven token
+// counts — and split forward passes give the same answers.
+TEST(EngineGroup, MicroBatchesDoNotChangeWhatIsLearned) {
+  for (auto strategy : {train::dp_strategy::ddp, train::dp_strategy::zero1})
+    for (int64_t micro : {1, 3}) {
+      const std::string name = std::string{to_string(strategy)} + "-micro" + std::to_string(micro);
+      SCOPED_TRACE(name);
+      for (auto agg :
+           {kernels::loss_agg_mode::token_mean, kernels::loss_agg_mode::seq_mean_token_sum}) {
+        setup s{models::head_kind::lm,
+                "policy-" + name + std::string{to_string(agg)},
+                20000,
+                strategy,
+                2,
+                micro};
+        expect_same_policy_updates(s, agg);
+        EXPECT_LT(s.weight_gap(), tolerance);
+        auto batch = rl_batch(7, 999);
+        auto a =
+            s.ask<train::served_batch>(s.single, train::log_probs_atom::value, batch, 1.0, true);
+        auto b =
+            s.ask<train::served_batch>(s.group, train::log_probs_atom::value, batch, 1.0, true);
+        ASSERT_TRUE(a && b);
+        for (const char* key : {"log_probs", "entropy"})
+          EXPECT_LT(
+              (a->value.get(key).value() - b->value.get(key).value()).abs().max().item<double>(),
+              tolerance)
+              << key;
+      }
+      {
+        setup s{models::head_kind::value, "critic-" + name, 20000, strategy, 2, micro};
+        expect_same_critic_update(s, rl_batch(12, 210));
+      }
+      {
+        setup s{models::head_kind::lm, "sft-" + name, 20000, strategy, 2, micro};
+        for (int step = 0; step < 3; ++step)
+          expect_same_sft_step(s, fixed_batch(10, 700 + static_cast<uint64_t>(step)));
+        EXPECT_LT(s.weight_gap(), tolerance);
+      }
+    }
+}
 
 // zero1's sharded optimizer state goes to a file per rank and back between
 // phases (co-located offload) without changing what the next steps learn.

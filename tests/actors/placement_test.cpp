@@ -222,6 +222,9 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
   // zero1 is built (NOTE [training strategies]).
   ok = plan_of(pools + "  roles: [{role: policy, pool: a, dp: 2, strategy: zero1}]\n", {});
   ASSERT_TRUE(ok) << describe(ok.error());
+  // So are micro-batches that divide a rank's share (NOTE [micro-batches]).
+  ok = plan_of(pools + "  roles: [{role: policy, pool: a, dp: 2, micro_batch_rows: 2}]\n", {});
+  ASSERT_TRUE(ok) << describe(ok.error());
   struct row {
     std::string role;
     std::string expected;
@@ -238,9 +241,9 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
             "job.yaml:18:48: placement.roles[0].strategy: zero1 shards training state, and "
             "reference "
             "is not trained"},
-           {"{role: policy, pool: a, micro_batch_rows: 4}",
-            "job.yaml:18:53: placement.roles[0].micro_batch_rows: micro-batches are not available "
-            "yet"},
+           {"{role: policy, pool: a, micro_batch_rows: 7}",
+            "job.yaml:18:53: placement.roles[0].micro_batch_rows: 7 does not divide a rank's share "
+            "of the "},
            {"{role: rollout, pool: a, dp: 2}", "job.yaml:18:40: placement.roles[0].dp: independent "
                                                "rollout engines (rollout dp > 1) are not "
                                                "available yet"},
