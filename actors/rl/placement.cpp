@@ -88,7 +88,9 @@ expected<models::llama_config> model_shape(const job_config& cfg) {
 
 // Estimated bytes of one rank of `role` in `stage` (NOTE [memory estimate]).
 // NOTE [memory estimate]: fp32 weights cost 4 bytes a parameter; a role
-// that trains in the stage adds its gradients and Adam's two moments (16);
+// that trains in the stage adds its gradients and Adam's two moments (16
+// under ddp; a zero strategy divides some of it by the role's dp: NOTE
+// [strategy memory] in actors/train/dp_strategy.hpp);
 // lm-headed roles count the vocabulary head; the rollout adds its KV pool
 // and its packed decode weights; a rule-only reward holds no model. Read
 // off the role-traits table.
@@ -102,7 +104,15 @@ double role_bytes(const job_config& cfg, const models::llama_config& m, const st
   if (t->actor_in(st->id) == role_actor::judge && !uses_reward_model(cfg.rl.reward))
     return 0;
   auto params = static_cast<double>(parameters(m, t->head == models::head_kind::lm));
-  double bytes = (t->trains_in(st->id) ? 16 : 4) * params;
+  double per_parameter = 4;
+  if (t->trains_in(st->id)) {
+    role_placement_config placed; // the role's keys (ddp, dp 1 when unlisted)
+    for (const auto& rp : cfg.placement.roles)
+      if (rp.role == role)
+        placed = rp;
+    per_parameter = train::training_bytes_per_parameter(placed.strategy, placed.dp);
+  }
+  double bytes = per_parameter * params;
   if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
     auto e = engine_settings(cfg);
     auto blocks = inference::kv_pool_blocks(e, m, 4);

@@ -14,4 +14,15 @@ namespace troupe::actors::train {
 enum class dp_strategy : uint8_t { ddp, zero1, zero2, zero3 };
 TROUPE_ENUM_NAMES(dp_strategy, "ddp", "zero1", "zero2", "zero3")
 
+/// NOTE [strategy memory]: bytes a rank holds per fp32 parameter while
+/// training under `s` over `dp` ranks, as the strategies are built (NOTE
+/// [training strategies]): ddp the weights, the gradients and AdamW's two
+/// moments (4 + 4 + 8); zero1 the weights, the flat gradients, the
+/// reduce-scattered gradient shard and the moments of the shard (4 + 4 +
+/// 4/N + 8/N). zero2 and zero3 are not built (the planner refuses them).
+constexpr double training_bytes_per_parameter(dp_strategy s, int64_t dp) {
+  const double n = dp < 1 ? 1.0 : static_cast<double>(dp);
+  return s == dp_strategy::zero1 && dp > 1 ? 4 + 4 + 4 / n + 8 / n : 16;
+}
+
 } // namespace troupe::actors::train

@@ -255,3 +255,22 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
     EXPECT_NE(e.find(expected), std::string::npos) << role << "\n" << e;
   }
 }
+
+// NOTE [strategy memory]: zero1 over 2 ranks lowers a policy rank's estimate
+// from 16 to 4 + 4 + 4/2 + 8/2 = 14 bytes a parameter, the rest unchanged.
+TEST(Placement, Zero1LowersATrainingRanksEstimate) {
+  auto with = [](const std::string& strategy) {
+    std::string p = troupe::actors::rl::testing::disaggregated_placement;
+    auto at = p.find("{role: policy, pool: train, dp: 2}");
+    EXPECT_NE(at, std::string::npos);
+    p.replace(at, 34, "{role: policy, pool: train, dp: 2, strategy: " + strategy + "}");
+    return plan_of(p, {});
+  };
+  auto ddp = with("ddp"), zero1 = with("zero1");
+  ASSERT_TRUE(ddp) << describe(ddp.error());
+  ASSERT_TRUE(zero1) << describe(zero1.error());
+  EXPECT_EQ(zero1->devices[0].peak_stage, ddp->devices[0].peak_stage);
+  EXPECT_NEAR(ddp->devices[0].peak_bytes - zero1->devices[0].peak_bytes,
+              2.0 * static_cast<double>(ddp->parameters), 1.0);
+  EXPECT_DOUBLE_EQ(zero1->devices[2].peak_bytes, ddp->devices[2].peak_bytes) << "the rollout";
+}
