@@ -219,11 +219,10 @@ protected:
 
 class ddp_strategy final : public flat_strategy {
 public:
-  ddp_strategy(flat_shards f, const optimizer_options& o, runtime::process_group* group,
+  // The norm needs no sum over the group: every rank holds all of it.
+  ddp_strategy(flat_shards f, const optimizer_options& o,
                std::optional<runtime::gradient_reducer> reducer)
-      : flat_strategy(std::move(f), o, nullptr), reducer_(std::move(reducer)) {
-    (void)group; // the reducer holds it; the norm needs no sum (every rank has all)
-  }
+      : flat_strategy(std::move(f), o, nullptr), reducer_(std::move(reducer)) {}
 
   dp_strategy kind() const override { return dp_strategy::ddp; }
 
@@ -317,7 +316,7 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
       }
       flat_shards f{std::move(params), 1, 0};
       return std::unique_ptr<training_strategy>(
-          new ddp_strategy(std::move(f), optim, group, std::move(reducer)));
+          new ddp_strategy(std::move(f), optim, std::move(reducer)));
     }
     case dp_strategy::zero1: {
       if (!group)
