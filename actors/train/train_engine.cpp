@@ -44,6 +44,11 @@ struct metric_sum {
 
 double item(const at::Tensor& t) { return t.detach().to(at::kDouble).item<double>(); }
 
+// Whether metric `k` is a token mean (weighted by tokens, not loss units).
+bool is_token_key(const std::string& k, std::initializer_list<const char*> token_keys) {
+  return std::any_of(token_keys.begin(), token_keys.end(), [&](const char* t) { return k == t; });
+}
+
 } // namespace
 
 struct train_engine::impl {
@@ -226,9 +231,7 @@ struct train_engine::impl {
       auto part = loss_of(parts[i]);
       (part.loss * (share * w)).backward();
       for (const auto& [k, v] : part.metrics) {
-        bool token = std::any_of(token_keys.begin(), token_keys.end(),
-                                 [&](const char* t) { return k == t; });
-        local[k] += v * (token ? wt : w);
+        local[k] += v * (is_token_key(k, token_keys) ? wt : w);
       }
     }
     value_or_throw(strategy->sync_gradients());
@@ -266,8 +269,7 @@ metric_map train_engine::impl::group_metrics(metric_map m, const step_result& r,
     return m;
   std::vector<double> v;
   for (const auto& [k, x] : m) {
-    bool token = std::any_of(token_keys.begin(), token_keys.end(), [&](const char* t) { return k == t; });
-    v.push_back(x * (token ? r.token_share : r.share));
+    v.push_back(x * (is_token_key(k, token_keys) ? r.token_share : r.share));
   }
   auto t = torch::tensor(v, torch::kDouble);
   value_or_throw(dp->group.all_reduce_sum(t));
