@@ -411,3 +411,30 @@ TEST(LlamaPaged, DecodePanelsFollowWeightChanges) {
   EXPECT_GT(max_abs_diff(loaded, scaled), 1e-3);
   EXPECT_LT(max_abs_diff(loaded, loaded_aten), 1e-5);
 }
+
+// The fused kernel reads raw fp32 rows: a weight it cannot read so (here a
+// transposed layout of the same values, as a strided load leaves it) sends
+// the step to the ATen path, at batch 1 (stored rows) and batched (panels).
+TEST(LlamaPaged, AWeightTheFusedKernelCannotReadSendsTheStepToAten) {
+  torch::manual_seed(23);
+  auto m = make_llama(tiny_config(), head_kind::lm);
+  ASSERT_TRUE(m) << describe(m.error());
+  auto model = *m;
+  model->eval();
+  auto [batch_one, batch_one_aten] = fused_and_aten_step(model, 1);
+  auto [batched, batched_aten] = fused_and_aten_step(model, 3);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters())
+      if (p.key().find("wo.weight") != std::string::npos ||
+          p.key().find("w1.weight") != std::string::npos)
+        p.value().set_data(p.value().t().contiguous().t());
+  }
+  ASSERT_FALSE(model->named_parameters()["layers.0.attention.wo.weight"].is_contiguous());
+  model->set_decode_panels(panels_mode::on);
+  auto [strided_one, strided_one_aten] = fused_and_aten_step(model, 1);
+  auto [strided, strided_aten] = fused_and_aten_step(model, 3);
+  EXPECT_LT(max_abs_diff(strided_one, batch_one_aten), 1e-5);
+  EXPECT_LT(max_abs_diff(strided, batched_aten), 1e-5);
+  EXPECT_LT(max_abs_diff(strided_one_aten, batch_one_aten), 1e-5);
+}
