@@ -228,9 +228,8 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
   // Keys fixed for the parallel engines; refused until each lands.
   checks.require(r.tp <= 1, at + ".tp", "tensor parallelism is not available yet: tp must be 1");
   checks.require(r.pp <= 1, at + ".pp", "pipeline parallelism is not available yet: pp must be 1");
-  checks.require(r.strategy == dp_strategy::ddp || r.strategy == dp_strategy::zero1,
-                 at + ".strategy",
-                 std::string{to_string(r.strategy)} + " is not available yet: use ddp or zero1");
+  checks.require(r.strategy != dp_strategy::zero3, at + ".strategy",
+                 "zero3 is not available yet: use ddp, zero1 or zero2");
   if (r.strategy != dp_strategy::ddp && t)
     checks.require(t->trains(), at + ".strategy",
                    std::string{to_string(r.strategy)} + " shards training state, and " + r.role +

@@ -19,10 +19,22 @@ TROUPE_ENUM_NAMES(dp_strategy, "ddp", "zero1", "zero2", "zero3")
 /// [training strategies]): ddp the weights, the gradients and AdamW's two
 /// moments (4 + 4 + 8); zero1 the weights, the flat gradients, the
 /// reduce-scattered gradient shard and the moments of the shard (4 + 4 +
-/// 4/N + 8/N). zero2 and zero3 are not built (the planner refuses them).
+/// 4/N + 8/N); zero2 the weights, the shard's gradient sum and moments (4 +
+/// 4/N + 8/N), its gradient buckets being a bounded extra (bucket_mb, not
+/// per parameter). zero3 is not built (the planner refuses it). At dp 1
+/// every strategy holds ddp's 16.
 constexpr double training_bytes_per_parameter(dp_strategy s, int64_t dp) {
   const double n = dp < 1 ? 1.0 : static_cast<double>(dp);
-  return s == dp_strategy::zero1 && dp > 1 ? 4 + 4 + 4 / n + 8 / n : 16;
+  if (dp <= 1)
+    return 16;
+  switch (s) {
+  case dp_strategy::zero1:
+    return 4 + 4 + 4 / n + 8 / n;
+  case dp_strategy::zero2:
+    return 4 + 4 / n + 8 / n;
+  default:
+    return 16;
+  }
 }
 
 } // namespace troupe::actors::train

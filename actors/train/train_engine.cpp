@@ -222,6 +222,10 @@ struct train_engine::impl {
     double share = 1, token_share = 1;
     if (dp)
       std::tie(share, token_share) = dp_shares(rank_units, rank_tokens);
+    // A strategy that reduces in backward needs as many rounds on every
+    // rank: one with fewer micro-batches reduces zeros for the rest.
+    const bool in_backward = strategy->reduces_in_backward();
+    const size_t rounds = in_backward && dp ? most_micro_batches(parts.size()) : parts.size();
     strategy->zero_grad();
     metric_map local;
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -230,10 +234,14 @@ struct train_engine::impl {
       const double wt = rank_tokens > 0 ? units[i].second / rank_tokens : 1 / n;
       auto part = loss_of(parts[i]);
       (part.loss * (share * w)).backward();
+      if (in_backward)
+        value_or_throw(strategy->backward_done());
       for (const auto& [k, v] : part.metrics) {
         local[k] += v * (is_token_key(k, token_keys) ? wt : w);
       }
     }
+    for (auto i = parts.size(); in_backward && i < rounds; ++i)
+      value_or_throw(strategy->backward_done());
     value_or_throw(strategy->sync_gradients());
     const double norm = value_or_throw(strategy->clip_gradients(opts->grad_clip));
     const double lr = next_lr();
@@ -248,6 +256,13 @@ struct train_engine::impl {
   // sequence-mean modes — so the summed gradients are the gradients of the
   // whole minibatch's loss, and every rank clips and steps identically.
   std::shared_ptr<data_parallel_group> dp;
+
+  // The most micro-batches any rank of the group has for this step.
+  size_t most_micro_batches(size_t mine) {
+    auto t = torch::tensor({static_cast<int64_t>(mine)}, torch::kLong);
+    value_or_throw(dp->group.all_reduce(t, runtime::reduce_op::max));
+    return static_cast<size_t>(t.item<int64_t>());
+  }
 
   // This rank's shares of the minibatch's loss units and of its tokens.
   std::pair<double, double> dp_shares(double units, double tokens) {

@@ -241,34 +241,41 @@ private:
   std::optional<runtime::gradient_reducer> reducer_;
 };
 
-// ---- zero1 -------------------------------------------------------------------------
+// ---- zero1 and zero2 ---------------------------------------------------------------
 
-class zero1_strategy final : public flat_strategy {
+// What zero1 and zero2 share: the gradients' sum for this rank's shard
+// (however it gets there), the step of the shard and the all-gather of the
+// parameters.
+class sharded_strategy : public flat_strategy {
 public:
-  zero1_strategy(flat_shards f, const optimizer_options& o, runtime::process_group& group)
-      : flat_strategy(std::move(f), o, &group) {}
-
-  dp_strategy kind() const override { return dp_strategy::zero1; }
-
-  expected<void> sync_gradients() override {
-    if (!grad_shard_.defined())
-      grad_shard_ = at::zeros({f_.shard}, f_.flat.options());
-    if (auto ok = group_->reduce_scatter(f_.grads, grad_shard_, runtime::reduce_op::sum); !ok)
-      return with_prefix(ok.error(), "zero1: reduce-scattering the gradients");
-    return {};
-  }
-
   expected<void> step(double lr) override {
-    auto stepped = guarded("zero1: optimizer step", [&] {
+    auto stepped = guarded(name() + ": optimizer step", [&] {
       adam_.step(f_.mine(f_.flat), grad_shard_, lr);
       return f_.mine(f_.flat).clone();
     });
     if (!stepped)
       return stepped.error();
     if (auto ok = group_->all_gather(*stepped, f_.flat); !ok)
-      return with_prefix(ok.error(), "zero1: all-gathering the parameters");
+      return with_prefix(ok.error(), name() + ": all-gathering the parameters");
     return {};
   }
+
+protected:
+  sharded_strategy(flat_shards f, const optimizer_options& o, runtime::process_group& group)
+      : flat_strategy(std::move(f), o, &group) {}
+
+  std::string name() const { return std::string{to_string(kind())}; }
+
+  // The shard's gradient sum, zeroed.
+  at::Tensor& zeroed_grad_shard() {
+    if (!grad_shard_.defined())
+      grad_shard_ = at::zeros({f_.shard}, f_.flat.options());
+    else
+      grad_shard_.zero_();
+    return grad_shard_;
+  }
+
+  at::Tensor grad_shard_; // the summed gradient of this rank's shard
 
 private:
   at::Tensor& shard_grad() override { return grad_shard_; }
@@ -285,8 +292,172 @@ private:
       return ok.error();
     return whole;
   }
+};
 
-  at::Tensor grad_shard_; // the reduce-scattered sum of this rank's shard
+class zero1_strategy final : public sharded_strategy {
+public:
+  zero1_strategy(flat_shards f, const optimizer_options& o, runtime::process_group& group)
+      : sharded_strategy(std::move(f), o, group) {}
+
+  dp_strategy kind() const override { return dp_strategy::zero1; }
+
+  expected<void> sync_gradients() override {
+    if (auto ok = group_->reduce_scatter(f_.grads, zeroed_grad_shard(), runtime::reduce_op::sum);
+        !ok)
+      return with_prefix(ok.error(), "zero1: reduce-scattering the gradients");
+    return {};
+  }
+};
+
+// NOTE [zero2 buckets]: zero2 never holds the whole gradient. The flat
+// layout is cut into buckets of whole parameters (at most bucket_mb, a
+// larger parameter alone), in reverse order — the order backward produces
+// them; bucket 0 also holds the padding. A hook on each parameter adds its
+// gradient into its bucket's buffer (made when the bucket's first gradient
+// arrives) and hands the tensor on to LibTorch, whose .grad the next hook
+// drops. A bucket whose parameters have all arrived is reduced, each
+// rank's part of it to that rank (which adds it into its shard's sum), and
+// freed — strictly in bucket order, so every rank issues the same
+// collectives in the same order even when a parameter gets no gradient on
+// one of them: whatever is left is reduced at backward_done, after every
+// backward (a rank with fewer micro-batches calls it alone, with zeros).
+// Peak gradient memory: the shard's sum, the buckets waiting their turn,
+// one parameter's gradient.
+class zero2_strategy final : public sharded_strategy {
+public:
+  zero2_strategy(flat_shards f, const optimizer_options& o, runtime::process_group& group,
+                 int64_t bucket_bytes)
+      : sharded_strategy(std::move(f), o, group) {
+    make_buckets(bucket_bytes);
+    for (size_t i = 0; i < f_.params.size(); ++i)
+      hooks_.push_back(f_.params[i].register_hook([this, i](const at::Tensor& g) {
+        arrived(i, g);
+        return at::Tensor(); // LibTorch keeps g as .grad; the next hook drops it
+      }));
+  }
+  ~zero2_strategy() override {
+    for (size_t i = 0; i < hooks_.size(); ++i)
+      f_.params[i].remove_hook(hooks_[i]);
+  }
+
+  dp_strategy kind() const override { return dp_strategy::zero2; }
+  bool reduces_in_backward() const override { return true; }
+
+  void zero_grad() override {
+    drop_param_grads();
+    zeroed_grad_shard();
+    for (auto& b : buckets_) {
+      b.buffer = at::Tensor();
+      b.arrived = 0;
+    }
+    next_ = 0;
+    armed_ = true;
+    failed_.reset();
+  }
+
+  expected<void> backward_done() override {
+    if (!armed_)
+      return make_error(errc::invalid_argument, "zero2: backward_done before zero_grad");
+    drop_param_grads();
+    auto ok = guarded("zero2: reducing the gradients", [&]() -> expected<void> {
+      for (; next_ < buckets_.size(); ++next_)
+        if (auto reduced = reduce_bucket(buckets_[next_]); !reduced)
+          return reduced;
+      return {};
+    });
+    for (auto& b : buckets_) {
+      b.buffer = at::Tensor();
+      b.arrived = 0;
+    }
+    next_ = 0;
+    return ok;
+  }
+
+  expected<void> sync_gradients() override {
+    armed_ = false;
+    if (failed_)
+      return *failed_;
+    return {};
+  }
+
+private:
+  struct bucket {
+    int64_t begin = 0, end = 0; // of the flat layout
+    size_t params = 0;          // how many parameters it holds
+    size_t arrived = 0;         // of them, in this backward
+    at::Tensor buffer;          // [end - begin] while gradients arrive
+  };
+
+  void make_buckets(int64_t bucket_bytes) {
+    const int64_t per = std::max<int64_t>(1, bucket_bytes / f_.flat.element_size());
+    bucket_of_.resize(f_.params.size());
+    const int64_t padded = f_.flat.numel();
+    for (size_t k = f_.params.size(); k-- > 0;) {
+      const int64_t begin = f_.offsets[k];
+      const int64_t end = k + 1 < f_.params.size() ? f_.offsets[k + 1] : padded;
+      if (buckets_.empty() || (buckets_.back().end - begin > per && buckets_.back().params > 0))
+        buckets_.push_back({begin, end, 0, 0, {}});
+      auto& b = buckets_.back();
+      b.begin = begin;
+      ++b.params;
+      bucket_of_[k] = buckets_.size() - 1;
+    }
+  }
+
+  // Parameter i's gradient of this backward, into its bucket; then the
+  // buckets whose turn it is.
+  void arrived(size_t i, const at::Tensor& g) {
+    if (!armed_)
+      return;
+    drop_param_grads();
+    auto& b = buckets_[bucket_of_[i]];
+    torch::NoGradGuard no_grad;
+    if (!b.buffer.defined())
+      b.buffer = at::zeros({b.end - b.begin}, f_.flat.options());
+    b.buffer.narrow(0, f_.offsets[i] - b.begin, f_.params[i].numel()).add_(g.reshape({-1}));
+    ++b.arrived;
+    consumed_.push_back(i);
+    for (; next_ < buckets_.size() && buckets_[next_].arrived == buckets_[next_].params; ++next_) {
+      auto ok = reduce_bucket(buckets_[next_]);
+      if (!ok) {
+        failed_ = ok.error();
+        throw std::runtime_error(describe(ok.error()));
+      }
+    }
+  }
+
+  // Each rank's part of the bucket summed into that rank; this rank's part
+  // added into its shard's sum.
+  expected<void> reduce_bucket(bucket& b) {
+    torch::NoGradGuard no_grad;
+    auto buffer = b.buffer.defined() ? b.buffer : at::zeros({b.end - b.begin}, f_.flat.options());
+    for (int r = static_cast<int>(b.begin / f_.shard); r * f_.shard < b.end; ++r) {
+      const int64_t lo = std::max(b.begin, r * f_.shard), hi = std::min(b.end, (r + 1) * f_.shard);
+      auto part = buffer.narrow(0, lo - b.begin, hi - lo);
+      if (auto ok = group_->reduce(part, r, runtime::reduce_op::sum); !ok)
+        return with_prefix(ok.error(), "zero2: reducing a gradient bucket to rank " +
+                                           std::to_string(r));
+      if (r == f_.rank)
+        grad_shard_.narrow(0, lo - r * f_.shard, hi - lo).add_(part);
+    }
+    b.buffer = at::Tensor();
+    return {};
+  }
+
+  // The .grad LibTorch kept of each gradient already in a bucket.
+  void drop_param_grads() {
+    for (auto i : consumed_)
+      f_.params[i].mutable_grad() = at::Tensor();
+    consumed_.clear();
+  }
+
+  std::vector<bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<unsigned> hooks_;
+  std::vector<size_t> consumed_;
+  size_t next_ = 0; // the next bucket to reduce
+  bool armed_ = false;
+  std::optional<caf::error> failed_;
 };
 
 } // namespace
@@ -324,7 +495,13 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
       flat_shards f{std::move(params), group->size(), group->rank()};
       return std::unique_ptr<training_strategy>(new zero1_strategy(std::move(f), optim, *group));
     }
-    case dp_strategy::zero2:
+    case dp_strategy::zero2: {
+      if (!group)
+        return make_error(errc::invalid_argument, "training_strategy: zero2 needs a DP group");
+      flat_shards f{std::move(params), group->size(), group->rank()};
+      return std::unique_ptr<training_strategy>(new zero2_strategy(
+          std::move(f), optim, *group, static_cast<int64_t>(options.bucket_mb * 1024 * 1024)));
+    }
     case dp_strategy::zero3:
       break;
     }

@@ -17,7 +17,11 @@
 //          steps its shard, and the shards are all-gathered back into every
 //          rank's flat buffer (the parameters are views into it). AdamW is
 //          element-wise, so a sharded step is the replicated one.
-//   zero2, zero3  not yet (the job file refuses them).
+//   zero2  zero1's layout without the whole gradient: backward's gradients
+//          go into buckets that are reduced to their owners and freed as
+//          they fill (NOTE [zero2 buckets] in the .cpp); each rank keeps
+//          only its shard's sum.
+//   zero3  not yet (the job file refuses it).
 // Both keep the parameters in a flat buffer with flat gradients (views the
 // backward accumulates into) and step them with one flat AdamW (NOTE [flat
 // AdamW]), so a training state saved under one strategy and DP size loads
@@ -72,8 +76,13 @@ public:
 
   /// Clears the gradients before a step's backward.
   virtual void zero_grad() = 0;
-  /// After backward: the gradients summed over the group, as far as this
-  /// rank keeps them (ddp: all of them; zero: its shard).
+  /// Whether the gradients are reduced during backward (zero2): then every
+  /// rank calls backward_done after each backward of a step, the same number
+  /// of times (a rank with fewer micro-batches calls it without a backward).
+  virtual bool reduces_in_backward() const { return false; }
+  virtual expected<void> backward_done() { return {}; }
+  /// After the step's backward passes: the gradients summed over the group,
+  /// as far as this rank keeps them (ddp: all of them; zero: its shard).
   virtual expected<void> sync_gradients() = 0;
   /// The norm of the whole synced gradient; scaled to `max_norm` when it is
   /// larger (0: never).

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <map>
 #include <tuple>
@@ -268,7 +269,8 @@ TEST_P(EngineGroupStrategy, RanksMatchOneEngine) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, EngineGroupStrategy,
                          ::testing::Combine(::testing::Values(train::dp_strategy::ddp,
-                                                              train::dp_strategy::zero1),
+                                                              train::dp_strategy::zero1,
+                                                              train::dp_strategy::zero2),
                                             ::testing::Values(2, 4)),
                          [](const auto& info) {
                            return std::string{to_string(std::get<0>(info.param))} + "_" +
@@ -281,7 +283,8 @@ INSTANTIATE_TEST_SUITE_P(Strategies, EngineGroupStrategy,
 // and a sequence-mean mode, critic updates, SFT steps of uneven token
 // counts — and split forward passes give the same answers.
 TEST(EngineGroup, MicroBatchesDoNotChangeWhatIsLearned) {
-  for (auto strategy : {train::dp_strategy::ddp, train::dp_strategy::zero1})
+  for (auto strategy :
+       {train::dp_strategy::ddp, train::dp_strategy::zero1, train::dp_strategy::zero2})
     for (int64_t micro : {1, 3}) {
       const std::string name = std::string{to_string(strategy)} + "-micro" + std::to_string(micro);
       SCOPED_TRACE(name);
@@ -320,24 +323,29 @@ TEST(EngineGroup, MicroBatchesDoNotChangeWhatIsLearned) {
     }
 }
 
-// zero1's sharded optimizer state goes to a file per rank and back between
-// phases (co-located offload) without changing what the next steps learn.
-TEST(EngineGroup, Zero1OffloadsItsShardsBetweenPhases) {
-  setup s{models::head_kind::lm, "zero1-offload", 20000, train::dp_strategy::zero1, 2};
-  auto dir =
-      std::filesystem::temp_directory_path() / ("troupe_zero1_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  for (int step = 0; step < 4; ++step) {
-    auto batch = fixed_batch(6, 400 + static_cast<uint64_t>(step));
-    expect_same_sft_step(s, batch);
-    if (step == 1) {
-      auto r = s.ask<train::served_bytes>(s.group, actors::release_atom::value, dir.string());
-      ASSERT_TRUE(r) << describe(r.error());
-      EXPECT_GT(r->value, 0);
+// zero1's and zero2's sharded optimizer state goes to a file per rank and
+// back between phases (co-located offload) without changing what the next
+// steps learn.
+TEST(EngineGroup, ZeroStrategiesOffloadTheirShardsBetweenPhases) {
+  for (auto strategy : {train::dp_strategy::zero1, train::dp_strategy::zero2}) {
+    const std::string name{to_string(strategy)};
+    SCOPED_TRACE(name);
+    setup s{models::head_kind::lm, name + "-offload", 20000, strategy, 2};
+    auto dir = std::filesystem::temp_directory_path() /
+               ("troupe_" + name + "_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    for (int step = 0; step < 4; ++step) {
+      auto batch = fixed_batch(6, 400 + static_cast<uint64_t>(step));
+      expect_same_sft_step(s, batch);
+      if (step == 1) {
+        auto r = s.ask<train::served_bytes>(s.group, actors::release_atom::value, dir.string());
+        ASSERT_TRUE(r) << describe(r.error());
+        EXPECT_GT(r->value, 0);
+      }
     }
+    EXPECT_LT(s.weight_gap(), tolerance);
+    std::filesystem::remove_all(dir);
   }
-  EXPECT_LT(s.weight_gap(), tolerance);
-  std::filesystem::remove_all(dir);
 }
 
 // The tensors of a training state (save_state's bytes), by key.
@@ -353,14 +361,14 @@ static std::map<std::string, at::Tensor> state_tensors(const std::string& bytes)
   return out;
 }
 
-// NOTE [flat AdamW]: a training state saved by 2 zero1 ranks loads into 4
+// NOTE [flat AdamW]: a training state saved by 2 zero2 ranks loads into 4
 // zero1 ranks and into one ddp engine with the same tensors bit for bit
 // (saved again, they give the same state back), and training continues the
 // same way on both to within 1e-5.
-TEST(EngineGroup, AZero1StateLoadsUnderAnotherDpSizeAndStrategy) {
+TEST(EngineGroup, AZeroStateLoadsUnderAnotherDpSizeAndStrategy) {
   std::string state;
   {
-    setup s{models::head_kind::lm, "ckpt-zero1-2", 20000, train::dp_strategy::zero1, 2};
+    setup s{models::head_kind::lm, "ckpt-zero2-2", 20000, train::dp_strategy::zero2, 2};
     for (int step = 0; step < 3; ++step)
       ASSERT_TRUE(s.ask<train::metric_map>(s.group, train::sft_step_atom::value,
                                            fixed_batch(8, 500 + static_cast<uint64_t>(step))));
@@ -388,47 +396,70 @@ TEST(EngineGroup, AZero1StateLoadsUnderAnotherDpSizeAndStrategy) {
   EXPECT_LT(s.weight_gap(), tolerance);
 }
 
-// zero1 keeps 1/N of the AdamW state on each rank (two fp32 moments of
-// its shard of the padded flat parameters), ddp all of it; both train the
-// same (the engines here step without actors, each rank on its half).
-TEST(EngineGroup, Zero1HoldsItsShareOfTheOptimizerState) {
+// `world` engines from `base` joined under `strategy` (no actors), each
+// rank running fn(engine, rank) on its own thread; the engines.
+std::vector<std::unique_ptr<train::train_engine>>
+train_ranks(models::llama_model base, int world, train::dp_strategy strategy, int64_t micro_rows,
+            const std::function<expected<void>(train::train_engine&, int)>& fn) {
+  runtime::group_options go;
+  go.name = "ranks-" + std::string{to_string(strategy)} + "-" + std::to_string(micro_rows);
+  auto groups = runtime::make_local_groups(world, go);
+  EXPECT_TRUE(groups) << describe(groups.error());
+  std::vector<std::unique_ptr<train::train_engine>> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.push_back(engine_of(copy_of(base, models::head_kind::lm)));
+    EXPECT_TRUE(ranks.back()->set_micro_batch_rows(micro_rows));
+  }
+  auto run = [&](int r) -> expected<void> {
+    auto g = std::make_shared<train::data_parallel_group>();
+    g->store = std::move(groups->stores[static_cast<size_t>(r)]);
+    g->group = std::move(groups->groups[static_cast<size_t>(r)]);
+    auto& e = *ranks[static_cast<size_t>(r)];
+    if (auto ok = e.join_data_parallel(g, {strategy, 0.01}); !ok)
+      return ok.error();
+    return fn(e, r);
+  };
+  std::vector<std::future<expected<void>>> others;
+  for (int r = 1; r < world; ++r)
+    others.push_back(std::async(std::launch::async, run, r));
+  auto ok0 = run(0);
+  EXPECT_TRUE(ok0) << describe(ok0.error());
+  for (auto& o : others) {
+    auto ok = o.get();
+    EXPECT_TRUE(ok) << describe(ok.error());
+  }
+  return ranks;
+}
+
+// zero1 and zero2 keep 1/N of the AdamW state on each rank (two fp32
+// moments of its shard of the padded flat parameters), ddp all of it;
+// zero2 keeps no parameter's whole gradient after a step (NOTE [zero2
+// buckets]), the others do; all train the same (each rank on its half).
+TEST(EngineGroup, ZeroStrategiesHoldTheirShareOfTheTrainingState) {
   auto base = tiny_model(11);
   int64_t params = 0;
   for (const auto& p : base->parameters())
     params += p.numel();
+  auto batch = fixed_batch(6, 5);
+  auto halves = batch.split(2);
+  ASSERT_TRUE(halves);
   std::map<train::dp_strategy, std::vector<int64_t>> bytes;
   std::map<train::dp_strategy, std::map<std::string, at::Tensor>> weights;
-  for (auto strategy : {train::dp_strategy::ddp, train::dp_strategy::zero1}) {
-    runtime::group_options go;
-    go.name = "bytes-" + std::string{to_string(strategy)};
-    auto groups = runtime::make_local_groups(2, go);
-    ASSERT_TRUE(groups) << describe(groups.error());
-    std::vector<std::unique_ptr<train::train_engine>> ranks;
-    for (int r = 0; r < 2; ++r)
-      ranks.push_back(engine_of(copy_of(base, models::head_kind::lm)));
-    auto batch = fixed_batch(6, 5);
-    auto halves = batch.split(2);
-    ASSERT_TRUE(halves);
-    auto run = [&](int r) -> expected<void> {
-      auto g = std::make_shared<train::data_parallel_group>();
-      g->store = std::move(groups->stores[static_cast<size_t>(r)]);
-      g->group = std::move(groups->groups[static_cast<size_t>(r)]);
-      auto& e = *ranks[static_cast<size_t>(r)];
-      if (auto ok = e.join_data_parallel(g, {strategy, 25}); !ok)
-        return ok.error();
+  for (auto strategy : {train::dp_strategy::ddp, train::dp_strategy::zero1,
+                        train::dp_strategy::zero2}) {
+    auto ranks = train_ranks(base, 2, strategy, 0, [&](train::train_engine& e, int r) {
       for (int step = 0; step < 2; ++step)
         if (auto m = e.sft_step((*halves)[static_cast<size_t>(r)]); !m)
-          return m.error();
-      return {};
-    };
-    auto other = std::async(std::launch::async, run, 1);
-    auto ok0 = run(0);
-    auto ok1 = other.get();
-    ASSERT_TRUE(ok0) << describe(ok0.error());
-    ASSERT_TRUE(ok1) << describe(ok1.error());
+          return expected<void>{m.error()};
+      return expected<void>{};
+    });
     for (const auto& e : ranks) {
       EXPECT_EQ(e->strategy(), strategy);
       bytes[strategy].push_back(e->optimizer_state_bytes());
+      int64_t grads = 0;
+      for (const auto& p : e->model()->parameters())
+        grads += p.grad().defined() ? p.grad().numel() : 0;
+      EXPECT_EQ(grads, strategy == train::dp_strategy::zero2 ? 0 : params);
     }
     weights[strategy] = ranks[1]->export_weights();
   }
@@ -436,11 +467,48 @@ TEST(EngineGroup, Zero1HoldsItsShareOfTheOptimizerState) {
   EXPECT_EQ(bytes[train::dp_strategy::ddp],
             (std::vector<int64_t>{params * moments, params * moments}));
   const int64_t shard = (params + 1) / 2;
-  EXPECT_EQ(bytes[train::dp_strategy::zero1],
-            (std::vector<int64_t>{shard * moments, shard * moments}));
-  for (const auto& [name, t] : weights[train::dp_strategy::ddp])
-    EXPECT_LT((weights[train::dp_strategy::zero1].at(name) - t).abs().max().item<double>(),
-              tolerance)
+  for (auto zero : {train::dp_strategy::zero1, train::dp_strategy::zero2}) {
+    EXPECT_EQ(bytes[zero], (std::vector<int64_t>{shard * moments, shard * moments}));
+    for (const auto& [name, t] : weights[train::dp_strategy::ddp])
+      EXPECT_LT((weights[zero].at(name) - t).abs().max().item<double>(), tolerance) << name;
+  }
+}
+
+// zero2 reduces its gradient buckets during backward, so every rank must
+// issue the same collectives: ranks with 5 and 4 rows at 1 row a micro-batch
+// (the one with fewer reduces zeros for its missing round) learn what one
+// engine learns from all 9 rows at once.
+TEST(EngineGroup, Zero2RanksWithUnequalMicroBatchCountsStayInStep) {
+  auto base = tiny_model(11);
+  auto single = engine_of(copy_of(base, models::head_kind::lm));
+  std::vector<train::metric_map> want;
+  std::vector<runtime::tensor_batch> batches;
+  for (int step = 0; step < 3; ++step) {
+    batches.push_back(fixed_batch(9, 800 + static_cast<uint64_t>(step)));
+    auto m = single->sft_step(batches.back());
+    ASSERT_TRUE(m) << describe(m.error());
+    want.push_back(*m);
+  }
+  std::vector<train::metric_map> got;
+  auto ranks =
+      train_ranks(base, 2, train::dp_strategy::zero2, 1, [&](train::train_engine& e, int r) {
+        for (const auto& b : batches) {
+          auto mine = b.slice(r == 0 ? 0 : 5, r == 0 ? 5 : 9);
+          if (!mine)
+            return expected<void>{mine.error()};
+          auto m = e.sft_step(*mine);
+          if (!m)
+            return expected<void>{m.error()};
+          if (r == 0)
+            got.push_back(*m);
+        }
+        return expected<void>{};
+      });
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    expect_same_metrics(want[i], got[i]);
+  for (const auto& [name, t] : single->export_weights())
+    EXPECT_LT((ranks[1]->export_weights().at(name) - t).abs().max().item<double>(), tolerance)
         << name;
 }
 

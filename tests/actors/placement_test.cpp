@@ -234,9 +234,9 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
                                               "parallelism is not available yet: tp must be 1"},
            {"{role: policy, pool: a, pp: 2}", "job.yaml:18:39: placement.roles[0].pp: pipeline "
                                               "parallelism is not available yet: pp must be 1"},
-           {"{role: critic, pool: a, strategy: zero2}",
-            "job.yaml:18:45: placement.roles[0].strategy: zero2 is not available yet: use ddp or "
-            "zero1"},
+           {"{role: critic, pool: a, strategy: zero3}",
+            "job.yaml:18:45: placement.roles[0].strategy: zero3 is not available yet: use ddp, "
+            "zero1 or zero2"},
            {"{role: reference, pool: a, strategy: zero1}",
             "job.yaml:18:48: placement.roles[0].strategy: zero1 shards training state, and "
             "reference "
@@ -256,9 +256,10 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
   }
 }
 
-// NOTE [strategy memory]: zero1 over 2 ranks lowers a policy rank's estimate
-// from 16 to 4 + 4 + 4/2 + 8/2 = 14 bytes a parameter, the rest unchanged.
-TEST(Placement, Zero1LowersATrainingRanksEstimate) {
+// NOTE [strategy memory]: over 2 ranks zero1 lowers a policy rank's estimate
+// from 16 to 4 + 4 + 4/2 + 8/2 = 14 bytes a parameter and zero2 to 4 + 4/2 +
+// 8/2 = 10, the rest unchanged.
+TEST(Placement, ZeroStrategiesLowerATrainingRanksEstimate) {
   auto with = [](const std::string& strategy) {
     std::string p = troupe::actors::rl::testing::disaggregated_placement;
     auto at = p.find("{role: policy, pool: train, dp: 2}");
@@ -266,11 +267,15 @@ TEST(Placement, Zero1LowersATrainingRanksEstimate) {
     p.replace(at, 34, "{role: policy, pool: train, dp: 2, strategy: " + strategy + "}");
     return plan_of(p, {});
   };
-  auto ddp = with("ddp"), zero1 = with("zero1");
+  auto ddp = with("ddp"), zero1 = with("zero1"), zero2 = with("zero2");
   ASSERT_TRUE(ddp) << describe(ddp.error());
   ASSERT_TRUE(zero1) << describe(zero1.error());
+  ASSERT_TRUE(zero2) << describe(zero2.error());
   EXPECT_EQ(zero1->devices[0].peak_stage, ddp->devices[0].peak_stage);
-  EXPECT_NEAR(ddp->devices[0].peak_bytes - zero1->devices[0].peak_bytes,
-              2.0 * static_cast<double>(ddp->parameters), 1.0);
+  const double params = static_cast<double>(ddp->parameters);
+  // 16 → 4 + 4 + 4/2 + 8/2 = 14 → 4 + 4/2 + 8/2 = 10 bytes a parameter.
+  EXPECT_NEAR(ddp->devices[0].peak_bytes - zero1->devices[0].peak_bytes, 2.0 * params, 1.0);
+  EXPECT_NEAR(ddp->devices[0].peak_bytes - zero2->devices[0].peak_bytes, 6.0 * params, 1.0);
   EXPECT_DOUBLE_EQ(zero1->devices[2].peak_bytes, ddp->devices[2].peak_bytes) << "the rollout";
+  EXPECT_DOUBLE_EQ(zero2->devices[2].peak_bytes, ddp->devices[2].peak_bytes) << "the rollout";
 }
