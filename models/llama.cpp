@@ -691,8 +691,17 @@ torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
   }
   auto x = tok_embeddings_->forward(input_ids);
   auto rope = rotary_for_layer0(layers_, positions, x.scalar_type());
-  for (size_t i = 0; i < layers_->size(); ++i)
-    x = layers_[i]->as<block_impl>()->forward(x, rope, key_mask, cache, i);
+  TORCH_CHECK(!hooks_ || cache == nullptr,
+              "a model with layer hooks (a zero3 training engine) does not run with a KV cache");
+  for (size_t i = 0; i < layers_->size(); ++i) {
+    auto* block = layers_[i]->as<block_impl>();
+    if (hooks_)
+      x = hooks_->run_layer(i, x, [block, rope, key_mask, i](const torch::Tensor& in) {
+        return block->forward(in, rope, key_mask, nullptr, i);
+      });
+    else
+      x = block->forward(x, rope, key_mask, cache, i);
+  }
   if (cache != nullptr) {
     cache->length += T;
     cache->next_position += counts.select(1, T - 1);
@@ -728,6 +737,18 @@ torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
 
 torch::Tensor llama_model_impl::forward(const torch::Tensor& input_ids,
                                         const torch::Tensor& attention_mask, kv_cache* cache) {
+  if (!hooks_)
+    return apply_head(hidden_states(input_ids, attention_mask, cache), attention_mask);
+  // NOTE [layer hooks]: without a backward to come, the pass ends here
+  // (also when it throws).
+  hooks_->begin_forward();
+  struct end_guard {
+    layer_hooks* hooks;
+    ~end_guard() {
+      if (!torch::GradMode::is_enabled())
+        hooks->end_forward();
+    }
+  } end{hooks_};
   return apply_head(hidden_states(input_ids, attention_mask, cache), attention_mask);
 }
 

@@ -18,6 +18,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -77,6 +78,25 @@ struct paged_batch {
 
 struct packed_decode_weights;
 
+/// NOTE [layer hooks]: the seam where a strategy that shards the parameters
+/// at rest (zero3: NOTE [training strategies] in
+/// actors/train/training_strategy.hpp) takes part in the model's passes.
+/// forward() calls begin_forward first (the parameters outside the layers
+/// made whole) and, when no backward can follow (grad mode off), end_forward
+/// last; each layer runs as run_layer(i, x, fn), where fn computes the layer
+/// on its input with whatever the layer's parameters are when it is called
+/// (it holds copies of the pass's masks and rotary tables, so it may be
+/// called again during backward). Not with a KV cache: a layer run again
+/// would append twice.
+class layer_hooks {
+public:
+  virtual ~layer_hooks() = default;
+  virtual void begin_forward() = 0;
+  virtual void end_forward() = 0;
+  virtual torch::Tensor run_layer(size_t layer, const torch::Tensor& x,
+                                  std::function<torch::Tensor(const torch::Tensor&)> fn) = 0;
+};
+
 class llama_model_impl : public torch::nn::Module {
 public:
   /// Builds a randomly initialised model (normal(0, 0.02) weights, unit norms,
@@ -117,6 +137,10 @@ public:
 
   /// Parameters by troupe name ("layers.0.attention.wq.weight", ...).
   std::map<std::string, torch::Tensor> named_weights() const;
+
+  /// The strategy's hooks into forward (NOTE [layer hooks]; null: none). The
+  /// hooks must outlive the model's passes.
+  void set_layer_hooks(layer_hooks* hooks) { hooks_ = hooks; }
 
   /// How forward_paged runs decode steps (one new token per request) of fp32
   /// lm models on the CPU: through the fused kernel (NOTE [fused decode] in
@@ -180,6 +204,7 @@ private:
   // same time (two engines on one model) takes the ATen path instead.
   std::shared_ptr<kernels::cpu::thread_team> team_;
   std::shared_ptr<std::mutex> team_mu_ = std::make_shared<std::mutex>();
+  layer_hooks* hooks_ = nullptr;
 };
 TORCH_MODULE_IMPL(llama_model, llama_model_impl);
 

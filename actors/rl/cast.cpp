@@ -61,8 +61,9 @@ expected<void> cast::spawn(role_id role, const std::string& model_dir) {
     std::vector<train::engine_actor> typed;
     for (auto& a : m.ranks)
       typed.push_back(caf::actor_cast<train::engine_actor>(a));
+    auto strategy = env_.strategy_of ? env_.strategy_of(role) : train::dp_strategy::ddp;
     m.handle = caf::actor_cast<caf::actor>(
-        train::spawn_engine_group(*env_.sys, m.spec.role, std::move(typed)));
+        train::spawn_engine_group(*env_.sys, m.spec.role, std::move(typed), strategy));
   }
   members_.push_back(std::move(m));
   return {};

@@ -14,6 +14,7 @@
 #include "actors/job/events.hpp"
 #include "actors/rl/role_traits.hpp"
 #include "actors/rl/roles.hpp"
+#include "actors/train/dp_strategy.hpp"
 #include "runtime/error.hpp"
 
 #include <caf/actor.hpp>
@@ -41,6 +42,8 @@ struct cast_env {
   std::string job_yaml;
   /// The layout of a role in the stage (the plan's; NOTE [parallel layout]).
   std::function<parallel_layout(role_id)> layout_of;
+  /// How a role's DP ranks train (the plan's).
+  std::function<train::dp_strategy(role_id)> strategy_of;
   /// Emits the job's role events.
   std::function<void(job::event_body)> emit;
   /// Bounds the DP group's rendezvous and its collectives (compute timeout).

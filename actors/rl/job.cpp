@@ -131,6 +131,9 @@ cast make_cast(job_context& ctx, stage_id stage) {
   env.layout_of = [plan = &ctx.plan, stage_name](role_id role) {
     return plan->layout_of(stage_name, std::string{to_string(role)});
   };
+  env.strategy_of = [plan = &ctx.plan](role_id role) {
+    return plan->strategy_of(std::string{to_string(role)});
+  };
   env.emit = [link = ctx.link](job::event_body e) { link->emit(std::move(e)); };
   // Bounds the DP group's rendezvous and its collectives inside updates.
   env.group_timeout_ms =

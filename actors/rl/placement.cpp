@@ -228,8 +228,6 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
   // Keys fixed for the parallel engines; refused until each lands.
   checks.require(r.tp <= 1, at + ".tp", "tensor parallelism is not available yet: tp must be 1");
   checks.require(r.pp <= 1, at + ".pp", "pipeline parallelism is not available yet: pp must be 1");
-  checks.require(r.strategy != dp_strategy::zero3, at + ".strategy",
-                 "zero3 is not available yet: use ddp, zero1 or zero2");
   if (r.strategy != dp_strategy::ddp && t)
     checks.require(t->trains(), at + ".strategy",
                    std::string{to_string(r.strategy)} + " shards training state, and " + r.role +
@@ -485,7 +483,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
       continue;
     auto rp = placement_of(p, role);
     parallel_layout layout{static_cast<int32_t>(rp.dp), static_cast<int32_t>(rp.tp), static_cast<int32_t>(rp.pp)};
-    role_assignment a{role, rp.pool, layout, {}};
+    role_assignment a{role, rp.pool, layout, {}, rp.strategy};
     for (int64_t r = 0; r < layout.ranks(); ++r)
       a.devices.push_back(first.at(rp.pool) + r);
     plan.roles.push_back(a);

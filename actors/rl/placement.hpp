@@ -47,6 +47,8 @@ struct role_assignment {
   parallel_layout layout;
   /// Global device (worker) index of each rank.
   std::vector<int64_t> devices;
+  /// How its DP ranks train (NOTE [training strategies]).
+  train::dp_strategy strategy = train::dp_strategy::ddp;
 };
 
 struct device_plan {
@@ -83,6 +85,11 @@ struct placement_plan {
   const role_assignment* find(const std::string& role) const;
   /// The layout of `role` in `stage` (a role frozen there has one rank).
   parallel_layout layout_of(const std::string& stage, const std::string& role) const;
+  /// How `role`'s DP ranks train (ddp for a role without an assignment).
+  train::dp_strategy strategy_of(const std::string& role) const {
+    auto* r = find(role);
+    return r ? r->strategy : train::dp_strategy::ddp;
+  }
   /// DP size of `role` in `stage`.
   int64_t dp_of(const std::string& stage, const std::string& role) const {
     return layout_of(stage, role).dp;

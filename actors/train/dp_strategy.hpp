@@ -21,8 +21,10 @@ TROUPE_ENUM_NAMES(dp_strategy, "ddp", "zero1", "zero2", "zero3")
 /// reduce-scattered gradient shard and the moments of the shard (4 + 4 +
 /// 4/N + 8/N); zero2 the weights, the shard's gradient sum and moments (4 +
 /// 4/N + 8/N), its gradient buckets being a bounded extra (bucket_mb, not
-/// per parameter). zero3 is not built (the planner refuses it). At dp 1
-/// every strategy holds ddp's 16.
+/// per parameter); zero3 its shards of all three (16/N), a layer's whole
+/// parameters and gradients and the embeddings' and head's being a bounded
+/// extra (not per parameter of the model). At dp 1 every strategy holds
+/// ddp's 16.
 constexpr double training_bytes_per_parameter(dp_strategy s, int64_t dp) {
   const double n = dp < 1 ? 1.0 : static_cast<double>(dp);
   if (dp <= 1)
@@ -32,6 +34,8 @@ constexpr double training_bytes_per_parameter(dp_strategy s, int64_t dp) {
     return 4 + 4 + 4 / n + 8 / n;
   case dp_strategy::zero2:
     return 4 + 4 / n + 8 / n;
+  case dp_strategy::zero3:
+    return 16 / n;
   default:
     return 16;
   }

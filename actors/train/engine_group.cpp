@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 
 #include <algorithm>
+#include <optional>
 
 namespace troupe::actors::train {
 
@@ -13,6 +14,7 @@ using runtime::tensor_batch;
 struct group_state {
   std::vector<engine_actor> ranks;
   std::string role;
+  dp_strategy strategy = dp_strategy::ddp;
   static inline const char* name = "engine_group";
 };
 
@@ -141,6 +143,13 @@ caf::result<R> split(self_ptr self, const tensor_batch& b, const char* what, con
                                                               unit + " does not divide over " +
                                                               std::to_string(n) + " DP ranks"),
                        self->state.role + ": " + what);
+  if (self->state.strategy == dp_strategy::zero3 && b.size() < n)
+    return with_prefix(make_error(errc::invalid_argument,
+                                  "a batch of " + std::to_string(b.size()) + " rows for " +
+                                      std::to_string(n) +
+                                      " zero3 ranks: each rank gathers the weights with the "
+                                      "others, so each needs a row"),
+                       self->state.role + ": " + what);
   auto parts = split_rows(b, ranks.size());
   if (!parts)
     return with_prefix(parts.error(), self->state.role + ": " + what);
@@ -150,10 +159,47 @@ caf::result<R> split(self_ptr self, const tensor_batch& b, const char* what, con
       [=](size_t r) { return send(self->state.ranks[r], (*shared)[r]); }, combine);
 }
 
+// NOTE [dispatch modes], zero3: rank 0's answer needs the whole weights,
+// which the ranks gather together, so the others make the same passes at
+// the same time — `peer(rank)` — and their answers are dropped.
+template <class R, class P, class Ask, class Peer>
+caf::typed_response_promise<R> with_peers(self_ptr self, Ask ask, Peer peer) {
+  auto rp = self->template make_response_promise<R>();
+  struct state {
+    std::optional<R> answer;
+    size_t left = 0;
+    bool done = false;
+  };
+  auto g = std::make_shared<state>();
+  g->left = self->state.ranks.size();
+  auto finish = [=]() mutable {
+    if (--g->left == 0 && !g->done) {
+      g->done = true;
+      rp.deliver(std::move(*g->answer));
+    }
+  };
+  auto fail = [=](caf::error& e) mutable {
+    if (!g->done) {
+      g->done = true;
+      rp.deliver(std::move(e));
+    }
+  };
+  ask(self->state.ranks[0]).then(
+      [=](R& x) mutable {
+        g->answer = std::move(x);
+        finish();
+      },
+      fail);
+  for (size_t r = 1; r < self->state.ranks.size(); ++r)
+    peer(self->state.ranks[r]).then([=](P&) mutable { finish(); }, fail);
+  return rp;
+}
+
 engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
-                                           std::vector<engine_actor> ranks) {
+                                           std::vector<engine_actor> ranks, dp_strategy strategy) {
   self->state.role = std::move(role);
   self->state.ranks = std::move(ranks);
+  self->state.strategy = strategy;
   // Ending the group ends its ranks; a rank that goes down ends the group.
   auto members = self->state.ranks;
   self->attach_functor([members](const caf::error&) {
@@ -201,6 +247,11 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         slowest(group_metrics));
   };
   auto first = [](const auto& parts) -> expected<std::decay_t<decltype(parts[0])>> { return parts[0]; };
+  auto zero3 = [self] { return self->state.strategy == dp_strategy::zero3; };
+  // A zero3 peer's part in rank 0's export (NOTE [dispatch modes]).
+  auto exporting = [self](const engine_actor& a) {
+    return self->request(a, caf::infinite, export_atom::value);
+  };
 
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
@@ -229,16 +280,40 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](rm_step_atom a, const tensor_batch& b) {
         return split<metric_map>(self, b, "rm_step", "pairs", ask(a), group_metrics);
       },
-      [=](rm_eval_atom, const tensor_batch& b) {
+      [=](rm_eval_atom, const tensor_batch& b) -> caf::result<metric_map> {
         // Evaluation needs no group: rank 0 scores every pair.
-        return self->delegate(rank(0), rm_eval_atom::value, b);
+        if (!zero3())
+          return self->delegate(rank(0), rm_eval_atom::value, b);
+        auto eval = [=](const engine_actor& a) {
+          return self->request(a, caf::infinite, rm_eval_atom::value, b);
+        };
+        return with_peers<metric_map, metric_map>(self, eval, eval);
       },
-      [=](export_atom) { return self->delegate(rank(0), export_atom::value); },
-      [=](publish_atom, int64_t v, const actors::weight_channel& c) {
-        return self->delegate(rank(0), publish_atom::value, v, c);
+      [=](export_atom) -> caf::result<actors::shared_weights> {
+        if (!zero3())
+          return self->delegate(rank(0), export_atom::value);
+        return with_peers<actors::shared_weights, actors::shared_weights>(self, exporting,
+                                                                        exporting);
       },
-      [=](save_model_atom, const std::string& dir) {
-        return self->delegate(rank(0), save_model_atom::value, dir);
+      [=](publish_atom, int64_t v, const actors::weight_channel& c) -> caf::result<served_bytes> {
+        if (!zero3())
+          return self->delegate(rank(0), publish_atom::value, v, c);
+        return with_peers<served_bytes, actors::shared_weights>(
+            self,
+            [=](const engine_actor& a) {
+              return self->request(a, caf::infinite, publish_atom::value, v, c);
+            },
+            exporting);
+      },
+      [=](save_model_atom, const std::string& dir) -> caf::result<std::string> {
+        if (!zero3())
+          return self->delegate(rank(0), save_model_atom::value, dir);
+        return with_peers<std::string, actors::shared_weights>(
+            self,
+            [=](const engine_actor& a) {
+              return self->request(a, caf::infinite, save_model_atom::value, dir);
+            },
+            exporting);
       },
       [=](save_state_atom) {
         // Every rank: a sharded strategy gathers its optimizer state (NOTE
@@ -267,8 +342,8 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
 } // namespace
 
 engine_actor spawn_engine_group(caf::actor_system& sys, std::string role,
-                                std::vector<engine_actor> ranks) {
-  return sys.spawn(group_behavior, std::move(role), std::move(ranks));
+                                std::vector<engine_actor> ranks, dp_strategy strategy) {
+  return sys.spawn(group_behavior, std::move(role), std::move(ranks), strategy);
 }
 
 } // namespace troupe::actors::train

@@ -16,10 +16,15 @@
 //              strategy gathers its optimizer state to save it: NOTE
 //              [training strategies]; rank 0's bytes are the answer);
 //   rank 0     rm_eval, export, publish, save_model and injected failures
-//              (every rank holds the whole weights after a step).
+//              (every rank holds the whole weights after a step); under
+//              zero3 the ranks gather the weights together, so the others
+//              make the same passes alongside (rm_eval the same batch, an
+//              export for the rest) and only rank 0's answer is kept.
+// Under zero3 every split request needs a row for every rank.
 // The first error of any rank is the answer; a rank that goes down ends the
 // group with it. Ending the group ends its ranks.
 
+#include "actors/train/dp_strategy.hpp"
 #include "actors/train/engine_actor.hpp"
 
 #include <string>
@@ -27,8 +32,10 @@
 
 namespace troupe::actors::train {
 
-/// Spawns the group actor of `ranks` (at least one) for role `role`.
+/// Spawns the group actor of `ranks` (at least one) for role `role`, whose
+/// ranks train under `strategy`.
 engine_actor spawn_engine_group(caf::actor_system& sys, std::string role,
-                                std::vector<engine_actor> ranks);
+                                std::vector<engine_actor> ranks,
+                                dp_strategy strategy = dp_strategy::ddp);
 
 } // namespace troupe::actors::train

@@ -25,6 +25,23 @@ at::Tensor need(const runtime::tensor_batch& b, const std::string& name) {
   return value_or_throw(b.get(name));
 }
 
+// The indices into parameters() of each transformer layer's parameters
+// ("layers.<i>.*"), for a strategy that works a layer at a time.
+std::vector<std::vector<size_t>> layer_parameters(const models::llama_model& m) {
+  std::vector<std::vector<size_t>> layers(m->config().num_hidden_layers);
+  size_t index = 0;
+  for (const auto& p : m->named_parameters()) {
+    const auto& name = p.key();
+    if (name.rfind("layers.", 0) == 0) {
+      auto layer = std::stoul(name.substr(7, name.find('.', 7) - 7));
+      if (layer < layers.size())
+        layers[layer].push_back(index);
+    }
+    ++index;
+  }
+  return layers;
+}
+
 // Sums metrics over optimizer steps; mean() divides by the count.
 struct metric_sum {
   metric_map sum;
@@ -144,6 +161,26 @@ struct train_engine::impl {
     return ids.narrow(1, 1, ids.size(1) - 1);
   }
 
+  // fn() with every parameter whole (zero3 gathers them: every rank of the
+  // group calls this at once), freed after; what fn wrote into them is kept
+  // when `keep` and fn returned.
+  template <class Fn>
+  auto with_whole_parameters(bool keep, Fn&& fn) {
+    if (strategy)
+      value_or_throw(strategy->gather_parameters());
+    struct release_guard {
+      training_strategy* s;
+      bool keep;
+      ~release_guard() {
+        if (s)
+          s->release_parameters(keep);
+      }
+    } release{strategy.get(), false};
+    auto out = fn();
+    release.keep = keep;
+    return out;
+  }
+
   // Learning rate of the next step (linear warm-up).
   double next_lr() const {
     double lr = opts->lr;
@@ -188,8 +225,16 @@ struct train_engine::impl {
   template <class Fn>
   runtime::tensor_batch by_micro_batches(const runtime::tensor_batch& b, Fn&& fn) {
     std::vector<runtime::tensor_batch> outs;
-    for (const auto& part : micro_batches(b))
+    auto parts = micro_batches(b);
+    // A strategy that gathers during the passes (zero3) needs as many on
+    // every rank, agreed before any: the last again, its answer dropped.
+    const size_t rounds = dp && strategy && strategy->layer_hooks()
+                              ? most_micro_batches(parts.size())
+                              : parts.size();
+    for (const auto& part : parts)
       outs.push_back(fn(part));
+    for (auto i = parts.size(); i < rounds; ++i)
+      fn(parts.back());
     return outs.size() == 1 ? std::move(outs.front())
                             : value_or_throw(runtime::tensor_batch::concat(outs));
   }
@@ -222,8 +267,9 @@ struct train_engine::impl {
     double share = 1, token_share = 1;
     if (dp)
       std::tie(share, token_share) = dp_shares(rank_units, rank_tokens);
-    // A strategy that reduces in backward needs as many rounds on every
-    // rank: one with fewer micro-batches reduces zeros for the rest.
+    // A strategy that reduces (or gathers) during the passes needs as many
+    // of them on every rank: one with fewer micro-batches runs its last
+    // again at weight 0 for the rest.
     const bool in_backward = strategy->reduces_in_backward();
     const size_t rounds = in_backward && dp ? most_micro_batches(parts.size()) : parts.size();
     strategy->zero_grad();
@@ -240,8 +286,10 @@ struct train_engine::impl {
         local[k] += v * (is_token_key(k, token_keys) ? wt : w);
       }
     }
-    for (auto i = parts.size(); in_backward && i < rounds; ++i)
+    for (auto i = parts.size(); i < rounds; ++i) {
+      (loss_of(parts.back()).loss * 0.0).backward(); // the same passes, nothing learned
       value_or_throw(strategy->backward_done());
+    }
     value_or_throw(strategy->sync_gradients());
     const double norm = value_or_throw(strategy->clip_gradients(opts->grad_clip));
     const double lr = next_lr();
@@ -347,6 +395,8 @@ auto units_with(kernels::loss_agg_mode agg) {
 
 train_engine::train_engine() : impl_(std::make_unique<impl>()) {}
 train_engine::~train_engine() {
+  if (impl_->model)
+    impl_->model->set_layer_hooks(nullptr);
   if (!impl_->offloaded.empty())
     std::remove(impl_->offloaded.c_str());
   if (!impl_->weights_file.empty())
@@ -404,10 +454,13 @@ expected<void> train_engine::join_data_parallel(std::shared_ptr<data_parallel_gr
     if (auto ok = runtime::broadcast_parameters(params, group->group, 0); !ok)
       return with_prefix(ok.error(), "broadcasting the parameters from rank 0");
     if (d.strategy) {
-      auto s = training_strategy::make(params, *d.opts, &group->group, options);
+      auto s = training_strategy::make(params, *d.opts, &group->group, options,
+                                       layer_parameters(d.model));
       if (!s)
         return s.error();
+      d.model->set_layer_hooks(nullptr);
       d.strategy = std::move(*s);
+      d.model->set_layer_hooks(d.strategy->layer_hooks());
     }
     d.dp = std::move(group);
     return {};
@@ -700,13 +753,22 @@ expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
 
 std::map<std::string, at::Tensor> train_engine::export_weights() const {
   value_or_throw(impl_->make_resident());
-  return models::export_hf_weights(impl_->model);
+  return impl_->with_whole_parameters(false, [&] {
+    auto out = models::export_hf_weights(impl_->model);
+    if (impl_->strategy) // owned copies: the parameters are freed next (zero3)
+      for (auto& [name, t] : out)
+        t = t.clone();
+    return out;
+  });
 }
 
 expected<void> train_engine::save_pretrained(const std::string& dir) const {
   if (auto ok = impl_->make_resident(); !ok)
     return ok.error();
-  return models::save_pretrained(impl_->model, dir);
+  return guarded("save_pretrained", [&] {
+    return impl_->with_whole_parameters(false,
+                                        [&] { return models::save_pretrained(impl_->model, dir); });
+  });
 }
 
 expected<std::string> train_engine::save_state() const {
@@ -715,8 +777,11 @@ expected<std::string> train_engine::save_state() const {
   return guarded("save_state", [&]() -> expected<std::string> {
     // Parameters under flat names, so loading can check every shape first.
     torch::serialize::OutputArchive archive;
-    for (const auto& p : impl_->model->named_parameters())
-      archive.write("param/" + p.key(), p.value().detach());
+    impl_->with_whole_parameters(false, [&] {
+      for (const auto& p : impl_->model->named_parameters())
+        archive.write("param/" + p.key(), p.value().detach().clone());
+      return 0;
+    });
     if (impl_->strategy)
       value_or_throw(impl_->strategy->save_state(archive));
     archive.write("steps", torch::tensor(impl_->steps, torch::kLong));
@@ -729,36 +794,39 @@ expected<std::string> train_engine::save_state() const {
 expected<void> train_engine::load_state(const std::string& bytes) {
   if (auto ok = impl_->make_resident(); !ok)
     return ok.error();
+  // Into whole parameters (zero3 gathers them), which become the shards.
   return guarded("load_state", [&]() -> expected<void> {
-    torch::serialize::InputArchive archive;
-    archive.load_from(bytes.data(), bytes.size());
-    // Every parameter must be present with its shape and dtype before any is
-    // written: a state of another model is refused, the engine untouched.
-    std::vector<std::pair<at::Tensor, at::Tensor>> copies;
-    for (const auto& p : impl_->model->named_parameters()) {
-      at::Tensor t;
-      if (!archive.try_read("param/" + p.key(), t))
-        return make_error(errc::corrupted, "load_state: the state has no parameter " + p.key());
-      if (t.sizes() != p.value().sizes() || t.scalar_type() != p.value().scalar_type())
-        return make_error(errc::shape_mismatch,
-                          "load_state: parameter " + p.key() + " has shape " +
-                              c10::str(t.sizes()) + " in the state, " +
-                              c10::str(p.value().sizes()) + " in the model");
-      copies.emplace_back(p.value(), t);
-    }
-    // The optimizer state next (a state without one is refused before
-    // any parameter is written), then the parameters.
-    if (impl_->strategy)
-      value_or_throw(impl_->strategy->load_state(archive));
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& [param, t] : copies)
-        param.copy_(t);
-    }
-    at::Tensor steps;
-    archive.read("steps", steps);
-    impl_->steps = steps.item<int64_t>();
-    return {};
+    return impl_->with_whole_parameters(true, [&]() -> expected<void> {
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes.data(), bytes.size());
+      // Every parameter must be present with its shape and dtype before any is
+      // written: a state of another model is refused, the engine untouched.
+      std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+      for (const auto& p : impl_->model->named_parameters()) {
+        at::Tensor t;
+        if (!archive.try_read("param/" + p.key(), t))
+          return make_error(errc::corrupted, "load_state: the state has no parameter " + p.key());
+        if (t.sizes() != p.value().sizes() || t.scalar_type() != p.value().scalar_type())
+          return make_error(errc::shape_mismatch,
+                            "load_state: parameter " + p.key() + " has shape " +
+                                c10::str(t.sizes()) + " in the state, " +
+                                c10::str(p.value().sizes()) + " in the model");
+        copies.emplace_back(p.value(), t);
+      }
+      // The optimizer state next (a state without one is refused before
+      // any parameter is written), then the parameters.
+      if (impl_->strategy)
+        value_or_throw(impl_->strategy->load_state(archive));
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& [param, t] : copies)
+          param.copy_(t);
+      }
+      at::Tensor steps;
+      archive.read("steps", steps);
+      impl_->steps = steps.item<int64_t>();
+      return {};
+    });
   });
 }
 

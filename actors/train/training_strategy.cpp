@@ -1,5 +1,7 @@
 #include "actors/train/training_strategy.hpp"
 
+#include "actors/train/strategy_parts.hpp"
+
 #include "runtime/collectives.hpp"
 #include "runtime/gradient_reducer.hpp"
 #include "runtime/torch_guard.hpp"
@@ -14,10 +16,8 @@ training_strategy::~training_strategy() = default;
 
 namespace {
 
-// torch's clip_grad_norm_ rule on a norm already computed.
-double clip_coefficient(double norm, double max_norm) {
-  return max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
-}
+using detail::clip_coefficient;
+using detail::flat_adam;
 
 // The model's parameters moved into one flat buffer padded to a multiple of
 // the DP size (each parameter becomes a view of its range), their gradients
@@ -69,40 +69,6 @@ struct flat_shards {
       p.mutable_grad() = at::Tensor();
     grads = at::Tensor();
     return bytes;
-  }
-};
-
-// NOTE [flat AdamW]: AdamW over one flat tensor (a rank's shard, or the
-// whole model), in torch::optim::AdamW's arithmetic: decoupled decay p ←
-// p (1 − lr·wd), m ← β1 m + (1 − β1) g, v ← β2 v + (1 − β2) g², p ← p −
-// lr / (1 − β1^t) · m / (sqrt(v) / sqrt(1 − β2^t) + eps). Element-wise, so
-// a step of the shards is a step of the whole; its state is two tensors
-// laid out like the flat parameters and one step count, which any DP size
-// or strategy can cut into its own shards (NOTE [training strategies]).
-struct flat_adam {
-  optimizer_options o;
-  at::Tensor m, v; // undefined before the first step and while offloaded
-  int64_t t = 0;
-
-  void step(at::Tensor p, const at::Tensor& g, double lr) {
-    torch::NoGradGuard no_grad;
-    if (!m.defined()) {
-      m = at::zeros_like(p);
-      v = at::zeros_like(p);
-    }
-    if (o.weight_decay != 0)
-      p.mul_(1 - lr * o.weight_decay);
-    ++t;
-    const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(t));
-    const double bc2 = 1 - std::pow(o.beta2, static_cast<double>(t));
-    m.mul_(o.beta1).add_(g, 1 - o.beta1);
-    v.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
-    auto denom = (v.sqrt() / std::sqrt(bc2)).add_(o.eps);
-    p.addcdiv_(m, denom, -lr / bc1);
-  }
-
-  int64_t bytes() const {
-    return m.defined() ? 2 * m.numel() * static_cast<int64_t>(m.element_size()) : 0;
   }
 };
 
@@ -464,7 +430,8 @@ private:
 
 expected<std::unique_ptr<training_strategy>>
 training_strategy::make(std::vector<at::Tensor> params, const optimizer_options& optim,
-                        runtime::process_group* group, const strategy_options& options) {
+                        runtime::process_group* group, const strategy_options& options,
+                        std::vector<std::vector<size_t>> layers) {
   if (params.empty())
     return make_error(errc::invalid_argument, "training_strategy: no parameters");
   for (const auto& p : params)
@@ -503,11 +470,11 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
           std::move(f), optim, *group, static_cast<int64_t>(options.bucket_mb * 1024 * 1024)));
     }
     case dp_strategy::zero3:
-      break;
+      if (!group)
+        return make_error(errc::invalid_argument, "training_strategy: zero3 needs a DP group");
+      return detail::make_zero3_strategy(std::move(params), std::move(layers), optim, *group);
     }
-    return make_error(errc::unsupported,
-                      "training_strategy: " + std::string{to_string(options.kind)} +
-                          " is not available yet");
+    return make_error(errc::unsupported, "training_strategy: unknown strategy");
   });
 }
 

@@ -21,7 +21,11 @@
 //          go into buckets that are reduced to their owners and freed as
 //          they fill (NOTE [zero2 buckets] in the .cpp); each rank keeps
 //          only its shard's sum.
-//   zero3  not yet (the job file refuses it).
+//   zero3  zero2's sharded gradients and optimizer state, and the
+//          parameters too: a rank holds its shard of each unit (one a
+//          transformer layer, one for the rest) at rest, a layer is
+//          gathered for its forward and again for its backward, which
+//          recomputes it (NOTE [zero3 units] in zero3_strategy.cpp).
 // Both keep the parameters in a flat buffer with flat gradients (views the
 // backward accumulates into) and step them with one flat AdamW (NOTE [flat
 // AdamW]), so a training state saved under one strategy and DP size loads
@@ -53,6 +57,10 @@ namespace troupe::runtime {
 class process_group;
 }
 
+namespace troupe::models {
+class layer_hooks;
+}
+
 namespace troupe::actors::train {
 
 struct strategy_options {
@@ -66,10 +74,13 @@ public:
   /// The strategy for a model's trainable `params` (registration order; one
   /// dtype and device) over `group` (null: one rank, nothing shared). The
   /// parameters must already be equal on every rank.
-  static expected<std::unique_ptr<training_strategy>> make(std::vector<at::Tensor> params,
-                                                           const optimizer_options& optim,
-                                                           runtime::process_group* group,
-                                                           const strategy_options& options);
+  /// `layers`: the indices into `params` of each transformer layer's
+  /// parameters (zero3 shards and gathers them a layer at a time; the rest
+  /// is one more unit).
+  static expected<std::unique_ptr<training_strategy>>
+  make(std::vector<at::Tensor> params, const optimizer_options& optim,
+       runtime::process_group* group, const strategy_options& options,
+       std::vector<std::vector<size_t>> layers = {});
   virtual ~training_strategy();
 
   virtual dp_strategy kind() const = 0;
@@ -90,6 +101,16 @@ public:
   /// One AdamW step at `lr` of what this rank updates; every rank holds the
   /// full new parameters afterwards.
   virtual expected<void> step(double lr) = 0;
+
+  /// The model's hooks (NOTE [layer hooks] in models/llama.hpp) when the
+  /// strategy takes part in its passes (zero3), else null.
+  virtual models::layer_hooks* layer_hooks() { return nullptr; }
+  /// Makes every parameter whole on this rank (zero3 gathers its shards:
+  /// every rank calls it; the others hold them whole already), and frees
+  /// them again; with `keep_changes` what was written into the whole
+  /// parameters since becomes the rank's shards.
+  virtual expected<void> gather_parameters() { return {}; }
+  virtual void release_parameters(bool keep_changes) { (void)keep_changes; }
 
   /// Bytes of optimizer state this rank holds.
   virtual int64_t optimizer_bytes() const = 0;

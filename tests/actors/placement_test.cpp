@@ -234,9 +234,6 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
                                               "parallelism is not available yet: tp must be 1"},
            {"{role: policy, pool: a, pp: 2}", "job.yaml:18:39: placement.roles[0].pp: pipeline "
                                               "parallelism is not available yet: pp must be 1"},
-           {"{role: critic, pool: a, strategy: zero3}",
-            "job.yaml:18:45: placement.roles[0].strategy: zero3 is not available yet: use ddp, "
-            "zero1 or zero2"},
            {"{role: reference, pool: a, strategy: zero1}",
             "job.yaml:18:48: placement.roles[0].strategy: zero1 shards training state, and "
             "reference "

@@ -1,0 +1,63 @@
+#pragma once
+// Pieces the training strategies share (actors/train/training_strategy.cpp
+// and zero3_strategy.cpp); internal to the train engine.
+
+#include "actors/train/optimizer_options.hpp"
+#include "actors/train/training_strategy.hpp"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace troupe::actors::train::detail {
+
+// torch's clip_grad_norm_ rule on a norm already computed.
+inline double clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
+}
+
+// NOTE [flat AdamW]: AdamW over one flat tensor (a rank's shard, or the
+// whole model), in torch::optim::AdamW's arithmetic: decoupled decay p ←
+// p (1 − lr·wd), m ← β1 m + (1 − β1) g, v ← β2 v + (1 − β2) g², p ← p −
+// lr / (1 − β1^t) · m / (sqrt(v) / sqrt(1 − β2^t) + eps). Element-wise, so
+// a step of the shards is a step of the whole; its state is two tensors
+// laid out like the flat parameters and one step count, which any DP size
+// or strategy can cut into its own shards (NOTE [training strategies]).
+struct flat_adam {
+  optimizer_options o;
+  at::Tensor m, v; // undefined before the first step and while offloaded
+  int64_t t = 0;
+
+  void step(at::Tensor p, const at::Tensor& g, double lr) {
+    torch::NoGradGuard no_grad;
+    if (!m.defined()) {
+      m = at::zeros_like(p);
+      v = at::zeros_like(p);
+    }
+    if (o.weight_decay != 0)
+      p.mul_(1 - lr * o.weight_decay);
+    ++t;
+    const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(t));
+    const double bc2 = 1 - std::pow(o.beta2, static_cast<double>(t));
+    m.mul_(o.beta1).add_(g, 1 - o.beta1);
+    v.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
+    auto denom = (v.sqrt() / std::sqrt(bc2)).add_(o.eps);
+    p.addcdiv_(m, denom, -lr / bc1);
+  }
+
+  int64_t bytes() const {
+    return m.defined() ? 2 * m.numel() * static_cast<int64_t>(m.element_size()) : 0;
+  }
+};
+
+/// zero3 (actors/train/zero3_strategy.cpp) over `group`; `layers` holds the
+/// indices into `params` of each layer's parameters (NOTE [layer hooks]).
+expected<std::unique_ptr<training_strategy>>
+make_zero3_strategy(std::vector<at::Tensor> params, std::vector<std::vector<size_t>> layers,
+                    const optimizer_options& optim, runtime::process_group& group);
+
+} // namespace troupe::actors::train::detail
