@@ -4,6 +4,7 @@
 
 #include "actors/rl/roles.hpp"
 #include "actors/rl/stage_table.hpp"
+#include "actors/train/strategy_memory.hpp"
 #include "models/config.hpp"
 #include "runtime/config.hpp"
 
@@ -53,23 +54,36 @@ std::vector<std::pair<std::string, int64_t>> split_rows(const job_config& c, con
   return out;
 }
 
-int64_t parameters(const models::llama_config& c, bool lm_head) {
+// A model's parameters: one transformer layer's, and the rest (embeddings,
+// final norm, head).
+struct parameter_split {
+  int64_t layer = 0, layers = 0, rest = 0;
+  int64_t total() const { return layers * layer + rest; }
+};
+
+parameter_split split_parameters(const models::llama_config& c, bool lm_head) {
   auto H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
   auto hd = c.resolved_head_dim();
   auto q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
-  int64_t layer = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
+  parameter_split s;
+  s.layer = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
   if (c.qkv_bias)
-    layer += q + 2 * kv;
+    s.layer += q + 2 * kv;
   if (c.o_bias)
-    layer += H;
+    s.layer += H;
   if (c.mlp_bias)
-    layer += 2 * I + H;
-  int64_t out = V * H + c.num_hidden_layers * layer + H;
+    s.layer += 2 * I + H;
+  s.layers = c.num_hidden_layers;
+  s.rest = V * H + H;
   if (lm_head && !c.tie_word_embeddings)
-    out += V * H;
+    s.rest += V * H;
   if (!lm_head)
-    out += H + 1;
-  return out;
+    s.rest += H + 1;
+  return s;
+}
+
+int64_t parameters(const models::llama_config& c, bool lm_head) {
+  return split_parameters(c, lm_head).total();
 }
 
 expected<models::llama_config> model_shape(const job_config& cfg) {
@@ -103,16 +117,18 @@ double role_bytes(const job_config& cfg, const models::llama_config& m, const st
   // A rule-only judge holds no model.
   if (t->actor_in(st->id) == role_actor::judge && !uses_reward_model(cfg.rl.reward))
     return 0;
-  auto params = static_cast<double>(parameters(m, t->head == models::head_kind::lm));
-  double per_parameter = 4;
+  const auto split = split_parameters(m, t->head == models::head_kind::lm);
+  double bytes = 4.0 * static_cast<double>(split.total());
   if (t->trains_in(st->id)) {
     role_placement_config placed; // the role's keys (ddp, dp 1 when unlisted)
     for (const auto& rp : cfg.placement.roles)
       if (rp.role == role)
         placed = rp;
-    per_parameter = train::training_bytes_per_parameter(placed.strategy, placed.dp);
+    bytes = train::training_bytes_per_parameter(placed.strategy, placed.dp) *
+                static_cast<double>(split.total()) +
+            train::training_transient_bytes(placed.strategy, placed.dp, placed.bucket_mb,
+                                            split.layer, split.rest);
   }
-  double bytes = per_parameter * params;
   if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
     auto e = engine_settings(cfg);
     auto blocks = inference::kv_pool_blocks(e, m, 4);

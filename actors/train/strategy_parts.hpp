@@ -39,6 +39,10 @@ struct flat_adam {
   }
 };
 
+/// The sum of squares of `g`'s elements, in double, a chunk at a time (no
+/// whole-size double copy: that was 3x the gradients at a step's peak).
+double squared_norm(const at::Tensor& g);
+
 /// zero3 (actors/train/zero3_strategy.cpp) over `group`; `layers` holds the
 /// indices into `params` of each layer's parameters (NOTE [layer hooks]).
 expected<std::unique_ptr<training_strategy>>

@@ -247,7 +247,10 @@ struct train_engine::impl {
   // gradient is the minibatch's whatever the micro-batch size or the DP
   // split; then the strategy syncs, clips and steps once. Each metric is the
   // units-weighted mean over the micro-batches (token-weighted for
-  // `token_keys`), then reduced over the group (group_metrics).
+  // `token_keys`), then reduced over the group (group_metrics). A strategy
+  // that communicates during the passes (zero2, zero3) needs as many passes
+  // on every rank: the ranks agree on the most micro-batches first, and one
+  // with fewer runs its last again at weight 0 (its metrics not counted).
   struct micro_part {
     at::Tensor loss;
     metric_map metrics;

@@ -80,7 +80,7 @@ public:
 
   expected<double> clip_gradients(double max_norm) override {
     auto sq = guarded("the gradient norm",
-                      [&] { return shard_grad().to(at::kDouble).pow(2).sum().reshape({1}); });
+                      [&] { return torch::tensor({detail::squared_norm(shard_grad())}, torch::kDouble); });
     if (!sq)
       return sq.error();
     if (group_)
@@ -286,7 +286,8 @@ public:
 // freed — strictly in bucket order, so every rank issues the same
 // collectives in the same order even when a parameter gets no gradient on
 // one of them: whatever is left is reduced at backward_done, after every
-// backward (a rank with fewer micro-batches calls it alone, with zeros).
+// backward (a rank with fewer micro-batches runs its last again at weight
+// 0: NOTE [micro-batches] in train_engine.cpp).
 // Peak gradient memory: the shard's sum, the buckets waiting their turn,
 // one parameter's gradient.
 class zero2_strategy final : public sharded_strategy {

@@ -87,9 +87,10 @@ public:
 
   /// Clears the gradients before a step's backward.
   virtual void zero_grad() = 0;
-  /// Whether the gradients are reduced during backward (zero2): then every
-  /// rank calls backward_done after each backward of a step, the same number
-  /// of times (a rank with fewer micro-batches calls it without a backward).
+  /// Whether the gradients are reduced during backward (zero2, zero3): then
+  /// every rank runs as many backward passes in a step as the others (a
+  /// rank with fewer micro-batches runs its last again at weight 0) and
+  /// calls backward_done after each.
   virtual bool reduces_in_backward() const { return false; }
   virtual expected<void> backward_done() { return {}; }
   /// After the step's backward passes: the gradients summed over the group,

@@ -142,7 +142,7 @@ public:
 
   expected<double> clip_gradients(double max_norm) override {
     auto sq = guarded("zero3: the gradient norm",
-                      [&] { return grads_.to(at::kDouble).pow(2).sum().reshape({1}); });
+                      [&] { return torch::tensor({squared_norm(grads_)}, torch::kDouble); });
     if (!sq)
       return sq.error();
     if (auto ok = group_.all_reduce_sum(*sq); !ok)

@@ -494,8 +494,8 @@ TEST(EngineGroup, ZeroStrategiesHoldTheirShareOfTheTrainingState) {
 
 // zero2 reduces its gradient buckets during backward, so every rank must
 // issue the same collectives: ranks with 5 and 4 rows at 1 row a micro-batch
-// (the one with fewer reduces zeros for its missing round) learn what one
-// engine learns from all 9 rows at once.
+// (the one with fewer runs its last again at weight 0) learn what one engine
+// learns from all 9 rows at once.
 TEST(EngineGroup, Zero2RanksWithUnequalMicroBatchCountsStayInStep) {
   auto base = tiny_model(11);
   auto single = engine_of(copy_of(base, models::head_kind::lm));

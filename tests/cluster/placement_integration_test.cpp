@@ -84,22 +84,28 @@ TEST(Placement, DisaggregatedWithDataParallelTrainersMatchesWithin1e5) {
 }
 
 // NOTE [training strategies]: the same job with the policy and the critic
-// under zero1 (each of the 2 ranks in its worker holding half of the AdamW
-// state; the checkpoints gather it) learns as the in-process run does.
-TEST(Placement, Zero1TrainersAcrossWorkersMatchWithin1e5) {
+// under zero1, zero2 and zero3 (each of the 2 ranks in its worker holding
+// its shard; the checkpoints gather it; zero3's ranks gather the weights
+// together for every pass and for the weight sync) learns as the
+// in-process run does.
+TEST(Placement, ZeroTrainersAcrossWorkersMatchWithin1e5) {
   test::temp_dir tmp;
-  std::string zero1 = disaggregated;
-  for (size_t at; (at = zero1.find("dp: 2}")) != std::string::npos;)
-    zero1.replace(at, 6, "dp: 2, strategy: zero1}");
   auto local = parse_job(tiny_job(tmp.file("local")));
-  auto placed = parse_job(tiny_job(tmp.file("placed"), "") + zero1);
   ASSERT_TRUE(local) << describe(local.error());
-  ASSERT_TRUE(placed) << describe(placed.error());
   auto a = run_placed(*local, tmp);
   ASSERT_TRUE(a) << describe(a.error());
-  auto b = run_placed(*placed, tmp);
-  ASSERT_TRUE(b) << describe(b.error());
-  test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(placed->run.dir));
+  for (std::string strategy : {"zero1", "zero2", "zero3"}) {
+    SCOPED_TRACE(strategy);
+    std::string placement = disaggregated;
+    for (size_t at; (at = placement.find("dp: 2}")) != std::string::npos;)
+      placement.replace(at, 6, "dp: 2, strategy: " + strategy + "}");
+    auto placed = parse_job(tiny_job(tmp.file(strategy), "") + placement);
+    ASSERT_TRUE(placed) << describe(placed.error());
+    auto b = run_placed(*placed, tmp);
+    ASSERT_TRUE(b) << describe(b.error());
+    test::expect_same_learning(test::metrics_of(local->run.dir),
+                               test::metrics_of(placed->run.dir));
+  }
 }
 
 TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {

@@ -1,0 +1,295 @@
+// The strategy harness (NOTE [training strategies]): each data-parallel
+// strategy trains the same model on the same global batches from the same
+// weights, at 2 and 4 ranks over gloo (in-process ranks, one thread each,
+// one compute thread), and the harness prints per strategy:
+//  - correctness: every rank's sum of weight norms after the steps (the
+//    weights exported by all ranks together), which must be equal across
+//    ranks and equal to a single engine's on the whole batches;
+//  - peak bytes of LibTorch CPU storage per rank while it trains (NOTE
+//    [counting allocator]: each rank's thread tagged; what it holds after
+//    joining and its steps' peak) against ddp's and against the planner's
+//    NOTE [strategy memory] for the same model (weights and training state
+//    per parameter; the activations and transients are measured, not
+//    planned);
+//  - step time and tokens/s, relative to ddp;
+//  - bytes received per rank per step, measured on the ranks' TCP sockets
+//    (TCP_INFO), against the bandwidth-optimal volume of the strategy
+//    (ddp's ring all-reduce 2(N−1)/N·Φ; zero1 and zero2 a reduce-scatter
+//    and an all-gather, the same; zero3 one more all-gather, 3(N−1)/N·Φ).
+//
+//   bench_strategies [--quick] [--steps N]
+#include "actors/rl/data.hpp"
+#include "actors/train/dp_strategy.hpp"
+#include "actors/train/train_engine.hpp"
+#include "models/llama.hpp"
+#include "runtime/collectives.hpp"
+#include "runtime/counting_allocator.hpp"
+
+#include <torch/torch.h>
+
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <string>
+#include <vector>
+
+using namespace troupe;
+using actors::train::dp_strategy;
+
+namespace {
+
+struct options {
+  bool quick = false;
+  int steps = 5;
+};
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick")
+      o.quick = true;
+    else if (a == "--steps" && i + 1 < argc)
+      o.steps = std::max(1, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: bench_strategies [--quick] [--steps N]\n");
+      std::exit(2);
+    }
+  }
+  if (o.quick)
+    o.steps = 2;
+  return o;
+}
+
+models::llama_config shape(bool quick) {
+  models::llama_config c;
+  c.hidden_size = quick ? 64 : 256;
+  c.intermediate_size = quick ? 172 : 688;
+  c.num_hidden_layers = quick ? 2 : 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.vocab_size = quick ? 512 : 4096;
+  c.max_position_embeddings = 256;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+// Global batches of `rows` prompt + response rows (fixed lengths: every
+// rank's share has the same tokens).
+std::vector<runtime::tensor_batch> batches(int steps, int64_t rows, int64_t vocab) {
+  std::vector<runtime::tensor_batch> out;
+  torch::manual_seed(3);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::vector<int64_t>> prompts, responses;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto p = torch::randint(1, vocab, {24}, torch::kLong);
+      auto q = torch::randint(1, vocab, {40}, torch::kLong);
+      prompts.emplace_back(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + 24);
+      responses.emplace_back(q.data_ptr<int64_t>(), q.data_ptr<int64_t>() + 40);
+    }
+    auto b = actors::rl::collate_sequences(prompts, responses, 0);
+    if (!b) {
+      std::fprintf(stderr, "%s\n", describe(b.error()).c_str());
+      std::exit(1);
+    }
+    out.push_back(std::move(*b));
+  }
+  return out;
+}
+
+// Bytes this process's TCP sockets have received (every rank's gloo pairs
+// are in this process, so each byte sent between ranks counts once).
+int64_t tcp_bytes_received() {
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = std::atoi(e.path().filename().c_str());
+    tcp_info info{};
+    socklen_t len = sizeof info;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+        len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received)
+      total += static_cast<int64_t>(info.tcpi_bytes_received);
+  }
+  return total;
+}
+
+double weight_norm_sum(const std::map<std::string, at::Tensor>& w) {
+  double s = 0;
+  for (const auto& [name, t] : w)
+    s += t.norm().item<double>();
+  return s;
+}
+
+std::unique_ptr<actors::train::train_engine> engine_of(const models::llama_model& base) {
+  auto m = models::make_llama(base->config(), models::head_kind::lm);
+  if (!m || !models::assign_hf_weights(*m, models::export_hf_weights(base), true)) {
+    std::fprintf(stderr, "copying the model failed\n");
+    std::exit(1);
+  }
+  actors::train::optimizer_options o;
+  o.lr = 1e-3;
+  o.grad_clip = 1.0;
+  auto e = actors::train::train_engine::make(*m, o);
+  if (!e) {
+    std::fprintf(stderr, "%s\n", describe(e.error()).c_str());
+    std::exit(1);
+  }
+  return std::move(*e);
+}
+
+struct result {
+  double step_s = 0;      // median over the timed steps
+  int64_t peak_bytes = 0; // the largest rank's
+  double received_per_step = 0;
+  std::vector<double> norm_sums; // a rank each
+};
+
+result run(const models::llama_model& base, const std::vector<runtime::tensor_batch>& global,
+           int world, dp_strategy strategy) {
+  runtime::group_options go;
+  go.name = "bench-" + std::string{to_string(strategy)} + "-" + std::to_string(world);
+  go.timeout_ms = 120000;
+  auto groups = runtime::make_local_groups(world, go);
+  if (!groups) {
+    std::fprintf(stderr, "%s\n", describe(groups.error()).c_str());
+    std::exit(1);
+  }
+  auto& counter = runtime::counting_allocator::install();
+  result out;
+  out.norm_sums.resize(static_cast<size_t>(world));
+  std::vector<int64_t> peaks(static_cast<size_t>(world));
+  std::vector<double> times;
+  int64_t received_before = 0, received_after = 0;
+  auto rank_main = [&](int r) -> expected<void> {
+    runtime::counting_allocator::set_thread_tag(r);
+    counter.reset_peak(r);
+    const auto at_start = counter.counts(r).current;
+    auto e = engine_of(base);
+    auto g = std::make_shared<actors::train::data_parallel_group>();
+    g->store = std::move(groups->stores[static_cast<size_t>(r)]);
+    g->group = std::move(groups->groups[static_cast<size_t>(r)]);
+    auto& group = g->group;
+    if (auto ok = e->join_data_parallel(g, {strategy, 25}); !ok)
+      return ok.error();
+    counter.reset_peak(r); // the training's peak, not the model's copying in
+    for (size_t s = 0; s < global.size(); ++s) {
+      auto shares = global[s].split(world);
+      if (!shares)
+        return shares.error();
+      if (auto ok = group.barrier(); !ok)
+        return ok.error();
+      if (r == 0 && s == 1)
+        received_before = tcp_bytes_received();
+      auto t0 = std::chrono::steady_clock::now();
+      if (auto m = e->sft_step((*shares)[static_cast<size_t>(r)]); !m)
+        return m.error();
+      if (auto ok = group.barrier(); !ok)
+        return ok.error();
+      if (r == 0 && s > 0) // the first step is the warm-up
+        times.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (r == 0)
+      received_after = tcp_bytes_received();
+    peaks[static_cast<size_t>(r)] = counter.counts(r).peak - at_start;
+    out.norm_sums[static_cast<size_t>(r)] = weight_norm_sum(e->export_weights());
+    runtime::counting_allocator::set_thread_tag(-1);
+    return {};
+  };
+  std::vector<std::future<expected<void>>> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(std::async(std::launch::async, rank_main, r));
+  for (auto& f : ranks)
+    if (auto ok = f.get(); !ok) {
+      std::fprintf(stderr, "%s at %d ranks: %s\n", std::string{to_string(strategy)}.c_str(), world,
+                   describe(ok.error()).c_str());
+      std::exit(1);
+    }
+  std::sort(times.begin(), times.end());
+  out.step_s = times.empty() ? 0 : times[times.size() / 2];
+  out.peak_bytes = *std::max_element(peaks.begin(), peaks.end());
+  const auto timed = static_cast<double>(std::max<size_t>(1, global.size() - 1));
+  out.received_per_step =
+      static_cast<double>(received_after - received_before) / timed / static_cast<double>(world);
+  return out;
+}
+
+// The bandwidth-optimal bytes a rank receives per step for Φ bytes of
+// gradients (NOTE at the top).
+double theory_bytes(dp_strategy s, int world, double phi) {
+  const double ring = static_cast<double>(world - 1) / world * phi;
+  return s == dp_strategy::zero3 ? 3 * ring : 2 * ring;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const auto o = parse(argc, argv);
+  at::set_num_threads(1);
+  torch::manual_seed(11);
+  auto base = models::make_llama(shape(o.quick), models::head_kind::lm);
+  if (!base) {
+    std::fprintf(stderr, "%s\n", describe(base.error()).c_str());
+    return 1;
+  }
+  int64_t params = 0;
+  for (const auto& p : (*base)->parameters())
+    params += p.numel();
+  const int64_t rows = 8;
+  auto global = batches(o.steps + 1, rows, shape(o.quick).vocab_size);
+  const double tokens = static_cast<double>(rows * 64);
+
+  // One engine on the whole batches: the answer.
+  auto single = engine_of(*base);
+  for (const auto& b : global)
+    if (auto m = single->sft_step(b); !m) {
+      std::fprintf(stderr, "%s\n", describe(m.error()).c_str());
+      return 1;
+    }
+  const double want = weight_norm_sum(single->export_weights());
+
+  std::printf("strategy harness: %lld parameters (%.1f MB fp32), global batch %lld rows x 64 "
+              "tokens, %d timed steps, 1 compute thread a rank\n",
+              static_cast<long long>(params), static_cast<double>(params) * 4 / 1e6,
+              static_cast<long long>(rows), o.steps);
+  std::printf("single engine: weight-norm sum %.9g\n", want);
+  bool all_ok = true;
+  for (int world : {2, 4}) {
+    std::printf("\n%d ranks (gloo)\n", world);
+    std::printf("%-6s %-12s %8s %7s %9s %12s %7s %9s %12s %12s %6s\n", "", "norm sum", "step ms",
+                "vs ddp", "tokens/s", "peak MiB/rk", "vs ddp", "plan MiB", "recv/step/rk",
+                "optimal", "ratio");
+    double ddp_time = 0, ddp_peak = 0;
+    for (auto s : {dp_strategy::ddp, dp_strategy::zero1, dp_strategy::zero2, dp_strategy::zero3}) {
+      auto r = run(*base, global, world, s);
+      bool equal = true;
+      for (double n : r.norm_sums)
+        equal = equal && std::abs(n - want) <= 1e-5 * std::abs(want);
+      all_ok = all_ok && equal;
+      if (s == dp_strategy::ddp) {
+        ddp_time = r.step_s;
+        ddp_peak = static_cast<double>(r.peak_bytes);
+      }
+      const double plan = actors::train::training_bytes_per_parameter(s, world) *
+                          static_cast<double>(params);
+      const double optimal = theory_bytes(s, world, 4.0 * static_cast<double>(params));
+      std::printf("%-6s %-12.9g %8.2f %7.2f %9.0f %12.2f %7.2f %9.2f %12.0f %12.0f %6.2f%s\n",
+                  std::string{to_string(s)}.c_str(), r.norm_sums[0], r.step_s * 1e3,
+                  r.step_s / ddp_time, tokens / r.step_s,
+                  static_cast<double>(r.peak_bytes) / (1 << 20),
+                  static_cast<double>(r.peak_bytes) / ddp_peak, plan / (1 << 20),
+                  r.received_per_step, optimal, r.received_per_step / optimal,
+                  equal ? "" : "  NORMS DIFFER");
+    }
+  }
+  std::printf("\n%s\n", all_ok ? "every rank of every strategy matches the single engine (1e-5)"
+                                : "MISMATCH: a strategy's weights differ from the single engine's");
+  return all_ok ? 0 : 1;
+}
