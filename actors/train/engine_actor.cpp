@@ -122,6 +122,10 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
           return bytes;
         });
       },
+      [=](gather_weights_atom) {
+        return serve<int64_t>(self, "gather_weights",
+                              [&](train_engine& e) { return e.gather_weights(); });
+      },
       [=](save_model_atom, const std::string& dir) {
         return serve<std::string>(self, "save_model", [&](train_engine& e) -> expected<std::string> {
           if (auto ok = e.save_pretrained(dir); !ok)

@@ -32,6 +32,7 @@ using rm_eval_atom = caf::atom_constant<caf::atom("rmeval")>;
 using export_atom = caf::atom_constant<caf::atom("export")>;
 using publish_atom = caf::atom_constant<caf::atom("publish")>;
 using save_model_atom = caf::atom_constant<caf::atom("savemodel")>;
+using gather_weights_atom = caf::atom_constant<caf::atom("gatherw")>;
 using save_state_atom = caf::atom_constant<caf::atom("savestate")>;
 using load_state_atom = caf::atom_constant<caf::atom("loadstate")>;
 /// Testing: the next request of any kind fails by throwing (an actor crash).
@@ -58,6 +59,10 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<publish_atom, int64_t, actors::weight_channel>::with<served_bytes>,
     /// Writes the model as a HF directory; answers the directory.
     caf::replies_to<save_model_atom, std::string>::with<std::string>,
+    /// Makes the weights whole and frees them again, exporting nothing: a
+    /// zero3 rank's part in another rank's export, publish or save_model
+    /// (NOTE [dispatch modes] in engine_group.hpp); answers the bytes.
+    caf::replies_to<gather_weights_atom>::with<int64_t>,
     /// Training state as bytes, and back.
     caf::replies_to<save_state_atom>::with<std::string>,
     caf::replies_to<load_state_atom, std::string>::with<int64_t>,

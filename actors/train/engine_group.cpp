@@ -250,7 +250,7 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
   auto zero3 = [self] { return self->state.strategy == dp_strategy::zero3; };
   // A zero3 peer's part in rank 0's export (NOTE [dispatch modes]).
   auto exporting = [self](const engine_actor& a) {
-    return self->request(a, caf::infinite, export_atom::value);
+    return self->request(a, caf::infinite, gather_weights_atom::value);
   };
 
   return {
@@ -292,13 +292,14 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](export_atom) -> caf::result<actors::shared_weights> {
         if (!zero3())
           return self->delegate(rank(0), export_atom::value);
-        return with_peers<actors::shared_weights, actors::shared_weights>(self, exporting,
-                                                                        exporting);
+        return with_peers<actors::shared_weights, int64_t>(
+            self, [=](const engine_actor& a) { return self->request(a, caf::infinite, export_atom::value); },
+            exporting);
       },
       [=](publish_atom, int64_t v, const actors::weight_channel& c) -> caf::result<served_bytes> {
         if (!zero3())
           return self->delegate(rank(0), publish_atom::value, v, c);
-        return with_peers<served_bytes, actors::shared_weights>(
+        return with_peers<served_bytes, int64_t>(
             self,
             [=](const engine_actor& a) {
               return self->request(a, caf::infinite, publish_atom::value, v, c);
@@ -308,12 +309,18 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](save_model_atom, const std::string& dir) -> caf::result<std::string> {
         if (!zero3())
           return self->delegate(rank(0), save_model_atom::value, dir);
-        return with_peers<std::string, actors::shared_weights>(
+        return with_peers<std::string, int64_t>(
             self,
             [=](const engine_actor& a) {
               return self->request(a, caf::infinite, save_model_atom::value, dir);
             },
             exporting);
+      },
+      [=](gather_weights_atom) {
+        return fan_out<int64_t, int64_t>(
+            self, n(),
+            [=](size_t r) { return self->request(rank(r), caf::infinite, gather_weights_atom::value); },
+            first);
       },
       [=](save_state_atom) {
         // Every rank: a sharded strategy gathers its optimizer state (NOTE

@@ -774,6 +774,20 @@ expected<void> train_engine::save_pretrained(const std::string& dir) const {
   });
 }
 
+expected<int64_t> train_engine::gather_weights() const {
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
+  return guarded("gather_weights", [&] {
+    return impl_->with_whole_parameters(false, [&] {
+      int64_t bytes = 0;
+      if (impl_->strategy && impl_->strategy->layer_hooks())
+        for (const auto& p : impl_->model->parameters())
+          bytes += p.numel() * static_cast<int64_t>(p.element_size());
+      return bytes;
+    });
+  });
+}
+
 expected<std::string> train_engine::save_state() const {
   if (auto ok = impl_->make_resident(); !ok)
     return ok.error();

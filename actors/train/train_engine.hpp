@@ -152,6 +152,11 @@ public:
 
   /// Writes the model as a HF directory (config.json + model.safetensors).
   expected<void> save_pretrained(const std::string& dir) const;
+  /// Makes the weights whole and frees them again, as export_weights does,
+  /// exporting nothing: a zero3 rank's part in another rank's export (every
+  /// rank gathers); answers the bytes made whole (0 when nothing is
+  /// sharded).
+  expected<int64_t> gather_weights() const;
 
   /// Training state (parameters, optimizer moments, step count) as bytes,
   /// and back. Restoring into an engine of another shape is an error.
