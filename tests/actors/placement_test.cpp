@@ -277,11 +277,12 @@ TEST(Placement, ZeroStrategiesLowerATrainingRanksEstimate) {
   EXPECT_NEAR(ddp->devices[0].peak_bytes - zero1->devices[0].peak_bytes, 2.0 * params, 1.0);
   EXPECT_NEAR(ddp->devices[0].peak_bytes - zero2->devices[0].peak_bytes, 6.0 * params - bucket,
               1.0);
-  // zero3: 16/2 a parameter, and a layer and the embeddings and head whole.
+  // zero3: 16/2 a parameter, and a layer and the embeddings and head whole
+  // (most of this tiny model: still below ddp's 16).
   const double policy_ddp = 16.0 * params;
   const double zero3_policy = zero3->devices[0].peak_bytes - (ddp->devices[0].peak_bytes - policy_ddp);
   EXPECT_GT(zero3_policy, 8.0 * params);
-  EXPECT_LT(zero3_policy, 10.0 * params);
+  EXPECT_LT(zero3_policy, policy_ddp);
   for (const auto* p : {&zero1, &zero2, &zero3})
     EXPECT_DOUBLE_EQ((*p)->devices[2].peak_bytes, ddp->devices[2].peak_bytes) << "the rollout";
 }
