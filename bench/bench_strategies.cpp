@@ -277,19 +277,18 @@ int main(int argc, char** argv) {
         ddp_time = r.step_s;
         ddp_peak = static_cast<double>(r.peak_bytes);
       }
-      const double plan = actors::train::training_bytes_per_parameter(s, world) *
-                          static_cast<double>(params);
+      const double plan =
+          actors::train::training_bytes_per_parameter(s, world) * static_cast<double>(params);
       const double optimal = theory_bytes(s, world, 4.0 * static_cast<double>(params));
-      std::printf("%-6s %-12.9g %8.2f %7.2f %9.0f %12.2f %7.2f %9.2f %12.0f %12.0f %6.2f%s\n",
-                  std::string{to_string(s)}.c_str(), r.norm_sums[0], r.step_s * 1e3,
-                  r.step_s / ddp_time, tokens / r.step_s,
-                  static_cast<double>(r.peak_bytes) / (1 << 20),
-                  static_cast<double>(r.peak_bytes) / ddp_peak, plan / (1 << 20),
-                  r.received_per_step, optimal, r.received_per_step / optimal,
-                  equal ? "" : "  NORMS DIFFER");
+      std::printf(
+          "%-6s %-12.9g %8.2f %7.2f %9.0f %12.2f %7.2f %9.2f %12.0f %12.0f %6.2f%s\n",
+          std::string{to_string(s)}.c_str(), r.norm_sums[0], r.step_s * 1e3, r.step_s / ddp_time,
+          tokens / r.step_s, static_cast<double>(r.peak_bytes) / (1 << 20),
+          static_cast<double>(r.peak_bytes) / ddp_peak, plan / (1 << 20), r.received_per_step,
+          optimal, r.received_per_step / optimal, equal ? "" : "  NORMS DIFFER");
     }
   }
   std::printf("\n%s\n", all_ok ? "every rank of every strategy matches the single engine (1e-5)"
-                                : "MISMATCH: a strategy's weights differ from the single engine's");
+                               : "MISMATCH: a strategy's weights differ from the single engine's");
   return all_ok ? 0 : 1;
 }

@@ -19,8 +19,9 @@ std::array<std::atomic<int64_t>, counting_allocator::kTags + 1> current_bytes{};
 std::array<std::atomic<int64_t>, counting_allocator::kTags + 1> peak_bytes{};
 
 size_t slot(int tag) {
-  return tag >= 0 && tag < counting_allocator::kTags ? static_cast<size_t>(tag)
-                                                     : static_cast<size_t>(counting_allocator::kTags);
+  return tag >= 0 && tag < counting_allocator::kTags
+             ? static_cast<size_t>(tag)
+             : static_cast<size_t>(counting_allocator::kTags);
 }
 
 // What a counted storage keeps: the wrapped allocator's pointer (freed with
@@ -75,7 +76,9 @@ counting_allocator& counting_allocator::install() {
   return counter;
 }
 
-void counting_allocator::set_thread_tag(int tag) { thread_tag = tag; }
+void counting_allocator::set_thread_tag(int tag) {
+  thread_tag = tag;
+}
 
 void counting_allocator::add(int tag, int64_t bytes) {
   auto s = slot(tag);

@@ -184,12 +184,13 @@ caf::typed_response_promise<R> with_peers(self_ptr self, Ask ask, Peer peer) {
       rp.deliver(std::move(e));
     }
   };
-  ask(self->state.ranks[0]).then(
-      [=](R& x) mutable {
-        g->answer = std::move(x);
-        finish();
-      },
-      fail);
+  ask(self->state.ranks[0])
+      .then(
+          [=](R& x) mutable {
+            g->answer = std::move(x);
+            finish();
+          },
+          fail);
   for (size_t r = 1; r < self->state.ranks.size(); ++r)
     peer(self->state.ranks[r]).then([=](P&) mutable { finish(); }, fail);
   return rp;
@@ -293,7 +294,10 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         if (!zero3())
           return self->delegate(rank(0), export_atom::value);
         return with_peers<actors::shared_weights, int64_t>(
-            self, [=](const engine_actor& a) { return self->request(a, caf::infinite, export_atom::value); },
+            self,
+            [=](const engine_actor& a) {
+              return self->request(a, caf::infinite, export_atom::value);
+            },
             exporting);
       },
       [=](publish_atom, int64_t v, const actors::weight_channel& c) -> caf::result<served_bytes> {
@@ -319,7 +323,9 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](gather_weights_atom) {
         return fan_out<int64_t, int64_t>(
             self, n(),
-            [=](size_t r) { return self->request(rank(r), caf::infinite, gather_weights_atom::value); },
+            [=](size_t r) {
+              return self->request(rank(r), caf::infinite, gather_weights_atom::value);
+            },
             first);
       },
       [=](save_state_atom) {

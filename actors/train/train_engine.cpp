@@ -228,9 +228,8 @@ struct train_engine::impl {
     auto parts = micro_batches(b);
     // A strategy that gathers during the passes (zero3) needs as many on
     // every rank, agreed before any: the last again, its answer dropped.
-    const size_t rounds = dp && strategy && strategy->layer_hooks()
-                              ? most_micro_batches(parts.size())
-                              : parts.size();
+    const size_t rounds =
+        dp && strategy && strategy->layer_hooks() ? most_micro_batches(parts.size()) : parts.size();
     for (const auto& part : parts)
       outs.push_back(fn(part));
     for (auto i = parts.size(); i < rounds; ++i)

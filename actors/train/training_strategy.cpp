@@ -79,8 +79,9 @@ public:
   void zero_grad() override { f_.zero_grads(); }
 
   expected<double> clip_gradients(double max_norm) override {
-    auto sq = guarded("the gradient norm",
-                      [&] { return torch::tensor({detail::squared_norm(shard_grad())}, torch::kDouble); });
+    auto sq = guarded("the gradient norm", [&] {
+      return torch::tensor({detail::squared_norm(shard_grad())}, torch::kDouble);
+    });
     if (!sq)
       return sq.error();
     if (group_)
@@ -402,8 +403,8 @@ private:
       const int64_t lo = std::max(b.begin, r * f_.shard), hi = std::min(b.end, (r + 1) * f_.shard);
       auto part = buffer.narrow(0, lo - b.begin, hi - lo);
       if (auto ok = group_->reduce(part, r, runtime::reduce_op::sum); !ok)
-        return with_prefix(ok.error(), "zero2: reducing a gradient bucket to rank " +
-                                           std::to_string(r));
+        return with_prefix(ok.error(),
+                           "zero2: reducing a gradient bucket to rank " + std::to_string(r));
       if (r == f_.rank)
         grad_shard_.narrow(0, lo - r * f_.shard, hi - lo).add_(part);
     }

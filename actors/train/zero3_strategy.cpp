@@ -69,7 +69,9 @@ struct layer_function : torch::autograd::Function<layer_function> {
                                                  torch::autograd::variable_list grads);
 };
 
-[[noreturn]] void raise(const caf::error& e) { throw std::runtime_error(describe(e)); }
+[[noreturn]] void raise(const caf::error& e) {
+  throw std::runtime_error(describe(e));
+}
 
 class zero3_strategy final : public training_strategy, public models::layer_hooks {
 public:
@@ -236,8 +238,8 @@ public:
         return make_error(errc::corrupted, "load_state: the state has no optimizer");
       const bool moments = archive.try_read("optimizer/exp_avg", m);
       if (moments != archive.try_read("optimizer/exp_avg_sq", v) ||
-          (moments && (m.numel() != total_ || v.numel() != total_ ||
-                       m.scalar_type() != flat_.scalar_type())))
+          (moments &&
+           (m.numel() != total_ || v.numel() != total_ || m.scalar_type() != flat_.scalar_type())))
         return make_error(errc::shape_mismatch,
                           "load_state: the optimizer moments do not fit this model (" +
                               std::to_string(m.defined() ? m.numel() : 0) + " elements for " +

@@ -280,7 +280,8 @@ TEST(Placement, ZeroStrategiesLowerATrainingRanksEstimate) {
   // zero3: 16/2 a parameter, and a layer and the embeddings and head whole
   // (most of this tiny model: still below ddp's 16).
   const double policy_ddp = 16.0 * params;
-  const double zero3_policy = zero3->devices[0].peak_bytes - (ddp->devices[0].peak_bytes - policy_ddp);
+  const double zero3_policy =
+      zero3->devices[0].peak_bytes - (ddp->devices[0].peak_bytes - policy_ddp);
   EXPECT_GT(zero3_policy, 8.0 * params);
   EXPECT_LT(zero3_policy, policy_ddp);
   for (const auto* p : {&zero1, &zero2, &zero3})

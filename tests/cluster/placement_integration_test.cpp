@@ -103,8 +103,7 @@ TEST(Placement, ZeroTrainersAcrossWorkersMatchWithin1e5) {
     ASSERT_TRUE(placed) << describe(placed.error());
     auto b = run_placed(*placed, tmp);
     ASSERT_TRUE(b) << describe(b.error());
-    test::expect_same_learning(test::metrics_of(local->run.dir),
-                               test::metrics_of(placed->run.dir));
+    test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(placed->run.dir));
   }
 }
 
