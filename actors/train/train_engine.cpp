@@ -755,13 +755,10 @@ expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
 
 std::map<std::string, at::Tensor> train_engine::export_weights() const {
   value_or_throw(impl_->make_resident());
-  return impl_->with_whole_parameters(false, [&] {
-    auto out = models::export_hf_weights(impl_->model);
-    if (impl_->strategy) // owned copies: the parameters are freed next (zero3)
-      for (auto& [name, t] : out)
-        t = t.clone();
-    return out;
-  });
+  // (Under zero3 the exported tensors keep the gathered storage alive after
+  // the parameters are freed.)
+  return impl_->with_whole_parameters(false,
+                                      [&] { return models::export_hf_weights(impl_->model); });
 }
 
 expected<void> train_engine::save_pretrained(const std::string& dir) const {
@@ -795,7 +792,7 @@ expected<std::string> train_engine::save_state() const {
     torch::serialize::OutputArchive archive;
     impl_->with_whole_parameters(false, [&] {
       for (const auto& p : impl_->model->named_parameters())
-        archive.write("param/" + p.key(), p.value().detach().clone());
+        archive.write("param/" + p.key(), p.value().detach());
       return 0;
     });
     if (impl_->strategy)
