@@ -196,12 +196,8 @@ caf::typed_response_promise<R> with_peers(self_ptr self, Ask ask, Peer peer) {
   return rp;
 }
 
-engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
-                                           std::vector<engine_actor> ranks, dp_strategy strategy) {
-  self->state.role = std::move(role);
-  self->state.ranks = std::move(ranks);
-  self->state.strategy = strategy;
-  // Ending the group ends its ranks; a rank that goes down ends the group.
+// Ending the group ends its ranks; a rank that goes down ends the group.
+void bind_to_ranks(self_ptr self) {
   auto members = self->state.ranks;
   self->attach_functor([members](const caf::error&) {
     for (const auto& r : members)
@@ -216,6 +212,31 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
                              : make_error(errc::unavailable, self->state.role + ": DP rank " +
                                                                  std::to_string(r) + " ended"));
   });
+}
+
+// NOTE [dispatch modes]: rank 0 answers `atom`; under zero3 every other rank
+// makes the same passes alongside — the same request (peers_do::same) or a
+// gather of the weights (peers_do::gather) — and its answer is dropped.
+enum class peers_do { same, gather };
+
+template <class R, class Atom, class... Ts>
+caf::result<R> from_rank0(self_ptr self, peers_do peers, Atom atom, const Ts&... xs) {
+  if (self->state.strategy != dp_strategy::zero3)
+    return self->delegate(self->state.ranks[0], atom, xs...);
+  auto ask = [=](const engine_actor& a) { return self->request(a, caf::infinite, atom, xs...); };
+  if (peers == peers_do::same)
+    return with_peers<R, R>(self, ask, ask);
+  return with_peers<R, int64_t>(self, ask, [=](const engine_actor& a) {
+    return self->request(a, caf::infinite, gather_weights_atom::value);
+  });
+}
+
+engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
+                                           std::vector<engine_actor> ranks, dp_strategy strategy) {
+  self->state.role = std::move(role);
+  self->state.ranks = std::move(ranks);
+  self->state.strategy = strategy;
+  bind_to_ranks(self);
   auto n = [self] { return self->state.ranks.size(); };
   auto rank = [self](size_t r) { return self->state.ranks[r]; };
   auto prefixed = [self](const caf::error& e, const char* what) {
@@ -248,11 +269,6 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         slowest(group_metrics));
   };
   auto first = [](const auto& parts) -> expected<std::decay_t<decltype(parts[0])>> { return parts[0]; };
-  auto zero3 = [self] { return self->state.strategy == dp_strategy::zero3; };
-  // A zero3 peer's part in rank 0's export (NOTE [dispatch modes]).
-  auto exporting = [self](const engine_actor& a) {
-    return self->request(a, caf::infinite, gather_weights_atom::value);
-  };
 
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
@@ -281,44 +297,18 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](rm_step_atom a, const tensor_batch& b) {
         return split<metric_map>(self, b, "rm_step", "pairs", ask(a), group_metrics);
       },
-      [=](rm_eval_atom, const tensor_batch& b) -> caf::result<metric_map> {
+      [=](rm_eval_atom a, const tensor_batch& b) -> caf::result<metric_map> {
         // Evaluation needs no group: rank 0 scores every pair.
-        if (!zero3())
-          return self->delegate(rank(0), rm_eval_atom::value, b);
-        auto eval = [=](const engine_actor& a) {
-          return self->request(a, caf::infinite, rm_eval_atom::value, b);
-        };
-        return with_peers<metric_map, metric_map>(self, eval, eval);
+        return from_rank0<metric_map>(self, peers_do::same, a, b);
       },
-      [=](export_atom) -> caf::result<actors::shared_weights> {
-        if (!zero3())
-          return self->delegate(rank(0), export_atom::value);
-        return with_peers<actors::shared_weights, int64_t>(
-            self,
-            [=](const engine_actor& a) {
-              return self->request(a, caf::infinite, export_atom::value);
-            },
-            exporting);
+      [=](export_atom a) -> caf::result<actors::shared_weights> {
+        return from_rank0<actors::shared_weights>(self, peers_do::gather, a);
       },
-      [=](publish_atom, int64_t v, const actors::weight_channel& c) -> caf::result<served_bytes> {
-        if (!zero3())
-          return self->delegate(rank(0), publish_atom::value, v, c);
-        return with_peers<served_bytes, int64_t>(
-            self,
-            [=](const engine_actor& a) {
-              return self->request(a, caf::infinite, publish_atom::value, v, c);
-            },
-            exporting);
+      [=](publish_atom a, int64_t v, const actors::weight_channel& c) -> caf::result<served_bytes> {
+        return from_rank0<served_bytes>(self, peers_do::gather, a, v, c);
       },
-      [=](save_model_atom, const std::string& dir) -> caf::result<std::string> {
-        if (!zero3())
-          return self->delegate(rank(0), save_model_atom::value, dir);
-        return with_peers<std::string, int64_t>(
-            self,
-            [=](const engine_actor& a) {
-              return self->request(a, caf::infinite, save_model_atom::value, dir);
-            },
-            exporting);
+      [=](save_model_atom a, const std::string& dir) -> caf::result<std::string> {
+        return from_rank0<std::string>(self, peers_do::gather, a, dir);
       },
       [=](gather_weights_atom) {
         return fan_out<int64_t, int64_t>(

@@ -11,7 +11,14 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
+
+namespace torch::serialize {
+class InputArchive;
+} // namespace torch::serialize
 
 namespace troupe::actors::train::detail {
 
@@ -37,7 +44,24 @@ struct flat_adam {
   int64_t bytes() const {
     return m.defined() ? 2 * m.numel() * static_cast<int64_t>(m.element_size()) : 0;
   }
+
+  /// Co-located offload: the moments to `path` (when there are any) and
+  /// freed; answers the bytes freed. reload reads them back.
+  int64_t offload(const std::string& path);
+  void reload(const std::string& path);
+
+  /// A training state's step count and whole-model moments (NOTE [flat
+  /// AdamW]): sets t and answers the moments, none before the first step;
+  /// an error when they do not fit `total` elements of `dtype`.
+  expected<std::optional<std::pair<at::Tensor, at::Tensor>>>
+  read_state(torch::serialize::InputArchive& archive, int64_t total, at::ScalarType dtype);
 };
+
+/// The norm of the whole gradient of which `grads` is this rank's part
+/// (squared norms summed over `group`; null: all of it here), and `grads`
+/// scaled by torch's clip_grad_norm_ rule when it is above `max_norm`.
+expected<double> clip_by_global_norm(at::Tensor& grads, runtime::process_group* group,
+                                     double max_norm);
 
 /// The sum of squares of `g`'s elements, in double, a chunk at a time (no
 /// whole-size double copy: that was 3x the gradients at a step's peak).

@@ -16,7 +16,6 @@ training_strategy::~training_strategy() = default;
 
 namespace {
 
-using detail::clip_coefficient;
 using detail::flat_adam;
 
 // The model's parameters moved into one flat buffer padded to a multiple of
@@ -79,44 +78,19 @@ public:
   void zero_grad() override { f_.zero_grads(); }
 
   expected<double> clip_gradients(double max_norm) override {
-    auto sq = guarded("the gradient norm", [&] {
-      return torch::tensor({detail::squared_norm(shard_grad())}, torch::kDouble);
-    });
-    if (!sq)
-      return sq.error();
-    if (group_)
-      if (auto ok = group_->all_reduce_sum(*sq); !ok)
-        return with_prefix(ok.error(), "summing the gradient norm over the group");
-    const double norm = std::sqrt(sq->item<double>());
-    if (const double c = clip_coefficient(norm, max_norm); c < 1.0)
-      shard_grad().mul_(c);
-    return norm;
+    return detail::clip_by_global_norm(shard_grad(), group_, max_norm);
   }
 
   int64_t optimizer_bytes() const override { return adam_.bytes(); }
 
   expected<int64_t> release(const std::string& path) override {
     return guarded("offloading the optimizer state", [&]() -> expected<int64_t> {
-      int64_t bytes = adam_.bytes();
-      if (bytes > 0) {
-        torch::serialize::OutputArchive a;
-        a.write("exp_avg", adam_.m);
-        a.write("exp_avg_sq", adam_.v);
-        a.save_to(path);
-        adam_.m = adam_.v = at::Tensor();
-      }
-      return bytes + f_.release_grads() + release_own_grads();
+      return adam_.offload(path) + f_.release_grads() + release_own_grads();
     });
   }
 
   expected<void> reload_state(const std::string& path) override {
-    return guarded("reloading the offloaded optimizer state", [&]() -> expected<void> {
-      torch::serialize::InputArchive a;
-      a.load_from(path);
-      a.read("exp_avg", adam_.m);
-      a.read("exp_avg_sq", adam_.v);
-      return {};
-    });
+    return guarded("reloading the offloaded optimizer state", [&] { adam_.reload(path); });
   }
 
   // The whole model's moments, unpadded, in parameter order (the ranks'
@@ -136,24 +110,11 @@ public:
 
   expected<void> load_state(torch::serialize::InputArchive& archive) override {
     return guarded("loading the optimizer state", [&]() -> expected<void> {
-      at::Tensor step, m, v;
-      if (!archive.try_read("optimizer/step", step))
-        return make_error(errc::corrupted, "load_state: the state has no optimizer");
-      const bool moments = archive.try_read("optimizer/exp_avg", m);
-      if (moments != archive.try_read("optimizer/exp_avg_sq", v) ||
-          (moments && (m.numel() != f_.total || v.numel() != f_.total ||
-                       m.scalar_type() != f_.flat.scalar_type())))
-        return make_error(errc::shape_mismatch,
-                          "load_state: the optimizer moments do not fit this model (" +
-                              std::to_string(m.defined() ? m.numel() : 0) + " elements for " +
-                              std::to_string(f_.total) + ")");
-      adam_.t = step.item<int64_t>();
-      if (!moments) {
-        adam_.m = adam_.v = at::Tensor();
-        return {};
-      }
-      adam_.m = my_shard(m);
-      adam_.v = my_shard(v);
+      auto moments = adam_.read_state(archive, f_.total, f_.flat.scalar_type());
+      if (!moments)
+        return moments.error();
+      adam_.m = *moments ? my_shard((*moments)->first) : at::Tensor();
+      adam_.v = *moments ? my_shard((*moments)->second) : at::Tensor();
       return {};
     });
   }

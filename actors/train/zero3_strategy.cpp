@@ -143,16 +143,7 @@ public:
   expected<void> sync_gradients() override { return {}; }
 
   expected<double> clip_gradients(double max_norm) override {
-    auto sq = guarded("zero3: the gradient norm",
-                      [&] { return torch::tensor({squared_norm(grads_)}, torch::kDouble); });
-    if (!sq)
-      return sq.error();
-    if (auto ok = group_.all_reduce_sum(*sq); !ok)
-      return with_prefix(ok.error(), "summing the gradient norm over the group");
-    const double norm = std::sqrt(sq->item<double>());
-    if (const double c = clip_coefficient(norm, max_norm); c < 1.0)
-      grads_.mul_(c);
-    return norm;
+    return clip_by_global_norm(grads_, &group_, max_norm);
   }
 
   expected<void> step(double lr) override {
@@ -184,14 +175,7 @@ public:
 
   expected<int64_t> release(const std::string& path) override {
     return guarded("zero3: offloading the optimizer state", [&]() -> expected<int64_t> {
-      int64_t bytes = adam_.bytes();
-      if (bytes > 0) {
-        torch::serialize::OutputArchive a;
-        a.write("exp_avg", adam_.m);
-        a.write("exp_avg_sq", adam_.v);
-        a.save_to(path);
-        adam_.m = adam_.v = at::Tensor();
-      }
+      int64_t bytes = adam_.offload(path);
       if (grads_.defined())
         bytes += grads_.numel() * static_cast<int64_t>(grads_.element_size());
       grads_ = at::Tensor();
@@ -200,13 +184,7 @@ public:
   }
 
   expected<void> reload_state(const std::string& path) override {
-    return guarded("zero3: reloading the offloaded optimizer state", [&]() -> expected<void> {
-      torch::serialize::InputArchive a;
-      a.load_from(path);
-      a.read("exp_avg", adam_.m);
-      a.read("exp_avg_sq", adam_.v);
-      return {};
-    });
+    return guarded("zero3: reloading the offloaded optimizer state", [&] { adam_.reload(path); });
   }
 
   // The whole model's moments, unpadded, in parameter order (NOTE [flat
@@ -233,24 +211,11 @@ public:
 
   expected<void> load_state(torch::serialize::InputArchive& archive) override {
     return guarded("zero3: loading the optimizer state", [&]() -> expected<void> {
-      at::Tensor step, m, v;
-      if (!archive.try_read("optimizer/step", step))
-        return make_error(errc::corrupted, "load_state: the state has no optimizer");
-      const bool moments = archive.try_read("optimizer/exp_avg", m);
-      if (moments != archive.try_read("optimizer/exp_avg_sq", v) ||
-          (moments &&
-           (m.numel() != total_ || v.numel() != total_ || m.scalar_type() != flat_.scalar_type())))
-        return make_error(errc::shape_mismatch,
-                          "load_state: the optimizer moments do not fit this model (" +
-                              std::to_string(m.defined() ? m.numel() : 0) + " elements for " +
-                              std::to_string(total_) + ")");
-      adam_.t = step.item<int64_t>();
-      if (!moments) {
-        adam_.m = adam_.v = at::Tensor();
-        return {};
-      }
-      adam_.m = my_shards_of(m.reshape({-1}));
-      adam_.v = my_shards_of(v.reshape({-1}));
+      auto moments = adam_.read_state(archive, total_, flat_.scalar_type());
+      if (!moments)
+        return moments.error();
+      adam_.m = *moments ? my_shards_of((*moments)->first) : at::Tensor();
+      adam_.v = *moments ? my_shards_of((*moments)->second) : at::Tensor();
       return {};
     });
   }
