@@ -268,7 +268,9 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         self, n(), [=](size_t r) { return self->request(rank(r), caf::infinite, atom, (*shared)[r], local); },
         slowest(group_metrics));
   };
-  auto first = [](const auto& parts) -> expected<std::decay_t<decltype(parts[0])>> { return parts[0]; };
+  auto first = [](const auto& parts) -> expected<std::decay_t<decltype(parts[0])>> {
+    return parts[0];
+  };
 
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {

@@ -66,8 +66,8 @@ flat_adam::read_state(torch::serialize::InputArchive& archive, int64_t total,
     return make_error(errc::corrupted, "load_state: the state has no optimizer");
   const bool moments = archive.try_read("optimizer/exp_avg", exp_avg);
   if (moments != archive.try_read("optimizer/exp_avg_sq", exp_avg_sq) ||
-      (moments && (exp_avg.numel() != total || exp_avg_sq.numel() != total ||
-                   exp_avg.scalar_type() != dtype)))
+      (moments &&
+       (exp_avg.numel() != total || exp_avg_sq.numel() != total || exp_avg.scalar_type() != dtype)))
     return make_error(errc::shape_mismatch,
                       "load_state: the optimizer moments do not fit this model (" +
                           std::to_string(exp_avg.defined() ? exp_avg.numel() : 0) +
