@@ -650,6 +650,8 @@ expected<void> prepare(job_context& ctx) {
   ctx.log = std::move(*log);
   ctx.log->info("job " + cfg.run.name + (ctx.opts->resume ? ": resuming in " : ": starting in ") +
                 ctx.run_dir.string());
+  for (const auto& w : ctx.plan.warnings)
+    ctx.log->warn(w);
   runtime::set_compute_threads(static_cast<int>(cfg.run.threads));
   auto data = load_job_data(cfg.data);
   if (!data)

@@ -393,6 +393,8 @@ int64_t placement_plan::device_of(const std::string& role, int64_t rank) const {
 
 std::string placement_plan::render() const {
   std::string out = "placement: " + std::string{to_string(mode)} + "\n";
+  for (const auto& w : warnings)
+    out += "warning: " + w + "\n";
   auto transport = weight_transport ? std::string{to_string(*weight_transport)} : std::string{};
   out += "model: " + std::to_string(parameters) + " parameters (policy)\n";
   if (!uses_workers()) {
@@ -454,6 +456,11 @@ expected<placement_plan> make_plan(const job_config& cfg) {
   if (!shape)
     return with_prefix(shape.error(), "planning the placement");
   plan.parameters = parameters(*shape, true);
+  for (size_t i = 0; i < p.roles.size(); ++i)
+    if (const auto& r = p.roles[i]; r.strategy != dp_strategy::ddp && r.dp <= 1)
+      plan.warnings.push_back("placement.roles[" + std::to_string(i) + "].strategy: " +
+                              std::string{to_string(r.strategy)} + " with dp 1 has nothing to "
+                              "shard: " + r.role + " trains as ddp does");
   auto stages = job_stage_roles(cfg);
   std::set<std::string> used;
   for (const auto& [stage, roles] : stages)

@@ -80,6 +80,10 @@ struct placement_plan {
   /// rl stage; NOTE [weight transport choice]).
   std::optional<runtime::transport_kind> weight_transport;
 
+  /// What the plan accepts but a user may not expect, with the YAML path
+  /// (a ZeRO strategy with dp 1: nothing to shard).
+  std::vector<std::string> warnings;
+
   bool uses_workers() const { return !devices.empty(); }
   /// The assignment of `role` (every role of the job has one).
   const role_assignment* find(const std::string& role) const;

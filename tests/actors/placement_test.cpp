@@ -222,6 +222,14 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
   // zero1 is built (NOTE [training strategies]).
   ok = plan_of(pools + "  roles: [{role: policy, pool: a, dp: 2, strategy: zero1}]\n", {});
   ASSERT_TRUE(ok) << describe(ok.error());
+  // A ZeRO strategy with dp 1 is accepted, with a warning naming where.
+  ok = plan_of(pools + "  roles: [{role: policy, pool: a, strategy: zero3}]\n", {});
+  ASSERT_TRUE(ok) << describe(ok.error());
+  ASSERT_EQ(ok->warnings.size(), 1u);
+  EXPECT_EQ(ok->warnings[0], "placement.roles[0].strategy: zero3 with dp 1 has nothing to shard: "
+                             "policy trains as ddp does");
+  EXPECT_NE(ok->render().find("warning: placement.roles[0].strategy: zero3 with dp 1"),
+            std::string::npos);
   // So are micro-batches that divide a rank's share (NOTE [micro-batches]).
   ok = plan_of(pools + "  roles: [{role: policy, pool: a, dp: 2, micro_batch_rows: 2}]\n", {});
   ASSERT_TRUE(ok) << describe(ok.error());
