@@ -24,6 +24,14 @@ size_t slot(int tag) {
              : static_cast<size_t>(counting_allocator::kTags);
 }
 
+// Bytes allocated (or freed: negative) under `tag`.
+void count(int tag, int64_t bytes) {
+  auto s = slot(tag);
+  const int64_t now = current_bytes[s].fetch_add(bytes) + bytes;
+  for (int64_t p = peak_bytes[s].load(); now > p && !peak_bytes[s].compare_exchange_weak(p, now);) {
+  }
+}
+
 // What a counted storage keeps: the wrapped allocator's pointer (freed with
 // it) and what it was counted as.
 struct counted {
@@ -34,7 +42,7 @@ struct counted {
 
 void free_counted(void* ctx) {
   auto* c = static_cast<counted*>(ctx);
-  counting_allocator::install().add(c->tag, -c->bytes);
+  count(c->tag, -c->bytes);
   delete c;
 }
 
@@ -56,7 +64,7 @@ private:
     auto inner = inner_->allocate(n);
     void* data = inner.get();
     auto bytes = static_cast<int64_t>(n);
-    counting_allocator::install().add(thread_tag, bytes);
+    count(thread_tag, bytes);
     auto* c = new counted{std::move(inner), thread_tag, bytes};
     return {data, c, &free_counted, c10::Device(c10::DeviceType::CPU)};
   }
@@ -78,13 +86,6 @@ counting_allocator& counting_allocator::install() {
 
 void counting_allocator::set_thread_tag(int tag) {
   thread_tag = tag;
-}
-
-void counting_allocator::add(int tag, int64_t bytes) {
-  auto s = slot(tag);
-  const int64_t now = current_bytes[s].fetch_add(bytes) + bytes;
-  for (int64_t p = peak_bytes[s].load(); now > p && !peak_bytes[s].compare_exchange_weak(p, now);) {
-  }
 }
 
 allocation_counts counting_allocator::counts(int tag) const {

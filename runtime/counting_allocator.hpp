@@ -35,9 +35,6 @@ public:
   /// Starts the tag's peak again from its current bytes.
   void reset_peak(int tag);
 
-  // (public for the allocator's deleter)
-  void add(int tag, int64_t bytes);
-
 private:
   counting_allocator() = default;
 };
