@@ -174,6 +174,7 @@ runner add_run(CLI::App& app) {
     troupe::apps::run_command_options ro;
     std::string plan_path;
     std::vector<std::string> plan_sets;
+    bool plan_suggest = false;
     std::string show_path;
     std::vector<std::string> show_sets;
     bool no_comments = false;
@@ -190,6 +191,8 @@ runner add_run(CLI::App& app) {
   auto* plan = app.add_subcommand("plan", command_help("plan"));
   plan->add_option("config", f->plan_path, "Job YAML file")->required();
   plan->add_option("--set", f->plan_sets, "Override a key (repeatable)");
+  plan->add_flag("--suggest", f->plan_suggest,
+                 "List the training strategies that fit each trained role, cheapest communication first");
 
   auto* config = app.add_subcommand("config", command_help("config"));
   config->require_subcommand(1);
@@ -210,7 +213,7 @@ runner add_run(CLI::App& app) {
     if (show->parsed())
       return troupe::apps::config_show_command(f->show_path, f->show_sets, !f->no_comments);
     if (plan->parsed())
-      return troupe::apps::plan_command(f->plan_path, f->plan_sets);
+      return troupe::apps::plan_command(f->plan_path, f->plan_sets, f->plan_suggest);
     if (driver->parsed())
       return troupe::apps::driver_command(f->job_dir, f->driver_resume, f->driver_nodes);
     return std::nullopt;

@@ -33,13 +33,16 @@ int config_show_command(const std::string& path, const std::vector<std::string>&
   return 0;
 }
 
-int plan_command(const std::string& path, const std::vector<std::string>& overrides) {
+int plan_command(const std::string& path, const std::vector<std::string>& overrides,
+                 bool suggest) {
   auto cfg = actors::rl::load_job(path, overrides);
   if (!cfg) {
     std::fprintf(stderr, "troupe plan: %s\n", describe(cfg.error()).c_str());
     return 1;
   }
   auto plan = actors::rl::make_plan(*cfg);
+  if (suggest) // also when the job as given does not fit: what would
+    std::cout << actors::rl::render_suggestions(actors::rl::suggest_strategies(*cfg));
   if (!plan) {
     std::fprintf(stderr, "troupe plan: %s\n", describe(plan.error()).c_str());
     return 1;

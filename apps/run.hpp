@@ -21,7 +21,8 @@ int run_job_command(const run_command_options& options);
 int driver_command(const std::string& job_dir, bool resume, bool on_nodes);
 
 /// `troupe plan`: checks the placement and prints the plan; 0 = it fits.
-int plan_command(const std::string& path, const std::vector<std::string>& overrides);
+int plan_command(const std::string& path, const std::vector<std::string>& overrides,
+                 bool suggest = false);
 
 /// Prints the resolved job config (defaults filled in, overrides applied).
 int config_show_command(const std::string& path, const std::vector<std::string>& overrides,

@@ -20,6 +20,7 @@
 //   bench_strategies [--quick] [--steps N]
 #include "actors/rl/data.hpp"
 #include "actors/train/dp_strategy.hpp"
+#include "actors/train/strategy_memory.hpp"
 #include "actors/train/train_engine.hpp"
 #include "models/llama.hpp"
 #include "runtime/collectives.hpp"
@@ -263,8 +264,8 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int world : {2, 4}) {
     std::printf("\n%d ranks (gloo)\n", world);
-    std::printf("%-6s %-12s %8s %7s %9s %12s %7s %9s %12s %12s %6s\n", "", "norm sum", "step ms",
-                "vs ddp", "tokens/s", "peak MiB/rk", "vs ddp", "plan MiB", "recv/step/rk",
+    std::printf("%-6s %-12s %8s %7s %9s %12s %7s %9s %9s %12s %12s %6s\n", "", "norm sum", "step ms",
+                "vs ddp", "tokens/s", "peak MiB/rk", "vs ddp", "plan MiB", "peak/plan", "recv/step/rk",
                 "optimal", "ratio");
     double ddp_time = 0, ddp_peak = 0;
     for (auto s : {dp_strategy::ddp, dp_strategy::zero1, dp_strategy::zero2, dp_strategy::zero3}) {
@@ -277,14 +278,19 @@ int main(int argc, char** argv) {
         ddp_time = r.step_s;
         ddp_peak = static_cast<double>(r.peak_bytes);
       }
+      // NOTE [rank memory]: the planner's peak for this rank's share.
       const double plan =
-          actors::train::training_bytes_per_parameter(s, world) * static_cast<double>(params);
+          actors::train::training_rank_memory(
+              s, world, 25, actors::train::split_parameters(shape(o.quick), true),
+              actors::train::activation_bytes(shape(o.quick), true, rows / world, 64))
+              .total();
       const double optimal = theory_bytes(s, world, 4.0 * static_cast<double>(params));
       std::printf(
-          "%-6s %-12.9g %8.2f %7.2f %9.0f %12.2f %7.2f %9.2f %12.0f %12.0f %6.2f%s\n",
+          "%-6s %-12.9g %8.2f %7.2f %9.0f %12.2f %7.2f %9.2f %9.3f %12.0f %12.0f %6.2f%s\n",
           std::string{to_string(s)}.c_str(), r.norm_sums[0], r.step_s * 1e3, r.step_s / ddp_time,
           tokens / r.step_s, static_cast<double>(r.peak_bytes) / (1 << 20),
-          static_cast<double>(r.peak_bytes) / ddp_peak, plan / (1 << 20), r.received_per_step,
+          static_cast<double>(r.peak_bytes) / ddp_peak, plan / (1 << 20),
+          static_cast<double>(r.peak_bytes) / plan, r.received_per_step,
           optimal, r.received_per_step / optimal, equal ? "" : "  NORMS DIFFER");
     }
   }

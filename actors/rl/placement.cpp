@@ -54,33 +54,8 @@ std::vector<std::pair<std::string, int64_t>> split_rows(const job_config& c, con
   return out;
 }
 
-// A model's parameters: one transformer layer's, and the rest (embeddings,
-// final norm, head).
-struct parameter_split {
-  int64_t layer = 0, layers = 0, rest = 0;
-  int64_t total() const { return layers * layer + rest; }
-};
-
-parameter_split split_parameters(const models::llama_config& c, bool lm_head) {
-  auto H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
-  auto hd = c.resolved_head_dim();
-  auto q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
-  parameter_split s;
-  s.layer = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
-  if (c.qkv_bias)
-    s.layer += q + 2 * kv;
-  if (c.o_bias)
-    s.layer += H;
-  if (c.mlp_bias)
-    s.layer += 2 * I + H;
-  s.layers = c.num_hidden_layers;
-  s.rest = V * H + H;
-  if (lm_head && !c.tie_word_embeddings)
-    s.rest += V * H;
-  if (!lm_head)
-    s.rest += H + 1;
-  return s;
-}
+using train::parameter_split;
+using train::split_parameters;
 
 int64_t parameters(const models::llama_config& c, bool lm_head) {
   return split_parameters(c, lm_head).total();
@@ -100,44 +75,75 @@ expected<models::llama_config> model_shape(const job_config& cfg) {
   return c;
 }
 
-// Estimated bytes of one rank of `role` in `stage` (NOTE [memory estimate]).
+// The longest sequence a training pass sees: the built-in task's longest
+// prompt plus rl.generation.max_tokens (its answers are shorter than that
+// in sft and rm), else the context length (a bound).
+int64_t pass_tokens(const job_config& cfg, const models::llama_config& m) {
+  const bool files = !cfg.data.train_file.empty() || !cfg.data.sft_file.empty() ||
+                     !cfg.data.preference_file.empty();
+  const auto prompt = files ? 0 : max_task_prompt_tokens(cfg.data);
+  return prompt > 0 ? std::min(prompt + cfg.rl.generation.max_tokens, m.max_position_embeddings)
+                    : m.max_position_embeddings;
+}
+
+// The placement keys of `role` (ddp, dp 1 when unlisted).
+role_placement_config placed_keys(const job_config& cfg, const std::string& role) {
+  role_placement_config placed;
+  for (const auto& rp : cfg.placement.roles)
+    if (rp.role == role)
+      placed = rp;
+  return placed;
+}
+
+// NOTE [rank memory] for a rank of `role` training in stage `st`: its share
+// of the stage's rows a micro-batch at a time (rm's rows are pairs: two
+// sequences each).
+train::rank_memory training_memory(const job_config& cfg, const models::llama_config& m,
+                                   const stage_traits& st, const role_traits& t) {
+  const auto placed = placed_keys(cfg, std::string{t.name});
+  const bool lm = t.head == models::head_kind::lm;
+  const auto dp = std::max<int64_t>(placed.dp, 1);
+  int64_t rows = std::max<int64_t>(st.dp_rows(cfg).second / dp, 1);
+  if (placed.micro_batch_rows > 0)
+    rows = std::min(rows, placed.micro_batch_rows);
+  if (st.id == stage_id::rm)
+    rows *= 2;
+  return train::training_rank_memory(placed.strategy, dp, placed.bucket_mb, split_parameters(m, lm),
+                                     train::activation_bytes(m, lm, rows, pass_tokens(cfg, m)));
+}
+
+// Estimated bytes of one rank of `role` in `stage`, by term (NOTE [memory
+// estimate]), largest first.
 // NOTE [memory estimate]: fp32 weights cost 4 bytes a parameter; a role
-// that trains in the stage adds its gradients and Adam's two moments (16
-// under ddp; a zero strategy divides some of it by the role's dp: NOTE
-// [strategy memory] in actors/train/dp_strategy.hpp);
-// lm-headed roles count the vocabulary head; the rollout adds its KV pool
-// and its packed decode weights; a rule-only reward holds no model. Read
-// off the role-traits table.
-double role_bytes(const job_config& cfg, const models::llama_config& m, const std::string& stage,
-                  const std::string& role) {
+// that trains in the stage holds NOTE [rank memory]'s terms instead (its
+// states under its strategy, one micro-batch's activations, the strategy's
+// transients); lm-headed roles count the vocabulary head; the rollout adds
+// its KV pool and its packed decode weights; a rule-only reward holds no
+// model. Read off the role-traits table.
+std::vector<train::memory_term> role_terms(const job_config& cfg, const models::llama_config& m,
+                                           const std::string& stage, const std::string& role) {
   const auto* t = find_role(role);
   const auto* st = find_stage(stage);
   if (!t || !st)
-    return 0;
+    return {};
   // A rule-only judge holds no model.
   if (t->actor_in(st->id) == role_actor::judge && !uses_reward_model(cfg.rl.reward))
-    return 0;
+    return {};
+  if (t->trains_in(st->id))
+    return training_memory(cfg, m, *st, *t).terms();
   const auto split = split_parameters(m, t->head == models::head_kind::lm);
-  double bytes = 4.0 * static_cast<double>(split.total());
-  if (t->trains_in(st->id)) {
-    role_placement_config placed; // the role's keys (ddp, dp 1 when unlisted)
-    for (const auto& rp : cfg.placement.roles)
-      if (rp.role == role)
-        placed = rp;
-    bytes = train::training_bytes_per_parameter(placed.strategy, placed.dp) *
-                static_cast<double>(split.total()) +
-            train::training_transient_bytes(placed.strategy, placed.dp, placed.bucket_mb,
-                                            split.layer, split.rest);
-  }
+  std::vector<train::memory_term> out{{"weights", 4.0 * static_cast<double>(split.total())}};
   if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
     auto e = engine_settings(cfg);
     auto blocks = inference::kv_pool_blocks(e, m, 4);
-    bytes += blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, m, 4))
-                    : e.kv_cache_mb * 1024.0 * 1024.0;
+    out.push_back({"KV pool", blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, m, 4))
+                                     : e.kv_cache_mb * 1024.0 * 1024.0});
     if (inference::packs_decode_panels(e)) // NOTE [decode panels]
-      bytes += static_cast<double>(models::decode_panels_bytes(m, e.decode_isa));
+      out.push_back({"packed decode weights",
+                     static_cast<double>(models::decode_panels_bytes(m, e.decode_isa))});
   }
-  return bytes;
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  return out;
 }
 
 std::string gib(double bytes) {
@@ -147,6 +153,69 @@ std::string gib(double bytes) {
   else
     std::snprintf(b, sizeof b, "%.1f MiB", bytes / (1024.0 * 1024));
   return b;
+}
+
+// The estimates of the ranks `device` holds in `stage` (-1: every rank, the
+// driver's process).
+std::vector<rank_estimate> ranks_in_stage(const job_config& cfg, const models::llama_config& m,
+                                          const placement_plan& plan, const std::string& stage,
+                                          const std::vector<std::string>& roles, int64_t device) {
+  std::vector<rank_estimate> out;
+  for (const auto& role : roles) {
+    const auto* a = plan.find(role);
+    const auto dp = plan.dp_of(stage, role);
+    for (int64_t r = 0; r < dp; ++r) {
+      if (device >= 0 && (!a || a->devices[static_cast<size_t>(r)] != device))
+        continue;
+      rank_estimate e;
+      e.rank = dp > 1 ? role + "[dp " + std::to_string(r) + "]" : role;
+      e.terms = role_terms(cfg, m, stage, role);
+      for (const auto& t : e.terms)
+        e.bytes += t.bytes;
+      out.push_back(std::move(e));
+    }
+  }
+  return out;
+}
+
+double sum_of(const std::vector<rank_estimate>& ranks) {
+  double total = 0;
+  for (const auto& r : ranks)
+    total += r.bytes;
+  return total;
+}
+
+// "policy[dp 0]'s activations (3.10 GiB)", and what lowers that term.
+std::string largest_term(const std::vector<rank_estimate>& ranks) {
+  const rank_estimate* who = nullptr;
+  const train::memory_term* big = nullptr;
+  for (const auto& r : ranks)
+    for (const auto& t : r.terms)
+      if (!big || t.bytes > big->bytes) {
+        big = &t;
+        who = &r;
+      }
+  if (!big)
+    return {};
+  std::string hint = big->name == "activations" ? "lower its placement.roles[].micro_batch_rows"
+                     : big->name == "KV pool"   ? "lower rl.rollout.kv_cache_mb"
+                     : big->name == "weights"   ? "use a smaller model or a zero3 strategy"
+                                                : "shard it with a zero strategy (troupe plan --suggest)";
+  return "; the largest term is " + who->rank + "'s " + std::string{big->name} + " (" + gib(big->bytes) +
+         "): " + hint;
+}
+
+// "    policy[dp 0]: weights 1.0 MiB, gradients ..." lines.
+std::string render_ranks(const std::vector<rank_estimate>& ranks, const std::string& indent) {
+  std::string out;
+  for (const auto& r : ranks) {
+    out += indent + r.rank + ": " + gib(r.bytes);
+    std::string parts;
+    for (const auto& t : r.terms)
+      parts += (parts.empty() ? "" : ", ") + std::string{t.name} + " " + gib(t.bytes);
+    out += parts.empty() ? "\n" : " = " + parts + "\n";
+  }
+  return out;
 }
 
 double host_memory_bytes() {
@@ -399,8 +468,8 @@ std::string placement_plan::render() const {
   out += "model: " + std::to_string(parameters) + " parameters (policy)\n";
   if (!uses_workers()) {
     out += "every role runs in the driver's process; estimated peak " + gib(driver_peak_bytes) +
-           " (NOTE [memory estimate]: weights, gradients, optimizer state, KV pool, packed "
-           "decode weights)\n";
+           (driver_peak_stage.empty() ? "" : " in " + driver_peak_stage) +
+           " (NOTE [memory estimate])\n" + render_ranks(driver_peak_ranks, "  ");
     if (weight_transport)
       out += "weights: policy → rollout by " + transport + "\n";
     return out;
@@ -418,7 +487,8 @@ std::string placement_plan::render() const {
         ranks += (ranks.empty() ? "" : ", ") + r;
       out += "    device " + std::to_string(d.index) + " (pool " + d.pool + "): " +
              (ranks.empty() ? "idle" : ranks) + "; peak " + gib(d.peak_bytes) +
-             (d.peak_stage.empty() ? "" : " in " + d.peak_stage) + "\n";
+             (d.peak_stage.empty() ? "" : " in " + d.peak_stage) + "\n" +
+             render_ranks(d.peak_ranks, "      ");
     }
   }
   out += "roles:\n";
@@ -467,14 +537,16 @@ expected<placement_plan> make_plan(const job_config& cfg) {
     used.insert(roles.begin(), roles.end());
 
   if (p.mode == placement_mode::in_process) {
-    for (const auto& [stage, roles] : stages) {
-      double total = 0;
-      for (const auto& r : roles)
-        total += role_bytes(cfg, *shape, stage, r);
-      plan.driver_peak_bytes = std::max(plan.driver_peak_bytes, total);
-    }
     for (const auto& r : used)
       plan.roles.push_back({r, "", parallel_layout{}, {}});
+    for (const auto& [stage, roles] : stages) {
+      auto ranks = ranks_in_stage(cfg, *shape, plan, stage, roles, -1);
+      if (const double total = sum_of(ranks); total > plan.driver_peak_bytes) {
+        plan.driver_peak_bytes = total;
+        plan.driver_peak_stage = stage;
+        plan.driver_peak_ranks = std::move(ranks);
+      }
+    }
     // Refused before anything is spawned, not in the allocator mid-run.
     plan.device_memory_bytes = cfg.resources.device_memory_gb > 0
                                  ? cfg.resources.device_memory_gb * 1024.0 * 1024 * 1024
@@ -484,8 +556,9 @@ expected<placement_plan> make_plan(const job_config& cfg) {
                         "placement: the driver's process needs an estimated " +
                           gib(plan.driver_peak_bytes) + ", more than this machine's " +
                           gib(plan.device_memory_bytes) +
-                          " (resources.device_memory_gb); use a smaller model or spread the "
-                          "roles over devices (placement.mode)");
+                          " (resources.device_memory_gb) in stage " + plan.driver_peak_stage +
+                          largest_term(plan.driver_peak_ranks) +
+                          "; or spread the roles over devices (placement.mode)");
     return with_transport(cfg, std::move(plan));
   }
 
@@ -518,17 +591,11 @@ expected<placement_plan> make_plan(const job_config& cfg) {
         if (a.devices[r] == d.index)
           d.ranks.push_back(a.layout.dp > 1 ? a.role + "[dp " + std::to_string(r) + "]" : a.role);
     for (const auto& [stage, roles] : stages) {
-      double total = 0;
-      for (const auto& role : roles) {
-        auto* a = plan.find(role);
-        auto dp = plan.dp_of(stage, role);
-        for (int64_t r = 0; r < dp; ++r)
-          if (a->devices[static_cast<size_t>(r)] == d.index)
-            total += role_bytes(cfg, *shape, stage, role);
-      }
-      if (total > d.peak_bytes) {
+      auto ranks = ranks_in_stage(cfg, *shape, plan, stage, roles, d.index);
+      if (const double total = sum_of(ranks); total > d.peak_bytes) {
         d.peak_bytes = total;
         d.peak_stage = stage;
+        d.peak_ranks = std::move(ranks);
       }
     }
   }
@@ -544,9 +611,83 @@ expected<placement_plan> make_plan(const job_config& cfg) {
                         "placement: device " + std::to_string(d.index) + " (pool " + d.pool + ": " +
                             ranks + ") needs an estimated " + gib(d.peak_bytes) + " in stage " +
                             d.peak_stage + ", more than its " + gib(plan.device_memory_bytes) +
-                            " (resources.device_memory_gb); spread the roles over more devices");
+                            " (resources.device_memory_gb)" + largest_term(d.peak_ranks) +
+                            "; or spread the roles over more devices");
     }
   return with_transport(cfg, std::move(plan));
+}
+
+namespace {
+
+// The estimate of `role`'s rank 0 on its device at the device's peak.
+double rank0_bytes(const placement_plan& plan, const std::string& role) {
+  const auto d = plan.device_of(role, 0);
+  if (d < 0)
+    return 0;
+  const std::string rank0 = plan.find(role)->layout.dp > 1 ? role + "[dp 0]" : role;
+  for (const auto& r : plan.devices[static_cast<size_t>(d)].peak_ranks)
+    if (r.rank == rank0)
+      return r.bytes;
+  return 0;
+}
+
+} // namespace
+
+// NOTE [strategy suggestions].
+std::vector<strategy_fit> suggest_strategies(const job_config& cfg) {
+  std::vector<strategy_fit> out;
+  auto shape = model_shape(cfg);
+  for (size_t i = 0; i < cfg.placement.roles.size(); ++i) {
+    const auto& rp = cfg.placement.roles[i];
+    const auto* t = find_role(rp.role);
+    if (!t || !t->trains() || !shape || rp.dp <= 1) // nothing to shard at dp 1
+      continue;
+    const double phi = 4.0 * static_cast<double>(split_parameters(*shape, t->head == models::head_kind::lm).total());
+    const double ring = rp.dp > 1 ? static_cast<double>(rp.dp - 1) / static_cast<double>(rp.dp) * phi : 0;
+    std::vector<strategy_fit> mine;
+    for (auto s : {dp_strategy::ddp, dp_strategy::zero1, dp_strategy::zero2, dp_strategy::zero3}) {
+      auto changed = cfg;
+      changed.placement.roles[i].strategy = s;
+      strategy_fit f{rp.role, "placement.roles[" + std::to_string(i) + "].strategy", s};
+      f.received_bytes = (s == dp_strategy::zero3 ? 3 : 2) * ring;
+      if (auto plan = make_plan(changed)) {
+        f.fits = true;
+        f.rank_bytes = rank0_bytes(*plan, rp.role);
+      } else
+        f.refusal = describe(plan.error());
+      mine.push_back(std::move(f));
+    }
+    std::stable_sort(mine.begin(), mine.end(), [](const strategy_fit& a, const strategy_fit& b) {
+      if (a.fits != b.fits)
+        return a.fits;
+      if (a.received_bytes != b.received_bytes)
+        return a.received_bytes < b.received_bytes;
+      return a.rank_bytes < b.rank_bytes;
+    });
+    out.insert(out.end(), mine.begin(), mine.end());
+  }
+  return out;
+}
+
+std::string render_suggestions(const std::vector<strategy_fit>& fits) {
+  if (fits.empty())
+    return "strategies: no trained role in placement.roles (a strategy shards over a role's DP "
+           "ranks: give placement.mode, pools and the role's dp)\n";
+  std::string out = "strategies (cheapest communication first; NOTE [strategy suggestions]):\n";
+  std::string role;
+  for (const auto& f : fits) {
+    if (f.role != role) {
+      role = f.role;
+      out += "  " + role + " (" + f.yaml_path + "):\n";
+    }
+    char mb[32];
+    std::snprintf(mb, sizeof mb, "%.1f MB", f.received_bytes / 1e6);
+    out += "    " + std::string{to_string(f.strategy)} + ": " +
+           (f.fits ? "fits, a rank " + gib(f.rank_bytes) + ", receives " + mb + " a step"
+                   : "does not fit: " + f.refusal) +
+           "\n";
+  }
+  return out;
 }
 
 } // namespace troupe::actors::rl

@@ -20,14 +20,17 @@
 // the pair (alias across processes, shm across nodes, disk across nodes
 // without a shared dir) is refused by make_plan, naming the pair.
 //
-// NOTE [memory estimate]: fp32 bytes per parameter — 16 for a trained role
-// (weights, gradients, AdamW's two moments), 4 for a frozen one (reference,
-// reward model, rollout) — plus the rollout's KV pool. Every DP rank holds a
-// whole replica. Stages run one after another and release their roles, so a
-// device's peak is the largest stage total. Activations are not included.
+// NOTE [memory estimate]: a trained role's rank holds NOTE [rank memory]'s
+// terms (actors/train/strategy_memory.hpp: its states under its strategy,
+// one micro-batch's activations, the strategy's transients), a frozen one
+// (reference, reward model, rollout) its fp32 weights, the rollout its KV
+// pool and packed decode weights. Stages run one after another and release
+// their roles, so a device's peak is the largest stage total. A frozen
+// role's no-grad passes are not counted.
 
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/roles.hpp"
+#include "actors/train/strategy_memory.hpp"
 
 #include <cstdint>
 #include <optional>
@@ -51,6 +54,14 @@ struct role_assignment {
   train::dp_strategy strategy = train::dp_strategy::ddp;
 };
 
+/// One rank's estimate in a stage, by term, largest first (NOTE [memory
+/// estimate]).
+struct rank_estimate {
+  std::string rank; // e.g. "policy[dp 0]"
+  double bytes = 0;
+  std::vector<train::memory_term> terms;
+};
+
 struct device_plan {
   int64_t index = 0;
   std::string pool;
@@ -62,6 +73,8 @@ struct device_plan {
   double peak_bytes = 0;
   /// The stage of the peak.
   std::string peak_stage;
+  /// Its ranks' estimates in that stage.
+  std::vector<rank_estimate> peak_ranks;
 };
 
 struct placement_plan {
@@ -69,8 +82,10 @@ struct placement_plan {
   std::vector<role_assignment> roles;
   /// Empty for in_process (the driver's process only).
   std::vector<device_plan> devices;
-  /// In-process: the driver's estimate.
+  /// In-process: the driver's estimate, its stage and its roles' estimates.
   double driver_peak_bytes = 0;
+  std::string driver_peak_stage;
+  std::vector<rank_estimate> driver_peak_ranks;
   double device_memory_bytes = 0;
   /// Parameters of the policy model.
   int64_t parameters = 0;
@@ -112,7 +127,30 @@ struct placement_plan {
 void check_placement(const job_config& c, runtime::config_checks& checks);
 
 /// The plan of a checked job, or an error when a device's estimate exceeds
-/// its memory (naming the device, its ranks and both numbers).
+/// its memory (naming the device, its ranks, both numbers and the largest
+/// term with the rank that holds it).
 expected<placement_plan> make_plan(const job_config& cfg);
+
+/// NOTE [strategy suggestions]: each trained role of placement.roles with
+/// dp > 1 under
+/// each strategy (the rest of the job as given), the plan made again:
+/// whether every device still fits, the role's rank estimate there, and
+/// the gradient and parameter bytes a rank receives a step (the ZeRO
+/// paper's volumes: 2(N-1)/N·Φ for ddp, zero1 and zero2, 3(N-1)/N·Φ for
+/// zero3, Φ the fp32 parameter bytes) — cheapest communication first, then
+/// least memory. `troupe plan --suggest` prints it.
+struct strategy_fit {
+  std::string role;
+  std::string yaml_path; // placement.roles[i].strategy
+  train::dp_strategy strategy = train::dp_strategy::ddp;
+  bool fits = false;
+  double rank_bytes = 0;     // the role's rank 0 at its device's peak
+  double received_bytes = 0; // a rank, a step
+  std::string refusal;       // why not, when it does not fit
+};
+std::vector<strategy_fit> suggest_strategies(const job_config& cfg);
+
+/// The suggestions as `troupe plan --suggest` prints them.
+std::string render_suggestions(const std::vector<strategy_fit>& fits);
 
 } // namespace troupe::actors::rl

@@ -30,12 +30,10 @@ double squared_norm(const at::Tensor& g) {
   constexpr int64_t chunk = int64_t{1} << 20;
   auto flat = g.reshape({-1});
   double sum = 0;
-  for (int64_t i = 0; i < flat.numel(); i += chunk)
-    sum += flat.narrow(0, i, std::min(chunk, flat.numel() - i))
-               .to(at::kDouble)
-               .pow(2)
-               .sum()
-               .item<double>();
+  for (int64_t i = 0; i < flat.numel(); i += chunk) {
+    auto part = flat.narrow(0, i, std::min(chunk, flat.numel() - i)).to(at::kDouble);
+    sum += part.dot(part).item<double>(); // the chunk's one double copy
+  }
   return sum;
 }
 

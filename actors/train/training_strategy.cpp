@@ -3,7 +3,6 @@
 #include "actors/train/strategy_parts.hpp"
 
 #include "runtime/collectives.hpp"
-#include "runtime/gradient_reducer.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <torch/torch.h>
@@ -147,15 +146,30 @@ protected:
 
 class ddp_strategy final : public flat_strategy {
 public:
-  // The norm needs no sum over the group: every rank holds all of it.
-  ddp_strategy(flat_shards f, const optimizer_options& o,
-               std::optional<runtime::gradient_reducer> reducer)
-      : flat_strategy(std::move(f), o, nullptr), reducer_(std::move(reducer)) {}
+  // The norm needs no sum over the group (flat_strategy's group stays
+  // null): every rank holds all of it.
+  ddp_strategy(flat_shards f, const optimizer_options& o, runtime::process_group* group,
+               int64_t bucket_bytes)
+      : flat_strategy(std::move(f), o, nullptr), dp_group_(group),
+        bucket_(std::max<int64_t>(1, bucket_bytes / f_.flat.element_size())) {}
 
   dp_strategy kind() const override { return dp_strategy::ddp; }
 
+  // NOTE [ddp buckets]: the gradients already lie in one flat buffer, so
+  // they are summed in place, `bucket_mb` of it per all-reduce from the
+  // back (the last parameters', which backward finishes first) — one
+  // collective per bucket and no second copy of the gradients.
   expected<void> sync_gradients() override {
-    return reducer_ ? reducer_->all_reduce(1.0) : expected<void>{};
+    if (!dp_group_ || !f_.grads.defined())
+      return {};
+    const int64_t n = f_.grads.numel();
+    for (int64_t end = n, b = 0; end > 0; end -= bucket_, ++b) {
+      const int64_t begin = std::max<int64_t>(0, end - bucket_);
+      auto slice = f_.grads.narrow(0, begin, end - begin);
+      if (auto ok = dp_group_->all_reduce_sum(slice); !ok)
+        return with_prefix(ok.error(), "ddp: all-reducing gradient bucket " + std::to_string(b));
+    }
+    return {};
   }
 
   expected<void> step(double lr) override {
@@ -166,7 +180,8 @@ private:
   at::Tensor& shard_grad() override { return f_.grads; }
   expected<at::Tensor> gather(const at::Tensor& part) const override { return part; }
 
-  std::optional<runtime::gradient_reducer> reducer_;
+  runtime::process_group* dp_group_;
+  int64_t bucket_; // elements
 };
 
 // ---- zero1 and zero2 ---------------------------------------------------------------
@@ -406,18 +421,9 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
   return guarded("training_strategy", [&]() -> expected<std::unique_ptr<training_strategy>> {
     switch (options.kind) {
     case dp_strategy::ddp: {
-      std::optional<runtime::gradient_reducer> reducer;
-      if (group) {
-        runtime::reducer_options ro;
-        ro.bucket_bytes = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
-        auto r = runtime::gradient_reducer::make(params, *group, ro);
-        if (!r)
-          return r.error();
-        reducer.emplace(std::move(*r));
-      }
       flat_shards f{std::move(params), 1, 0};
-      return std::unique_ptr<training_strategy>(
-          new ddp_strategy(std::move(f), optim, std::move(reducer)));
+      return std::unique_ptr<training_strategy>(new ddp_strategy(
+          std::move(f), optim, group, static_cast<int64_t>(options.bucket_mb * 1024 * 1024)));
     }
     case dp_strategy::zero1: {
       if (!group)

@@ -109,6 +109,7 @@ TEST(Placement, RefusesADeviceThatDoesNotFit) {
             std::string::npos)
       << e;
   EXPECT_NE(e.find("resources.device_memory_gb"), std::string::npos) << e;
+  EXPECT_NE(e.find("the largest term is "), std::string::npos) << e;
 }
 
 TEST(Placement, RefusesAnInProcessJobLargerThanTheMachine) {
@@ -122,6 +123,8 @@ TEST(Placement, RefusesAnInProcessJobLargerThanTheMachine) {
   auto e = describe(p.error());
   EXPECT_NE(e.find("the driver's process needs an estimated"), std::string::npos) << e;
   EXPECT_NE(e.find("more than this machine's"), std::string::npos) << e;
+  // Its largest term: the policy's AdamW moments (8 bytes a parameter).
+  EXPECT_NE(e.find("the largest term is policy's optimizer state"), std::string::npos) << e;
   // The same job fits when the machine is declared large enough.
   auto big = parse_job(tiny_job("run"), {"model.hidden_size=64", "resources.device_memory_gb=1"});
   ASSERT_TRUE(big);
@@ -261,10 +264,11 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
   }
 }
 
-// NOTE [strategy memory]: over 2 ranks zero1 lowers a policy rank's estimate
-// from 16 to 4 + 4 + 4/2 + 8/2 = 14 bytes a parameter, zero2 to 4 + 4/2 +
-// 8/2 = 10 and a bucket, zero3 to 16/2 and a layer and the rest whole; the
-// other roles unchanged.
+// NOTE [rank memory]: over 2 ranks a policy rank's states are 4 + 4 + 8
+// bytes a parameter under ddp, 4 + (4 + 4/2) + 8/2 under zero1, 4 + 4/2 +
+// 8/2 under zero2 and 16/2 under zero3, which keeps only each layer's input
+// of the activations; the other roles unchanged. troupe plan prints the
+// terms a rank.
 TEST(Placement, ZeroStrategiesLowerATrainingRanksEstimate) {
   auto with = [](const std::string& strategy) {
     std::string p = troupe::actors::rl::testing::disaggregated_placement;
@@ -273,25 +277,88 @@ TEST(Placement, ZeroStrategiesLowerATrainingRanksEstimate) {
     p.replace(at, 34, "{role: policy, pool: train, dp: 2, strategy: " + strategy + "}");
     return plan_of(p, {});
   };
+  auto term = [](const placement_plan& plan, std::string_view name) {
+    for (const auto& r : plan.devices[0].peak_ranks)
+      if (r.rank == "policy[dp 0]")
+        for (const auto& t : r.terms)
+          if (t.name == name)
+            return t.bytes;
+    return -1.0;
+  };
   auto ddp = with("ddp"), zero1 = with("zero1"), zero2 = with("zero2"), zero3 = with("zero3");
   ASSERT_TRUE(ddp) << describe(ddp.error());
   ASSERT_TRUE(zero1) << describe(zero1.error());
   ASSERT_TRUE(zero2) << describe(zero2.error());
   ASSERT_TRUE(zero3) << describe(zero3.error());
   EXPECT_EQ(zero1->devices[0].peak_stage, ddp->devices[0].peak_stage);
-  const double params = static_cast<double>(ddp->parameters);
-  const double bucket = 25.0 * 1024 * 1024; // zero2's, in flight
-  // 16 → 4 + 4 + 4/2 + 8/2 = 14 → 4 + 4/2 + 8/2 = 10 bytes a parameter.
-  EXPECT_NEAR(ddp->devices[0].peak_bytes - zero1->devices[0].peak_bytes, 2.0 * params, 1.0);
-  EXPECT_NEAR(ddp->devices[0].peak_bytes - zero2->devices[0].peak_bytes, 6.0 * params - bucket,
-              1.0);
-  // zero3: 16/2 a parameter, and a layer and the embeddings and head whole
-  // (most of this tiny model: still below ddp's 16).
-  const double policy_ddp = 16.0 * params;
-  const double zero3_policy =
-      zero3->devices[0].peak_bytes - (ddp->devices[0].peak_bytes - policy_ddp);
-  EXPECT_GT(zero3_policy, 8.0 * params);
-  EXPECT_LT(zero3_policy, policy_ddp);
+  const double P = static_cast<double>(ddp->parameters);
+  struct want {
+    const placement_plan* plan;
+    double weights, gradients, optimizer;
+  };
+  for (const auto& w : {want{&*ddp, 4, 4, 8}, want{&*zero1, 4, 6, 4}, want{&*zero2, 4, 2, 4},
+                        want{&*zero3, 2, 2, 4}}) {
+    EXPECT_DOUBLE_EQ(term(*w.plan, "weights"), w.weights * P);
+    EXPECT_DOUBLE_EQ(term(*w.plan, "gradients"), w.gradients * P);
+    EXPECT_DOUBLE_EQ(term(*w.plan, "optimizer state"), w.optimizer * P);
+  }
+  // This tiny model's ddp rank peaks in the optimizer step (the gradient
+  // norm's double copy outweighs one micro-batch's activations); zero3's
+  // steps a half and peaks in backward.
+  EXPECT_DOUBLE_EQ(term(*ddp, "optimizer-step temporaries"), 8 * P);
+  EXPECT_GT(term(*zero3, "activations"), 0);
+  EXPECT_LT(zero3->devices[0].peak_bytes, ddp->devices[0].peak_bytes);
   for (const auto* p : {&zero1, &zero2, &zero3})
     EXPECT_DOUBLE_EQ((*p)->devices[2].peak_bytes, ddp->devices[2].peak_bytes) << "the rollout";
+  const auto text = zero3->render();
+  EXPECT_NE(text.find("policy[dp 0]: "), std::string::npos) << text;
+  EXPECT_NE(text.find("optimizer state "), std::string::npos) << text;
+  EXPECT_NE(text.find("activations "), std::string::npos) << text;
+}
+
+// NOTE [strategy suggestions]: with room for all, ddp comes first and zero3
+// (1.5x the bytes) last; on devices between zero3's need and ddp's only
+// zero3 fits, and it is listed first.
+TEST(Placement, SuggestionsListTheStrategiesThatFitCheapestFirst) {
+  const std::string placement = troupe::actors::rl::testing::disaggregated_placement;
+  // Long rl minibatches: the trainers' devices hold the largest peak.
+  auto c = parse_job(tiny_job("run") + placement, {"rl.prompts_per_iteration=64", "rl.minibatches=1"});
+  ASSERT_TRUE(c) << describe(c.error());
+  auto policy = [](const std::vector<strategy_fit>& all) {
+    std::vector<strategy_fit> out;
+    for (const auto& f : all)
+      if (f.role == "policy")
+        out.push_back(f);
+    return out;
+  };
+  auto roomy = policy(suggest_strategies(*c));
+  ASSERT_EQ(roomy.size(), 4u);
+  for (const auto& f : roomy)
+    EXPECT_TRUE(f.fits) << to_string(f.strategy) << ": " << f.refusal;
+  EXPECT_EQ(roomy.back().strategy, troupe::actors::train::dp_strategy::zero3);
+  EXPECT_NEAR(roomy.back().received_bytes, 1.5 * roomy.front().received_bytes, 1.0);
+  EXPECT_EQ(roomy.back().yaml_path, "placement.roles[0].strategy");
+  auto plan_with = [&](troupe::actors::train::dp_strategy s) {
+    auto changed = *c;
+    changed.placement.roles[0].strategy = s;
+    return make_plan(changed);
+  };
+  auto ddp = plan_with(troupe::actors::train::dp_strategy::ddp), zero3 = plan_with(troupe::actors::train::dp_strategy::zero3);
+  ASSERT_TRUE(ddp && zero3);
+  auto tight = *c;
+  tight.resources.device_memory_gb =
+      (ddp->devices[0].peak_bytes + zero3->devices[0].peak_bytes) / 2 / (1024.0 * 1024 * 1024);
+  for (size_t d = 2; d < ddp->devices.size(); ++d)
+    ASSERT_GT(tight.resources.device_memory_gb * 1024 * 1024 * 1024, ddp->devices[d].peak_bytes)
+        << "the other pools must fit";
+  auto fits = policy(suggest_strategies(tight));
+  ASSERT_EQ(fits.size(), 4u);
+  EXPECT_EQ(fits.front().strategy, troupe::actors::train::dp_strategy::zero3);
+  EXPECT_TRUE(fits.front().fits);
+  for (size_t i = 1; i < fits.size(); ++i) {
+    EXPECT_FALSE(fits[i].fits) << to_string(fits[i].strategy);
+    EXPECT_NE(fits[i].refusal.find("the largest term is policy[dp 0]'s"), std::string::npos)
+        << fits[i].refusal;
+  }
+  EXPECT_NE(render_suggestions(fits).find("zero3: fits, a rank "), std::string::npos);
 }
