@@ -40,12 +40,59 @@ activation_split activation_bytes(const models::llama_config& c, bool lm_head, i
   a.layers = c.num_hidden_layers;
   a.layer = 4 * N * (7 * H + 3 * q + 2 * kv + 4 * I + 2) + 4 * B * heads * T * T + B * T * T;
   a.layer_input = 4 * N * H;
+  a.layer_backward = 4 * B * heads * T * T + 4 * N * H + 4 * H * I;
   a.rest = 4 * N * (4 * H + 2 * D + 5);
   if (lm_head)
     a.logits = 4 * N * V + (rows > 1 ? 4 * B * (T - 1) * V : 0);
   a.rest += a.logits;
   return a;
 }
+
+namespace {
+
+struct moment {
+  std::string_view name;
+  double activations = 0, buffers = 0;
+  double total() const { return activations + buffers; }
+};
+
+// What the moments of a step hold besides the states (NOTE [rank memory]).
+std::vector<moment> moments_of(dp_strategy kind, double n, double bucket_mb,
+                               const parameter_split& params, const activation_split& a) {
+  const double phi = static_cast<double>(params.total());
+  const double rest = static_cast<double>(params.rest), layer = static_cast<double>(params.layer);
+  const double arriving = 4 * static_cast<double>(params.largest);
+  auto ring = [n](double elements) { return 4 * elements + 4 * elements / n; };
+  const double stepped = kind == dp_strategy::ddp ? phi : phi / n; // elements AdamW steps
+  std::vector<moment> out{
+      {"the optimizer step", 0, std::max(4 * stepped, 8 * std::min(stepped, double{1 << 20}))}};
+  switch (kind) {
+  case dp_strategy::ddp:
+    out.push_back({"the top of backward", a.total(), arriving});
+    break;
+  case dp_strategy::zero1:
+    out.push_back({"the top of backward", a.total(), arriving});
+    out.push_back({"the gradient reduce-scatter", 0, ring(phi)});
+    break;
+  case dp_strategy::zero2:
+    out.push_back({"the top of backward", a.total(),
+                   arriving + std::max(0.0, std::min(bucket_mb * 1024 * 1024, 4 * phi) - a.logits)});
+    break;
+  case dp_strategy::zero3: {
+    const double inputs = static_cast<double>(a.layers) * a.layer_input;
+    out.push_back({"the top of backward", inputs + a.rest, 4 * rest + arriving});
+    out.push_back({"a layer's backward", inputs + a.layer + a.layer_backward,
+                   4 * rest + arriving + 4 * layer});
+    out.push_back({"a layer's reduce-scatter", inputs + 2 * a.layer_input,
+                   4 * rest + arriving + 12 * layer + 4 * layer / n + ring(layer)});
+    out.push_back({"the rest's reduce-scatter", 0, 12 * rest + 4 * rest / n + ring(rest)});
+    break;
+  }
+  }
+  return out;
+}
+
+} // namespace
 
 rank_memory training_rank_memory(dp_strategy s, int64_t dp, double bucket_mb,
                                  const parameter_split& params,
@@ -60,42 +107,25 @@ rank_memory training_rank_memory(dp_strategy s, int64_t dp, double bucket_mb,
                 : kind == dp_strategy::zero1 ? 4 * phi + 4 * phi / n
                                              : 4 * phi / n;
   m.optimizer = kind == dp_strategy::ddp ? 8 * phi : 8 * phi / n;
-  const double stepped = kind == dp_strategy::ddp ? phi : phi / n; // elements AdamW steps
-  m.step_temporaries = std::max(4 * stepped, 8 * std::min(stepped, double{1 << 20}));
-  m.activations = activations.total();
-  m.transient = 4 * static_cast<double>(params.largest);
-  switch (kind) {
-  case dp_strategy::zero2:
-    m.transient += std::max(0.0, std::min(bucket_mb * 1024 * 1024, 4 * phi) - activations.logits);
-    break;
-  case dp_strategy::zero3: {
-    const double rest = static_cast<double>(params.rest);
-    const double layer = static_cast<double>(params.layer);
-    m.transient = 8 * rest + 12 * layer;
-    // Checkpointed layers: their inputs, and one layer recomputed at a time.
-    m.activations = static_cast<double>(activations.layers) * activations.layer_input +
-                    activations.layer + activations.rest;
-    break;
-  }
-  default:
-    break;
-  }
+  const auto all = moments_of(kind, n, bucket_mb, params, activations);
+  const auto& peak = *std::max_element(all.begin(), all.end(), [](const moment& x, const moment& y) {
+    return x.total() < y.total();
+  });
+  m.moment = peak.name;
+  m.activations = peak.activations;
+  m.buffers = peak.buffers;
   return m;
 }
 
-double rank_memory::total() const {
-  return weights + gradients + optimizer + std::max(activations + transient, step_temporaries);
-}
-
 std::vector<memory_term> rank_memory::terms() const {
-  std::vector<memory_term> out{{"weights", weights},
-                               {"gradients", gradients},
-                               {"optimizer state", optimizer}};
-  if (activations + transient >= step_temporaries) {
-    out.push_back({"activations", activations});
-    out.push_back({"strategy transients", transient});
-  } else
-    out.push_back({"optimizer-step temporaries", step_temporaries});
+  std::vector<memory_term> out;
+  for (auto [name, bytes] : {std::pair<std::string, double>{"weights", weights},
+                             {"gradients", gradients},
+                             {"optimizer state", optimizer},
+                             {"activations", activations},
+                             {"buffers at " + std::string{moment}, buffers}})
+    if (bytes > 0)
+      out.push_back({std::move(name), bytes});
   std::stable_sort(out.begin(), out.end(),
                    [](const memory_term& a, const memory_term& b) { return a.bytes > b.bytes; });
   return out;

@@ -39,12 +39,17 @@ parameter_split split_parameters(const models::llama_config& c, bool lm_head);
 ///   - the rest: 4·H + 2·head_dim a token (embedding output, the final
 ///     norm's, the RoPE tables), the logits (V a token with an LM head,
 ///     and their contiguous shifted copy when rows > 1), 5 a token of
-///     scalars (log-probs, masks, the loss's terms).
+///     scalars (log-probs, masks, the loss's terms);
+///   - a layer's backward, beyond its activations: the probabilities'
+///     gradient (heads · tokens a token), the hidden state's (H a token)
+///     and one H x I weight gradient — what a recomputed layer adds at its
+///     peak (zero3; measured within 1 %).
 struct activation_split {
   double layer = 0;       // one layer's
   double layer_input = 0; // what a checkpointed layer keeps (its input)
   double rest = 0;        // embeddings, final norm, head, loss
   double logits = 0;      // of `rest`: the logits and their shifted copy
+  double layer_backward = 0; // a layer's backward working set (see below)
   int64_t layers = 0;
   double total() const { return static_cast<double>(layers) * layer + rest; }
 };
@@ -54,34 +59,41 @@ activation_split activation_bytes(const models::llama_config& c, bool lm_head, i
 
 /// One named part of a rank's peak.
 struct memory_term {
-  std::string_view name;
+  std::string name;
   double bytes = 0;
 };
 
-/// NOTE [rank memory]: a training rank's bytes at its peak, by term. The
-/// states are NOTE [strategy memory]'s (weights, gradients, AdamW's
-/// moments); `activations` one micro-batch's graph; `transient` what the
-/// strategy holds besides them at the top of backward: the largest
-/// parameter's gradient as autograd hands it over (ddp, zero1, zero2), and
-/// zero2's first gradient bucket (bucket_mb, at most the model) less the
-/// logits it replaces (it is made as they are freed); zero3
-/// keeps only each layer's input through forward and peaks while a layer's
-/// backward runs: the rest-unit whole with its gradients (8 · rest), the
-/// layer whole, its gradients and their padded copy for the reduce-scatter
-/// (12 · layer) and the layer's recomputed activations (an upper bound:
-/// measured 0.73-0.76 of it, the layer's activations going as its
-/// gradients come).
-/// The optimizer step's temporaries (AdamW's denominator: 4 bytes an
-/// element of what the rank steps; the gradient norm's double chunk of at
-/// most 1M elements) replace the activations, so the peak is the larger of
-/// the two moments.
+/// NOTE [rank memory]: a training rank's bytes at its peak. Its states are
+/// NOTE [strategy memory]'s (weights, gradients, AdamW's moments); besides
+/// them it holds, at each moment of a step (fp32; Φ the parameters, N the
+/// DP size, a ring reduce-scatter of n elements working in a copy of its
+/// input and one incoming chunk: 4·n + 4·n/N):
+///   - the top of backward: one micro-batch's activations and the largest
+///     parameter's gradient as autograd hands it over; zero2 also its first
+///     gradient bucket (bucket_mb, at most the model) less the logits it
+///     replaces (it is made as they go). zero3 keeps only each layer's input
+///     of the layers' activations, and the rest-unit whole (4 · rest);
+///   - zero1's gradient reduce-scatter (4·Φ + 4·Φ/N);
+///   - zero3, a layer's backward: the layer inputs, its recomputed
+///     activations and backward working set, the rest-unit whole, the head's
+///     gradient, the layer gathered (4 · layer); then its reduce-scatter:
+///     the layer whole, its gradients, their padded copy and this rank's
+///     part, and the ring's buffers;
+///   - zero3, the rest-unit's reduce-scatter after backward: the unit
+///     whole, its gradients, their padded copy and part, the ring's buffers;
+///   - the optimizer step: AdamW's denominator (4 bytes an element the rank
+///     steps) or the gradient norm's double chunk (at most 1M elements).
+/// The peak is the largest. Measured by the counting allocator within 5 %
+/// (tests/actors/strategy_memory_test.cpp, bench/bench_strategies).
 struct rank_memory {
-  double weights = 0, gradients = 0, optimizer = 0, activations = 0, transient = 0;
-  double step_temporaries = 0;
-  /// The peak: the states plus the larger of (activations + transient) and
-  /// the step's temporaries.
-  double total() const;
-  /// The terms of the peak, largest first.
+  double weights = 0, gradients = 0, optimizer = 0;
+  /// The moment of the peak, and what the rank holds then besides its
+  /// states: activations (of the autograd graph) and buffers (gradients
+  /// arriving, gathered units, collectives', the step's temporaries).
+  std::string_view moment;
+  double activations = 0, buffers = 0;
+  double total() const { return weights + gradients + optimizer + activations + buffers; }
+  /// The nonzero terms, largest first.
   std::vector<memory_term> terms() const;
 };
 
