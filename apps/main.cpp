@@ -191,8 +191,9 @@ runner add_run(CLI::App& app) {
   auto* plan = app.add_subcommand("plan", command_help("plan"));
   plan->add_option("config", f->plan_path, "Job YAML file")->required();
   plan->add_option("--set", f->plan_sets, "Override a key (repeatable)");
-  plan->add_flag("--suggest", f->plan_suggest,
-                 "List the training strategies that fit each trained role, cheapest communication first");
+  plan->add_flag(
+      "--suggest", f->plan_suggest,
+      "List the training strategies that fit each trained role, cheapest communication first");
 
   auto* config = app.add_subcommand("config", command_help("config"));
   config->require_subcommand(1);

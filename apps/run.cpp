@@ -33,8 +33,7 @@ int config_show_command(const std::string& path, const std::vector<std::string>&
   return 0;
 }
 
-int plan_command(const std::string& path, const std::vector<std::string>& overrides,
-                 bool suggest) {
+int plan_command(const std::string& path, const std::vector<std::string>& overrides, bool suggest) {
   auto cfg = actors::rl::load_job(path, overrides);
   if (!cfg) {
     std::fprintf(stderr, "troupe plan: %s\n", describe(cfg.error()).c_str());

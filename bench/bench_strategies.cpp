@@ -264,9 +264,9 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int world : {2, 4}) {
     std::printf("\n%d ranks (gloo)\n", world);
-    std::printf("%-6s %-12s %8s %7s %9s %12s %7s %9s %9s %12s %12s %6s\n", "", "norm sum", "step ms",
-                "vs ddp", "tokens/s", "peak MiB/rk", "vs ddp", "plan MiB", "peak/plan", "recv/step/rk",
-                "optimal", "ratio");
+    std::printf("%-6s %-12s %8s %7s %9s %12s %7s %9s %9s %12s %12s %6s\n", "", "norm sum",
+                "step ms", "vs ddp", "tokens/s", "peak MiB/rk", "vs ddp", "plan MiB", "peak/plan",
+                "recv/step/rk", "optimal", "ratio");
     double ddp_time = 0, ddp_peak = 0;
     for (auto s : {dp_strategy::ddp, dp_strategy::zero1, dp_strategy::zero2, dp_strategy::zero3}) {
       auto r = run(*base, global, world, s);
@@ -285,13 +285,13 @@ int main(int argc, char** argv) {
               actors::train::activation_bytes(shape(o.quick), true, rows / world, 64))
               .total();
       const double optimal = theory_bytes(s, world, 4.0 * static_cast<double>(params));
-      std::printf(
-          "%-6s %-12.9g %8.2f %7.2f %9.0f %12.2f %7.2f %9.2f %9.3f %12.0f %12.0f %6.2f%s\n",
-          std::string{to_string(s)}.c_str(), r.norm_sums[0], r.step_s * 1e3, r.step_s / ddp_time,
-          tokens / r.step_s, static_cast<double>(r.peak_bytes) / (1 << 20),
-          static_cast<double>(r.peak_bytes) / ddp_peak, plan / (1 << 20),
-          static_cast<double>(r.peak_bytes) / plan, r.received_per_step,
-          optimal, r.received_per_step / optimal, equal ? "" : "  NORMS DIFFER");
+      std::printf("%-6s %-12.9g %8.2f %7.2f %9.0f %12.2f %7.2f %9.2f %9.3f %12.0f %12.0f %6.2f%s\n",
+                  std::string{to_string(s)}.c_str(), r.norm_sums[0], r.step_s * 1e3,
+                  r.step_s / ddp_time, tokens / r.step_s,
+                  static_cast<double>(r.peak_bytes) / (1 << 20),
+                  static_cast<double>(r.peak_bytes) / ddp_peak, plan / (1 << 20),
+                  static_cast<double>(r.peak_bytes) / plan, r.received_per_step, optimal,
+                  r.received_per_step / optimal, equal ? "" : "  NORMS DIFFER");
     }
   }
   std::printf("\n%s\n", all_ok ? "every rank of every strategy matches the single engine (1e-5)"

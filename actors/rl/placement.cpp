@@ -136,13 +136,15 @@ std::vector<train::memory_term> role_terms(const job_config& cfg, const models::
   if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
     auto e = engine_settings(cfg);
     auto blocks = inference::kv_pool_blocks(e, m, 4);
-    out.push_back({"KV pool", blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, m, 4))
-                                     : e.kv_cache_mb * 1024.0 * 1024.0});
+    out.push_back(
+        {"KV pool", blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, m, 4))
+                           : e.kv_cache_mb * 1024.0 * 1024.0});
     if (inference::packs_decode_panels(e)) // NOTE [decode panels]
       out.push_back({"packed decode weights",
                      static_cast<double>(models::decode_panels_bytes(m, e.decode_isa))});
   }
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
   return out;
 }
 
@@ -199,10 +201,11 @@ std::string largest_term(const std::vector<rank_estimate>& ranks) {
     return {};
   std::string hint = big->name == "activations" ? "lower its placement.roles[].micro_batch_rows"
                      : big->name == "KV pool"   ? "lower rl.rollout.kv_cache_mb"
-                     : big->name == "weights"   ? "use a smaller model or a zero3 strategy"
-                                                : "shard it with a zero strategy (troupe plan --suggest)";
-  return "; the largest term is " + who->rank + "'s " + std::string{big->name} + " (" + gib(big->bytes) +
-         "): " + hint;
+                     : big->name == "weights"
+                         ? "use a smaller model or a zero3 strategy"
+                         : "shard it with a zero strategy (troupe plan --suggest)";
+  return "; the largest term is " + who->rank + "'s " + std::string{big->name} + " (" +
+         gib(big->bytes) + "): " + hint;
 }
 
 // "    policy[dp 0]: weights 1.0 MiB, gradients ..." lines.
@@ -485,8 +488,8 @@ std::string placement_plan::render() const {
       std::string ranks;
       for (const auto& r : d.ranks)
         ranks += (ranks.empty() ? "" : ", ") + r;
-      out += "    device " + std::to_string(d.index) + " (pool " + d.pool + "): " +
-             (ranks.empty() ? "idle" : ranks) + "; peak " + gib(d.peak_bytes) +
+      out += "    device " + std::to_string(d.index) + " (pool " + d.pool +
+             "): " + (ranks.empty() ? "idle" : ranks) + "; peak " + gib(d.peak_bytes) +
              (d.peak_stage.empty() ? "" : " in " + d.peak_stage) + "\n" +
              render_ranks(d.peak_ranks, "      ");
     }
@@ -554,11 +557,11 @@ expected<placement_plan> make_plan(const job_config& cfg) {
     if (plan.device_memory_bytes > 0 && plan.driver_peak_bytes > plan.device_memory_bytes)
       return make_error(errc::invalid_config,
                         "placement: the driver's process needs an estimated " +
-                          gib(plan.driver_peak_bytes) + ", more than this machine's " +
-                          gib(plan.device_memory_bytes) +
-                          " (resources.device_memory_gb) in stage " + plan.driver_peak_stage +
-                          largest_term(plan.driver_peak_ranks) +
-                          "; or spread the roles over devices (placement.mode)");
+                            gib(plan.driver_peak_bytes) + ", more than this machine's " +
+                            gib(plan.device_memory_bytes) +
+                            " (resources.device_memory_gb) in stage " + plan.driver_peak_stage +
+                            largest_term(plan.driver_peak_ranks) +
+                            "; or spread the roles over devices (placement.mode)");
     return with_transport(cfg, std::move(plan));
   }
 
@@ -642,8 +645,11 @@ std::vector<strategy_fit> suggest_strategies(const job_config& cfg) {
     const auto* t = find_role(rp.role);
     if (!t || !t->trains() || !shape || rp.dp <= 1) // nothing to shard at dp 1
       continue;
-    const double phi = 4.0 * static_cast<double>(split_parameters(*shape, t->head == models::head_kind::lm).total());
-    const double ring = rp.dp > 1 ? static_cast<double>(rp.dp - 1) / static_cast<double>(rp.dp) * phi : 0;
+    const double phi =
+        4.0 *
+        static_cast<double>(split_parameters(*shape, t->head == models::head_kind::lm).total());
+    const double ring =
+        rp.dp > 1 ? static_cast<double>(rp.dp - 1) / static_cast<double>(rp.dp) * phi : 0;
     std::vector<strategy_fit> mine;
     for (auto s : {dp_strategy::ddp, dp_strategy::zero1, dp_strategy::zero2, dp_strategy::zero3}) {
       auto changed = cfg;

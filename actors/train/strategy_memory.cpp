@@ -75,8 +75,9 @@ std::vector<moment> moments_of(dp_strategy kind, double n, double bucket_mb,
     out.push_back({"the gradient reduce-scatter", 0, ring(phi)});
     break;
   case dp_strategy::zero2:
-    out.push_back({"the top of backward", a.total(),
-                   arriving + std::max(0.0, std::min(bucket_mb * 1024 * 1024, 4 * phi) - a.logits)});
+    out.push_back(
+        {"the top of backward", a.total(),
+         arriving + std::max(0.0, std::min(bucket_mb * 1024 * 1024, 4 * phi) - a.logits)});
     break;
   case dp_strategy::zero3: {
     const double inputs = static_cast<double>(a.layers) * a.layer_input;
@@ -108,9 +109,9 @@ rank_memory training_rank_memory(dp_strategy s, int64_t dp, double bucket_mb,
                                              : 4 * phi / n;
   m.optimizer = kind == dp_strategy::ddp ? 8 * phi : 8 * phi / n;
   const auto all = moments_of(kind, n, bucket_mb, params, activations);
-  const auto& peak = *std::max_element(all.begin(), all.end(), [](const moment& x, const moment& y) {
-    return x.total() < y.total();
-  });
+  const auto& peak =
+      *std::max_element(all.begin(), all.end(),
+                        [](const moment& x, const moment& y) { return x.total() < y.total(); });
   m.moment = peak.name;
   m.activations = peak.activations;
   m.buffers = peak.buffers;

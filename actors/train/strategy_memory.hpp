@@ -45,10 +45,10 @@ parameter_split split_parameters(const models::llama_config& c, bool lm_head);
 ///     and one H x I weight gradient — what a recomputed layer adds at its
 ///     peak (zero3; measured within 1 %).
 struct activation_split {
-  double layer = 0;       // one layer's
-  double layer_input = 0; // what a checkpointed layer keeps (its input)
-  double rest = 0;        // embeddings, final norm, head, loss
-  double logits = 0;      // of `rest`: the logits and their shifted copy
+  double layer = 0;          // one layer's
+  double layer_input = 0;    // what a checkpointed layer keeps (its input)
+  double rest = 0;           // embeddings, final norm, head, loss
+  double logits = 0;         // of `rest`: the logits and their shifted copy
   double layer_backward = 0; // a layer's backward working set (see below)
   int64_t layers = 0;
   double total() const { return static_cast<double>(layers) * layer + rest; }

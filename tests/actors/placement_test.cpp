@@ -320,7 +320,8 @@ TEST(Placement, ZeroStrategiesLowerATrainingRanksEstimate) {
 TEST(Placement, SuggestionsListTheStrategiesThatFitCheapestFirst) {
   const std::string placement = troupe::actors::rl::testing::disaggregated_placement;
   // Long rl minibatches: the trainers' devices hold the largest peak.
-  auto c = parse_job(tiny_job("run") + placement, {"rl.prompts_per_iteration=64", "rl.minibatches=1"});
+  auto c =
+      parse_job(tiny_job("run") + placement, {"rl.prompts_per_iteration=64", "rl.minibatches=1"});
   ASSERT_TRUE(c) << describe(c.error());
   auto policy = [](const std::vector<strategy_fit>& all) {
     std::vector<strategy_fit> out;
@@ -341,7 +342,8 @@ TEST(Placement, SuggestionsListTheStrategiesThatFitCheapestFirst) {
     changed.placement.roles[0].strategy = s;
     return make_plan(changed);
   };
-  auto ddp = plan_with(troupe::actors::train::dp_strategy::ddp), zero3 = plan_with(troupe::actors::train::dp_strategy::zero3);
+  auto ddp = plan_with(troupe::actors::train::dp_strategy::ddp),
+       zero3 = plan_with(troupe::actors::train::dp_strategy::zero3);
   ASSERT_TRUE(ddp && zero3);
   auto tight = *c;
   tight.resources.device_memory_gb =
