@@ -259,10 +259,11 @@ public:
 // gradient into its bucket's buffer (made when the bucket's first gradient
 // arrives) and hands the tensor on to LibTorch, whose .grad the next hook
 // drops. A bucket whose parameters have all arrived is reduced, each
-// rank's part of it to that rank (which adds it into its shard's sum), and
-// freed — strictly in bucket order, so every rank issues the same
-// collectives in the same order even when a parameter gets no gradient on
-// one of them: whatever is left is reduced at backward_done, after every
+// rank's part of it sent straight to that rank (reduce_to_owner), which
+// adds the sum into its shard's, and freed — strictly in bucket order, so
+// every rank issues the same collectives in the same order even when a
+// parameter gets no gradient on one of them: whatever is left is reduced
+// at backward_done, after every
 // backward (a rank with fewer micro-batches runs its last again at weight
 // 0: NOTE [micro-batches] in train_engine.cpp).
 // Peak gradient memory: the shard's sum, the buckets waiting their turn,
@@ -378,13 +379,32 @@ private:
     for (int r = static_cast<int>(b.begin / f_.shard); r * f_.shard < b.end; ++r) {
       const int64_t lo = std::max(b.begin, r * f_.shard), hi = std::min(b.end, (r + 1) * f_.shard);
       auto part = buffer.narrow(0, lo - b.begin, hi - lo);
-      if (auto ok = group_->reduce(part, r, runtime::reduce_op::sum); !ok)
+      if (auto ok = reduce_to_owner(part, r); !ok)
         return with_prefix(ok.error(),
                            "zero2: reducing a gradient bucket to rank " + std::to_string(r));
       if (r == f_.rank)
         grad_shard_.narrow(0, lo - r * f_.shard, hi - lo).add_(part);
     }
     b.buffer = at::Tensor();
+    return {};
+  }
+
+  // `part` summed over the group into rank `owner`: the others send theirs
+  // straight to it, which adds them in rank order — each rank receives
+  // (N-1)/N of the gradients over a step, a reduce-scatter's volume (gloo's
+  // reduce received 1.13-1.65x that: docs/benchmarks.md).
+  expected<void> reduce_to_owner(at::Tensor& part, int owner) {
+    constexpr int tag = 29;
+    if (f_.rank != owner)
+      return group_->send(part, owner, tag);
+    auto incoming = at::empty_like(part);
+    for (int q = 0; q < group_->size(); ++q) {
+      if (q == owner)
+        continue;
+      if (auto ok = group_->recv(incoming, q, tag); !ok)
+        return ok;
+      part.add_(incoming);
+    }
     return {};
   }
 
