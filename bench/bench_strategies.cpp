@@ -8,14 +8,14 @@
 //  - peak bytes of LibTorch CPU storage per rank while it trains (NOTE
 //    [counting allocator]: each rank's thread tagged; what it holds after
 //    joining and its steps' peak) against ddp's and against the planner's
-//    NOTE [strategy memory] for the same model (weights and training state
-//    per parameter; the activations and transients are measured, not
-//    planned);
+//    per-rank peak for the same model and micro-batch (NOTE [rank memory]);
 //  - step time and tokens/s, relative to ddp;
 //  - bytes received per rank per step, measured on the ranks' TCP sockets
 //    (TCP_INFO), against the bandwidth-optimal volume of the strategy
 //    (ddp's ring all-reduce 2(N−1)/N·Φ; zero1 and zero2 a reduce-scatter
-//    and an all-gather, the same; zero3 one more all-gather, 3(N−1)/N·Φ).
+//    and an all-gather, the same; zero3 one more all-gather, 3(N−1)/N·Φ);
+//  - gloo's all-reduce bus bandwidth at 2 and 4 ranks against one raw
+//    loopback TCP stream between two threads of the same process.
 //
 //   bench_strategies [--quick] [--steps N]
 #include "actors/rl/data.hpp"
@@ -28,9 +28,11 @@
 
 #include <torch/torch.h>
 
+#include <arpa/inet.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -229,6 +231,109 @@ double theory_bytes(dp_strategy s, int world, double phi) {
   return s == dp_strategy::zero3 ? 3 * ring : 2 * ring;
 }
 
+// Bus bandwidth of gloo's all-reduce of `bytes` over `world` in-process
+// ranks (the median of `rounds`): the ring moves 2(N-1)/N of the buffer
+// through each rank's link, so busbw = 2(N-1)/N · bytes / time (NCCL's
+// convention).
+double gloo_bus_bandwidth(int world, int64_t bytes, int rounds) {
+  runtime::group_options go;
+  go.name = "bench-busbw-" + std::to_string(world);
+  go.timeout_ms = 120000;
+  auto groups = runtime::make_local_groups(world, go);
+  if (!groups) {
+    std::fprintf(stderr, "%s\n", describe(groups.error()).c_str());
+    std::exit(1);
+  }
+  std::vector<double> times;
+  auto rank_main = [&](int r) {
+    auto& g = groups->groups[static_cast<size_t>(r)];
+    auto t = torch::ones({bytes / 4});
+    for (int i = 0; i <= rounds; ++i) {
+      (void)g.barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      if (auto ok = g.all_reduce_sum(t); !ok)
+        std::exit(1);
+      if (r == 0 && i > 0) // the first is the warm-up
+        times.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  };
+  std::vector<std::future<void>> ranks;
+  for (int r = 1; r < world; ++r)
+    ranks.push_back(std::async(std::launch::async, rank_main, r));
+  rank_main(0);
+  for (auto& f : ranks)
+    f.get();
+  std::sort(times.begin(), times.end());
+  const double n = world;
+  return 2 * (n - 1) / n * static_cast<double>(bytes) / times[times.size() / 2];
+}
+
+// One loopback TCP stream between two threads of this process: `bytes` sent
+// in 1 MiB writes and read to the end (the median of `rounds`), bytes / s.
+double tcp_stream_bandwidth(int64_t bytes, int rounds) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(listener, 1) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    std::perror("tcp stream");
+    std::exit(1);
+  }
+  auto sender = std::async(std::launch::async, [&] {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+      std::exit(1);
+    std::vector<char> chunk(1 << 20, 1);
+    for (int i = 0; i <= rounds; ++i)
+      for (int64_t sent = 0; sent < bytes;) {
+        auto n = ::send(fd, chunk.data(),
+                        static_cast<size_t>(std::min<int64_t>(bytes - sent, 1 << 20)), 0);
+        if (n <= 0)
+          std::exit(1);
+        sent += n;
+      }
+    ::close(fd);
+  });
+  int fd = ::accept(listener, nullptr, nullptr);
+  std::vector<char> buffer(1 << 20);
+  std::vector<double> times;
+  for (int i = 0; i <= rounds; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t got = 0; got < bytes;) {
+      auto n = ::recv(fd, buffer.data(),
+                      static_cast<size_t>(std::min<int64_t>(bytes - got, 1 << 20)), 0);
+      if (n <= 0)
+        std::exit(1);
+      got += n;
+    }
+    if (i > 0)
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  sender.get();
+  ::close(fd);
+  ::close(listener);
+  std::sort(times.begin(), times.end());
+  return static_cast<double>(bytes) / times[times.size() / 2];
+}
+
+// NOTE at the top: gloo's all-reduce against the raw stream, same process.
+void print_bandwidths(bool quick) {
+  const int64_t bytes = quick ? (int64_t{4} << 20) : (int64_t{64} << 20);
+  const int rounds = quick ? 2 : 5;
+  const double tcp = tcp_stream_bandwidth(bytes, rounds);
+  std::printf("\nall-reduce of %lld MiB: raw loopback TCP stream %.2f GB/s\n",
+              static_cast<long long>(bytes >> 20), tcp / 1e9);
+  for (int world : {2, 4}) {
+    const double bus = gloo_bus_bandwidth(world, bytes, rounds);
+    std::printf("  gloo %d ranks: bus bandwidth %.2f GB/s (%.2f of the TCP stream)\n", world,
+                bus / 1e9, bus / tcp);
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -294,6 +399,7 @@ int main(int argc, char** argv) {
                   r.received_per_step / optimal, equal ? "" : "  NORMS DIFFER");
     }
   }
+  print_bandwidths(o.quick);
   std::printf("\n%s\n", all_ok ? "every rank of every strategy matches the single engine (1e-5)"
                                : "MISMATCH: a strategy's weights differ from the single engine's");
   return all_ok ? 0 : 1;

@@ -394,6 +394,8 @@ struct role_placement_config {
   dp_strategy strategy = dp_strategy::ddp;
   /// Rows a rank computes at once (gradients accumulate over its share); 0 = its whole share.
   int64_t micro_batch_rows = 0;
+  /// Or padded tokens at once, rows grouped by length (NOTE [token micro-batches]); 0 = off.
+  int64_t micro_batch_tokens = 0;
   /// DP gradient buckets, MiB.
   double bucket_mb = 25;
 };
@@ -404,9 +406,14 @@ void visit(V& v, role_placement_config& c) {
   v.field("dp", c.dp, "Data-parallel ranks (trained roles: policy, critic, the rm stage's reward)");
   v.field("tp", c.tp, "Tensor-parallel ranks per replica (1 until tensor parallelism lands)");
   v.field("pp", c.pp, "Pipeline stages per replica (1 until pipeline parallelism lands)");
-  v.choice("strategy", c.strategy, "How the dp ranks train (ddp until the ZeRO strategies land)");
+  v.choice("strategy", c.strategy,
+           "How the dp ranks train: ddp (replicas), zero1 / zero2 / zero3 (sharded state; "
+           "docs/parallelism.md)");
   v.field("micro_batch_rows", c.micro_batch_rows,
-          "Rows a rank computes at once, gradients accumulated; 0 = its whole share (only 0 for now)");
+          "Rows a rank computes at once, gradients accumulated; 0 = its whole share");
+  v.field("micro_batch_tokens", c.micro_batch_tokens,
+          "Or padded tokens a rank computes at once, rows grouped by length (dynamic batch "
+          "size); 0 = off");
   v.field("bucket_mb", c.bucket_mb, "DP gradient all-reduce bucket size, MiB (reverse parameter order)");
 }
 

@@ -104,12 +104,15 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
   const bool lm = t.head == models::head_kind::lm;
   const auto dp = std::max<int64_t>(placed.dp, 1);
   int64_t rows = std::max<int64_t>(st.dp_rows(cfg).second / dp, 1);
+  const auto tokens = pass_tokens(cfg, m);
   if (placed.micro_batch_rows > 0)
     rows = std::min(rows, placed.micro_batch_rows);
+  if (placed.micro_batch_tokens > 0) // rows of the longest length that fit the budget
+    rows = std::min(rows, std::max<int64_t>(placed.micro_batch_tokens / tokens, 1));
   if (st.id == stage_id::rm)
     rows *= 2;
   return train::training_rank_memory(placed.strategy, dp, placed.bucket_mb, split_parameters(m, lm),
-                                     train::activation_bytes(m, lm, rows, pass_tokens(cfg, m)));
+                                     train::activation_bytes(m, lm, rows, tokens));
 }
 
 // Estimated bytes of one rank of `role` in `stage`, by term (NOTE [memory
@@ -313,6 +316,9 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
   checks.require(r.pp >= 1, at + ".pp", "must be >= 1");
   checks.require(r.bucket_mb > 0, at + ".bucket_mb", "must be > 0");
   checks.require(r.micro_batch_rows >= 0, at + ".micro_batch_rows", "must be >= 0 (0 = a rank's whole share)");
+  checks.require(r.micro_batch_tokens >= 0, at + ".micro_batch_tokens", "must be >= 0 (0 = off)");
+  checks.require(r.micro_batch_tokens == 0 || r.micro_batch_rows == 0, at + ".micro_batch_tokens",
+                 "give micro_batch_rows or micro_batch_tokens, not both");
   // Keys fixed for the parallel engines; refused until each lands.
   checks.require(r.tp <= 1, at + ".tp", "tensor parallelism is not available yet: tp must be 1");
   checks.require(r.pp <= 1, at + ".pp", "pipeline parallelism is not available yet: pp must be 1");

@@ -144,6 +144,8 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
       placed = rp;
   if (auto ok = (*engine)->set_micro_batch_rows(placed.micro_batch_rows); !ok)
     return ok.error();
+  if (auto ok = (*engine)->set_micro_batch_tokens(placed.micro_batch_tokens); !ok)
+    return ok.error();
   if (l.dp > 1) {
     auto g = join_group(s);
     if (!g)

@@ -1,5 +1,7 @@
 #include "actors/train/train_engine.hpp"
 
+#include "actors/train/micro_batches.hpp"
+
 #include "actors/train/training_strategy.hpp"
 #include "kernels/kl.hpp"
 #include "kernels/logprobs.hpp"
@@ -208,34 +210,70 @@ struct train_engine::impl {
 
   /// Rows a micro-batch computes at once; 0 = the whole (NOTE [micro-batches]).
   int64_t micro_rows = 0;
+  /// Or its padded tokens at most (NOTE [token micro-batches]); 0 = off.
+  int64_t micro_tokens = 0;
 
-  // The micro-batches of a batch: slices of micro_rows rows (the last may
-  // be shorter), or the batch itself.
-  std::vector<runtime::tensor_batch> micro_batches(const runtime::tensor_batch& b) const {
-    if (micro_rows <= 0 || b.size() <= micro_rows)
-      return {b};
-    std::vector<runtime::tensor_batch> out;
+  struct micro_split {
+    std::vector<runtime::tensor_batch> parts;
+    std::vector<int64_t> rows;    // the batch's rows in the parts' order (empty: in order)
+    std::vector<int64_t> lengths; // each part's width (by tokens)
+    int64_t width = 0;            // the batch's
+  };
+
+  // The micro-batches of a batch: by tokens (NOTE [token micro-batches]),
+  // slices of micro_rows rows (the last may be shorter), or the batch.
+  micro_split micro_batches(const runtime::tensor_batch& b) const {
+    micro_split out;
+    if (micro_tokens > 0 && b.size() > 1) {
+      out.width = value_or_throw(batch_width(b));
+      const auto lengths = value_or_throw(row_lengths(b));
+      const int64_t sequences = b.contains("attention_mask") ? 1 : 2; // a preference pair: two
+      for (auto& rows : pack_by_tokens(lengths, micro_tokens / sequences)) {
+        // At least 2 columns: the shifted tensors keep one.
+        const auto longest =
+            std::min(out.width, std::max<int64_t>(lengths[static_cast<size_t>(rows.front())], 2));
+        out.parts.push_back(value_or_throw(take_rows(b, rows, longest)));
+        out.lengths.push_back(longest);
+        out.rows.insert(out.rows.end(), rows.begin(), rows.end());
+      }
+      return out;
+    }
+    if (micro_rows <= 0 || b.size() <= micro_rows) {
+      out.parts.push_back(b);
+      return out;
+    }
     for (int64_t r = 0; r < b.size(); r += micro_rows)
-      out.push_back(value_or_throw(b.slice(r, std::min(b.size(), r + micro_rows))));
+      out.parts.push_back(value_or_throw(b.slice(r, std::min(b.size(), r + micro_rows))));
     return out;
   }
 
   // A forward pass without gradient, a micro-batch at a time, its outputs
-  // concatenated.
+  // concatenated (by tokens: padded back to the batch's width, in its row
+  // order).
   template <class Fn>
   runtime::tensor_batch by_micro_batches(const runtime::tensor_batch& b, Fn&& fn) {
     std::vector<runtime::tensor_batch> outs;
-    auto parts = micro_batches(b);
+    auto split = micro_batches(b);
+    auto& parts = split.parts;
     // A strategy that gathers during the passes (zero3) needs as many on
     // every rank, agreed before any: the last again, its answer dropped.
     const size_t rounds =
         dp && strategy && strategy->layer_hooks() ? most_micro_batches(parts.size()) : parts.size();
-    for (const auto& part : parts)
-      outs.push_back(fn(part));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      outs.push_back(fn(parts[i]));
+      if (!split.rows.empty())
+        outs.back() = value_or_throw(pad_outputs(outs.back(), split.lengths[i], split.width));
+    }
     for (auto i = parts.size(); i < rounds; ++i)
       fn(parts.back());
-    return outs.size() == 1 ? std::move(outs.front())
-                            : value_or_throw(runtime::tensor_batch::concat(outs));
+    auto all = outs.size() == 1 ? std::move(outs.front())
+                                : value_or_throw(runtime::tensor_batch::concat(outs));
+    if (split.rows.empty())
+      return all;
+    std::vector<int64_t> back(split.rows.size()); // row i of the batch is row back[i] of `all`
+    for (size_t k = 0; k < split.rows.size(); ++k)
+      back[static_cast<size_t>(split.rows[k])] = static_cast<int64_t>(k);
+    return value_or_throw(all.select(torch::tensor(back, torch::kLong)));
   }
 
   // NOTE [micro-batches]: an optimizer step over a (rank's share of a)
@@ -258,7 +296,7 @@ struct train_engine::impl {
   std::pair<step_result, metric_map>
   accumulate(const runtime::tensor_batch& batch, Units&& units_of, Loss&& loss_of,
              std::initializer_list<const char*> token_keys = {}) {
-    auto parts = micro_batches(batch);
+    auto parts = micro_batches(batch).parts;
     std::vector<std::pair<double, double>> units;
     double rank_units = 0, rank_tokens = 0;
     for (const auto& p : parts) {
@@ -527,6 +565,13 @@ expected<void> train_engine::set_micro_batch_rows(int64_t rows) {
                       "micro_batch_rows must be >= 0 (0 = the whole batch), got " +
                           std::to_string(rows));
   impl_->micro_rows = rows;
+  return {};
+}
+expected<void> train_engine::set_micro_batch_tokens(int64_t tokens) {
+  if (tokens < 0)
+    return make_error(errc::invalid_argument,
+                      "micro_batch_tokens must be >= 0 (0 = off), got " + std::to_string(tokens));
+  impl_->micro_tokens = tokens;
   return {};
 }
 int64_t train_engine::optimizer_state_bytes() const {

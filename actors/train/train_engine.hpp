@@ -180,6 +180,10 @@ public:
   /// [micro-batches]: the gradients accumulate, and the result does not
   /// depend on the size); 0 = a batch at once.
   expected<void> set_micro_batch_rows(int64_t rows);
+  /// Or at most `tokens` padded tokens at a time, rows grouped by length
+  /// (NOTE [token micro-batches] in micro_batches.hpp); 0 = off. It takes
+  /// precedence over the rows.
+  expected<void> set_micro_batch_tokens(int64_t tokens);
   /// Bytes of optimizer state this rank holds now (0 while offloaded, and
   /// before the first step).
   int64_t optimizer_state_bytes() const;

@@ -47,7 +47,7 @@ struct setup {
 
   setup(models::head_kind head, const std::string& name, int64_t timeout_ms = 20000,
         train::dp_strategy strategy = train::dp_strategy::ddp, int world = 2,
-        int64_t micro_batch_rows = 0) {
+        int64_t micro_batch_rows = 0, int64_t micro_batch_tokens = 0) {
     actors::configure(cfg);
     sys = std::make_unique<caf::actor_system>(cfg);
     auto base = tiny_model(11);
@@ -61,6 +61,7 @@ struct setup {
     for (int r = 0; r < world; ++r) {
       ranks.push_back(engine_of(copy_of(base, head)));
       EXPECT_TRUE(ranks.back()->set_micro_batch_rows(micro_batch_rows));
+      EXPECT_TRUE(ranks.back()->set_micro_batch_tokens(micro_batch_tokens));
     }
     // Joining broadcasts from rank 0: every rank joins at once.
     auto join = [&](int r) {
@@ -325,6 +326,48 @@ TEST(EngineGroup, MicroBatchesDoNotChangeWhatIsLearned) {
         EXPECT_LT(s.weight_gap(), tolerance);
       }
     }
+}
+
+// NOTE [token micro-batches]: rows of different lengths grouped under a
+// token budget — fewer or more micro-batches on each rank, in another row
+// order — learn what one engine learns from the whole batch, and the
+// log-probs come back in the batch's order and width.
+TEST(EngineGroup, TokenMicroBatchesDoNotChangeWhatIsLearned) {
+  for (auto strategy :
+       {train::dp_strategy::ddp, train::dp_strategy::zero2, train::dp_strategy::zero3}) {
+    const std::string name = std::string{to_string(strategy)} + "-tokens";
+    SCOPED_TRACE(name);
+    for (auto agg :
+         {kernels::loss_agg_mode::token_mean, kernels::loss_agg_mode::seq_mean_token_sum}) {
+      setup s{models::head_kind::lm,
+              "policy-" + name + std::string{to_string(agg)},
+              20000,
+              strategy,
+              2,
+              0,
+              16};
+      expect_same_policy_updates(s, agg);
+      EXPECT_LT(s.weight_gap(), tolerance);
+      auto batch = rl_batch(7, 999);
+      auto a = s.ask<train::served_batch>(s.single, train::log_probs_atom::value, batch, 1.0, true);
+      auto b = s.ask<train::served_batch>(s.group, train::log_probs_atom::value, batch, 1.0, true);
+      ASSERT_TRUE(a && b);
+      // Past a row's end (padding, which every consumer masks) a micro-batch
+      // cut to its longest row computes nothing: zeros there.
+      const auto mask = batch.get("response_mask").value();
+      for (const char* key : {"log_probs", "entropy"}) {
+        EXPECT_EQ(a->value.get(key).value().sizes(), b->value.get(key).value().sizes());
+        EXPECT_LT(((a->value.get(key).value() - b->value.get(key).value()) * mask)
+                      .abs()
+                      .max()
+                      .item<double>(),
+                  tolerance)
+            << key;
+      }
+    }
+    setup s{models::head_kind::value, "critic-" + name, 20000, strategy, 2, 0, 16};
+    expect_same_critic_update(s, rl_batch(12, 210));
+  }
 }
 
 // zero1's, zero2's and zero3's sharded optimizer state goes to a file per rank and

@@ -256,6 +256,11 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
                                                "rollout engines (rollout dp > 1) are not "
                                                "available yet"},
            {"{role: policy, pool: a, tp: 0}", "placement.roles[0].tp: must be >= 1"},
+           {"{role: policy, pool: a, micro_batch_rows: 2, micro_batch_tokens: 64}",
+            "placement.roles[0].micro_batch_tokens: give micro_batch_rows or micro_batch_tokens, "
+            "not both"},
+           {"{role: policy, pool: a, micro_batch_tokens: -1}",
+            "placement.roles[0].micro_batch_tokens: must be >= 0"},
            {"{role: policy, pool: a, strategy: zero9}",
             "placement.roles[0].strategy: expected one of ddp, zero1, zero2, zero3, got 'zero9'"},
        }) {

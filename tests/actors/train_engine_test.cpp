@@ -177,6 +177,36 @@ TEST(TrainEngine, RewardModelLearnsPreferences) {
   EXPECT_LT(after->at("rm/eval_loss"), before->at("rm/eval_loss"));
 }
 
+// NOTE [token micro-batches]: preference pairs of different lengths under a
+// token budget (a pair's two sequences both count) train as the whole
+// batch at once does.
+TEST(TrainEngine, RewardModelTokenMicroBatchesLearnAsTheWholeBatch) {
+  std::vector<std::vector<int64_t>> chosen, rejected;
+  for (int i = 0; i < 6; ++i) {
+    chosen.push_back(std::vector<int64_t>(static_cast<size_t>(2 + i), 3 + i));
+    rejected.push_back(std::vector<int64_t>(static_cast<size_t>(7 - i), 9));
+  }
+  auto b = actors::rl::collate_pairs(chosen, rejected, 0);
+  ASSERT_TRUE(b);
+  train::optimizer_options o;
+  o.lr = 3e-3;
+  auto whole = trainer(copy_of(tiny_model(7), models::head_kind::reward), o);
+  auto micro = trainer(copy_of(tiny_model(7), models::head_kind::reward), o);
+  ASSERT_TRUE(micro->set_micro_batch_tokens(20));
+  for (int i = 0; i < 3; ++i) {
+    auto a = whole->rm_step(*b);
+    auto m = micro->rm_step(*b);
+    ASSERT_TRUE(a && m);
+    for (const auto& [k, v] : *a)
+      EXPECT_NEAR(m->at(k), v, 1e-5) << k;
+  }
+  auto ea = whole->rm_eval(*b), em = micro->rm_eval(*b);
+  ASSERT_TRUE(ea && em);
+  for (const auto& [k, v] : *ea)
+    EXPECT_NEAR(em->at(k), v, 1e-5) << k;
+  EXPECT_FALSE(micro->set_micro_batch_tokens(-1));
+}
+
 // NOTE [flat AdamW]: the engine's AdamW over the flat parameters steps as
 // torch::optim::AdamW does per parameter (decoupled weight decay, bias
 // corrections): three SFT steps from the same weights agree to float
