@@ -3,6 +3,7 @@
 #include "actors/job/metrics_sink.hpp"
 #include "actors/job/tensorboard_sink.hpp"
 #include "actors/rl/reward.hpp"
+#include "actors/rl/role_traits.hpp"
 #include "actors/rl/settings.hpp"
 #include "actors/train/engine_group.hpp"
 #include "runtime/checkpoint.hpp"
@@ -344,6 +345,56 @@ expected<void> commit_checkpoint(job_context& ctx, const std::string& stage, int
   return {};
 }
 
+// NOTE [sharded checkpoints].
+expected<void> save_role_state(job_context& ctx, const train::engine_actor& trainer,
+                               const std::string& role, const std::string& name,
+                               runtime::checkpoint_files& files) {
+  auto saved = ask<train::state_shards>(ctx.self, trainer, ctx.timeout_of(request_kind::state),
+                                        role + ": save state", train::save_shards_atom::value);
+  if (!saved)
+    return saved.error();
+  auto& shards = saved->shards;
+  for (size_t r = 0; r < shards.size(); ++r)
+    files[name + ".shard-" + std::to_string(r)] = std::move(shards[r]);
+  nlohmann::json j = {{"shards", shards.size()},
+                      {"strategy", to_string(ctx.plan.strategy_of(role))},
+                      {"dp", ctx.plan.find(role) ? ctx.plan.find(role)->layout.dp : 1}};
+  files[name + ".shards.json"] = j.dump() + "\n";
+  return {};
+}
+
+bool has_role_state(const runtime::checkpoint_files& files, const std::string& name) {
+  return files.count(name + ".shards.json") || files.count(name + ".state");
+}
+
+expected<void> load_role_state(job_context& ctx, const train::engine_actor& trainer,
+                               const std::string& name, const runtime::checkpoint_files& files,
+                               const std::string& dir) {
+  const auto what = dir + ": " + name + ": load state";
+  if (!files.count(name + ".shards.json")) { // an earlier version's whole state
+    if (!files.count(name + ".state"))
+      return make_error(errc::corrupted, dir + ": no state of " + name);
+    auto ok = ask<int64_t>(ctx.self, trainer, ctx.timeout_of(request_kind::state), what,
+                           train::load_state_atom::value, files.at(name + ".state"));
+    return ok ? expected<void>{} : expected<void>{ok.error()};
+  }
+  auto j = nlohmann::json::parse(files.at(name + ".shards.json"), nullptr, false);
+  if (j.is_discarded() || !j.contains("shards") || !j["shards"].is_number_unsigned())
+    return make_error(errc::corrupted, dir + ": " + name + ".shards.json is malformed");
+  train::state_shards shards;
+  for (size_t r = 0; r < j["shards"].get<size_t>(); ++r) {
+    auto it = files.find(name + ".shard-" + std::to_string(r));
+    if (it == files.end())
+      return make_error(errc::corrupted, dir + ": " + name + ".shard-" + std::to_string(r) +
+                                             " is missing (" + name + ".shards.json names " +
+                                             std::to_string(j["shards"].get<size_t>()) + ")");
+    shards.shards.push_back(it->second);
+  }
+  auto ok = ask<int64_t>(ctx.self, trainer, ctx.timeout_of(request_kind::state), what,
+                         train::load_shards_atom::value, std::move(shards));
+  return ok ? expected<void>{} : expected<void>{ok.error()};
+}
+
 namespace {
 
 // ---- checkpoints of the SFT / RM stages --------------------------------------
@@ -351,12 +402,15 @@ namespace {
 expected<void> save_stage_checkpoint(caf::blocking_actor* self, job_context& ctx,
                                      const std::string& stage, const train::engine_actor& trainer,
                                      int64_t step) {
-  auto state = ask<std::string>(self, trainer, ctx.timeout_of(request_kind::state), stage + ": save state",
-                                train::save_state_atom::value);
-  if (!state)
-    return state.error();
+  (void)self;
+  std::string role; // the role the stage trains (the stage table's)
+  if (const auto* st = find_stage(stage))
+    for (const auto& t : all_roles())
+      if (t.trains_in(st->id) && in_cast(st->id, t.id, *ctx.cfg))
+        role = std::string{t.name};
   runtime::checkpoint_files files;
-  files["model.state"] = std::move(*state);
+  if (auto ok = save_role_state(ctx, trainer, role, "model", files); !ok)
+    return ok;
   files["driver.json"] = nlohmann::json{{"stage", stage}, {"step", step}}.dump() + "\n";
   return commit_checkpoint(ctx, stage, step, "step", files);
 }
@@ -366,7 +420,7 @@ expected<void> save_stage_checkpoint(caf::blocking_actor* self, job_context& ctx
 // load (none for a fresh start).
 struct stage_start {
   int64_t step = 0;
-  std::optional<std::string> state;
+  std::optional<runtime::checkpoint_files> files; // holding "model"'s state
   std::string dir;
 };
 
@@ -380,12 +434,13 @@ expected<stage_start> restore_stage(job_context& ctx, const std::string& stage) 
   auto files = runtime::read_checkpoint(*dir);
   if (!files)
     return files.error();
-  if (!files->count("model.state") || !files->count("driver.json"))
+  if (!has_role_state(*files, "model") || !files->count("driver.json"))
     return make_error(errc::corrupted, *dir + ": not a " + stage + " checkpoint");
   auto j = nlohmann::json::parse(files->at("driver.json"), nullptr, false);
   if (j.is_discarded() || !j.contains("step"))
     return make_error(errc::corrupted, *dir + ": driver.json is malformed");
-  return stage_start{j["step"].get<int64_t>(), files->at("model.state"), *dir};
+  const auto step = j["step"].get<int64_t>();
+  return stage_start{step, std::move(*files), *dir};
 }
 
 expected<void> mark_done(job_context& ctx, const stage_summary& s) {
@@ -538,12 +593,9 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
   stage_summary sum;
   sum.stage = st.name;
   sum.output = ctx.model_dir(st.name);
-  if (start->state) {
-    auto loaded = ask<int64_t>(self, trainer, ctx.timeout_of(request_kind::state), start->dir + ": load state",
-                               train::load_state_atom::value, *start->state);
-    if (!loaded)
+  if (start->files)
+    if (auto loaded = load_role_state(ctx, trainer, "model", *start->files, start->dir); !loaded)
       return finish(loaded.error());
-  }
   for (int64_t step = start->step; step < st.steps; ++step) {
     // Every step boundary is consistent: the trainer holds step `step`.
     auto orders = ctx.boundary({st.name, step + 1, "", true}, [&] {

@@ -92,6 +92,23 @@ struct job_context {
 expected<void> commit_checkpoint(job_context& ctx, const std::string& stage, int64_t step,
                                  const char* prefix, const runtime::checkpoint_files& files);
 
+/// NOTE [sharded checkpoints]: a trained role's state in a checkpoint is
+/// its ranks' shards (NOTE [sharded state] in actors/train/train_engine.hpp),
+/// "<name>.shard-<r>" each, written without gathering, and
+/// "<name>.shards.json" ({"shards", "strategy", "dp"}: what wrote them);
+/// the checkpoint's manifest makes them one atomic write. They load under any
+/// DP size and strategy. A checkpoint of an earlier version holds
+/// "<name>.state" whole instead, which still loads.
+expected<void> save_role_state(job_context& ctx, const train::engine_actor& trainer,
+                               const std::string& role, const std::string& name,
+                               runtime::checkpoint_files& files);
+/// Whether `files` hold a state named `name` (either form).
+bool has_role_state(const runtime::checkpoint_files& files, const std::string& name);
+/// Loads state `name` of `files` (in checkpoint `dir`) into `trainer`.
+expected<void> load_role_state(job_context& ctx, const train::engine_actor& trainer,
+                               const std::string& name, const runtime::checkpoint_files& files,
+                               const std::string& dir);
+
 /// The job's tokenizer (model.path's, or the byte tokenizer) and pad id.
 struct job_tokenizer_info {
   std::shared_ptr<const models::tokenizer> tok;

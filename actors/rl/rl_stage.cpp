@@ -113,8 +113,8 @@ expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
   auto files = runtime::read_checkpoint(*dir);
   if (!files)
     return files.error();
-  if (!files->count("policy.state") || !files->count("driver.json") ||
-      (algo.critic && !files->count("critic.state")))
+  if (!has_role_state(*files, "policy") || !files->count("driver.json") ||
+      (algo.critic && !has_role_state(*files, "critic")))
     return make_error(errc::corrupted, *dir + ": not a checkpoint of this job's rl stage");
   auto j = nlohmann::json::parse(files->at("driver.json"), nullptr, false);
   if (j.is_discarded() || !j.contains("iteration") || !j.contains("kl_coef"))
@@ -155,7 +155,7 @@ expected<cast> spawn_rl_cast(job_context& ctx, const rl_algorithm& algo) {
   return out;
 }
 
-// The trainers' states of a checkpoint, each from its "<role>.state" file.
+// The trainers' states of a checkpoint (NOTE [sharded checkpoints]).
 expected<void> load_resume_state(job_context& ctx, const cast& roles, const rl_resume& res) {
   if (!res.files)
     return {};
@@ -163,11 +163,10 @@ expected<void> load_resume_state(job_context& ctx, const cast& roles, const rl_r
     if (!roles.has(role))
       continue;
     auto name = std::string{to_string(role)};
-    auto ok = ask<int64_t>(ctx.self, roles.handle_as<train::engine_actor>(role), ctx.timeout_of(request_kind::state),
-                           res.dir + ": " + name + ": load state", train::load_state_atom::value,
-                           res.files->at(name + ".state"));
-    if (!ok)
-      return ok.error();
+    if (auto ok = load_role_state(ctx, roles.handle_as<train::engine_actor>(role), name, *res.files,
+                                  res.dir);
+        !ok)
+      return ok;
   }
   return {};
 }
@@ -405,16 +404,13 @@ rl_driver::apply_settings(int64_t it,
 
 expected<void> rl_driver::save_checkpoint() {
   runtime::checkpoint_files files;
-  // The trained roles' states, "<role>.state" each (load_resume_state reads them).
+  // The trained roles' states, sharded (load_resume_state reads them).
   for (auto role : {role_id::policy, role_id::critic}) {
     if (!cast_.has(role))
       continue;
     auto name = std::string{to_string(role)};
-    auto st = ask<std::string>(ctx_.self, trainer(role), ctx_.timeout_of(request_kind::state),
-                               name + ": save state", train::save_state_atom::value);
-    if (!st)
-      return st.error();
-    files[name + ".state"] = std::move(*st);
+    if (auto ok = save_role_state(ctx_, trainer(role), name, name, files); !ok)
+      return ok;
   }
   nlohmann::json j = {
       {"stage", "rl"}, {"iteration", progress_.iteration}, {"kl_coef", progress_.beta}};

@@ -143,6 +143,22 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
           return e.steps();
         });
       },
+      [=](save_shards_atom) {
+        return serve<state_shards>(self, "save_shards",
+                                   [&](train_engine& e) -> expected<state_shards> {
+                                     auto bytes = e.save_shard();
+                                     if (!bytes)
+                                       return bytes.error();
+                                     return state_shards{{std::move(*bytes)}};
+                                   });
+      },
+      [=](load_shards_atom, const state_shards& shards) {
+        return serve<int64_t>(self, "load_shards", [&](train_engine& e) -> expected<int64_t> {
+          if (auto ok = e.load_shards(shards.shards); !ok)
+            return ok.error();
+          return e.steps();
+        });
+      },
       [=](actors::release_atom, const std::string& dir) {
         return serve_timed<int64_t>(self, "release", [&](train_engine& e) {
           return release_engine(e, dir, self->state.role);

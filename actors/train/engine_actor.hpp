@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace troupe::actors::train {
 
@@ -35,8 +36,20 @@ using save_model_atom = caf::atom_constant<caf::atom("savemodel")>;
 using gather_weights_atom = caf::atom_constant<caf::atom("gatherw")>;
 using save_state_atom = caf::atom_constant<caf::atom("savestate")>;
 using load_state_atom = caf::atom_constant<caf::atom("loadstate")>;
+using save_shards_atom = caf::atom_constant<caf::atom("saveshards")>;
+using load_shards_atom = caf::atom_constant<caf::atom("loadshards")>;
 /// Testing: the next request of any kind fails by throwing (an actor crash).
 using inject_failure_atom = caf::atom_constant<caf::atom("injfail")>;
+
+/// NOTE [sharded state]: every rank's shard of a training state, in rank
+/// order (a type of its own: it crosses processes).
+struct state_shards {
+  std::vector<std::string> shards;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, state_shards& x) {
+  return f(caf::meta::type_name("state_shards"), x.shards);
+}
 
 /// The requests of an RL step answer served<T> (NOTE [busy on replies]).
 using served_batch = served<runtime::tensor_batch>;
@@ -47,8 +60,10 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<log_probs_atom, runtime::tensor_batch, double, bool>::with<served_batch>,
     caf::replies_to<values_atom, runtime::tensor_batch>::with<served_batch>,
     caf::replies_to<scores_atom, runtime::tensor_batch>::with<served_batch>,
-    caf::replies_to<update_policy_atom, runtime::tensor_batch, policy_update_options>::with<served_metrics>,
-    caf::replies_to<update_critic_atom, runtime::tensor_batch, critic_update_options>::with<served_metrics>,
+    caf::replies_to<update_policy_atom, runtime::tensor_batch,
+                    policy_update_options>::with<served_metrics>,
+    caf::replies_to<update_critic_atom, runtime::tensor_batch,
+                    critic_update_options>::with<served_metrics>,
     caf::replies_to<sft_step_atom, runtime::tensor_batch>::with<metric_map>,
     caf::replies_to<rm_step_atom, runtime::tensor_batch>::with<metric_map>,
     caf::replies_to<rm_eval_atom, runtime::tensor_batch>::with<metric_map>,
@@ -66,6 +81,11 @@ using engine_actor = caf::typed_actor<
     /// Training state as bytes, and back.
     caf::replies_to<save_state_atom>::with<std::string>,
     caf::replies_to<load_state_atom, std::string>::with<int64_t>,
+    /// NOTE [sharded state]: each rank's shard of the training state (no
+    /// rank gathers), in rank order; and a state from such shards, written
+    /// under any DP size and strategy (answers the step count).
+    caf::replies_to<save_shards_atom>::with<state_shards>,
+    caf::replies_to<load_shards_atom, state_shards>::with<int64_t>,
     /// Co-located offload to a file in the folder, until next needed: a
     /// trainer's optimizer state (gradients freed), a frozen model's
     /// weights; answers the bytes freed.

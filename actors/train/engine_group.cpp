@@ -334,6 +334,29 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
             [=](size_t r) { return self->request(rank(r), caf::infinite, load_state_atom::value, bytes); },
             first);
       },
+      [=](save_shards_atom) {
+        // NOTE [sharded state]: each rank its own shard, none gathered.
+        return fan_out<state_shards, state_shards>(
+            self, n(),
+            [=](size_t r) {
+              return self->request(rank(r), caf::infinite, save_shards_atom::value);
+            },
+            [](std::vector<state_shards>& parts) -> expected<state_shards> {
+              state_shards all;
+              for (auto& p : parts)
+                for (auto& s : p.shards)
+                  all.shards.push_back(std::move(s));
+              return all;
+            });
+      },
+      [=](load_shards_atom, const state_shards& shards) {
+        return fan_out<int64_t, int64_t>(
+            self, n(),
+            [=](size_t r) {
+              return self->request(rank(r), caf::infinite, load_shards_atom::value, shards);
+            },
+            first);
+      },
       [=](actors::release_atom, const std::string& dir) {
         return fan_out<served_bytes, served_bytes>(
             self, n(),

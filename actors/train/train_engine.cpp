@@ -849,6 +849,134 @@ expected<std::string> train_engine::save_state() const {
   });
 }
 
+// NOTE [sharded state]: a shard file holds "shard/segments" ([K, 2]:
+// offset and length in the canonical layout), "shard/params" and, after the
+// first step, "shard/exp_avg" and "shard/exp_avg_sq" (the segments' values
+// end to end), "shard/total" (the layout's elements), "optimizer/step" and
+// "steps".
+expected<std::string> train_engine::save_shard() const {
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
+  if (!impl_->strategy)
+    return make_error(errc::invalid_argument, "save_shard: a frozen engine has no training state");
+  return guarded("save_shard", [&]() -> expected<std::string> {
+    auto part = value_or_throw(impl_->strategy->state_shard());
+    torch::serialize::OutputArchive archive;
+    const auto k = static_cast<int64_t>(part.segments.size() / 2);
+    archive.write("shard/segments", torch::tensor(part.segments, torch::kLong).view({k, 2}));
+    archive.write("shard/params", part.params);
+    if (part.exp_avg.defined()) {
+      archive.write("shard/exp_avg", part.exp_avg);
+      archive.write("shard/exp_avg_sq", part.exp_avg_sq);
+    }
+    archive.write("shard/total", torch::tensor(part.total, torch::kLong));
+    archive.write("optimizer/step", torch::tensor(part.step, torch::kLong));
+    archive.write("steps", torch::tensor(impl_->steps, torch::kLong));
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
+  });
+}
+
+namespace {
+
+// The whole training state from its shards (NOTE [sharded state]), as a
+// load_state archive of `names` (the canonical layout's parameters).
+expected<std::string> assemble_shards(const std::vector<std::string>& shards,
+                                      const std::vector<std::pair<std::string, at::Tensor>>& like) {
+  if (shards.empty())
+    return make_error(errc::invalid_argument, "load_shards: no shards");
+  int64_t total = 0;
+  for (const auto& [name, p] : like)
+    total += p.numel();
+  const auto options = like.front().second.options().requires_grad(false);
+  auto params = at::zeros({total}, options), m = at::zeros({total}, options),
+       v = at::zeros({total}, options);
+  auto covered = at::zeros({total}, at::kByte);
+  int64_t step = -1, steps = -1;
+  int with_moments = -1; // unknown, 0 or 1: every shard alike
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto where = "load_shards: shard " + std::to_string(i);
+    torch::serialize::InputArchive a;
+    a.load_from(shards[i].data(), shards[i].size());
+    at::Tensor seg, p, mi, vi, t, st, sp;
+    if (!a.try_read("shard/segments", seg) || !a.try_read("shard/params", p) ||
+        !a.try_read("shard/total", t) || !a.try_read("optimizer/step", st) ||
+        !a.try_read("steps", sp))
+      return make_error(errc::corrupted, where + " is not a training-state shard");
+    if (t.item<int64_t>() != total)
+      return make_error(errc::shape_mismatch,
+                        where + " is of a model of " + std::to_string(t.item<int64_t>()) +
+                            " parameters, this one has " + std::to_string(total));
+    const bool has_m = a.try_read("shard/exp_avg", mi) && a.try_read("shard/exp_avg_sq", vi);
+    if (seg.size(0) > 0) {
+      if (with_moments >= 0 && with_moments != static_cast<int>(has_m))
+        return make_error(errc::corrupted, where + ": some shards have AdamW moments, others not");
+      with_moments = has_m;
+    }
+    if ((step >= 0 && step != st.item<int64_t>()) || (steps >= 0 && steps != sp.item<int64_t>()))
+      return make_error(errc::corrupted, where + " is of another step than shard 0");
+    step = st.item<int64_t>();
+    steps = sp.item<int64_t>();
+    const auto* s = seg.contiguous().data_ptr<int64_t>();
+    for (int64_t k = 0, at_ = 0; k < seg.size(0); ++k) {
+      const int64_t off = s[2 * k], len = s[2 * k + 1];
+      if (off < 0 || len < 0 || off + len > total || at_ + len > p.numel())
+        return make_error(errc::corrupted,
+                          where + ": segment " + std::to_string(k) + " lies outside the layout");
+      params.narrow(0, off, len).copy_(p.narrow(0, at_, len));
+      if (has_m) {
+        m.narrow(0, off, len).copy_(mi.narrow(0, at_, len));
+        v.narrow(0, off, len).copy_(vi.narrow(0, at_, len));
+      }
+      covered.narrow(0, off, len).add_(1);
+      at_ += len;
+    }
+  }
+  auto once = covered.eq(1);
+  if (!once.all().item<bool>()) {
+    const auto first = once.logical_not().nonzero()[0][0].item<int64_t>();
+    return make_error(errc::corrupted,
+                      "load_shards: the shards do not cover the state once each: element " +
+                          std::to_string(first) + " of " + std::to_string(total) + " is " +
+                          (covered[first].item<int>() == 0 ? "missing" : "given twice"));
+  }
+  torch::serialize::OutputArchive out;
+  int64_t at_ = 0;
+  for (const auto& [name, p] : like) {
+    out.write("param/" + name, params.narrow(0, at_, p.numel()).view(p.sizes()));
+    at_ += p.numel();
+  }
+  out.write("optimizer/step", torch::tensor(step, torch::kLong));
+  if (with_moments == 1) {
+    out.write("optimizer/exp_avg", m);
+    out.write("optimizer/exp_avg_sq", v);
+  }
+  out.write("steps", torch::tensor(steps, torch::kLong));
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  return bytes.str();
+}
+
+} // namespace
+
+expected<void> train_engine::load_shards(const std::vector<std::string>& shards) {
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
+  auto whole = guarded("load_shards", [&]() -> expected<std::string> {
+    std::vector<std::pair<std::string, at::Tensor>> like;
+    impl_->with_whole_parameters(false, [&] {
+      for (const auto& p : impl_->model->named_parameters())
+        like.emplace_back(p.key(), at::empty(p.value().sizes(), p.value().options()));
+      return 0;
+    });
+    return assemble_shards(shards, like);
+  });
+  if (!whole)
+    return whole.error();
+  return load_state(*whole);
+}
+
 expected<void> train_engine::load_state(const std::string& bytes) {
   if (auto ok = impl_->make_resident(); !ok)
     return ok.error();

@@ -162,6 +162,13 @@ public:
   /// and back. Restoring into an engine of another shape is an error.
   expected<std::string> save_state() const;
   expected<void> load_state(const std::string& bytes);
+  /// NOTE [sharded state]: this rank's shard of the training state as
+  /// bytes — no rank gathers — and a state from every rank's shard of it,
+  /// written under any DP size and strategy: the whole is assembled (each
+  /// element exactly once, or corrupted naming the gap) and loaded as
+  /// load_state does.
+  expected<std::string> save_shard() const;
+  expected<void> load_shards(const std::vector<std::string>& shards);
 
   /// Joins a data-parallel group (NOTE [data-parallel training]) under a
   /// strategy (NOTE [training strategies]), before the first optimizer step:

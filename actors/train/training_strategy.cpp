@@ -118,7 +118,32 @@ public:
     });
   }
 
+  // NOTE [sharded state]: the r-th 1/N of the canonical layout, which the
+  // flat buffer is (padding past its end).
+  expected<shard> state_shard() const override {
+    return guarded("the state's shard", [&] {
+      const auto [rank, world] = position();
+      const int64_t per = (f_.total + world - 1) / world;
+      const int64_t lo = std::min(f_.total, rank * per), hi = std::min(f_.total, lo + per);
+      shard out;
+      out.step = adam_.t;
+      out.total = f_.total;
+      if (hi > lo)
+        out.segments = {lo, hi - lo};
+      out.params = f_.flat.narrow(0, lo, hi - lo).clone();
+      if (adam_.m.defined()) { // whole (ddp) or this rank's shard of the padded layout
+        const int64_t at = adam_.m.numel() == f_.flat.numel() ? lo : 0;
+        out.exp_avg = adam_.m.narrow(0, at, hi - lo).clone();
+        out.exp_avg_sq = adam_.v.narrow(0, at, hi - lo).clone();
+      }
+      return out;
+    });
+  }
+
 protected:
+  // This rank and the group's size (ddp: 0 and 1 without a group).
+  virtual std::pair<int64_t, int64_t> position() const = 0;
+
   flat_strategy(flat_shards f, const optimizer_options& o, runtime::process_group* group)
       : f_(std::move(f)), group_(group) {
     adam_.o = o;
@@ -179,6 +204,10 @@ public:
 private:
   at::Tensor& shard_grad() override { return f_.grads; }
   expected<at::Tensor> gather(const at::Tensor& part) const override { return part; }
+  std::pair<int64_t, int64_t> position() const override {
+    return dp_group_ ? std::pair<int64_t, int64_t>{dp_group_->rank(), dp_group_->size()}
+                     : std::pair<int64_t, int64_t>{0, 1};
+  }
 
   runtime::process_group* dp_group_;
   int64_t bucket_; // elements
@@ -206,6 +235,8 @@ public:
 protected:
   sharded_strategy(flat_shards f, const optimizer_options& o, runtime::process_group& group)
       : flat_strategy(std::move(f), o, &group) {}
+
+  std::pair<int64_t, int64_t> position() const override { return {f_.rank, group_->size()}; }
 
   std::string name() const { return std::string{to_string(kind())}; }
 

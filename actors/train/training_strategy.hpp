@@ -127,6 +127,21 @@ public:
   /// every rank of the group calls it.
   virtual expected<void> save_state(torch::serialize::OutputArchive& archive) const = 0;
   virtual expected<void> load_state(torch::serialize::InputArchive& archive) = 0;
+
+  /// NOTE [sharded state]: this rank's part of the training state in the
+  /// canonical layout — the parameters in order, unpadded, end to end —
+  /// as (offset, length) segments of it and their values: the weights and
+  /// AdamW's moments (undefined before the first step). Rank r of N writes
+  /// about a 1/N of the whole and no rank gathers: the flat strategies the
+  /// r-th 1/N of the layout (ddp's ranks split what each holds whole),
+  /// zero3 its shard of every unit, up to two segments a parameter.
+  struct shard {
+    std::vector<int64_t> segments; // offset, length, offset, length, ...
+    at::Tensor params, exp_avg, exp_avg_sq;
+    int64_t step = 0;
+    int64_t total = 0; // elements of the canonical layout
+  };
+  virtual expected<shard> state_shard() const = 0;
 };
 
 } // namespace troupe::actors::train

@@ -220,6 +220,40 @@ public:
     });
   }
 
+  // NOTE [sharded state]: this rank's shard of each unit, cut where the
+  // unit's parameters meet (each a segment of the canonical layout).
+  expected<shard> state_shard() const override {
+    return guarded("zero3: the state's shard", [&] {
+      shard out;
+      out.step = adam_.t;
+      out.total = total_;
+      std::vector<at::Tensor> params, m, v;
+      for (const auto& u : units_) {
+        const int64_t mine_lo = rank_ * u.shard, mine_hi = mine_lo + u.shard;
+        for (size_t k = 0; k < u.params.size(); ++k) {
+          const int64_t lo = std::max(mine_lo, u.offsets[k]);
+          const int64_t hi = std::min(mine_hi, u.offsets[k] + params_numel(u.params[k]));
+          if (hi <= lo)
+            continue;
+          out.segments.push_back(global_[u.params[k]] + lo - u.offsets[k]);
+          out.segments.push_back(hi - lo);
+          const int64_t at = u.at + lo - mine_lo;
+          params.push_back(flat_.narrow(0, at, hi - lo));
+          if (adam_.m.defined()) {
+            m.push_back(adam_.m.narrow(0, at, hi - lo));
+            v.push_back(adam_.v.narrow(0, at, hi - lo));
+          }
+        }
+      }
+      out.params = params.empty() ? at::empty({0}, flat_.options()) : at::cat(params);
+      if (!m.empty()) {
+        out.exp_avg = at::cat(m);
+        out.exp_avg_sq = at::cat(v);
+      }
+      return out;
+    });
+  }
+
   // ---- for layer_function -----------------------------------------------------------
 
   unit& layer_unit(size_t layer) { return units_[layer]; }

@@ -409,39 +409,93 @@ static std::map<std::string, at::Tensor> state_tensors(const std::string& bytes)
   return out;
 }
 
+// `target`'s training state, saved, is `want` tensor for tensor, bit for bit.
+void expect_state(setup& s, const train::engine_actor& target,
+                  const std::map<std::string, at::Tensor>& want) {
+  auto again = s.ask<std::string>(target, train::save_state_atom::value);
+  ASSERT_TRUE(again) << describe(again.error());
+  auto got = state_tensors(*again);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [key, t] : want)
+    EXPECT_TRUE(got.at(key).equal(t)) << key;
+}
+
+// The training state of 2 zero3 ranks after 3 SFT steps: whole (gathered)
+// and as each rank's shard.
+struct saved_state {
+  std::string whole;
+  train::state_shards shards;
+};
+saved_state zero3_state(const std::string& name) {
+  saved_state out;
+  setup s{models::head_kind::lm, name, 20000, train::dp_strategy::zero3, 2};
+  for (int step = 0; step < 3; ++step)
+    EXPECT_TRUE(s.ask<train::metric_map>(s.group, train::sft_step_atom::value,
+                                         fixed_batch(8, 500 + static_cast<uint64_t>(step))));
+  auto whole = s.ask<std::string>(s.group, train::save_state_atom::value);
+  auto shards = s.ask<train::state_shards>(s.group, train::save_shards_atom::value);
+  EXPECT_TRUE(whole && shards);
+  if (whole && shards)
+    out = {*whole, *shards};
+  return out;
+}
+
 // NOTE [flat AdamW]: a training state saved by 2 zero3 ranks loads into 4
 // zero1 ranks and into one ddp engine with the same tensors bit for bit
 // (saved again, they give the same state back), and training continues the
 // same way on both to within 1e-5.
 TEST(EngineGroup, AZeroStateLoadsUnderAnotherDpSizeAndStrategy) {
-  std::string state;
-  {
-    setup s{models::head_kind::lm, "ckpt-zero3-2", 20000, train::dp_strategy::zero3, 2};
-    for (int step = 0; step < 3; ++step)
-      ASSERT_TRUE(s.ask<train::metric_map>(s.group, train::sft_step_atom::value,
-                                           fixed_batch(8, 500 + static_cast<uint64_t>(step))));
-    auto saved = s.ask<std::string>(s.group, train::save_state_atom::value);
-    ASSERT_TRUE(saved) << describe(saved.error());
-    state = *saved;
-  }
+  const auto state = zero3_state("ckpt-zero3-2").whole;
+  ASSERT_FALSE(state.empty());
   const auto want = state_tensors(state);
   ASSERT_TRUE(want.count("optimizer/exp_avg") && want.count("optimizer/exp_avg_sq"));
   EXPECT_EQ(want.at("optimizer/step").item<int64_t>(), 3);
   setup s{models::head_kind::lm, "ckpt-zero1-4", 20000, train::dp_strategy::zero1, 4};
   for (const auto* target : {&s.group, &s.single}) { // 4 zero1 ranks; one ddp engine
     ASSERT_TRUE(s.ask<int64_t>(*target, train::load_state_atom::value, state));
-    auto again = s.ask<std::string>(*target, train::save_state_atom::value);
-    ASSERT_TRUE(again) << describe(again.error());
-    auto got = state_tensors(*again);
-    ASSERT_EQ(got.size(), want.size());
-    for (const auto& [key, t] : want)
-      EXPECT_TRUE(got.at(key).equal(t)) << key;
+    expect_state(s, *target, want);
   }
   for (int step = 0; step < 2; ++step) {
     auto batch = fixed_batch(8, 600 + static_cast<uint64_t>(step));
     expect_same_sft_step(s, batch);
   }
   EXPECT_LT(s.weight_gap(), tolerance);
+}
+
+// NOTE [sharded state]: 2 zero3 ranks write a shard each (together the
+// state once, none gathered); the shards load into 4 zero1 ranks and into
+// one ddp engine with the whole state's tensors bit for bit, and training
+// continues the same way on both. Shards that do not cover the state once
+// are refused naming the element.
+TEST(EngineGroup, ShardedStateLoadsUnderAnotherDpSizeAndStrategy) {
+  auto [whole, shards] = zero3_state("shards-zero3-2");
+  ASSERT_EQ(shards.shards.size(), 2u);
+  const auto want = state_tensors(whole);
+  EXPECT_LT(shards.shards[0].size(), whole.size() * 3 / 4) << "a shard holds about half";
+  setup s{models::head_kind::lm, "shards-zero1-4", 20000, train::dp_strategy::zero1, 4};
+  for (const auto* target : {&s.group, &s.single}) { // 4 zero1 ranks; one ddp engine
+    auto loaded = s.ask<int64_t>(*target, train::load_shards_atom::value, shards);
+    ASSERT_TRUE(loaded) << describe(loaded.error());
+    expect_state(s, *target, want);
+  }
+  // 4 zero1 shards of it, loaded back, are the same state too.
+  auto four = s.ask<train::state_shards>(s.group, train::save_shards_atom::value);
+  ASSERT_TRUE(four && four->shards.size() == 4u);
+  ASSERT_TRUE(s.ask<int64_t>(s.single, train::load_shards_atom::value, *four));
+  for (int step = 0; step < 2; ++step)
+    expect_same_sft_step(s, fixed_batch(8, 600 + static_cast<uint64_t>(step)));
+  EXPECT_LT(s.weight_gap(), tolerance);
+  auto missing = s.ask<int64_t>(s.single, train::load_shards_atom::value,
+                                train::state_shards{{shards.shards[0]}});
+  ASSERT_FALSE(missing);
+  EXPECT_NE(describe(missing.error()).find("missing"), std::string::npos)
+      << describe(missing.error());
+  auto twice =
+      s.ask<int64_t>(s.single, train::load_shards_atom::value,
+                     train::state_shards{{shards.shards[0], shards.shards[0], shards.shards[1]}});
+  ASSERT_FALSE(twice);
+  EXPECT_NE(describe(twice.error()).find("given twice"), std::string::npos)
+      << describe(twice.error());
 }
 
 // `world` engines from `base` joined under `strategy` (no actors), each
