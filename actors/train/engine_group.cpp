@@ -231,6 +231,24 @@ caf::result<R> from_rank0(self_ptr self, peers_do peers, Atom atom, const Ts&...
   });
 }
 
+// The same request to every rank, the answers combined.
+template <class R, class Combine, class... Ts>
+caf::typed_response_promise<R> to_all(self_ptr self, Combine combine, Ts... xs) {
+  return fan_out<R, R>(
+      self, self->state.ranks.size(),
+      [=](size_t r) { return self->request(self->state.ranks[r], caf::infinite, xs...); },
+      combine);
+}
+
+// Every rank's shards, in rank order.
+expected<state_shards> all_shards(std::vector<state_shards>& parts) {
+  state_shards all;
+  for (auto& p : parts)
+    for (auto& s : p.shards)
+      all.shards.push_back(std::move(s));
+  return all;
+}
+
 engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
                                            std::vector<engine_actor> ranks, dp_strategy strategy) {
   self->state.role = std::move(role);
@@ -312,56 +330,20 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](save_model_atom a, const std::string& dir) -> caf::result<std::string> {
         return from_rank0<std::string>(self, peers_do::gather, a, dir);
       },
-      [=](gather_weights_atom) {
-        return fan_out<int64_t, int64_t>(
-            self, n(),
-            [=](size_t r) {
-              return self->request(rank(r), caf::infinite, gather_weights_atom::value);
-            },
-            first);
+      [=](gather_weights_atom a) { return to_all<int64_t>(self, first, a); },
+      // Every rank: a sharded strategy gathers its optimizer state (NOTE
+      // [training strategies]); rank 0's bytes are the state.
+      [=](save_state_atom a) { return to_all<std::string>(self, first, a); },
+      [=](load_state_atom a, const std::string& bytes) {
+        return to_all<int64_t>(self, first, a, bytes);
       },
-      [=](save_state_atom) {
-        // Every rank: a sharded strategy gathers its optimizer state (NOTE
-        // [training strategies]); rank 0's bytes are the state.
-        return fan_out<std::string, std::string>(
-            self, n(),
-            [=](size_t r) { return self->request(rank(r), caf::infinite, save_state_atom::value); },
-            first);
+      // NOTE [sharded state]: each rank its own shard, none gathered.
+      [=](save_shards_atom a) { return to_all<state_shards>(self, all_shards, a); },
+      [=](load_shards_atom a, const state_shards& shards) {
+        return to_all<int64_t>(self, first, a, shards);
       },
-      [=](load_state_atom, const std::string& bytes) {
-        return fan_out<int64_t, int64_t>(
-            self, n(),
-            [=](size_t r) { return self->request(rank(r), caf::infinite, load_state_atom::value, bytes); },
-            first);
-      },
-      [=](save_shards_atom) {
-        // NOTE [sharded state]: each rank its own shard, none gathered.
-        return fan_out<state_shards, state_shards>(
-            self, n(),
-            [=](size_t r) {
-              return self->request(rank(r), caf::infinite, save_shards_atom::value);
-            },
-            [](std::vector<state_shards>& parts) -> expected<state_shards> {
-              state_shards all;
-              for (auto& p : parts)
-                for (auto& s : p.shards)
-                  all.shards.push_back(std::move(s));
-              return all;
-            });
-      },
-      [=](load_shards_atom, const state_shards& shards) {
-        return fan_out<int64_t, int64_t>(
-            self, n(),
-            [=](size_t r) {
-              return self->request(rank(r), caf::infinite, load_shards_atom::value, shards);
-            },
-            first);
-      },
-      [=](actors::release_atom, const std::string& dir) {
-        return fan_out<served_bytes, served_bytes>(
-            self, n(),
-            [=](size_t r) { return self->request(rank(r), caf::infinite, actors::release_atom::value, dir); },
-            slowest(sum_bytes));
+      [=](actors::release_atom a, const std::string& dir) {
+        return to_all<served_bytes>(self, slowest(sum_bytes), a, dir);
       },
       [=](inject_failure_atom) { self->send(rank(0), inject_failure_atom::value); },
   };
