@@ -236,8 +236,7 @@ template <class R, class Combine, class... Ts>
 caf::typed_response_promise<R> to_all(self_ptr self, Combine combine, Ts... xs) {
   return fan_out<R, R>(
       self, self->state.ranks.size(),
-      [=](size_t r) { return self->request(self->state.ranks[r], caf::infinite, xs...); },
-      combine);
+      [=](size_t r) { return self->request(self->state.ranks[r], caf::infinite, xs...); }, combine);
 }
 
 // Every rank's shards, in rank order.
