@@ -437,8 +437,10 @@ train_engine::train_engine() : impl_(std::make_unique<impl>()) {}
 train_engine::~train_engine() {
   if (impl_->model)
     impl_->model->set_layer_hooks(nullptr);
-  if (!impl_->offloaded.empty())
+  if (!impl_->offloaded.empty()) {
     std::remove(impl_->offloaded.c_str());
+    std::remove((impl_->offloaded + ".params").c_str()); // zero3's parameter shards
+  }
   if (!impl_->weights_file.empty())
     std::remove(impl_->weights_file.c_str());
 }
@@ -512,7 +514,9 @@ expected<int64_t> train_engine::offload_optimizer(const std::string& path) {
   if (!d.strategy || !d.offloaded.empty())
     return int64_t{0};
   return guarded("offload_optimizer", [&]() -> expected<int64_t> {
-    const bool state = d.strategy->optimizer_bytes() > 0;
+    // zero3 (parameters sharded at rest: it has layer hooks) offloads its
+    // parameter shards too, before its first step as well.
+    const bool state = d.strategy->optimizer_bytes() > 0 || d.strategy->layer_hooks() != nullptr;
     auto bytes = value_or_throw(d.strategy->release(path));
     if (state)
       d.offloaded = path;

@@ -34,6 +34,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -173,18 +175,35 @@ public:
 
   int64_t optimizer_bytes() const override { return adam_.bytes(); }
 
+  // Co-located offload: the moments to `path`, this rank's parameter
+  // shards to `path`.params (nothing is whole at rest), the gradients freed.
   expected<int64_t> release(const std::string& path) override {
-    return guarded("zero3: offloading the optimizer state", [&]() -> expected<int64_t> {
-      int64_t bytes = adam_.offload(path);
-      if (grads_.defined())
-        bytes += grads_.numel() * static_cast<int64_t>(grads_.element_size());
-      grads_ = at::Tensor();
-      return bytes;
-    });
+    return guarded("zero3: offloading the optimizer state and parameter shards",
+                   [&]() -> expected<int64_t> {
+                     for (auto& u : units_) // what an interrupted pass left whole
+                       free_unit(u);
+                     int64_t bytes = adam_.offload(path);
+                     if (grads_.defined())
+                       bytes += grads_.numel() * static_cast<int64_t>(grads_.element_size());
+                     grads_ = at::Tensor();
+                     torch::serialize::OutputArchive a;
+                     a.write("shards", flat_);
+                     a.save_to(path + ".params");
+                     bytes += flat_.numel() * static_cast<int64_t>(flat_.element_size());
+                     flat_ = at::Tensor();
+                     return bytes;
+                   });
   }
 
   expected<void> reload_state(const std::string& path) override {
-    return guarded("zero3: reloading the offloaded optimizer state", [&] { adam_.reload(path); });
+    return guarded("zero3: reloading the offloaded optimizer state and parameter shards", [&] {
+      torch::serialize::InputArchive a;
+      a.load_from(path + ".params");
+      a.read("shards", flat_);
+      std::remove((path + ".params").c_str());
+      if (std::ifstream(path).good()) // no moments before the first step
+        adam_.reload(path);
+    });
   }
 
   // The whole model's moments, unpadded, in parameter order (NOTE [flat

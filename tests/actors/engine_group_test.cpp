@@ -370,9 +370,9 @@ TEST(EngineGroup, TokenMicroBatchesDoNotChangeWhatIsLearned) {
   }
 }
 
-// zero1's, zero2's and zero3's sharded optimizer state goes to a file per rank and
-// back between phases (co-located offload) without changing what the next
-// steps learn.
+// zero1's, zero2's and zero3's sharded optimizer state (and zero3's
+// parameter shards) go to files per rank and back between phases
+// (co-located offload) without changing what the next steps learn.
 TEST(EngineGroup, ZeroStrategiesOffloadTheirShardsBetweenPhases) {
   for (auto strategy :
        {train::dp_strategy::zero1, train::dp_strategy::zero2, train::dp_strategy::zero3}) {
@@ -389,6 +389,11 @@ TEST(EngineGroup, ZeroStrategiesOffloadTheirShardsBetweenPhases) {
         auto r = s.ask<train::served_bytes>(s.group, actors::release_atom::value, dir.string());
         ASSERT_TRUE(r) << describe(r.error());
         EXPECT_GT(r->value, 0);
+        // zero3 writes its parameter shards too, a file per rank.
+        int params_files = 0;
+        for (const auto& f : std::filesystem::directory_iterator(dir))
+          params_files += f.path().extension() == ".params";
+        EXPECT_EQ(params_files, strategy == train::dp_strategy::zero3 ? 2 : 0);
       }
     }
     EXPECT_LT(s.weight_gap(), tolerance);
