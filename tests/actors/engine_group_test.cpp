@@ -282,6 +282,27 @@ INSTANTIATE_TEST_SUITE_P(Strategies, EngineGroupStrategy,
                                   std::to_string(std::get<1>(info.param)) + "_ranks";
                          });
 
+// The group's log-probs and entropies of a 7-row batch (ranks get 4 and 3)
+// are the single engine's, shape and values; `masked`: on response tokens
+// only (past a row's end, padding every consumer masks, a micro-batch cut to
+// its longest row computes zeros).
+void expect_same_log_probs(setup& s, bool masked) {
+  auto batch = rl_batch(7, 999);
+  auto a = s.ask<train::served_batch>(s.single, train::log_probs_atom::value, batch, 1.0, true);
+  auto b = s.ask<train::served_batch>(s.group, train::log_probs_atom::value, batch, 1.0, true);
+  ASSERT_TRUE(a && b);
+  const auto mask = masked ? batch.get("response_mask").value() : torch::ones({1});
+  for (const char* key : {"log_probs", "entropy"}) {
+    EXPECT_EQ(a->value.get(key).value().sizes(), b->value.get(key).value().sizes()) << key;
+    EXPECT_LT(((a->value.get(key).value() - b->value.get(key).value()) * mask)
+                  .abs()
+                  .max()
+                  .item<double>(),
+              tolerance)
+        << key;
+  }
+}
+
 // NOTE [micro-batches]: ranks that compute their share 1 or 3 rows at a
 // time (gradients accumulated; 3 leaves a shorter last micro-batch) train
 // as one engine computing whole minibatches — PPO updates under token-mean
@@ -303,17 +324,7 @@ TEST(EngineGroup, MicroBatchesDoNotChangeWhatIsLearned) {
                 micro};
         expect_same_policy_updates(s, agg);
         EXPECT_LT(s.weight_gap(), tolerance);
-        auto batch = rl_batch(7, 999);
-        auto a =
-            s.ask<train::served_batch>(s.single, train::log_probs_atom::value, batch, 1.0, true);
-        auto b =
-            s.ask<train::served_batch>(s.group, train::log_probs_atom::value, batch, 1.0, true);
-        ASSERT_TRUE(a && b);
-        for (const char* key : {"log_probs", "entropy"})
-          EXPECT_LT(
-              (a->value.get(key).value() - b->value.get(key).value()).abs().max().item<double>(),
-              tolerance)
-              << key;
+        expect_same_log_probs(s, false);
       }
       {
         setup s{models::head_kind::value, "critic-" + name, 20000, strategy, 2, micro};
@@ -348,22 +359,7 @@ TEST(EngineGroup, TokenMicroBatchesDoNotChangeWhatIsLearned) {
               16};
       expect_same_policy_updates(s, agg);
       EXPECT_LT(s.weight_gap(), tolerance);
-      auto batch = rl_batch(7, 999);
-      auto a = s.ask<train::served_batch>(s.single, train::log_probs_atom::value, batch, 1.0, true);
-      auto b = s.ask<train::served_batch>(s.group, train::log_probs_atom::value, batch, 1.0, true);
-      ASSERT_TRUE(a && b);
-      // Past a row's end (padding, which every consumer masks) a micro-batch
-      // cut to its longest row computes nothing: zeros there.
-      const auto mask = batch.get("response_mask").value();
-      for (const char* key : {"log_probs", "entropy"}) {
-        EXPECT_EQ(a->value.get(key).value().sizes(), b->value.get(key).value().sizes());
-        EXPECT_LT(((a->value.get(key).value() - b->value.get(key).value()) * mask)
-                      .abs()
-                      .max()
-                      .item<double>(),
-                  tolerance)
-            << key;
-      }
+      expect_same_log_probs(s, true);
     }
     setup s{models::head_kind::value, "critic-" + name, 20000, strategy, 2, 0, 16};
     expect_same_critic_update(s, rl_batch(12, 210));
