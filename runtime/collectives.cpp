@@ -117,6 +117,21 @@ private:
   std::chrono::milliseconds timeout_;
 };
 
+/// NOTE [gloo and bf16]: LibTorch 1.13's gloo has no bf16 (its dtype list
+/// stops at half). Moving data needs only the bits, so broadcast, gather,
+/// scatter and all-to-all send a bf16 tensor as half of the same bytes;
+/// arithmetic is refused as unsupported, and process_group runs a bf16
+/// all-reduce as rings on send / recv, a reduce in fp32.
+at::Tensor as_gloo_bits(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+}
+
+expected<void> gloo_reduces(const at::Tensor& t, const char* op) {
+  if (t.scalar_type() == at::kBFloat16)
+    return make_error(errc::unsupported, std::string{op} + ": gloo has no bf16 arithmetic");
+  return {};
+}
+
 /// c10d's ProcessGroupGloo as a collective_backend. Sub-groups share the
 /// parent's store under a nested prefix and its gloo devices.
 class gloo_backend final : public collective_backend {
@@ -129,18 +144,22 @@ public:
   int size() const override { return size_; }
 
   expected<void> all_reduce(at::Tensor& tensor, reduce_op op) override {
+    if (auto ok = gloo_reduces(tensor, "all_reduce"); !ok)
+      return ok;
     std::vector<at::Tensor> ts{tensor};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d_op(op);
     return run("all_reduce", [&] { return pg_->allreduce(ts, o); });
   }
   expected<void> broadcast(at::Tensor& tensor, int root) override {
-    std::vector<at::Tensor> ts{tensor};
+    std::vector<at::Tensor> ts{as_gloo_bits(tensor)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
     return run("broadcast", [&] { return pg_->broadcast(ts, o); });
   }
   expected<void> reduce(at::Tensor& tensor, int root, reduce_op op) override {
+    if (auto ok = gloo_reduces(tensor, "reduce"); !ok)
+      return ok;
     std::vector<at::Tensor> ts{tensor};
     c10d::ReduceOptions o;
     o.rootRank = root;
@@ -148,26 +167,27 @@ public:
     return run("reduce", [&] { return pg_->reduce(ts, o); });
   }
   expected<void> gather(at::Tensor& input, std::vector<at::Tensor>& outputs, int root) override {
-    std::vector<at::Tensor> in{input};
+    std::vector<at::Tensor> in{as_gloo_bits(input)};
     std::vector<std::vector<at::Tensor>> out;
     if (rank_ == root)
-      out.push_back(outputs);
+      out.push_back(bits_of(outputs));
     c10d::GatherOptions o;
     o.rootRank = root;
     return run("gather", [&] { return pg_->gather(out, in, o); });
   }
   expected<void> scatter(std::vector<at::Tensor>& inputs, at::Tensor& output, int root) override {
-    std::vector<at::Tensor> out{output};
+    std::vector<at::Tensor> out{as_gloo_bits(output)};
     std::vector<std::vector<at::Tensor>> in;
     if (rank_ == root)
-      in.push_back(inputs);
+      in.push_back(bits_of(inputs));
     c10d::ScatterOptions o;
     o.rootRank = root;
     return run("scatter", [&] { return pg_->scatter(out, in, o); });
   }
   expected<void> all_to_all(at::Tensor& input, at::Tensor& output) override {
     std::vector<int64_t> equal_split;
-    return run("all_to_all", [&] { return pg_->alltoall_base(output, input, equal_split, equal_split); });
+    auto out = as_gloo_bits(output), in = as_gloo_bits(input);
+    return run("all_to_all", [&] { return pg_->alltoall_base(out, in, equal_split, equal_split); });
   }
   expected<void> barrier() override {
     return run("barrier", [&] { return pg_->barrier(); });
@@ -200,6 +220,12 @@ public:
   }
 
 private:
+  static std::vector<at::Tensor> bits_of(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> out;
+    for (const auto& t : ts)
+      out.push_back(as_gloo_bits(t));
+    return out;
+  }
   template <class F>
   expected<void> run(const char* what, F&& start_work) {
     auto work = guarded(what, std::forward<F>(start_work));

@@ -150,6 +150,10 @@ namespace {
   if (auto ok_ = (expr); !ok_)                                                                     \
     return ok_.error();
 
+namespace {
+expected<void> ring_all_reduce(process_group::impl& g, at::Tensor& tensor, reduce_op how);
+} // namespace
+
 expected<void> process_group::all_reduce_sum(at::Tensor& tensor) {
   return all_reduce(tensor, reduce_op::sum);
 }
@@ -158,7 +162,10 @@ expected<void> process_group::all_reduce(at::Tensor& tensor, reduce_op how) {
   TROUPE_GROUP_CHECK("all_reduce");
   TROUPE_TRY(check_tensor("all_reduce", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_mean("all_reduce", *impl_, tensor, how));
-  TROUPE_TRY(impl_->backend->all_reduce(tensor, native_op(how)));
+  auto native = impl_->backend->all_reduce(tensor, native_op(how));
+  if (!native && code_of(native.error()) == errc::unsupported)
+    native = ring_all_reduce(*impl_, tensor, how);
+  TROUPE_TRY(native);
   if (how == reduce_op::mean)
     return guarded("all_reduce mean", [&] { tensor.div_(size()); });
   return {};
@@ -181,7 +188,15 @@ expected<void> process_group::reduce(at::Tensor& tensor, int root, reduce_op how
   TROUPE_TRY(check_tensor("reduce", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_root("reduce", *impl_, root));
   TROUPE_TRY(check_mean("reduce", *impl_, tensor, how));
-  TROUPE_TRY(impl_->backend->reduce(tensor, root, native_op(how)));
+  auto native = impl_->backend->reduce(tensor, root, native_op(how));
+  if (!native && code_of(native.error()) == errc::unsupported) // reduced in fp32
+    native = guarded("reduce in fp32", [&]() -> expected<void> {
+      auto wide = tensor.to(at::kFloat);
+      TROUPE_TRY(impl_->backend->reduce(wide, root, native_op(how)));
+      tensor.copy_(wide);
+      return {};
+    });
+  TROUPE_TRY(native);
   if (how == reduce_op::mean && rank() == root)
     return guarded("reduce mean", [&] { tensor.div_(size()); });
   return {};
@@ -284,51 +299,86 @@ int wrap(int i, int n) {
   return ((i % n) + n) % n;
 }
 
-expected<void> ring_reduce_scatter(process_group::impl& g, at::Tensor input, at::Tensor output,
-                                   reduce_op how) {
+// The reduce-scatter ring in place: `work` holds N chunks of `chunk`
+// elements; afterwards chunk r holds the group's reduction of it (the
+// others partial sums).
+expected<void> ring_reduce_in_place(process_group::impl& g, at::Tensor work, int64_t chunk,
+                                    reduce_op how) {
   const int n = g.backend->size();
   const int r = g.backend->rank();
+  auto incoming = at::empty({chunk}, work.options());
+  auto part = [&](int c) { return work.narrow(0, int64_t{c} * chunk, chunk); };
+  for (int s = 0; s + 1 < n; ++s) {
+    TROUPE_TRY(exchange(g, part(wrap(r - s - 1, n)), wrap(r + 1, n), incoming, wrap(r - 1, n),
+                        ring_tag));
+    auto mine = part(wrap(r - s - 2, n));
+    switch (native_op(how)) {
+    case reduce_op::max:
+      at::maximum_out(mine, mine, incoming);
+      break;
+    case reduce_op::min:
+      at::minimum_out(mine, mine, incoming);
+      break;
+    default:
+      mine.add_(incoming);
+      break;
+    }
+  }
+  return {};
+}
+
+// The all-gather ring in place: chunk r of `flat` is this rank's; afterwards
+// every chunk is its rank's.
+expected<void> ring_gather_in_place(process_group::impl& g, at::Tensor flat, int64_t chunk) {
+  const int n = g.backend->size();
+  const int r = g.backend->rank();
+  auto part = [&](int c) { return flat.narrow(0, int64_t{c} * chunk, chunk); };
+  for (int s = 0; s + 1 < n; ++s)
+    TROUPE_TRY(exchange(g, part(wrap(r - s, n)), wrap(r + 1, n), part(wrap(r - s - 1, n)),
+                        wrap(r - 1, n), ring_tag));
+  return {};
+}
+
+expected<void> ring_reduce_scatter(process_group::impl& g, at::Tensor input, at::Tensor output,
+                                   reduce_op how) {
   const int64_t chunk = output.numel();
   return guarded("reduce_scatter ring", [&]() -> expected<void> {
     auto work = input.clone();
-    auto incoming = at::empty({chunk}, input.options());
-    auto part = [&](int c) { return work.narrow(0, int64_t{c} * chunk, chunk); };
-    for (int s = 0; s + 1 < n; ++s) {
-      TROUPE_TRY(exchange(g, part(wrap(r - s - 1, n)), wrap(r + 1, n), incoming, wrap(r - 1, n),
-                          ring_tag));
-      auto mine = part(wrap(r - s - 2, n));
-      switch (native_op(how)) {
-      case reduce_op::max:
-        at::maximum_out(mine, mine, incoming);
-        break;
-      case reduce_op::min:
-        at::minimum_out(mine, mine, incoming);
-        break;
-      default:
-        mine.add_(incoming);
-        break;
-      }
-    }
-    output.view({-1}).copy_(part(r));
+    TROUPE_TRY(ring_reduce_in_place(g, work, chunk, how));
+    output.view({-1}).copy_(work.narrow(0, int64_t{g.backend->rank()} * chunk, chunk));
     if (how == reduce_op::mean)
-      output.div_(n);
+      output.div_(g.backend->size());
     return {};
   });
 }
 
 expected<void> ring_all_gather(process_group::impl& g, at::Tensor input, at::Tensor output) {
-  const int n = g.backend->size();
-  const int r = g.backend->rank();
   const int64_t chunk = input.numel();
   auto flat = output.view({-1});
-  auto part = [&](int c) { return flat.narrow(0, int64_t{c} * chunk, chunk); };
-  auto placed = guarded("all_gather ring", [&] { part(r).copy_(input.view({-1})); });
+  auto placed = guarded("all_gather ring", [&] {
+    flat.narrow(0, int64_t{g.backend->rank()} * chunk, chunk).copy_(input.view({-1}));
+  });
   if (!placed)
     return placed;
-  for (int s = 0; s + 1 < n; ++s)
-    TROUPE_TRY(exchange(g, part(wrap(r - s, n)), wrap(r + 1, n), part(wrap(r - s - 1, n)),
-                        wrap(r - 1, n), ring_tag));
-  return {};
+  return ring_gather_in_place(g, flat, chunk);
+}
+
+// An all-reduce the backend cannot run (gloo has no bf16 arithmetic) as a
+// reduce-scatter ring and an all-gather ring over a padded copy: each rank
+// sends 2(N-1)/N of the tensor in its own dtype, the bandwidth-optimal
+// volume, and the sums are done in that dtype, one rounding a hop.
+expected<void> ring_all_reduce(process_group::impl& g, at::Tensor& tensor, reduce_op how) {
+  const int n = g.backend->size();
+  return guarded("all_reduce ring", [&]() -> expected<void> {
+    auto flat = tensor.view({-1});
+    const int64_t chunk = (flat.numel() + n - 1) / n;
+    auto work = at::zeros({chunk * n}, flat.options());
+    work.narrow(0, 0, flat.numel()).copy_(flat);
+    TROUPE_TRY(ring_reduce_in_place(g, work, chunk, how));
+    TROUPE_TRY(ring_gather_in_place(g, work, chunk));
+    flat.copy_(work.narrow(0, 0, flat.numel()));
+    return {};
+  });
 }
 
 } // namespace

@@ -400,3 +400,36 @@ TEST(CollectiveFaults, ARankAbortingMidRingFailsItsPeersWithoutAHang) {
     EXPECT_LT(got[r].seconds, 10.0) << r;
   }
 }
+
+// bf16 (mixed-precision gradients and weights): the reductions sum it, the
+// data movements copy its bits, whatever the backend's dtype list holds.
+TEST(Collectives, Bf16TensorsReduceAndMove) {
+  auto ranks = make_ranks(2, "bf16");
+  auto bf = [](int rank, int64_t n) { return input_of(rank, n).to(torch::kBFloat16); };
+  auto sum = (bf(0, 8).to(torch::kFloat) + bf(1, 8).to(torch::kFloat));
+  auto outs = on_every_rank<std::vector<torch::Tensor>>(ranks.groups, [&](process_group& g) {
+    auto all = bf(g.rank(), 8);
+    expect_ok(g.all_reduce_sum(all));
+    auto red = bf(g.rank(), 8);
+    expect_ok(g.reduce(red, 1, reduce_op::sum));
+    auto root = bf(g.rank(), 8);
+    expect_ok(g.broadcast(root, 0));
+    auto gathered = torch::empty({16}, torch::kBFloat16);
+    expect_ok(g.all_gather(bf(g.rank(), 8), gathered));
+    auto scattered = torch::empty({4}, torch::kBFloat16);
+    expect_ok(g.reduce_scatter(bf(g.rank(), 8), scattered, reduce_op::sum));
+    return std::vector<torch::Tensor>{all, red, root, gathered, scattered};
+  });
+  for (int r = 0; r < 2; ++r) {
+    const auto& o = outs[r];
+    for (const auto& t : o)
+      EXPECT_EQ(t.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::allclose(o[0].to(torch::kFloat), sum, 1e-2, 1e-2)) << "all_reduce";
+    if (r == 1)
+      EXPECT_TRUE(torch::allclose(o[1].to(torch::kFloat), sum, 1e-2, 1e-2)) << "reduce";
+    EXPECT_TRUE(torch::equal(o[2], bf(0, 8))) << "broadcast";
+    EXPECT_TRUE(torch::equal(o[3], torch::cat({bf(0, 8), bf(1, 8)}))) << "all_gather";
+    EXPECT_TRUE(torch::allclose(o[4].to(torch::kFloat), sum.narrow(0, 4 * r, 4), 1e-2, 1e-2))
+        << "reduce_scatter";
+  }
+}
