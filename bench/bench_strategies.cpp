@@ -126,11 +126,13 @@ int64_t tcp_bytes_received() {
 double weight_norm_sum(const std::map<std::string, at::Tensor>& w) {
   double s = 0;
   for (const auto& [name, t] : w)
-    s += t.norm().item<double>();
+    s += t.to(at::kDouble).norm().item<double>();
   return s;
 }
 
-std::unique_ptr<actors::train::train_engine> engine_of(const models::llama_model& base) {
+std::unique_ptr<actors::train::train_engine>
+engine_of(const models::llama_model& base,
+          actors::train::precision precision = actors::train::precision::fp32) {
   auto m = models::make_llama(base->config(), models::head_kind::lm);
   if (!m || !models::assign_hf_weights(*m, models::export_hf_weights(base), true)) {
     std::fprintf(stderr, "copying the model failed\n");
@@ -140,8 +142,8 @@ std::unique_ptr<actors::train::train_engine> engine_of(const models::llama_model
   o.lr = 1e-3;
   o.grad_clip = 1.0;
   auto e = actors::train::train_engine::make(*m, o);
-  if (!e) {
-    std::fprintf(stderr, "%s\n", describe(e.error()).c_str());
+  if (!e || !(*e)->set_precision(precision)) {
+    std::fprintf(stderr, "%s\n", e ? "set_precision failed" : describe(e.error()).c_str());
     std::exit(1);
   }
   return std::move(*e);
@@ -155,7 +157,8 @@ struct result {
 };
 
 result run(const models::llama_model& base, const std::vector<runtime::tensor_batch>& global,
-           int world, dp_strategy strategy) {
+           int world, dp_strategy strategy,
+           actors::train::precision precision = actors::train::precision::fp32) {
   runtime::group_options go;
   go.name = "bench-" + std::string{to_string(strategy)} + "-" + std::to_string(world);
   go.timeout_ms = 120000;
@@ -174,7 +177,7 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
     runtime::counting_allocator::set_thread_tag(r);
     counter.reset_peak(r);
     const auto at_start = counter.counts(r).current;
-    auto e = engine_of(base);
+    auto e = engine_of(base, precision);
     auto g = std::make_shared<actors::train::data_parallel_group>();
     g->store = std::move(groups->stores[static_cast<size_t>(r)]);
     g->group = std::move(groups->groups[static_cast<size_t>(r)]);
@@ -336,6 +339,49 @@ void print_bandwidths(bool quick) {
 
 } // namespace
 
+// NOTE [mixed precision]: each strategy at 2 ranks in bf16 against itself
+// in fp32 — step time, peak memory (and the planner's bf16 figure), bytes
+// received (bf16 gradients and weights: half) — and its weights against
+// one bf16 engine's (the ranks sum bf16 gradients in another order: 1 %).
+bool print_bf16(const models::llama_model& base, const std::vector<runtime::tensor_batch>& global,
+                const options& o, int64_t rows) {
+  const auto bf16 = actors::train::precision::bf16;
+  auto single = engine_of(base, bf16);
+  for (const auto& b : global)
+    if (auto m = single->sft_step(b); !m) {
+      std::fprintf(stderr, "%s\n", describe(m.error()).c_str());
+      std::exit(1);
+    }
+  const double want = weight_norm_sum(single->export_weights());
+  std::printf("\nbf16, 2 ranks (gloo), against the same strategy in fp32; single bf16 engine: "
+              "weight-norm sum %.9g\n",
+              want);
+  std::printf("%-6s %-12s %8s %7s %12s %7s %9s %9s %12s %7s\n", "", "norm sum", "step ms",
+              "vs fp32", "peak MiB/rk", "vs fp32", "plan MiB", "peak/plan", "recv/step/rk",
+              "vs fp32");
+  bool ok = true;
+  for (auto s : {dp_strategy::ddp, dp_strategy::zero1, dp_strategy::zero2, dp_strategy::zero3}) {
+    auto wide = run(base, global, 2, s), narrow = run(base, global, 2, s, bf16);
+    bool close = true;
+    for (double n : narrow.norm_sums)
+      close = close && std::abs(n - want) <= 1e-2 * std::abs(want);
+    ok = ok && close;
+    const double plan =
+        actors::train::training_rank_memory(
+            s, 2, 25, actors::train::split_parameters(shape(o.quick), true),
+            actors::train::activation_bytes(shape(o.quick), true, rows / 2, 64, bf16), bf16)
+            .total();
+    std::printf("%-6s %-12.9g %8.2f %7.2f %12.2f %7.2f %9.2f %9.3f %12.0f %7.2f%s\n",
+                std::string{to_string(s)}.c_str(), narrow.norm_sums[0], narrow.step_s * 1e3,
+                narrow.step_s / wide.step_s, static_cast<double>(narrow.peak_bytes) / (1 << 20),
+                static_cast<double>(narrow.peak_bytes) / static_cast<double>(wide.peak_bytes),
+                plan / (1 << 20), static_cast<double>(narrow.peak_bytes) / plan,
+                narrow.received_per_step, narrow.received_per_step / wide.received_per_step,
+                close ? "" : "  NORMS DIFFER (1 %)");
+  }
+  return ok;
+}
+
 int main(int argc, char** argv) {
   const auto o = parse(argc, argv);
   at::set_num_threads(1);
@@ -399,6 +445,7 @@ int main(int argc, char** argv) {
                   r.received_per_step / optimal, equal ? "" : "  NORMS DIFFER");
     }
   }
+  all_ok = print_bf16(*base, global, o, rows) && all_ok;
   print_bandwidths(o.quick);
   std::printf("\n%s\n", all_ok ? "every rank of every strategy matches the single engine (1e-5)"
                                : "MISMATCH: a strategy's weights differ from the single engine's");

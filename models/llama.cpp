@@ -715,8 +715,9 @@ torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
   case head_kind::lm:
     // linear, not matmul(h, W.t()): 4-5x faster on CPU.
     return dense(hidden, output_ ? output_->weight : tok_embeddings_->weight);
-  case head_kind::value:
-    return score_head_->forward(hidden).squeeze(-1);
+  case head_kind::value: // scores in fp32 whatever the weights' dtype (bf16: NOTE [mixed
+                         // precision])
+    return score_head_->forward(hidden).squeeze(-1).to(torch::kFloat32);
   case head_kind::reward: {
     auto T = hidden.size(1);
     torch::Tensor last;
@@ -729,7 +730,7 @@ torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
                          torch::TensorOptions().dtype(torch::kLong).device(hidden.device()));
     }
     auto h = hidden.index({torch::arange(hidden.size(0), last.options()), last});
-    return score_head_->forward(h).squeeze(-1);
+    return score_head_->forward(h).squeeze(-1).to(torch::kFloat32);
   }
   }
   return hidden;
@@ -982,12 +983,18 @@ expected<llama_model> load_pretrained(const std::string& dir, head_kind head,
 
 expected<void> save_pretrained(const llama_model& model, const std::string& dir,
                                uint64_t max_shard_bytes) {
-  auto config = model->config();
-  config.architecture = hf_architecture(config, model->head());
   auto tensors = guarded("exporting weights", [&] { return export_hf_weights(model); });
   if (!tensors)
     return tensors.error();
-  return save_hf_checkpoint_dir(dir, config, *tensors, max_shard_bytes);
+  return save_exported(model, dir, *tensors, max_shard_bytes);
+}
+
+expected<void> save_exported(const llama_model& model, const std::string& dir,
+                             const std::map<std::string, torch::Tensor>& hf_tensors,
+                             uint64_t max_shard_bytes) {
+  auto config = model->config();
+  config.architecture = hf_architecture(config, model->head());
+  return save_hf_checkpoint_dir(dir, config, hf_tensors, max_shard_bytes);
 }
 
 } // namespace troupe::models

@@ -252,5 +252,10 @@ expected<llama_model> load_pretrained(const std::string& dir, head_kind head,
 /// Saves config.json + model.safetensors (shards above `max_shard_bytes` > 0).
 expected<void> save_pretrained(const llama_model& model, const std::string& dir,
                                uint64_t max_shard_bytes = 0);
+/// The same with the weights already exported (export_hf_weights' names),
+/// e.g. gathered a unit at a time by a sharded trainer.
+expected<void> save_exported(const llama_model& model, const std::string& dir,
+                             const std::map<std::string, torch::Tensor>& hf_tensors,
+                             uint64_t max_shard_bytes = 0);
 
 } // namespace troupe::models

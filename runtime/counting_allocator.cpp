@@ -5,8 +5,10 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 
 namespace troupe::runtime {
 
@@ -32,24 +34,24 @@ void count(int tag, int64_t bytes) {
   }
 }
 
-// What a counted storage keeps: the wrapped allocator's pointer (freed with
-// it) and what it was counted as.
-struct counted {
-  c10::DataPtr inner;
+// A counted storage: a header of what it was counted as, then the data.
+// The DataPtr's context is the data pointer itself, as LibTorch's
+// raw_allocate requires (oneDNN's bf16 matmul allocates through it).
+constexpr size_t kHeader = 64; // keeps the data 64-byte aligned
+struct header {
   int tag;
   int64_t bytes;
 };
 
-void free_counted(void* ctx) {
-  auto* c = static_cast<counted*>(ctx);
-  count(c->tag, -c->bytes);
-  delete c;
+void free_counted(void* data) {
+  auto* base = static_cast<char*>(data) - kHeader;
+  const auto* h = reinterpret_cast<header*>(base);
+  count(h->tag, -h->bytes);
+  std::free(base);
 }
 
 class counting_cpu_allocator final : public c10::Allocator {
 public:
-  explicit counting_cpu_allocator(c10::Allocator* inner) : inner_(inner) {}
-
   // LibTorch 1.13 declares allocate const, 2.x (2.3 on) not: one of these
   // two overrides it.
   c10::DataPtr allocate(size_t n) const { return counted_allocation(n); }
@@ -58,18 +60,20 @@ public:
   void copy_data(void* dest, const void* src, std::size_t count) const {
     std::memcpy(dest, src, count);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_counted; }
 
 private:
   c10::DataPtr counted_allocation(size_t n) const {
-    auto inner = inner_->allocate(n);
-    void* data = inner.get();
-    auto bytes = static_cast<int64_t>(n);
-    count(thread_tag, bytes);
-    auto* c = new counted{std::move(inner), thread_tag, bytes};
-    return {data, c, &free_counted, c10::Device(c10::DeviceType::CPU)};
+    void* base = nullptr;
+    if (posix_memalign(&base, kHeader, kHeader + std::max<size_t>(n, 1)) != 0)
+      throw std::bad_alloc();
+    auto* h = static_cast<header*>(base);
+    h->tag = thread_tag;
+    h->bytes = static_cast<int64_t>(n);
+    count(h->tag, h->bytes);
+    void* data = static_cast<char*>(base) + kHeader;
+    return {data, data, &free_counted, c10::Device(c10::DeviceType::CPU)};
   }
-
-  c10::Allocator* inner_;
 };
 
 } // namespace
@@ -78,7 +82,7 @@ counting_allocator& counting_allocator::install() {
   static counting_allocator counter;
   static std::once_flag once;
   std::call_once(once, [] {
-    static counting_cpu_allocator allocator{c10::GetCPUAllocator()};
+    static counting_cpu_allocator allocator;
     c10::SetCPUAllocator(&allocator, /*priority=*/100);
   });
   return counter;

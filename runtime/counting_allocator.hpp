@@ -1,8 +1,9 @@
 #pragma once
 // Bytes of LibTorch CPU storage in use, counted by tag.
 //
-// NOTE [counting allocator]: install() wraps LibTorch's CPU allocator
-// (c10::SetCPUAllocator; process-wide, for the rest of the process) so that
+// NOTE [counting allocator]: install() replaces LibTorch's CPU allocator
+// with a counting one (c10::SetCPUAllocator; process-wide, for the rest of
+// the process; 64-byte aligned blocks, as LibTorch's own) so that
 // every CPU storage allocated from then on is counted — current and peak
 // bytes — under the tag of the thread that allocated it (set_thread_tag: a
 // small integer such as the DP rank a thread computes for; -1, the default,

@@ -47,6 +47,8 @@ TROUPE_ENUM_NAMES(launcher_kind, "auto", "local", "nodes")
 
 /// How a role's data-parallel ranks train (actors/train/dp_strategy.hpp).
 using train::dp_strategy;
+/// The dtype a role computes in (NOTE [mixed precision]).
+using train::precision;
 
 /// NOTE [placement modes] below.
 enum class placement_mode : uint8_t { in_process, colocated, disaggregated, hybrid };

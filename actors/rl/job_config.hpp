@@ -398,6 +398,8 @@ struct role_placement_config {
   int64_t micro_batch_tokens = 0;
   /// DP gradient buckets, MiB.
   double bucket_mb = 25;
+  /// The dtype it computes in (NOTE [mixed precision]).
+  precision compute = precision::fp32;
 };
 template <class V>
 void visit(V& v, role_placement_config& c) {
@@ -415,6 +417,9 @@ void visit(V& v, role_placement_config& c) {
           "Or padded tokens a rank computes at once, rows grouped by length (dynamic batch "
           "size); 0 = off");
   v.field("bucket_mb", c.bucket_mb, "DP gradient all-reduce bucket size, MiB (reverse parameter order)");
+  v.choice("precision", c.compute,
+           "fp32, or bf16: bf16 weights, activations and gradients with fp32 master weights "
+           "and AdamW state (roles a train engine runs; docs/parallelism.md)");
 }
 
 /// NOTE [placement modes]: in_process runs every role in the driver's

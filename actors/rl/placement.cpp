@@ -86,21 +86,14 @@ int64_t pass_tokens(const job_config& cfg, const models::llama_config& m) {
                     : m.max_position_embeddings;
 }
 
-// The placement keys of `role` (ddp, dp 1 when unlisted).
-role_placement_config placed_keys(const job_config& cfg, const std::string& role) {
-  role_placement_config placed;
-  for (const auto& rp : cfg.placement.roles)
-    if (rp.role == role)
-      placed = rp;
-  return placed;
-}
-
-// NOTE [rank memory] for a rank of `role` training in stage `st`: its share
+// NOTE [rank memory] for a rank of `role` training in stage `st`: it
+// exports its weights (rank 0: the stage's output, the policy's weight
+// syncs; the other ranks are counted alike); its share
 // of the stage's rows a micro-batch at a time (rm's rows are pairs: two
 // sequences each).
 train::rank_memory training_memory(const job_config& cfg, const models::llama_config& m,
                                    const stage_traits& st, const role_traits& t) {
-  const auto placed = placed_keys(cfg, std::string{t.name});
+  const auto placed = placement_keys(cfg, t.name);
   const bool lm = t.head == models::head_kind::lm;
   const auto dp = std::max<int64_t>(placed.dp, 1);
   int64_t rows = std::max<int64_t>(st.dp_rows(cfg).second / dp, 1);
@@ -112,12 +105,14 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
   if (st.id == stage_id::rm)
     rows *= 2;
   return train::training_rank_memory(placed.strategy, dp, placed.bucket_mb, split_parameters(m, lm),
-                                     train::activation_bytes(m, lm, rows, tokens));
+                                     train::activation_bytes(m, lm, rows, tokens, placed.compute),
+                                     placed.compute, /*exports=*/true);
 }
 
 // Estimated bytes of one rank of `role` in `stage`, by term (NOTE [memory
 // estimate]), largest first.
-// NOTE [memory estimate]: fp32 weights cost 4 bytes a parameter; a role
+// NOTE [memory estimate]: weights cost 4 bytes a parameter (2 at
+// precision bf16); a role
 // that trains in the stage holds NOTE [rank memory]'s terms instead (its
 // states under its strategy, one micro-batch's activations, the strategy's
 // transients); lm-headed roles count the vocabulary head; the rollout adds
@@ -135,7 +130,8 @@ std::vector<train::memory_term> role_terms(const job_config& cfg, const models::
   if (t->trains_in(st->id))
     return training_memory(cfg, m, *st, *t).terms();
   const auto split = split_parameters(m, t->head == models::head_kind::lm);
-  std::vector<train::memory_term> out{{"weights", 4.0 * static_cast<double>(split.total())}};
+  const double w = train::bytes_per_element(placement_keys(cfg, role).compute);
+  std::vector<train::memory_term> out{{"weights", w * static_cast<double>(split.total())}};
   if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
     auto e = engine_settings(cfg);
     auto blocks = inference::kv_pool_blocks(e, m, 4);
@@ -306,6 +302,25 @@ void assign_nodes(const job_config& cfg, placement_plan& plan) {
 
 namespace {
 
+// NOTE [mixed precision]: bf16 is for the roles a train engine runs — the
+// policy, the critic, the reference and a reward model; the rollout engine
+// decodes in fp32, and a rule reward has no model.
+void check_precision(const job_config& c, const role_placement_config& r, const std::string& at,
+                     runtime::config_checks& checks) {
+  const auto* t = find_role(r.role);
+  if (r.compute != precision::bf16 || !t)
+    return;
+  checks.require(t->id != role_id::rollout, at + ".precision",
+                 "the rollout engine decodes in fp32; bf16 is for the roles a train engine runs "
+                 "(" +
+                     role_names([](const role_traits& x) { return x.id != role_id::rollout; }) +
+                     ")");
+  checks.require(t->id != role_id::reward || uses_reward_model(c.rl.reward) || has_stage(c, "rm"),
+                 at + ".precision",
+                 "the reward is a rule (rl.reward.kind: rule): it has no model "
+                 "to compute in bf16");
+}
+
 // One role's layout (NOTE [parallel layout]): sizes, what is available
 // yet, the pool's devices and the rows its DP ranks split.
 void check_role_layout(const job_config& c, const role_placement_config& r, const std::string& at,
@@ -326,6 +341,7 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
     checks.require(t->trains(), at + ".strategy",
                    std::string{to_string(r.strategy)} + " shards training state, and " + r.role +
                        " is not trained");
+  check_precision(c, r, at, checks);
   if (r.dp > 1 && t && t->id == role_id::rollout)
     checks.require(false, at + ".dp", "independent rollout engines (rollout dp > 1) are not available yet");
   else if (r.dp > 1)
@@ -505,8 +521,13 @@ std::string placement_plan::render() const {
     std::string devs;
     for (auto d : r.devices)
       devs += (devs.empty() ? "" : ", ") + std::to_string(d);
-    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.layout.dp) + ", devices [" +
-           devs + "]\n";
+    std::string how; // what is not the default
+    if (r.strategy != train::dp_strategy::ddp)
+      how += ", " + std::string{to_string(r.strategy)};
+    if (r.compute != train::precision::fp32)
+      how += ", " + std::string{to_string(r.compute)};
+    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.layout.dp) + how +
+           ", devices [" + devs + "]\n";
   }
   if (weight_transport)
     out += "weights: policy → rollout by " + transport + "\n";
@@ -588,7 +609,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
       continue;
     auto rp = placement_of(p, role);
     parallel_layout layout{static_cast<int32_t>(rp.dp), static_cast<int32_t>(rp.tp), static_cast<int32_t>(rp.pp)};
-    role_assignment a{role, rp.pool, layout, {}, rp.strategy};
+    role_assignment a{role, rp.pool, layout, {}, rp.strategy, rp.compute};
     for (int64_t r = 0; r < layout.ranks(); ++r)
       a.devices.push_back(first.at(rp.pool) + r);
     plan.roles.push_back(a);
@@ -641,6 +662,14 @@ double rank0_bytes(const placement_plan& plan, const std::string& role) {
 }
 
 } // namespace
+
+role_placement_config placement_keys(const job_config& cfg, std::string_view role) {
+  role_placement_config placed;
+  for (const auto& rp : cfg.placement.roles)
+    if (rp.role == role)
+      placed = rp;
+  return placed;
+}
 
 // NOTE [strategy suggestions].
 std::vector<strategy_fit> suggest_strategies(const job_config& cfg) {

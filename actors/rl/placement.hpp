@@ -52,6 +52,8 @@ struct role_assignment {
   std::vector<int64_t> devices;
   /// How its DP ranks train (NOTE [training strategies]).
   train::dp_strategy strategy = train::dp_strategy::ddp;
+  /// The dtype it computes in (NOTE [mixed precision]).
+  train::precision compute = train::precision::fp32;
 };
 
 /// One rank's estimate in a stage, by term, largest first (NOTE [memory
@@ -130,6 +132,10 @@ void check_placement(const job_config& c, runtime::config_checks& checks);
 /// its memory (naming the device, its ranks, both numbers and the largest
 /// term with the rank that holds it).
 expected<placement_plan> make_plan(const job_config& cfg);
+
+/// The placement keys of `role` (placement.roles' entry; the defaults —
+/// dp 1, ddp, fp32 — when it has none).
+role_placement_config placement_keys(const job_config& cfg, std::string_view role);
 
 /// NOTE [strategy suggestions]: each trained role of placement.roles with
 /// dp > 1 under

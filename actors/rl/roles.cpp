@@ -5,6 +5,7 @@
 #include "actors/inference/rollout.hpp"
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/job_internal.hpp"
+#include "actors/rl/placement.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/stage_table.hpp"
 #include "actors/train/engine_actor.hpp"
@@ -92,6 +93,8 @@ expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, co
     auto e = train::train_engine::make(*m, std::nullopt);
     if (!e)
       return e.error();
+    if (auto ok = (*e)->set_precision(placement_keys(cfg, s.role).compute); !ok)
+      return ok.error();
     out.push_back({make_model_backend(std::move(*e)), r.model_weight});
   }
   return out;
@@ -138,10 +141,9 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   auto engine = train::train_engine::make(*model, recipe->optim);
   if (!engine)
     return engine.error();
-  role_placement_config placed; // the role's placement keys (defaults when unlisted)
-  for (const auto& rp : cfg.placement.roles)
-    if (rp.role == s.role)
-      placed = rp;
+  const auto placed = placement_keys(cfg, s.role);
+  if (auto ok = (*engine)->set_precision(placed.compute); !ok)
+    return ok.error();
   if (auto ok = (*engine)->set_micro_batch_rows(placed.micro_batch_rows); !ok)
     return ok.error();
   if (auto ok = (*engine)->set_micro_batch_tokens(placed.micro_batch_tokens); !ok)

@@ -1,8 +1,8 @@
 #pragma once
 // What one training rank holds at its peak, term by term — the planner's
-// arithmetic beside NOTE [strategy memory] (in actors/train/dp_strategy.hpp:
-// the bytes a parameter), apart so that the job file's many includers do not
-// rebuild when it changes. fp32 throughout.
+// arithmetic, apart from dp_strategy.hpp so that the job file's many
+// includers do not rebuild when it changes. fp32, or bf16 (NOTE [mixed
+// precision] in strategy_parts.hpp).
 
 #include "actors/train/dp_strategy.hpp"
 #include "models/config.hpp"
@@ -25,6 +25,11 @@ struct parameter_split {
 /// scalar head (value / reward).
 parameter_split split_parameters(const models::llama_config& c, bool lm_head);
 
+/// Bytes of a weight or gradient element at precision `p`.
+constexpr double bytes_per_element(precision p) {
+  return p == precision::bf16 ? 2 : 4;
+}
+
 /// NOTE [activation memory]: what the autograd graph of one micro-batch
 /// (`rows` sequences of `tokens`) keeps from forward to backward, counted
 /// from the tensors models/llama.cpp's training forward saves (LibTorch's
@@ -44,6 +49,14 @@ parameter_split split_parameters(const models::llama_config& c, bool lm_head);
 ///     gradient (heads · tokens a token), the hidden state's (H a token)
 ///     and one H x I weight gradient — what a recomputed layer adds at its
 ///     peak (zero3; measured within 1 %).
+/// In bf16 the elements above take 2 bytes, and fp32 copies come on top
+/// (fitted exactly on 10 shapes the same way): each RMSNorm keeps its input
+/// widened (4·H a token, two a layer, one at the end) and its scale (4), the
+/// softmax its fp32 probabilities beside their bf16 copy (6 bytes an
+/// element), the loss 16 bytes a token (8 more a shifted token); a
+/// recomputed layer's backward is counted as 4 bytes a probability (its
+/// gradient widened for the fp32 softmax), 2 an element of the hidden
+/// state and of one weight gradient (zero3 bf16: within 1.2 %).
 struct activation_split {
   double layer = 0;          // one layer's
   double layer_input = 0;    // what a checkpointed layer keeps (its input)
@@ -55,7 +68,7 @@ struct activation_split {
 };
 
 activation_split activation_bytes(const models::llama_config& c, bool lm_head, int64_t rows,
-                                  int64_t tokens);
+                                  int64_t tokens, precision p = precision::fp32);
 
 /// One named part of a rank's peak.
 struct memory_term {
@@ -63,11 +76,20 @@ struct memory_term {
   double bytes = 0;
 };
 
-/// NOTE [rank memory]: a training rank's bytes at its peak. Its states are
-/// NOTE [strategy memory]'s (weights, gradients, AdamW's moments); besides
-/// them it holds, at each moment of a step (fp32; Φ the parameters, N the
-/// DP size, a ring reduce-scatter of n elements working in a copy of its
-/// input and one incoming chunk: 4·n + 4·n/N):
+/// NOTE [rank memory]: a training rank's bytes at its peak. Its states, a
+/// parameter (Φ the parameters, N the DP size; w = 4 bytes an element in
+/// fp32, 2 in bf16, whose optimizer state adds the 4-byte masters):
+///   ddp    weights w, gradients w, AdamW 8 (bf16: 12)
+///   zero1  weights w, the flat gradients and their reduce-scattered shard
+///          w + w/N, AdamW 8/N (12/N)
+///   zero2  weights w, the shard's gradient sum w/N, AdamW 8/N (12/N); its
+///          gradient buckets are a bounded extra (below)
+///   zero3  all three sharded: (2w + 8)/N (bf16 16/N); a layer whole is a
+///          bounded extra.
+/// (The ZeRO paper's mixed-precision figures, 2 + 2 + 12 = 16 bytes a
+/// parameter for ddp, are the bf16 rows.) Besides them it holds, at each
+/// moment of a step (a ring reduce-scatter of n elements works in a copy
+/// of its input and one incoming chunk: w·n + w·n/N; shown for fp32):
 ///   - the top of backward: one micro-batch's activations and the largest
 ///     parameter's gradient as autograd hands it over; zero2 also its first
 ///     gradient bucket (bucket_mb, at most the model) less the logits it
@@ -82,7 +104,11 @@ struct memory_term {
 ///   - zero3, the rest-unit's reduce-scatter after backward: the unit
 ///     whole, its gradients, their padded copy and part, the ring's buffers;
 ///   - the optimizer step: AdamW's denominator (4 bytes an element the rank
-///     steps) or the gradient norm's double chunk (at most 1M elements).
+///     steps) or the gradient norm's double chunk (at most 1M elements);
+///     in bf16 the step goes a 1M-element chunk at a time (8 bytes one);
+///   - a rank that exports the weights (the policy's, for the weight sync):
+///     the exported copy (w·Φ) and, under zero3, the largest unit gathered
+///     (NOTE [export units]) — the export's spike.
 /// The peak is the largest. Measured by the counting allocator within 5 %
 /// (tests/actors/strategy_memory_test.cpp, bench/bench_strategies).
 struct rank_memory {
@@ -98,7 +124,7 @@ struct rank_memory {
 };
 
 rank_memory training_rank_memory(dp_strategy s, int64_t dp, double bucket_mb,
-                                 const parameter_split& params,
-                                 const activation_split& activations);
+                                 const parameter_split& params, const activation_split& activations,
+                                 precision p = precision::fp32, bool exports = false);
 
 } // namespace troupe::actors::train

@@ -34,28 +34,59 @@ inline double clip_coefficient(double norm, double max_norm) {
 // a step of the shards is a step of the whole; its state is two tensors
 // laid out like the flat parameters and one step count, which any DP size
 // or strategy can cut into its own shards (NOTE [training strategies]).
+//
+// NOTE [mixed precision]: a role trained at `precision: bf16` holds its
+// weights, gradients and activations in bf16, and AdamW keeps what it
+// steps in fp32: a master copy of the rank's part of the weights (made
+// from the bf16 weights at the first step, so every DP size and strategy
+// starts from the same values) and both moments. The step widens the
+// gradient a chunk at a time, updates the master exactly as the fp32 step
+// updates the weights, and writes the master rounded to bf16 into the
+// weights — the ZeRO paper's mixed-precision layout: 2 + 2 bytes a
+// parameter of weights and gradients, 12 of optimizer state (K = 12).
 struct flat_adam {
   optimizer_options o;
-  at::Tensor m, v; // undefined before the first step and while offloaded
+  at::Tensor m, v;   // undefined before the first step and while offloaded
+  at::Tensor master; // fp32 weights of a narrower (bf16) p; undefined likewise
   int64_t t = 0;
 
   void step(at::Tensor p, const at::Tensor& g, double lr);
 
   int64_t bytes() const {
-    return m.defined() ? 2 * m.numel() * static_cast<int64_t>(m.element_size()) : 0;
+    auto size = [](const at::Tensor& x) {
+      return x.defined() ? x.numel() * static_cast<int64_t>(x.element_size()) : int64_t{0};
+    };
+    return size(m) + size(v) + size(master);
   }
 
-  /// Co-located offload: the moments to `path` (when there are any) and
-  /// freed; answers the bytes freed. reload reads them back.
+  /// Co-located offload: the moments and master to `path` (when there are
+  /// any) and freed; answers the bytes freed. reload reads them back.
   int64_t offload(const std::string& path);
   void reload(const std::string& path);
 
-  /// A training state's step count and whole-model moments (NOTE [flat
-  /// AdamW]): sets t and answers the moments, none before the first step;
-  /// an error when they do not fit `total` elements of `dtype`.
-  expected<std::optional<std::pair<at::Tensor, at::Tensor>>>
-  read_state(torch::serialize::InputArchive& archive, int64_t total, at::ScalarType dtype);
+  /// A training state's optimizer part, whole-model and unpadded (NOTE
+  /// [flat AdamW]); undefined where the state has none (before the first
+  /// step; a master only for narrow weights).
+  struct whole_state {
+    at::Tensor exp_avg, exp_avg_sq, master;
+  };
+  /// Reads it for weights of `weights` dtype and `total` elements: sets t,
+  /// converts the moments to the dtype AdamW keeps for such weights (a
+  /// state saved at another precision loads); an error when they do not fit.
+  expected<whole_state> read_state(torch::serialize::InputArchive& archive, int64_t total,
+                                   at::ScalarType weights);
 };
+
+/// Whether weights of this dtype are stepped through an fp32 master (NOTE
+/// [mixed precision]).
+inline bool has_master(at::ScalarType weights) {
+  return weights == at::kBFloat16 || weights == at::kHalf;
+}
+
+/// The dtype of AdamW's state for weights of `weights` dtype.
+inline at::ScalarType optimizer_dtype(at::ScalarType weights) {
+  return has_master(weights) ? at::kFloat : weights;
+}
 
 /// The norm of the whole gradient of which `grads` is this rank's part
 /// (squared norms summed over `group`; null: all of it here), and `grads`

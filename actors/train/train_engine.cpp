@@ -183,6 +183,41 @@ struct train_engine::impl {
     return out;
   }
 
+  // NOTE [export units]: visit(i) for each parameter i (registration
+  // order), its unit whole (zero3 gathers it: every rank of the group calls
+  // this at once) and freed after; answers the largest unit's bytes when
+  // the strategy gathers (the export's spike beyond its copy), else 0.
+  template <class Fn>
+  int64_t by_export_units(Fn&& visit) {
+    auto params = model->parameters();
+    if (!strategy) {
+      for (size_t i = 0; i < params.size(); ++i)
+        visit(i);
+      return 0;
+    }
+    const bool gathers = strategy->layer_hooks() != nullptr;
+    const auto units = strategy->export_units();
+    int64_t largest = 0;
+    for (size_t u = 0; u < units.size(); ++u) {
+      value_or_throw(strategy->gather_unit(u));
+      struct release_guard {
+        training_strategy* s;
+        size_t u;
+        ~release_guard() { s->release_unit(u); }
+      } release{strategy.get(), u};
+      int64_t bytes = 0;
+      for (auto i : units[u]) {
+        visit(i);
+        bytes += params[i].numel() * static_cast<int64_t>(params[i].element_size());
+      }
+      if (gathers)
+        largest = std::max(largest, bytes);
+    }
+    return largest;
+  }
+  /// The last export's spike (by_export_units).
+  int64_t export_spike = 0;
+
   // Learning rate of the next step (linear warm-up).
   double next_lr() const {
     double lr = opts->lr;
@@ -571,6 +606,37 @@ expected<void> train_engine::set_micro_batch_rows(int64_t rows) {
   impl_->micro_rows = rows;
   return {};
 }
+expected<void> train_engine::set_precision(precision p) {
+  auto& d = *impl_;
+  if (p == compute_precision())
+    return {};
+  if (p == precision::fp32)
+    return make_error(
+        errc::invalid_argument,
+        "set_precision: the weights are bf16 already (the rounding cannot be undone)");
+  if (d.dp || d.steps > 0 || !d.offloaded.empty() || d.weights_out)
+    return make_error(errc::invalid_argument,
+                      "set_precision: set it before join_data_parallel, the first step and "
+                      "any offload");
+  return guarded("set_precision", [&] {
+    torch::NoGradGuard no_grad;
+    d.model->set_layer_hooks(nullptr);
+    d.strategy.reset(); // its flat buffers hold the fp32 weights
+    for (auto& param : d.model->parameters())
+      param.set_data(param.to(at::kBFloat16));
+    d.model->drop_decode_panels();
+    if (d.opts)
+      d.strategy =
+          value_or_throw(training_strategy::make(d.model->parameters(), *d.opts, nullptr, {}));
+  });
+}
+
+precision train_engine::compute_precision() const {
+  const auto params = impl_->model->parameters();
+  return !params.empty() && params.front().scalar_type() == at::kBFloat16 ? precision::bf16
+                                                                          : precision::fp32;
+}
+
 expected<void> train_engine::set_micro_batch_tokens(int64_t tokens) {
   if (tokens < 0)
     return make_error(errc::invalid_argument,
@@ -804,32 +870,45 @@ expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
 
 std::map<std::string, at::Tensor> train_engine::export_weights() const {
   value_or_throw(impl_->make_resident());
-  // (Under zero3 the exported tensors keep the gathered storage alive after
-  // the parameters are freed.)
-  return impl_->with_whole_parameters(false,
-                                      [&] { return models::export_hf_weights(impl_->model); });
+  auto& d = *impl_;
+  const auto head = d.model->head();
+  std::vector<std::string> names;
+  for (const auto& p : d.model->named_parameters())
+    names.push_back(value_or_throw(models::to_hf_name(p.key(), head)));
+  auto params = d.model->parameters();
+  std::map<std::string, at::Tensor> out;
+  d.export_spike = d.by_export_units([&](size_t i) {
+    out.emplace(names[i], params[i].detach().to(at::kCPU).contiguous().clone());
+  });
+  return out;
+}
+
+int64_t train_engine::export_spike_bytes() const {
+  return impl_->export_spike;
 }
 
 expected<void> train_engine::save_pretrained(const std::string& dir) const {
   if (auto ok = impl_->make_resident(); !ok)
     return ok.error();
-  return guarded("save_pretrained", [&] {
-    return impl_->with_whole_parameters(false,
-                                        [&] { return models::save_pretrained(impl_->model, dir); });
-  });
+  auto tensors = guarded("save_pretrained", [&] { return export_weights(); });
+  if (!tensors)
+    return tensors.error();
+  return models::save_exported(impl_->model, dir, *tensors);
 }
 
 expected<int64_t> train_engine::gather_weights() const {
   if (auto ok = impl_->make_resident(); !ok)
     return ok.error();
+  // An export's part on a rank that exports nothing: the same gathers.
   return guarded("gather_weights", [&] {
-    return impl_->with_whole_parameters(false, [&] {
-      int64_t bytes = 0;
-      if (impl_->strategy && impl_->strategy->layer_hooks())
-        for (const auto& p : impl_->model->parameters())
-          bytes += p.numel() * static_cast<int64_t>(p.element_size());
-      return bytes;
+    auto params = impl_->model->parameters();
+    int64_t bytes = 0;
+    const bool gathers = impl_->strategy && impl_->strategy->layer_hooks();
+    impl_->by_export_units([&](size_t i) {
+      if (gathers)
+        bytes += params[i].numel() * static_cast<int64_t>(params[i].element_size());
     });
+    return bytes;
   });
 }
 
@@ -856,7 +935,8 @@ expected<std::string> train_engine::save_state() const {
 // NOTE [sharded state]: a shard file holds "shard/segments" ([K, 2]:
 // offset and length in the canonical layout), "shard/params" and, after the
 // first step, "shard/exp_avg" and "shard/exp_avg_sq" (the segments' values
-// end to end), "shard/total" (the layout's elements), "optimizer/step" and
+// end to end) and, for bf16 weights, "shard/master" (NOTE [mixed
+// precision]), "shard/total" (the layout's elements), "optimizer/step" and
 // "steps".
 expected<std::string> train_engine::save_shard() const {
   if (auto ok = impl_->make_resident(); !ok)
@@ -873,6 +953,8 @@ expected<std::string> train_engine::save_shard() const {
       archive.write("shard/exp_avg", part.exp_avg);
       archive.write("shard/exp_avg_sq", part.exp_avg_sq);
     }
+    if (part.master.defined())
+      archive.write("shard/master", part.master);
     archive.write("shard/total", torch::tensor(part.total, torch::kLong));
     archive.write("optimizer/step", torch::tensor(part.step, torch::kLong));
     archive.write("steps", torch::tensor(impl_->steps, torch::kLong));
@@ -885,81 +967,113 @@ expected<std::string> train_engine::save_shard() const {
 namespace {
 
 // The whole training state from its shards (NOTE [sharded state]), as a
-// load_state archive of `names` (the canonical layout's parameters).
+// load_state archive of `like` (the canonical layout's parameters).
+class shard_assembly {
+public:
+  explicit shard_assembly(const std::vector<std::pair<std::string, at::Tensor>>& like)
+      : like_(like) {
+    for (const auto& [name, p] : like)
+      total_ += p.numel();
+    covered_ = at::zeros({total_}, at::kByte);
+  }
+
+  expected<void> add(size_t i, const std::string& bytes) {
+    const auto where = "load_shards: shard " + std::to_string(i);
+    torch::serialize::InputArchive a;
+    a.load_from(bytes.data(), bytes.size());
+    at::Tensor seg, t, st, sp;
+    at::Tensor parts[4]; // indexed like names
+    if (!a.try_read("shard/segments", seg) || !a.try_read("shard/params", parts[0]) ||
+        !a.try_read("shard/total", t) || !a.try_read("optimizer/step", st) ||
+        !a.try_read("steps", sp))
+      return make_error(errc::corrupted, where + " is not a training-state shard");
+    if (t.item<int64_t>() != total_)
+      return make_error(errc::shape_mismatch,
+                        where + " is of a model of " + std::to_string(t.item<int64_t>()) +
+                            " parameters, this one has " + std::to_string(total_));
+    for (int k = 1; k < 4; ++k)
+      a.try_read("shard/" + std::string{names[k]}, parts[k]);
+    if (seg.size(0) > 0)
+      for (int k = 1; k < 4; ++k) {
+        const int has = parts[k].defined();
+        if (present_[k] >= 0 && present_[k] != has)
+          return make_error(errc::corrupted,
+                            where + ": some shards have " + names[k] + ", others not");
+        present_[k] = has;
+      }
+    if ((step_ >= 0 && step_ != st.item<int64_t>()) ||
+        (steps_ >= 0 && steps_ != sp.item<int64_t>()))
+      return make_error(errc::corrupted, where + " is of another step than shard 0");
+    step_ = st.item<int64_t>();
+    steps_ = sp.item<int64_t>();
+    const auto* s = seg.contiguous().data_ptr<int64_t>();
+    for (int64_t k = 0, at_ = 0; k < seg.size(0); ++k) {
+      const int64_t off = s[2 * k], len = s[2 * k + 1];
+      if (off < 0 || len < 0 || off + len > total_ || at_ + len > parts[0].numel())
+        return make_error(errc::corrupted,
+                          where + ": segment " + std::to_string(k) + " lies outside the layout");
+      for (int n = 0; n < 4; ++n)
+        if (parts[n].defined())
+          whole(n, parts[n]).narrow(0, off, len).copy_(parts[n].narrow(0, at_, len));
+      covered_.narrow(0, off, len).add_(1);
+      at_ += len;
+    }
+    return {};
+  }
+
+  expected<std::string> archive() {
+    auto once = covered_.eq(1);
+    if (!once.all().item<bool>()) {
+      const auto first = once.logical_not().nonzero()[0][0].item<int64_t>();
+      return make_error(errc::corrupted,
+                        "load_shards: the shards do not cover the state once each: element " +
+                            std::to_string(first) + " of " + std::to_string(total_) + " is " +
+                            (covered_[first].item<int>() == 0 ? "missing" : "given twice"));
+    }
+    torch::serialize::OutputArchive out;
+    int64_t at_ = 0;
+    const auto& params = whole(0, like_.front().second);
+    for (const auto& [name, p] : like_) {
+      out.write("param/" + name, params.narrow(0, at_, p.numel()).view(p.sizes()));
+      at_ += p.numel();
+    }
+    out.write("optimizer/step", torch::tensor(step_, torch::kLong));
+    for (int k = 1; k < 4; ++k)
+      if (present_[k] == 1)
+        out.write("optimizer/" + std::string{names[k]}, wholes_[k]);
+    out.write("steps", torch::tensor(steps_, torch::kLong));
+    std::ostringstream bytes;
+    out.save_to(bytes);
+    return bytes.str();
+  }
+
+private:
+  static constexpr const char* names[4] = {"params", "exp_avg", "exp_avg_sq", "master"};
+
+  // The whole of part n, made in the dtype of its first shard.
+  at::Tensor& whole(int n, const at::Tensor& like) {
+    if (!wholes_[n].defined())
+      wholes_[n] = at::zeros({total_}, like.options().requires_grad(false));
+    return wholes_[n];
+  }
+
+  const std::vector<std::pair<std::string, at::Tensor>>& like_;
+  int64_t total_ = 0;
+  at::Tensor covered_;
+  at::Tensor wholes_[4];
+  int present_[4] = {-1, -1, -1, -1}; // unknown, 0 or 1: every shard alike
+  int64_t step_ = -1, steps_ = -1;
+};
+
 expected<std::string> assemble_shards(const std::vector<std::string>& shards,
                                       const std::vector<std::pair<std::string, at::Tensor>>& like) {
   if (shards.empty())
     return make_error(errc::invalid_argument, "load_shards: no shards");
-  int64_t total = 0;
-  for (const auto& [name, p] : like)
-    total += p.numel();
-  const auto options = like.front().second.options().requires_grad(false);
-  auto params = at::zeros({total}, options), m = at::zeros({total}, options),
-       v = at::zeros({total}, options);
-  auto covered = at::zeros({total}, at::kByte);
-  int64_t step = -1, steps = -1;
-  int with_moments = -1; // unknown, 0 or 1: every shard alike
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const auto where = "load_shards: shard " + std::to_string(i);
-    torch::serialize::InputArchive a;
-    a.load_from(shards[i].data(), shards[i].size());
-    at::Tensor seg, p, mi, vi, t, st, sp;
-    if (!a.try_read("shard/segments", seg) || !a.try_read("shard/params", p) ||
-        !a.try_read("shard/total", t) || !a.try_read("optimizer/step", st) ||
-        !a.try_read("steps", sp))
-      return make_error(errc::corrupted, where + " is not a training-state shard");
-    if (t.item<int64_t>() != total)
-      return make_error(errc::shape_mismatch,
-                        where + " is of a model of " + std::to_string(t.item<int64_t>()) +
-                            " parameters, this one has " + std::to_string(total));
-    const bool has_m = a.try_read("shard/exp_avg", mi) && a.try_read("shard/exp_avg_sq", vi);
-    if (seg.size(0) > 0) {
-      if (with_moments >= 0 && with_moments != static_cast<int>(has_m))
-        return make_error(errc::corrupted, where + ": some shards have AdamW moments, others not");
-      with_moments = has_m;
-    }
-    if ((step >= 0 && step != st.item<int64_t>()) || (steps >= 0 && steps != sp.item<int64_t>()))
-      return make_error(errc::corrupted, where + " is of another step than shard 0");
-    step = st.item<int64_t>();
-    steps = sp.item<int64_t>();
-    const auto* s = seg.contiguous().data_ptr<int64_t>();
-    for (int64_t k = 0, at_ = 0; k < seg.size(0); ++k) {
-      const int64_t off = s[2 * k], len = s[2 * k + 1];
-      if (off < 0 || len < 0 || off + len > total || at_ + len > p.numel())
-        return make_error(errc::corrupted,
-                          where + ": segment " + std::to_string(k) + " lies outside the layout");
-      params.narrow(0, off, len).copy_(p.narrow(0, at_, len));
-      if (has_m) {
-        m.narrow(0, off, len).copy_(mi.narrow(0, at_, len));
-        v.narrow(0, off, len).copy_(vi.narrow(0, at_, len));
-      }
-      covered.narrow(0, off, len).add_(1);
-      at_ += len;
-    }
-  }
-  auto once = covered.eq(1);
-  if (!once.all().item<bool>()) {
-    const auto first = once.logical_not().nonzero()[0][0].item<int64_t>();
-    return make_error(errc::corrupted,
-                      "load_shards: the shards do not cover the state once each: element " +
-                          std::to_string(first) + " of " + std::to_string(total) + " is " +
-                          (covered[first].item<int>() == 0 ? "missing" : "given twice"));
-  }
-  torch::serialize::OutputArchive out;
-  int64_t at_ = 0;
-  for (const auto& [name, p] : like) {
-    out.write("param/" + name, params.narrow(0, at_, p.numel()).view(p.sizes()));
-    at_ += p.numel();
-  }
-  out.write("optimizer/step", torch::tensor(step, torch::kLong));
-  if (with_moments == 1) {
-    out.write("optimizer/exp_avg", m);
-    out.write("optimizer/exp_avg_sq", v);
-  }
-  out.write("steps", torch::tensor(steps, torch::kLong));
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  return bytes.str();
+  shard_assembly assembly{like};
+  for (size_t i = 0; i < shards.size(); ++i)
+    if (auto ok = assembly.add(i, shards[i]); !ok)
+      return ok.error();
+  return assembly.archive();
 }
 
 } // namespace
@@ -989,18 +1103,26 @@ expected<void> train_engine::load_state(const std::string& bytes) {
     return impl_->with_whole_parameters(true, [&]() -> expected<void> {
       torch::serialize::InputArchive archive;
       archive.load_from(bytes.data(), bytes.size());
-      // Every parameter must be present with its shape and dtype before any is
+      // Every parameter must be present with its shape before any is
       // written: a state of another model is refused, the engine untouched.
+      // The values are the fp32 masters where the state has them (NOTE
+      // [mixed precision]); either loads at either precision.
+      at::Tensor masters;
+      archive.try_read("optimizer/master", masters);
       std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+      int64_t at_ = 0;
       for (const auto& p : impl_->model->named_parameters()) {
         at::Tensor t;
         if (!archive.try_read("param/" + p.key(), t))
           return make_error(errc::corrupted, "load_state: the state has no parameter " + p.key());
-        if (t.sizes() != p.value().sizes() || t.scalar_type() != p.value().scalar_type())
+        if (t.sizes() != p.value().sizes() || !at::isFloatingType(t.scalar_type()))
           return make_error(errc::shape_mismatch,
                             "load_state: parameter " + p.key() + " has shape " +
                                 c10::str(t.sizes()) + " in the state, " +
                                 c10::str(p.value().sizes()) + " in the model");
+        if (masters.defined() && at_ + t.numel() <= masters.numel())
+          t = masters.narrow(0, at_, t.numel()).view(t.sizes());
+        at_ += t.numel();
         copies.emplace_back(p.value(), t);
       }
       // The optimizer state next (a state without one is refused before

@@ -145,10 +145,14 @@ public:
   /// (rm/eval_accuracy, rm/eval_loss).
   expected<metric_map> rm_eval(const runtime::tensor_batch& batch);
 
-  /// The weights under HF names (what the rollout engine loads). Contiguous
-  /// CPU tensors that alias the parameters when already contiguous fp32 CPU:
-  /// valid until the next update.
+  /// The weights under HF names (what the rollout engine loads): contiguous
+  /// CPU copies in the parameters' dtype. Under zero3 every rank takes part
+  /// (the others call gather_weights), a unit gathered at a time (NOTE
+  /// [export units] in training_strategy.hpp).
   std::map<std::string, at::Tensor> export_weights() const;
+  /// What the last export held beyond its copy: the largest unit gathered
+  /// (zero3), else 0.
+  int64_t export_spike_bytes() const;
 
   /// Writes the model as a HF directory (config.json + model.safetensors).
   expected<void> save_pretrained(const std::string& dir) const;
@@ -191,6 +195,12 @@ public:
   /// (NOTE [token micro-batches] in micro_batches.hpp); 0 = off. It takes
   /// precedence over the rows.
   expected<void> set_micro_batch_tokens(int64_t tokens);
+  /// Computes in `p` (NOTE [mixed precision] in strategy_parts.hpp): bf16
+  /// rounds the weights to bf16 once, and a trainable engine steps them
+  /// through fp32 masters. Before join_data_parallel and the first step;
+  /// bf16 back to fp32 is refused (the rounding cannot be undone).
+  expected<void> set_precision(precision p);
+  precision compute_precision() const;
   /// Bytes of optimizer state this rank holds now (0 while offloaded, and
   /// before the first step).
   int64_t optimizer_state_bytes() const;

@@ -82,6 +82,13 @@ public:
 
   int64_t optimizer_bytes() const override { return adam_.bytes(); }
 
+  std::vector<std::vector<size_t>> export_units() const override {
+    std::vector<size_t> all(f_.params.size());
+    for (size_t i = 0; i < all.size(); ++i)
+      all[i] = i;
+    return {all};
+  }
+
   expected<int64_t> release(const std::string& path) override {
     return guarded("offloading the optimizer state", [&]() -> expected<int64_t> {
       return adam_.offload(path) + f_.release_grads() + release_own_grads();
@@ -92,14 +99,16 @@ public:
     return guarded("reloading the offloaded optimizer state", [&] { adam_.reload(path); });
   }
 
-  // The whole model's moments, unpadded, in parameter order (the ranks'
-  // shards gathered), and the step count.
+  // The whole model's moments (and fp32 master weights: NOTE [mixed
+  // precision]), unpadded, in parameter order (the ranks' shards gathered),
+  // and the step count.
   expected<void> save_state(torch::serialize::OutputArchive& archive) const override {
     archive.write("optimizer/step", torch::tensor(adam_.t, torch::kLong));
-    if (!adam_.m.defined())
-      return {};
-    for (const auto& [name, moment] : {std::pair{"exp_avg", adam_.m}, {"exp_avg_sq", adam_.v}}) {
-      auto whole = gather(moment);
+    for (const auto& [name, part] :
+         {std::pair{"exp_avg", adam_.m}, {"exp_avg_sq", adam_.v}, {"master", adam_.master}}) {
+      if (!part.defined())
+        continue;
+      auto whole = gather(part);
       if (!whole)
         return with_prefix(whole.error(), std::string{"gathering "} + name);
       archive.write(std::string{"optimizer/"} + name, whole->narrow(0, 0, f_.total));
@@ -109,11 +118,12 @@ public:
 
   expected<void> load_state(torch::serialize::InputArchive& archive) override {
     return guarded("loading the optimizer state", [&]() -> expected<void> {
-      auto moments = adam_.read_state(archive, f_.total, f_.flat.scalar_type());
-      if (!moments)
-        return moments.error();
-      adam_.m = *moments ? my_shard((*moments)->first) : at::Tensor();
-      adam_.v = *moments ? my_shard((*moments)->second) : at::Tensor();
+      auto state = adam_.read_state(archive, f_.total, f_.flat.scalar_type());
+      if (!state)
+        return state.error();
+      adam_.m = my_part(state->exp_avg);
+      adam_.v = my_part(state->exp_avg_sq);
+      adam_.master = my_part(state->master);
       return {};
     });
   }
@@ -131,11 +141,15 @@ public:
       if (hi > lo)
         out.segments = {lo, hi - lo};
       out.params = f_.flat.narrow(0, lo, hi - lo).clone();
-      if (adam_.m.defined()) { // whole (ddp) or this rank's shard of the padded layout
-        const int64_t at = adam_.m.numel() == f_.flat.numel() ? lo : 0;
-        out.exp_avg = adam_.m.narrow(0, at, hi - lo).clone();
-        out.exp_avg_sq = adam_.v.narrow(0, at, hi - lo).clone();
-      }
+      // AdamW's tensors are whole (ddp) or this rank's shard of the padded layout.
+      auto cut = [&](const at::Tensor& x) {
+        if (!x.defined())
+          return at::Tensor();
+        return x.narrow(0, x.numel() == f_.flat.numel() ? lo : 0, hi - lo).clone();
+      };
+      out.exp_avg = cut(adam_.m);
+      out.exp_avg_sq = cut(adam_.v);
+      out.master = cut(adam_.master);
       return out;
     });
   }
@@ -155,9 +169,12 @@ protected:
   // The whole flat tensor of which `part` is this rank's shard.
   virtual expected<at::Tensor> gather(const at::Tensor& part) const = 0;
 
-  // This rank's shard of an unpadded whole, padded with zeros.
-  at::Tensor my_shard(const at::Tensor& whole) const {
-    auto padded = at::zeros_like(f_.flat);
+  // What this rank keeps of an unpadded whole (undefined: none): its
+  // shard, padded with zeros — the whole for ddp, whose shard it is.
+  at::Tensor my_part(const at::Tensor& whole) const {
+    if (!whole.defined())
+      return {};
+    auto padded = at::zeros({f_.flat.numel()}, whole.options());
     padded.narrow(0, 0, f_.total).copy_(whole.reshape({-1}));
     return f_.mine(padded).clone();
   }
@@ -261,7 +278,7 @@ private:
     return bytes;
   }
   expected<at::Tensor> gather(const at::Tensor& part) const override {
-    auto whole = at::empty_like(f_.flat);
+    auto whole = at::empty({f_.flat.numel()}, part.options());
     if (auto ok = group_->all_gather(part, whole); !ok)
       return ok.error();
     return whole;

@@ -113,6 +113,20 @@ public:
   virtual expected<void> gather_parameters() { return {}; }
   virtual void release_parameters(bool keep_changes) { (void)keep_changes; }
 
+  /// NOTE [export units]: the parameters as groups a rank can make whole
+  /// one at a time — zero3's units (each layer, then the rest), else one
+  /// group of them all (whole already) — as indices into make()'s params.
+  /// An export gathers them in this order, copies and frees each, so its
+  /// spike beyond the exported copy is the largest unit, not the model.
+  virtual std::vector<std::vector<size_t>> export_units() const = 0;
+  /// Makes unit u whole on this rank (zero3 all-gathers it: every rank
+  /// calls it, in the same order), and frees it again.
+  virtual expected<void> gather_unit(size_t u) {
+    (void)u;
+    return {};
+  }
+  virtual void release_unit(size_t u) { (void)u; }
+
   /// Bytes of optimizer state this rank holds.
   virtual int64_t optimizer_bytes() const = 0;
   /// Co-located offload: writes the optimizer state this rank holds to
@@ -134,10 +148,11 @@ public:
   /// AdamW's moments (undefined before the first step). Rank r of N writes
   /// about a 1/N of the whole and no rank gathers: the flat strategies the
   /// r-th 1/N of the layout (ddp's ranks split what each holds whole),
-  /// zero3 its shard of every unit, up to two segments a parameter.
+  /// zero3 its shard of every unit, up to two segments a parameter; with
+  /// bf16 weights also their fp32 masters (after the first step).
   struct shard {
     std::vector<int64_t> segments; // offset, length, offset, length, ...
-    at::Tensor params, exp_avg, exp_avg_sq;
+    at::Tensor params, exp_avg, exp_avg_sq, master;
     int64_t step = 0;
     int64_t total = 0; // elements of the canonical layout
   };

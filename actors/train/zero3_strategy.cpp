@@ -175,6 +175,16 @@ public:
 
   int64_t optimizer_bytes() const override { return adam_.bytes(); }
 
+  // NOTE [export units]: the layers', then the rest.
+  std::vector<std::vector<size_t>> export_units() const override {
+    std::vector<std::vector<size_t>> out;
+    for (const auto& u : units_)
+      out.push_back(u.params);
+    return out;
+  }
+  expected<void> gather_unit(size_t u) override { return gather(units_.at(u)); }
+  void release_unit(size_t u) override { free_unit(units_.at(u)); }
+
   // Co-located offload: the moments to `path`, this rank's parameter
   // shards to `path`.params (nothing is whole at rest), the gradients freed.
   expected<int64_t> release(const std::string& path) override {
@@ -206,17 +216,19 @@ public:
     });
   }
 
-  // The whole model's moments, unpadded, in parameter order (NOTE [flat
-  // AdamW]): each unit's gathered, each parameter's range put in its place.
+  // The whole model's moments (and fp32 masters: NOTE [mixed precision]),
+  // unpadded, in parameter order (NOTE [flat AdamW]): each unit's gathered,
+  // each parameter's range put in its place.
   expected<void> save_state(torch::serialize::OutputArchive& archive) const override {
     archive.write("optimizer/step", torch::tensor(adam_.t, torch::kLong));
-    if (!adam_.m.defined())
-      return {};
-    for (const auto& [name, moment] : {std::pair{"exp_avg", adam_.m}, {"exp_avg_sq", adam_.v}}) {
-      auto whole = at::empty({total_}, flat_.options());
+    for (const auto& [name, part] :
+         {std::pair{"exp_avg", adam_.m}, {"exp_avg_sq", adam_.v}, {"master", adam_.master}}) {
+      if (!part.defined())
+        continue;
+      auto whole = at::empty({total_}, part.options());
       for (const auto& u : units_) {
-        auto gathered = at::empty({u.shard * world_}, flat_.options());
-        if (auto ok = group_.all_gather(moment.narrow(0, u.at, u.shard), gathered); !ok)
+        auto gathered = at::empty({u.shard * world_}, part.options());
+        if (auto ok = group_.all_gather(part.narrow(0, u.at, u.shard), gathered); !ok)
           return with_prefix(ok.error(), std::string{"zero3: gathering "} + name);
         for (size_t k = 0; k < u.params.size(); ++k) {
           const auto n = params_numel(u.params[k]);
@@ -230,11 +242,12 @@ public:
 
   expected<void> load_state(torch::serialize::InputArchive& archive) override {
     return guarded("zero3: loading the optimizer state", [&]() -> expected<void> {
-      auto moments = adam_.read_state(archive, total_, flat_.scalar_type());
-      if (!moments)
-        return moments.error();
-      adam_.m = *moments ? my_shards_of((*moments)->first) : at::Tensor();
-      adam_.v = *moments ? my_shards_of((*moments)->second) : at::Tensor();
+      auto state = adam_.read_state(archive, total_, flat_.scalar_type());
+      if (!state)
+        return state.error();
+      adam_.m = my_shards_of(state->exp_avg);
+      adam_.v = my_shards_of(state->exp_avg_sq);
+      adam_.master = my_shards_of(state->master);
       return {};
     });
   }
@@ -246,7 +259,7 @@ public:
       shard out;
       out.step = adam_.t;
       out.total = total_;
-      std::vector<at::Tensor> params, m, v;
+      std::vector<at::Tensor> params, m, v, master;
       for (const auto& u : units_) {
         const int64_t mine_lo = rank_ * u.shard, mine_hi = mine_lo + u.shard;
         for (size_t k = 0; k < u.params.size(); ++k) {
@@ -262,6 +275,8 @@ public:
             m.push_back(adam_.m.narrow(0, at, hi - lo));
             v.push_back(adam_.v.narrow(0, at, hi - lo));
           }
+          if (adam_.master.defined())
+            master.push_back(adam_.master.narrow(0, at, hi - lo));
         }
       }
       out.params = params.empty() ? at::empty({0}, flat_.options()) : at::cat(params);
@@ -269,6 +284,8 @@ public:
         out.exp_avg = at::cat(m);
         out.exp_avg_sq = at::cat(v);
       }
+      if (!master.empty())
+        out.master = at::cat(master);
       return out;
     });
   }
@@ -360,11 +377,14 @@ private:
       params_[i].mutable_grad() = at::Tensor();
   }
 
-  // This rank's shards of a whole-model tensor in parameter order.
+  // This rank's shards of a whole-model tensor in parameter order, in its
+  // dtype (undefined: none).
   at::Tensor my_shards_of(const at::Tensor& whole) const {
-    auto out = at::zeros_like(flat_);
+    if (!whole.defined())
+      return {};
+    auto out = at::zeros({flat_.numel()}, whole.options());
     for (const auto& u : units_) {
-      auto padded = at::zeros({u.shard * world_}, flat_.options());
+      auto padded = at::zeros({u.shard * world_}, whole.options());
       for (size_t k = 0; k < u.params.size(); ++k) {
         const auto n = params_numel(u.params[k]);
         padded.narrow(0, u.offsets[k], n).copy_(whole.narrow(0, global_[u.params[k]], n));

@@ -319,6 +319,69 @@ TEST(Placement, ZeroStrategiesLowerATrainingRanksEstimate) {
   EXPECT_NE(text.find("buffers at "), std::string::npos) << text;
 }
 
+// NOTE [mixed precision]: at bf16 a policy rank holds 2-byte weights and
+// gradients and 12 bytes of AdamW state (the masters) a parameter, under
+// ddp and sharded alike; a frozen reference 2-byte weights. bf16 is refused
+// where no train engine runs the role, with the key's YAML location.
+TEST(Placement, Bf16RanksHoldTwoByteWeightsAndFp32Masters) {
+  auto with = [](const std::string& policy, const std::string& reference) {
+    std::string p = troupe::actors::rl::testing::disaggregated_placement;
+    p.replace(p.find("{role: policy, pool: train, dp: 2}"), 34,
+              "{role: policy, pool: train, dp: 2" + policy + "}");
+    p.replace(p.find("{role: reference, pool: judge}"), 30,
+              "{role: reference, pool: judge" + reference + "}");
+    return plan_of(p, {"stages=[sft, rl]"}); // the judges' device peaks in rl
+  };
+  auto term = [](const placement_plan& plan, const std::string& rank, std::string_view name) {
+    for (const auto& d : plan.devices)
+      for (const auto& r : d.peak_ranks)
+        if (r.rank == rank)
+          for (const auto& t : r.terms)
+            if (t.name == name)
+              return t.bytes;
+    return -1.0;
+  };
+  auto fp32 = with("", ""), ddp = with(", precision: bf16", ", precision: bf16"),
+       zero3 = with(", strategy: zero3, precision: bf16", "");
+  ASSERT_TRUE(fp32) << describe(fp32.error());
+  ASSERT_TRUE(ddp) << describe(ddp.error());
+  ASSERT_TRUE(zero3) << describe(zero3.error());
+  const auto text = zero3->render();
+  EXPECT_NE(text.find("policy: pool train, dp 2, zero3, bf16, devices [0, 1]"), std::string::npos)
+      << text;
+  const double P = static_cast<double>(fp32->parameters);
+  EXPECT_DOUBLE_EQ(term(*ddp, "policy[dp 0]", "weights"), 2 * P);
+  EXPECT_DOUBLE_EQ(term(*ddp, "policy[dp 0]", "gradients"), 2 * P);
+  EXPECT_DOUBLE_EQ(term(*ddp, "policy[dp 0]", "optimizer state"), 12 * P);
+  EXPECT_DOUBLE_EQ(term(*zero3, "policy[dp 0]", "weights"), 1 * P);
+  EXPECT_DOUBLE_EQ(term(*zero3, "policy[dp 0]", "optimizer state"), 6 * P);
+  EXPECT_DOUBLE_EQ(term(*ddp, "reference", "weights"), term(*fp32, "reference", "weights") / 2);
+  // The states weigh 16 bytes a parameter either way (the ZeRO paper's
+  // 2 + 2 + 12): under ddp mixed precision saves activations, not states.
+  auto states = [&](const placement_plan& plan) {
+    return term(plan, "policy[dp 0]", "weights") + term(plan, "policy[dp 0]", "gradients") +
+           term(plan, "policy[dp 0]", "optimizer state");
+  };
+  EXPECT_DOUBLE_EQ(states(*ddp), 16 * P);
+  EXPECT_DOUBLE_EQ(states(*fp32), 16 * P);
+  const std::string pools = "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 1}]\n";
+  auto e = error_of(pools + "  roles: [{role: rollout, pool: a, precision: bf16}]\n");
+  EXPECT_NE(e.find("job.yaml:18:47: placement.roles[0].precision: the rollout engine decodes in "
+                   "fp32; bf16 is for the roles a train engine runs (policy, critic, reference, "
+                   "reward)"),
+            std::string::npos)
+      << e;
+  e = error_of(pools + "  roles: [{role: reward, pool: a, precision: bf16}]\n",
+               {"stages=[sft, rl]"});
+  EXPECT_NE(e.find("placement.roles[0].precision: the reward is a rule (rl.reward.kind: rule)"),
+            std::string::npos)
+      << e;
+  e = error_of(pools + "  roles: [{role: policy, pool: a, precision: fp16}]\n");
+  EXPECT_NE(e.find("placement.roles[0].precision: expected one of fp32, bf16, got 'fp16'"),
+            std::string::npos)
+      << e;
+}
+
 // NOTE [strategy suggestions]: with room for all, ddp comes first and zero3
 // (1.5x the bytes) last; on devices between zero3's need and ddp's only
 // zero3 fits, and it is listed first.

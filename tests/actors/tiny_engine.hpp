@@ -91,5 +91,17 @@ inline runtime::tensor_batch fixed_batch(int64_t rows, uint64_t seed) {
   return *b;
 }
 
+/// The tensors of a training state (save_state's bytes), by key.
+inline std::map<std::string, at::Tensor> state_tensors(const std::string& bytes) {
+  torch::serialize::InputArchive a;
+  a.load_from(bytes.data(), bytes.size());
+  std::map<std::string, at::Tensor> out;
+  for (const auto& key : a.keys()) {
+    at::Tensor t;
+    if (a.try_read(key, t))
+      out[key] = t;
+  }
+  return out;
+}
 
 } // namespace troupe::actors::inference::testing
