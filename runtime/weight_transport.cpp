@@ -34,6 +34,28 @@ expected<std::unique_ptr<weight_transport>> make_cuda_ipc(const transport_option
 
 } // namespace
 
+// NOTE [streamed publish]: a transport that cannot send part of a publish
+// takes the whole — copies: a producer's tensors are valid during put only
+// — then publishes it.
+expected<void> weight_transport::publish_streamed(int64_t version,
+                                                  const std::vector<tensor_spec>& layout,
+                                                  const tensor_producer& produce) {
+  std::vector<at::Tensor> got(layout.size());
+  if (auto ok = produce([&](size_t i, const at::Tensor& t) {
+        got.at(i) = t.detach().to(at::kCPU).contiguous().clone();
+      });
+      !ok)
+    return ok;
+  tensor_map tensors;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    if (!got[i].defined())
+      return make_error(errc::invalid_argument,
+                        "publish: the producer gave no tensor '" + layout[i].name + "'");
+    tensors.emplace(layout[i].name, std::move(got[i]));
+  }
+  return publish(version, tensors);
+}
+
 transport_traits traits_of(transport_kind kind) noexcept {
   using reach = transport_traits::reach;
   transport_traits t;

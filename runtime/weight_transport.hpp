@@ -31,6 +31,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -101,6 +102,18 @@ struct received_weights {
   uint64_t bytes = 0;
 };
 
+/// NOTE [streamed publish]: a tensor of a publish named before its values
+/// exist, so that a transport can send what is ready while the publisher
+/// makes the rest (a zero3 trainer gathers its weights a unit at a time).
+struct tensor_spec {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+/// Hands the values over: put(i, t) for each i of the layout, in order.
+using tensor_sink = std::function<void(size_t, const at::Tensor&)>;
+using tensor_producer = std::function<expected<void>(const tensor_sink& put)>;
+
 class weight_transport {
 public:
   virtual ~weight_transport() = default;
@@ -109,6 +122,11 @@ public:
   /// available as `version`; fails with version_mismatch when `version` is
   /// not above the last one published through this object.
   virtual expected<void> publish(int64_t version, const tensor_map& tensors) = 0;
+  /// The same, the tensors of `layout` made by `produce` as it goes (NOTE
+  /// [streamed publish]): the broadcast sends each bucket as soon as it is
+  /// filled, overlapping the producer; the others take the whole first.
+  virtual expected<void> publish_streamed(int64_t version, const std::vector<tensor_spec>& layout,
+                                          const tensor_producer& produce);
   /// The weights of exactly `version` (see NOTE [versioned transfers]).
   virtual expected<received_weights> receive(int64_t version) = 0;
 };

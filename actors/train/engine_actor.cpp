@@ -111,14 +111,23 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
           auto t = actors::open_channel(self->state.transports, c, actors::channel_side::publisher);
           if (!t)
             return t.error();
-          auto w = guarded("export_weights", [&] { return e.export_weights(); });
-          if (!w)
-            return w.error();
-          if (auto ok = (*t)->publish(version, *w); !ok)
+          // NOTE [streamed publish]: the transport takes each tensor as
+          // the export makes it (a zero3 unit at a time).
+          auto layout = guarded("export_weights", [&] { return e.export_layout(); });
+          if (!layout)
+            return layout.error();
+          if (auto ok = (*t)->publish_streamed(
+                  version, *layout,
+                  [&](const runtime::tensor_sink& put) { return e.export_weights_to(put); });
+              !ok)
             return ok.error();
           int64_t bytes = 0;
-          for (const auto& [name, x] : *w)
-            bytes += x.numel() * static_cast<int64_t>(x.element_size());
+          for (const auto& spec : *layout) {
+            int64_t n = 1;
+            for (auto d : spec.shape)
+              n *= d;
+            bytes += n * static_cast<int64_t>(c10::elementSize(spec.dtype));
+          }
           return bytes;
         });
       },

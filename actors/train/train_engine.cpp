@@ -217,6 +217,21 @@ struct train_engine::impl {
   }
   /// The last export's spike (by_export_units).
   int64_t export_spike = 0;
+  /// Each parameter's shape, recorded whole (a zero3 rank frees them at rest).
+  std::vector<std::vector<int64_t>> shapes;
+
+  // The parameters' indices in the order by_export_units visits them.
+  std::vector<size_t> export_order() const {
+    std::vector<size_t> out;
+    if (!strategy) {
+      for (size_t i = 0; i < shapes.size(); ++i)
+        out.push_back(i);
+      return out;
+    }
+    for (const auto& unit : strategy->export_units())
+      out.insert(out.end(), unit.begin(), unit.end());
+    return out;
+  }
 
   // Learning rate of the next step (linear warm-up).
   double next_lr() const {
@@ -491,6 +506,8 @@ expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model m
   return guarded("train_engine::make", [&]() -> expected<std::unique_ptr<train_engine>> {
     std::unique_ptr<train_engine> e{new train_engine()};
     e->impl_->model = std::move(model);
+    for (const auto& p : e->impl_->model->parameters())
+      e->impl_->shapes.push_back(p.sizes().vec());
     e->impl_->opts = optim;
     if (optim) {
       e->impl_->model->train();
@@ -868,18 +885,35 @@ expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
   });
 }
 
-std::map<std::string, at::Tensor> train_engine::export_weights() const {
-  value_or_throw(impl_->make_resident());
+std::vector<runtime::tensor_spec> train_engine::export_layout() const {
   auto& d = *impl_;
   const auto head = d.model->head();
   std::vector<std::string> names;
   for (const auto& p : d.model->named_parameters())
     names.push_back(value_or_throw(models::to_hf_name(p.key(), head)));
   auto params = d.model->parameters();
-  std::map<std::string, at::Tensor> out;
-  d.export_spike = d.by_export_units([&](size_t i) {
-    out.emplace(names[i], params[i].detach().to(at::kCPU).contiguous().clone());
+  std::vector<runtime::tensor_spec> out;
+  for (auto i : d.export_order())
+    out.push_back({names[i], params[i].scalar_type(), d.shapes.at(i)});
+  return out;
+}
+
+expected<void> train_engine::export_weights_to(const runtime::tensor_sink& put) const {
+  if (auto ok = impl_->make_resident(); !ok)
+    return ok.error();
+  return guarded("export_weights", [&] {
+    auto params = impl_->model->parameters();
+    size_t k = 0;
+    impl_->export_spike = impl_->by_export_units([&](size_t i) { put(k++, params[i].detach()); });
   });
+}
+
+std::map<std::string, at::Tensor> train_engine::export_weights() const {
+  const auto layout = export_layout();
+  std::map<std::string, at::Tensor> out;
+  value_or_throw(export_weights_to([&](size_t k, const at::Tensor& t) {
+    out.emplace(layout[k].name, t.to(at::kCPU).contiguous().clone());
+  }));
   return out;
 }
 

@@ -22,6 +22,7 @@
 #include "runtime/collectives.hpp"
 #include "runtime/error.hpp"
 #include "runtime/tensor_batch.hpp"
+#include "runtime/weight_transport.hpp"
 
 #include <cstdint>
 #include <map>
@@ -153,6 +154,13 @@ public:
   /// What the last export held beyond its copy: the largest unit gathered
   /// (zero3), else 0.
   int64_t export_spike_bytes() const;
+  /// The exported tensors — HF name, dtype, shape — in the order
+  /// export_weights_to hands them over (NOTE [export units]).
+  std::vector<runtime::tensor_spec> export_layout() const;
+  /// The export as a stream (NOTE [streamed publish]): put(i, t) for each
+  /// tensor i of export_layout(), in order, a view of the parameter valid
+  /// during the call only (no copy: a transport copies it into its buffer).
+  expected<void> export_weights_to(const runtime::tensor_sink& put) const;
 
   /// Writes the model as a HF directory (config.json + model.safetensors).
   expected<void> save_pretrained(const std::string& dir) const;

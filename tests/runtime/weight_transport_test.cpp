@@ -409,21 +409,24 @@ struct two_ranks {
   two_ranks() : set(make_set()), g0(set.groups.at(0)), g1(set.groups.at(1)) {}
 };
 
-constexpr int64_t wire_magic = 0x5452505742434131; // NOTE [broadcast wire]
+constexpr int64_t wire_magic = 0x5452505742434132; // NOTE [broadcast wire]
 
-// Sends a forged transfer from rank 0 with the raw group.
+// Sends a forged transfer from rank 0 with the raw group: header, payload,
+// table length, table.
 void forge(process_group& g, int64_t version, const std::string& table, at::Tensor payload,
            int64_t claimed_payload) {
-  auto head = torch::tensor(std::vector<int64_t>{wire_magic, version,
-                                                 static_cast<int64_t>(table.size()), claimed_payload},
-                            torch::kLong);
+  auto head =
+      torch::tensor(std::vector<int64_t>{wire_magic, version, claimed_payload}, torch::kLong);
   ASSERT_TRUE(g.broadcast(head, 0));
+  auto flat = payload.narrow(0, 0, claimed_payload).contiguous();
+  ASSERT_TRUE(g.broadcast(flat, 0));
+  auto length =
+      torch::tensor(std::vector<int64_t>{static_cast<int64_t>(table.size())}, torch::kLong);
+  ASSERT_TRUE(g.broadcast(length, 0));
   auto t = torch::from_blob(const_cast<char*>(table.data()), {static_cast<int64_t>(table.size())},
                             torch::kByte)
                .clone();
   ASSERT_TRUE(g.broadcast(t, 0));
-  auto flat = payload.narrow(0, 0, claimed_payload).contiguous();
-  ASSERT_TRUE(g.broadcast(flat, 0));
 }
 
 } // namespace
@@ -503,6 +506,99 @@ TEST(BroadcastTransport, RefusesCorruptedAndTruncatedPayloads) {
   auto ok = got.get();
   ASSERT_TRUE(ok) << error_text(ok);
   EXPECT_TRUE(torch::equal(ok->tensors.at("w"), values));
+}
+
+// NOTE [streamed publish]: the root sends a bucket as soon as the producer
+// has filled it — a raw receiver gets the first bucket while the producer
+// still waits for it to arrive before making the second tensor (without the
+// overlap the producer would wait forever: bounded, 10 s, then the test
+// fails) — and a producer that fails mid-publish fails its receivers with a
+// clear error and leaves the group in step.
+TEST(BroadcastTransport, AStreamedPublishSendsEachBucketAsItIsFilled) {
+  two_ranks r;
+  transport_options o;
+  o.kind = transport_kind::broadcast;
+  o.channel = "bcast-stream";
+  o.bucket_bytes = 64; // a tensor of 16 floats a bucket
+  o.group = &r.g0;
+  auto root = make(o);
+  o.group = &r.g1;
+  auto peer = make(o);
+  ASSERT_TRUE(root && peer);
+  const auto a = torch::arange(0, 16, torch::kFloat), b = torch::arange(16, 32, torch::kFloat);
+  const std::vector<tensor_spec> layout{{"a", at::kFloat, {16}}, {"b", at::kFloat, {4, 4}}};
+
+  std::promise<void> first_arrived;
+  auto arrived = first_arrived.get_future();
+  auto raw = std::async(std::launch::async, [&] {
+    auto head = torch::zeros({3}, torch::kLong);
+    EXPECT_TRUE(r.g1.broadcast(head, 0));
+    EXPECT_EQ(head[2].item<int64_t>(), 128);
+    auto bucket = torch::empty({64}, torch::kByte);
+    EXPECT_TRUE(r.g1.broadcast(bucket, 0));
+    first_arrived.set_value();
+    auto second = torch::empty({64}, torch::kByte);
+    EXPECT_TRUE(r.g1.broadcast(second, 0));
+    auto length = torch::zeros({1}, torch::kLong);
+    EXPECT_TRUE(r.g1.broadcast(length, 0));
+    auto table = torch::empty({length.item<int64_t>()}, torch::kByte);
+    EXPECT_TRUE(r.g1.broadcast(table, 0));
+    return torch::cat({bucket, second});
+  });
+  auto published = root->publish_streamed(1, layout, [&](const tensor_sink& put) -> expected<void> {
+    put(0, a);
+    if (arrived.wait_for(std::chrono::seconds(10)) != std::future_status::ready)
+      return make_error(errc::timeout, "the first bucket did not go out before the second tensor");
+    put(1, b.view({4, 4}));
+    return {};
+  });
+  ASSERT_TRUE(published) << describe(published.error());
+  auto bytes = raw.get();
+  EXPECT_TRUE(torch::equal(bytes.view(torch::kFloat), torch::cat({a, b})));
+
+  // The receiving transport gets the same as from a whole publish.
+  auto got = std::async(std::launch::async, [&] { return peer->receive(2); });
+  ASSERT_TRUE(root->publish_streamed(2, layout, [&](const tensor_sink& put) -> expected<void> {
+    put(0, a);
+    put(1, b.view({4, 4}));
+    return {};
+  }));
+  auto r2 = got.get();
+  ASSERT_TRUE(r2) << error_text(r2);
+  EXPECT_TRUE(torch::equal(r2->tensors.at("a"), a));
+  EXPECT_TRUE(torch::equal(r2->tensors.at("b"), b.view({4, 4})));
+
+  // A producer that fails after its first tensor, one that skips a tensor:
+  // the receivers fail clearly, and the next publish arrives.
+  got = std::async(std::launch::async, [&] { return peer->receive(3); });
+  auto failed = root->publish_streamed(3, layout, [&](const tensor_sink& put) -> expected<void> {
+    put(0, a);
+    return make_error(errc::io_error, "gathering unit 1 failed");
+  });
+  EXPECT_FALSE(failed);
+  auto r3 = got.get();
+  EXPECT_EQ(code(r3), errc::corrupted);
+  EXPECT_NE(error_text(r3).find("the publisher failed mid-publish"), std::string::npos)
+      << error_text(r3);
+  got = std::async(std::launch::async, [&] { return peer->receive(4); });
+  auto skipped = root->publish_streamed(4, layout, [&](const tensor_sink& put) -> expected<void> {
+    put(1, b.view({4, 4}));
+    return {};
+  });
+  ASSERT_FALSE(skipped);
+  EXPECT_NE(describe(skipped.error()).find("tensor 'b' is not the layout's next"),
+            std::string::npos)
+      << describe(skipped.error());
+  EXPECT_FALSE(got.get());
+  got = std::async(std::launch::async, [&] { return peer->receive(5); });
+  ASSERT_TRUE(root->publish_streamed(5, layout, [&](const tensor_sink& put) -> expected<void> {
+    put(0, a);
+    put(1, b.view({4, 4}));
+    return {};
+  }));
+  auto r5 = got.get();
+  ASSERT_TRUE(r5) << error_text(r5);
+  EXPECT_TRUE(torch::equal(r5->tensors.at("a"), a));
 }
 
 TEST(WeightTransport, OrphanedSegmentsOfDeadProcessesAreRemoved) {
