@@ -15,7 +15,10 @@
 //    (ddp's ring all-reduce 2(N−1)/N·Φ; zero1 and zero2 a reduce-scatter
 //    and an all-gather, the same; zero3 one more all-gather, 3(N−1)/N·Φ);
 //  - gloo's all-reduce bus bandwidth at 2 and 4 ranks against one raw
-//    loopback TCP stream between two threads of the same process.
+//    loopback TCP stream between two threads of the same process;
+//  - a zero3 weight sync over the broadcast transport, streamed (NOTE
+//    [streamed publish]: each bucket sent while the ranks gather the next
+//    unit) against export-then-publish, same run.
 //
 //   bench_strategies [--quick] [--steps N]
 #include "actors/rl/data.hpp"
@@ -25,6 +28,7 @@
 #include "models/llama.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/counting_allocator.hpp"
+#include "runtime/weight_transport.hpp"
 
 #include <torch/torch.h>
 
@@ -323,6 +327,78 @@ double tcp_stream_bandwidth(int64_t bytes, int rounds) {
   return static_cast<double>(bytes) / times[times.size() / 2];
 }
 
+// NOTE [streamed publish]: two zero3 ranks export their weights to a
+// receiver over the broadcast transport (1 MiB buckets), streamed and as
+// a whole export then a publish, alternately; the median seconds of each.
+void print_weight_sync(const models::llama_model& base, bool quick) {
+  runtime::group_options go;
+  go.name = "bench-sync-dp";
+  go.timeout_ms = 120000;
+  auto dp = runtime::make_local_groups(2, go);
+  go.name = "bench-sync-bcast";
+  auto wire = runtime::make_local_groups(2, go);
+  if (!dp || !wire) {
+    std::fprintf(stderr, "groups failed\n");
+    std::exit(1);
+  }
+  std::vector<std::unique_ptr<actors::train::train_engine>> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(engine_of(base));
+  std::vector<std::future<expected<void>>> joins;
+  for (int r = 0; r < 2; ++r)
+    joins.push_back(std::async(std::launch::async, [&, r] {
+      auto g = std::make_shared<actors::train::data_parallel_group>();
+      g->store = std::move(dp->stores[static_cast<size_t>(r)]);
+      g->group = std::move(dp->groups[static_cast<size_t>(r)]);
+      return ranks[static_cast<size_t>(r)]->join_data_parallel(g, {dp_strategy::zero3, 25});
+    }));
+  for (auto& j : joins)
+    if (!j.get()) {
+      std::fprintf(stderr, "join failed\n");
+      std::exit(1);
+    }
+  runtime::transport_options o;
+  o.kind = runtime::transport_kind::broadcast;
+  o.channel = "bench-sync";
+  o.bucket_bytes = 1 << 20;
+  o.group = &wire->groups[0];
+  auto root = runtime::make_weight_transport(o);
+  o.group = &wire->groups[1];
+  auto peer = runtime::make_weight_transport(o);
+  if (!root || !peer) {
+    std::fprintf(stderr, "transports failed\n");
+    std::exit(1);
+  }
+  std::vector<double> streamed, whole;
+  const int rounds = quick ? 2 : 6;
+  for (int64_t v = 1; v <= 2 * rounds; ++v) {
+    const bool stream = v % 2 == 1;
+    auto other = std::async(std::launch::async, [&] { return ranks[1]->gather_weights(); });
+    auto got = std::async(std::launch::async, [&] { return (*peer)->receive(v); });
+    auto t0 = std::chrono::steady_clock::now();
+    expected<void> ok;
+    if (stream) {
+      ok = (*root)->publish_streamed(
+          v, ranks[0]->export_layout(),
+          [&](const runtime::tensor_sink& put) { return ranks[0]->export_weights_to(put); });
+    } else {
+      ok = (*root)->publish(v, ranks[0]->export_weights());
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!ok || !other.get() || !got.get()) {
+      std::fprintf(stderr, "weight sync %lld failed\n", static_cast<long long>(v));
+      std::exit(1);
+    }
+    (stream ? streamed : whole).push_back(s);
+  }
+  std::sort(streamed.begin(), streamed.end());
+  std::sort(whole.begin(), whole.end());
+  const double a = streamed[streamed.size() / 2], b = whole[whole.size() / 2];
+  std::printf("\nzero3 weight sync over broadcast (2 ranks, 1 MiB buckets): streamed %.1f ms, "
+              "export then publish %.1f ms (%.2fx)\n",
+              a * 1e3, b * 1e3, a / b);
+}
+
 // NOTE at the top: gloo's all-reduce against the raw stream, same process.
 void print_bandwidths(bool quick) {
   const int64_t bytes = quick ? (int64_t{4} << 20) : (int64_t{64} << 20);
@@ -446,6 +522,7 @@ int main(int argc, char** argv) {
     }
   }
   all_ok = print_bf16(*base, global, o, rows) && all_ok;
+  print_weight_sync(*base, o.quick);
   print_bandwidths(o.quick);
   std::printf("\n%s\n", all_ok ? "every rank of every strategy matches the single engine (1e-5)"
                                : "MISMATCH: a strategy's weights differ from the single engine's");
