@@ -86,13 +86,13 @@ int64_t pass_tokens(const job_config& cfg, const models::llama_config& m) {
                     : m.max_position_embeddings;
 }
 
-// NOTE [rank memory] for a rank of `role` training in stage `st`: it
-// exports its weights (rank 0: the stage's output, the policy's weight
-// syncs; the other ranks are counted alike); its share
-// of the stage's rows a micro-batch at a time (rm's rows are pairs: two
-// sequences each).
+// NOTE [rank memory] for rank `rank` of `role` training in stage `st`:
+// rank 0 exports the weights (the stage's output, the policy's weight
+// syncs; a zero3 peer only gathers a unit alongside, less than its
+// backward holds); its share of the stage's rows a micro-batch at a time
+// (rm's rows are pairs: two sequences each).
 train::rank_memory training_memory(const job_config& cfg, const models::llama_config& m,
-                                   const stage_traits& st, const role_traits& t) {
+                                   const stage_traits& st, const role_traits& t, int64_t rank) {
   const auto placed = placement_keys(cfg, t.name);
   const bool lm = t.head == models::head_kind::lm;
   const auto dp = std::max<int64_t>(placed.dp, 1);
@@ -106,7 +106,7 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
     rows *= 2;
   return train::training_rank_memory(placed.strategy, dp, placed.bucket_mb, split_parameters(m, lm),
                                      train::activation_bytes(m, lm, rows, tokens, placed.compute),
-                                     placed.compute, /*exports=*/true);
+                                     placed.compute, /*exports=*/rank == 0);
 }
 
 // Estimated bytes of one rank of `role` in `stage`, by term (NOTE [memory
@@ -119,7 +119,8 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
 // its KV pool and its packed decode weights; a rule-only reward holds no
 // model. Read off the role-traits table.
 std::vector<train::memory_term> role_terms(const job_config& cfg, const models::llama_config& m,
-                                           const std::string& stage, const std::string& role) {
+                                           const std::string& stage, const std::string& role,
+                                           int64_t rank) {
   const auto* t = find_role(role);
   const auto* st = find_stage(stage);
   if (!t || !st)
@@ -128,7 +129,7 @@ std::vector<train::memory_term> role_terms(const job_config& cfg, const models::
   if (t->actor_in(st->id) == role_actor::judge && !uses_reward_model(cfg.rl.reward))
     return {};
   if (t->trains_in(st->id))
-    return training_memory(cfg, m, *st, *t).terms();
+    return training_memory(cfg, m, *st, *t, rank).terms();
   const auto split = split_parameters(m, t->head == models::head_kind::lm);
   const double w = train::bytes_per_element(placement_keys(cfg, role).compute);
   std::vector<train::memory_term> out{{"weights", w * static_cast<double>(split.total())}};
@@ -170,7 +171,7 @@ std::vector<rank_estimate> ranks_in_stage(const job_config& cfg, const models::l
         continue;
       rank_estimate e;
       e.rank = dp > 1 ? role + "[dp " + std::to_string(r) + "]" : role;
-      e.terms = role_terms(cfg, m, stage, role);
+      e.terms = role_terms(cfg, m, stage, role, r);
       for (const auto& t : e.terms)
         e.bytes += t.bytes;
       out.push_back(std::move(e));
