@@ -179,10 +179,7 @@ private:
                                                  std::string{c10::toString(spec.dtype)} +
                                                  ", which has no safetensors name");
       p.e.shape = spec.shape;
-      int64_t numel = 1;
-      for (auto d : spec.shape)
-        numel *= d;
-      p.e.bytes = static_cast<uint64_t>(numel) * c10::elementSize(spec.dtype);
+      p.e.bytes = static_cast<uint64_t>(spec.bytes());
       offset = align_up(offset, data_alignment);
       p.e.offset = offset;
       offset += p.e.bytes;

@@ -109,6 +109,14 @@ struct tensor_spec {
   std::string name;
   at::ScalarType dtype;
   std::vector<int64_t> shape;
+
+  /// Bytes of its values.
+  int64_t bytes() const {
+    int64_t n = static_cast<int64_t>(c10::elementSize(dtype));
+    for (auto d : shape)
+      n *= d;
+    return n;
+  }
 };
 /// Hands the values over: put(i, t) for each i of the layout, in order.
 using tensor_sink = std::function<void(size_t, const at::Tensor&)>;

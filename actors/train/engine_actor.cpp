@@ -122,12 +122,8 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
               !ok)
             return ok.error();
           int64_t bytes = 0;
-          for (const auto& spec : *layout) {
-            int64_t n = 1;
-            for (auto d : spec.shape)
-              n *= d;
-            bytes += n * static_cast<int64_t>(c10::elementSize(spec.dtype));
-          }
+          for (const auto& spec : *layout)
+            bytes += spec.bytes();
           return bytes;
         });
       },
