@@ -51,9 +51,9 @@ expected<std::vector<caf::actor>> worker_host::spawn(caf::actor_system& sys,
     const auto& w = workers_.workers()[static_cast<size_t>(device)];
     auto s = rs;
     s.host = w.host;
-    auto name = (s.layout.dp > 1 ? s.role + "[dp " + std::to_string(s.rank) + "]" : s.role) +
-                " (worker " + std::to_string(w.rank) + (w.node.empty() ? "" : " on node " + w.node) +
-                ", pid " + std::to_string(w.pid) + ")";
+    auto name = actors::rl::rank_name(s.role, s.layout, s.rank) + " (worker " +
+                std::to_string(w.rank) + (w.node.empty() ? "" : " on node " + w.node) + ", pid " +
+                std::to_string(w.pid) + ")";
     expected<caf::actor> out = make_error(errc::internal, name + ": no answer");
     // Building loads a model (and may wait for the other DP ranks).
     auto bound = std::max<int64_t>(timeout_ms_, s.timeout_ms) * 2;

@@ -1,6 +1,7 @@
 #include "kernels/logprobs.hpp"
 
 #include "kernels/detail.hpp"
+#include "runtime/collectives.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <ATen/Parallel.h>
@@ -341,6 +342,69 @@ struct exact_kl_fn : public torch::autograd::Function<exact_kl_fn> {
   }
 };
 
+// ---- vocab-parallel (NOTE [vocab-parallel log-probs]) -----------------------------
+
+// The TP group an autograd node reduces over (it outlives the graph).
+struct group_ref : torch::CustomClassHolder {
+  explicit group_ref(runtime::process_group& g) : group(g) {}
+  runtime::process_group& group;
+};
+
+// Forward: per row the largest logit over the group, then the group's sums
+// of exp(x − m), exp(x − m)·x and the target's logit (only its owner has
+// it), reduced in one call. Backward needs no collective: every rank holds
+// the same log-probs and entropies, so the same upstream gradients, and
+// differentiates its own columns: d log p / dx_j = [j = target] − p_j,
+// dH / dx_j = −p_j (x_j − E_p[x]).
+struct vocab_parallel_fn : public torch::autograd::Function<vocab_parallel_fn> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                at::Tensor logits2d, at::Tensor tokens1d,
+                                                int64_t vocab_start, double inv_temp,
+                                                c10::intrusive_ptr<group_ref> group) {
+    auto p = make_plan(logits2d, logits2d.size(1), inv_temp);
+    auto x = load_chunk(logits2d.detach(), p, 0, p.rows, 0, p.vocab).clamp_min(p.lowest);
+    auto m = x.amax(1);
+    value_or_throw(group->group.all_reduce(m, runtime::reduce_op::max));
+    auto e = (x - m.unsqueeze(1)).exp_();
+    auto local = tokens1d - vocab_start;
+    auto mine = (local >= 0).logical_and_(local < p.vocab);
+    auto target = x.gather(1, local.clamp(0, p.vocab - 1).unsqueeze(1)).squeeze(1) * mine;
+    auto sums = at::stack({e.sum(1), (e * x).sum(1), target}).contiguous();
+    value_or_throw(group->group.all_reduce(sums, runtime::reduce_op::sum));
+    auto lse = m + sums[0].log();
+    auto mean_x = sums[1] / sums[0]; // E_p[x]
+    ctx->save_for_backward({logits2d, tokens1d, lse, mean_x});
+    ctx->saved_data["vocab_start"] = vocab_start;
+    ctx->saved_data["inv_temp"] = inv_temp;
+    ctx->set_materialize_grads(false);
+    return {sums[2] - lse, lse - mean_x};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& logits2d = saved[0];
+    auto p = make_plan(logits2d, logits2d.size(1), ctx->saved_data["inv_temp"].toDouble());
+    auto x = load_chunk(logits2d.detach(), p, 0, p.rows, 0, p.vocab).clamp_min(p.lowest);
+    auto prob = (x - saved[2].unsqueeze(1)).exp();
+    auto d = at::zeros_like(x);
+    if (grads[0].defined()) {
+      auto g = grads[0].to(p.type).unsqueeze(1);
+      d -= prob * g;
+      auto local = saved[1] - ctx->saved_data["vocab_start"].toInt();
+      auto mine = (local >= 0).logical_and_(local < p.vocab);
+      auto hit = at::zeros_like(x).scatter_(1, local.clamp(0, p.vocab - 1).unsqueeze(1),
+                                            mine.to(p.type).unsqueeze(1));
+      d += hit * g;
+    }
+    if (grads[1].defined())
+      d -= prob * (x - saved[3].unsqueeze(1)) * grads[1].to(p.type).unsqueeze(1);
+    if (p.inv_temp != 1.0)
+      d *= p.inv_temp;
+    return {d.to(logits2d.scalar_type()), at::Tensor{}, at::Tensor{}, at::Tensor{}, at::Tensor{}};
+  }
+};
+
 // ---- argument checks --------------------------------------------------------
 
 caf::error check_logits(std::string_view fn, std::string_view name, const at::Tensor& logits) {
@@ -357,7 +421,9 @@ caf::error check_logits(std::string_view fn, std::string_view name, const at::Te
   return {};
 }
 
-caf::error check_tokens(std::string_view fn, const at::Tensor& logits, const at::Tensor& tokens) {
+// `vocab` (> 0) when the logits hold a shard of it, else their last dimension.
+caf::error check_tokens(std::string_view fn, const at::Tensor& logits, const at::Tensor& tokens,
+                        int64_t vocab = 0) {
   if (auto err = detail::require_integral(fn, "tokens", tokens))
     return err;
   auto expected_shape = logits.sizes().slice(0, logits.dim() - 1);
@@ -373,7 +439,8 @@ caf::error check_tokens(std::string_view fn, const at::Tensor& logits, const at:
   if (tokens.device().is_cpu() && tokens.numel() > 0) {
     auto lo = tokens.min().item<int64_t>();
     auto hi = tokens.max().item<int64_t>();
-    auto vocab = logits.size(-1);
+    if (vocab <= 0)
+      vocab = logits.size(-1);
     if (lo < 0 || hi >= vocab)
       return make_error(errc::out_of_range, std::string{fn} + ": tokens holds ids in [" +
                                                 std::to_string(lo) + ", " + std::to_string(hi) +
@@ -497,6 +564,32 @@ expected<at::Tensor> entropy_full(const at::Tensor& logits, double temperature) 
     auto x = scaled(logits, temperature);
     auto probs = at::softmax(x, -1);
     return at::logsumexp(x, {-1}) - (probs * x).sum(-1);
+  });
+}
+
+expected<log_probs_entropy> vocab_parallel_log_probs_and_entropy(const at::Tensor& logits,
+                                                                 const at::Tensor& tokens,
+                                                                 int64_t vocab_start, int64_t vocab,
+                                                                 runtime::process_group& group,
+                                                                 const logits_options& opts) {
+  constexpr std::string_view fn = "vocab_parallel_log_probs_and_entropy";
+  if (auto err = check_logits(fn, "logits", logits))
+    return err;
+  if (vocab_start < 0 || vocab_start + logits.size(-1) > vocab)
+    return make_error(errc::invalid_argument,
+                      std::string{fn} + ": this rank's shard [" + std::to_string(vocab_start) +
+                          ", " + std::to_string(vocab_start + logits.size(-1)) +
+                          ") is not inside the vocabulary [0, " + std::to_string(vocab) + ")");
+  if (auto err = detail::first_error({check_tokens(fn, logits, tokens, vocab),
+                                      check_options(fn, opts), check_device(fn, logits)}))
+    return err;
+  return guarded(fn, [&] {
+    auto lead = logits.sizes().slice(0, logits.dim() - 1).vec();
+    auto logits2d = logits.reshape({-1, logits.size(-1)});
+    auto outs =
+        vocab_parallel_fn::apply(logits2d, tokens.reshape({-1}).to(at::kLong), vocab_start,
+                                 1.0 / opts.temperature, c10::make_intrusive<group_ref>(group));
+    return log_probs_entropy{outs[0].view(lead), outs[1].view(lead)};
   });
 }
 

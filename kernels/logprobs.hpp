@@ -23,6 +23,10 @@
 
 #include <cstdint>
 
+namespace troupe::runtime {
+class process_group;
+} // namespace troupe::runtime
+
 namespace troupe::kernels {
 
 /// Options of the chunked logits functions.
@@ -52,6 +56,23 @@ expected<at::Tensor> entropy_from_logits(const at::Tensor& logits, const logits_
 expected<log_probs_entropy> token_log_probs_and_entropy(const at::Tensor& logits,
                                                         const at::Tensor& tokens,
                                                         const logits_options& opts = {});
+
+/// NOTE [vocab-parallel log-probs]: under tensor parallelism each rank of
+/// the group holds the logits of a contiguous part of the vocabulary (the
+/// vocab-parallel LM head), and no rank materialises the whole [..., V]:
+/// the largest logit, the sums of exp(x − max) and exp(x − max)·x, and the
+/// target's logit (held by one rank) are reduced across the group, so each
+/// rank ends with every row's log p(token) and entropy, equal on all ranks.
+/// The backward needs no collective (each rank differentiates its columns).
+/// `logits` [..., V_r] holds ids [vocab_start, vocab_start + V_r) of a
+/// vocabulary of `vocab`; tokens [...] are ids in [0, vocab). Every rank of
+/// `group` calls it with its shard, in the same order as its other
+/// collectives. Allocates [rows, V_r] in fp32 (fp64 for fp64 logits).
+expected<log_probs_entropy> vocab_parallel_log_probs_and_entropy(const at::Tensor& logits,
+                                                                 const at::Tensor& tokens,
+                                                                 int64_t vocab_start, int64_t vocab,
+                                                                 runtime::process_group& group,
+                                                                 const logits_options& opts = {});
 
 /// Baseline: log_softmax over the full vocabulary, then gather. Allocates [..., V] fp32.
 expected<at::Tensor> token_log_probs_full(const at::Tensor& logits, const at::Tensor& tokens,

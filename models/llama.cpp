@@ -110,9 +110,20 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos,
   return x * c + rotate_half(x) * s;
 }
 
+/// A row-parallel layer (NOTE [tensor parallelism]): the ranks' partial
+/// products summed, then the (replicated) bias; `dense` without TP.
+torch::Tensor row_parallel(const nn::Linear& layer, const torch::Tensor& x,
+                           const tp_partition& tp) {
+  if (!tp.active())
+    return dense(layer, x);
+  auto y = tp_reduce(dense(x, layer->weight), tp);
+  return layer->bias.defined() ? y + layer->bias : y;
+}
+
 struct attention_impl : nn::Module {
-  attention_impl(const llama_config& c)
-      : n_heads(c.num_attention_heads), n_kv(c.num_key_value_heads),
+  attention_impl(const llama_config& c, const tp_partition& part)
+      : tp(part), n_heads(tp.active() ? tp.heads : c.num_attention_heads),
+        n_kv(tp.active() ? tp.kv_heads : c.num_key_value_heads), n_kv_used(n_kv),
         head_dim(c.resolved_head_dim()) {
     auto freqs = rope_inv_freq(c);
     inv_freq = torch::tensor(std::vector<double>(freqs.begin(), freqs.end()), torch::kFloat64)
@@ -121,6 +132,36 @@ struct attention_impl : nn::Module {
     wk = register_module("wk", make_linear(c.hidden_size, n_kv * head_dim, c.qkv_bias));
     wv = register_module("wv", make_linear(c.hidden_size, n_kv * head_dim, c.qkv_bias));
     wo = register_module("wo", make_linear(n_heads * head_dim, c.hidden_size, c.o_bias));
+    if (tp.active() && !tp.kv_split)
+      pick_replicated_kv(c);
+  }
+
+  /// Replicated key / value heads (NOTE [tensor parallelism]): the ones this
+  /// rank's query heads read, as a range when each serves the same number
+  /// of them, else one per query head.
+  void pick_replicated_kv(const llama_config& c) {
+    const int64_t group = c.num_attention_heads / c.num_key_value_heads;
+    std::vector<int64_t> of_head;
+    for (int64_t h = tp.head0; h < tp.head0 + n_heads; ++h)
+      of_head.push_back(h / group);
+    kv_first = of_head.front();
+    n_kv_used = of_head.back() - kv_first + 1;
+    bool even = n_heads % n_kv_used == 0;
+    for (size_t i = 0; even && i < of_head.size(); ++i)
+      even = of_head[i] == kv_first + static_cast<int64_t>(i) / (n_heads / n_kv_used);
+    if (!even) { // one per query head
+      kv_index = torch::tensor(of_head, torch::kLong);
+      n_kv_used = n_heads;
+    }
+  }
+
+  /// This rank's key / value heads [..., n_kv_used, D] from those it holds.
+  torch::Tensor used_kv(const torch::Tensor& kv) const {
+    if (!tp.active() || tp.kv_split)
+      return kv;
+    if (kv_index.defined())
+      return kv.index_select(-2, kv_index.to(kv.device()));
+    return kv.narrow(-2, kv_first, n_kv_used);
   }
 
   struct projected {
@@ -138,9 +179,16 @@ struct attention_impl : nn::Module {
       s.push_back(head_dim);
       return s;
     };
-    auto q = dense(wq, x).view(shape(n_heads));
-    auto k = dense(wk, x).view(shape(n_kv));
-    auto v = dense(wv, x).view(shape(n_kv));
+    auto xc = tp_copy(x, tp); // NOTE [tensor parallelism]
+    auto q = dense(wq, xc).view(shape(n_heads));
+    torch::Tensor k, v;
+    if (!tp.active() || tp.kv_split) {
+      k = dense(wk, xc).view(shape(n_kv));
+      v = dense(wv, xc).view(shape(n_kv));
+    } else {
+      k = used_kv(tp_copy(dense(wk, x), tp).view(shape(n_kv)));
+      v = used_kv(tp_copy(dense(wv, x), tp).view(shape(n_kv)));
+    }
     return {apply_rotary(q, rope.cos, rope.sin), apply_rotary(k, rope.cos, rope.sin), std::move(v)};
   }
 
@@ -163,19 +211,19 @@ struct attention_impl : nn::Module {
       v = cache->values[layer].narrow(2, 0, past + T);
     }
     auto S = past + T;
-    auto group = n_heads / n_kv;
+    auto group = n_heads / n_kv_used;
     // Grouped-query attention without repeating K/V: head h uses kv head h / group.
-    auto qg = q.reshape({B, n_kv, group * T, head_dim});
+    auto qg = q.reshape({B, n_kv_used, group * T, head_dim});
     auto scores = torch::matmul(qg, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(head_dim));
-    scores = scores.view({B, n_kv, group, T, S}).to(torch::kFloat32);
+    scores = scores.view({B, n_kv_used, group, T, S}).to(torch::kFloat32);
     auto opts = torch::TensorOptions().dtype(torch::kBool).device(x.device());
     auto causal = torch::ones({T, S}, opts).tril(past); // query i sees keys <= past + i
     auto allowed = causal.view({1, 1, 1, T, S}) & key_mask.view({B, 1, 1, 1, S});
     scores = scores.masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest() / 2);
     auto probs = torch::softmax(scores, -1).to(v.scalar_type());
-    auto out = torch::matmul(probs.view({B, n_kv, group * T, S}), v); // [B,kv,G*T,D]
+    auto out = torch::matmul(probs.view({B, n_kv_used, group * T, S}), v); // [B,kv,G*T,D]
     out = out.view({B, n_heads, T, head_dim}).transpose(1, 2).reshape({B, T, n_heads * head_dim});
-    return wo->forward(out);
+    return row_parallel(wo, out, tp);
   }
 
   /// x [N, hidden], rope for positions [N]: one paged step (NOTE [paged KV layout] in
@@ -188,34 +236,43 @@ struct attention_impl : nn::Module {
     auto out = value_or_throw(kernels::paged_attention(
         p.q, cache.k[layer], cache.v[layer], batch.block_tables, batch.context_lens,
         batch.query_start, 1.0 / std::sqrt(static_cast<double>(head_dim))));
-    return dense(wo, out.reshape({x.size(0), n_heads * head_dim}));
+    return row_parallel(wo, out.reshape({x.size(0), n_heads * head_dim}), tp);
   }
 
-  int64_t n_heads, n_kv, head_dim;
+  tp_partition tp;
+  // Query heads and key / value heads held (this rank's under TP), the
+  // key / value heads the query heads read (NOTE [tensor parallelism]).
+  int64_t n_heads, n_kv, n_kv_used;
+  int64_t head_dim;
+  int64_t kv_first = 0;   // replicated: the first used, when a range
+  torch::Tensor kv_index; // replicated and uneven: each query head's
   torch::Tensor inv_freq; // not a parameter: derived from the config
   nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
 };
 TORCH_MODULE_IMPL(attention, attention_impl);
 
 struct feed_forward_impl : nn::Module {
-  feed_forward_impl(const llama_config& c) {
-    w1 = register_module("w1", make_linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-    w2 = register_module("w2", make_linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
-    w3 = register_module("w3", make_linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  feed_forward_impl(const llama_config& c, const tp_partition& part) : tp(part) {
+    const int64_t inner = tp.active() ? tp.intermediate : c.intermediate_size;
+    w1 = register_module("w1", make_linear(c.hidden_size, inner, c.mlp_bias));
+    w2 = register_module("w2", make_linear(inner, c.hidden_size, c.mlp_bias));
+    w3 = register_module("w3", make_linear(c.hidden_size, inner, c.mlp_bias));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return dense(w2, torch::silu(dense(w1, x)) * dense(w3, x));
+    auto xc = tp_copy(x, tp);
+    return row_parallel(w2, torch::silu(dense(w1, xc)) * dense(w3, xc), tp);
   }
+  tp_partition tp;
   nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
 };
 TORCH_MODULE_IMPL(feed_forward, feed_forward_impl);
 
 struct block_impl : nn::Module {
-  block_impl(const llama_config& c) {
+  block_impl(const llama_config& c, const tp_partition& tp) {
     attention_norm = register_module("attention_norm", rms_norm(c.hidden_size, c.rms_norm_eps));
-    attn = register_module("attention", attention(c));
+    attn = register_module("attention", attention(c, tp));
     ffn_norm = register_module("ffn_norm", rms_norm(c.hidden_size, c.rms_norm_eps));
-    ffn = register_module("feed_forward", feed_forward(c));
+    ffn = register_module("feed_forward", feed_forward(c, tp));
   }
   /// Pre-norm residual block around `attend` (the dense or the paged attention).
   template <class Attend>
@@ -256,16 +313,18 @@ expected<head_kind> parse_head_kind(const std::string& name) {
                     "unknown head '" + name + "', expected one of: lm, value, reward");
 }
 
-llama_model_impl::llama_model_impl(const llama_config& config, head_kind head)
-    : config_(config), head_(head) {
-  tok_embeddings_ = register_module(
-      "tok_embeddings", nn::Embedding(nn::EmbeddingOptions(config.vocab_size, config.hidden_size)));
+llama_model_impl::llama_model_impl(const llama_config& config, head_kind head, tp_partition tp)
+    : config_(config), head_(head), tp_(tp) {
+  const int64_t vocab = tp_.active() ? tp_.vocab : config.vocab_size;
+  tok_embeddings_ = register_module("tok_embeddings",
+                                    nn::Embedding(nn::EmbeddingOptions(vocab, config.hidden_size)));
   layers_ = register_module("layers", nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
-    layers_->push_back(block(config));
+    layers_->push_back(block(config, tp_));
+  cached_kv_heads_ = layers_[0]->as<block_impl>()->attn->n_kv_used;
   norm_ = register_module("norm", rms_norm(config.hidden_size, config.rms_norm_eps));
   if (head == head_kind::lm && !config.tie_word_embeddings)
-    output_ = register_module("output", make_linear(config.hidden_size, config.vocab_size, false));
+    output_ = register_module("output", make_linear(config.hidden_size, vocab, false));
   if (head == head_kind::value)
     score_head_ = register_module("value_head", make_linear(config.hidden_size, 1, true));
   if (head == head_kind::reward)
@@ -282,12 +341,21 @@ llama_model_impl::llama_model_impl(const llama_config& config, head_kind head)
   }
 }
 
+torch::Tensor llama_model_impl::embed(const torch::Tensor& ids) {
+  if (!tp_.active())
+    return tok_embeddings_->forward(ids);
+  // NOTE [tensor parallelism]: the ids of this rank's part, the others zero.
+  auto local = ids - tp_.vocab0;
+  auto mine = (local >= 0).logical_and_(local < tp_.vocab);
+  auto rows = torch::embedding(tok_embeddings_->weight, local.clamp(0, tp_.vocab - 1));
+  return tp_reduce(rows * mine.unsqueeze(-1).to(rows.scalar_type()), tp_);
+}
+
 kv_cache llama_model_impl::make_cache(int64_t batch, int64_t capacity) const {
   auto ref = tok_embeddings_->weight;
   kv_cache cache;
   cache.capacity = capacity;
-  auto shape = std::vector<int64_t>{batch, config_.num_key_value_heads, capacity,
-                                    config_.resolved_head_dim()};
+  auto shape = std::vector<int64_t>{batch, cached_kv_heads_, capacity, config_.resolved_head_dim()};
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     cache.keys.push_back(torch::zeros(shape, ref.options()));
     cache.values.push_back(torch::zeros(shape, ref.options()));
@@ -307,8 +375,8 @@ paged_kv_cache llama_model_impl::make_paged_cache(int64_t num_blocks, int64_t bl
   paged_kv_cache cache;
   cache.block_size = block_size;
   cache.num_blocks = num_blocks;
-  auto shape = std::vector<int64_t>{num_blocks, block_size, config_.num_key_value_heads,
-                                    config_.resolved_head_dim()};
+  auto shape =
+      std::vector<int64_t>{num_blocks, block_size, cached_kv_heads_, config_.resolved_head_dim()};
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     cache.k.push_back(torch::zeros(shape, ref.options()));
     cache.v.push_back(torch::zeros(shape, ref.options()));
@@ -606,7 +674,7 @@ void with_panels(kernels::cpu::decode_model& m, const packed_decode_weights& p) 
 
 torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_cache& cache,
                                            const torch::Tensor& logit_rows) {
-  if (decode_path_ == kernels::cpu::decode_path::aten || head_ != head_kind::lm)
+  if (decode_path_ == kernels::cpu::decode_path::aten || head_ != head_kind::lm || tp_.active())
     return {};
   auto indices = decode_step_indices(batch, cache, logit_rows);
   if (!indices)
@@ -649,7 +717,7 @@ torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv
   torch::NoGradGuard no_grad;
   if (auto logits = fused_step(batch, cache, logit_rows); logits.defined())
     return logits;
-  auto x = tok_embeddings_->forward(batch.input_ids); // [N, hidden]
+  auto x = embed(batch.input_ids); // [N, hidden]
   auto rope = rotary_for_layer0(layers_, batch.positions, x.scalar_type());
   for (size_t i = 0; i < layers_->size(); ++i)
     x = layers_[i]->as<block_impl>()->forward_paged(x, rope, batch, cache, i);
@@ -689,7 +757,7 @@ torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
     positions = (counts - 1).clamp_min(0);
     key_mask = mask;
   }
-  auto x = tok_embeddings_->forward(input_ids);
+  auto x = embed(input_ids);
   auto rope = rotary_for_layer0(layers_, positions, x.scalar_type());
   TORCH_CHECK(!hooks_ || cache == nullptr,
               "a model with layer hooks (a zero3 training engine) does not run with a KV cache");
@@ -713,8 +781,9 @@ torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
                                            const torch::Tensor& attention_mask) {
   switch (head_) {
   case head_kind::lm:
-    // linear, not matmul(h, W.t()): 4-5x faster on CPU.
-    return dense(hidden, output_ ? output_->weight : tok_embeddings_->weight);
+    // linear, not matmul(h, W.t()): 4-5x faster on CPU. Under TP, this
+    // rank's part of the vocabulary (NOTE [tensor parallelism]).
+    return dense(tp_copy(hidden, tp_), output_ ? output_->weight : tok_embeddings_->weight);
   case head_kind::value: // scores in fp32 whatever the weights' dtype (bf16: NOTE [mixed
                          // precision])
     return score_head_->forward(hidden).squeeze(-1).to(torch::kFloat32);
@@ -760,10 +829,29 @@ std::map<std::string, torch::Tensor> llama_model_impl::named_weights() const {
   return out;
 }
 
-expected<llama_model> make_llama(const llama_config& config, head_kind head) {
+expected<llama_model> make_llama(const llama_config& config, head_kind head, tp_partition tp) {
   if (auto ok = validate(config); !ok)
     return ok.error();
-  return guarded("building the model", [&] { return llama_model(config, head); });
+  if (tp.active() && tp.group == nullptr)
+    return make_error(errc::invalid_argument,
+                      "make_llama: tp " + std::to_string(tp.size) + " without its process group");
+  return guarded("building the model", [&] { return llama_model(config, head, tp); });
+}
+
+expected<llama_model> make_tp_part(const llama_model& dense, const tp_partition& p) {
+  auto part = make_llama(dense->config(), dense->head(), p);
+  if (!part)
+    return part;
+  auto shards = tp_shard_weights(dense->named_weights(), dense->config(), p);
+  if (!shards)
+    return shards.error();
+  return guarded("cutting the model's tensor-parallel part", [&] {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, t] : (*part)->named_weights())
+      t.copy_(shards->at(name));
+    (*part)->train(dense->is_training());
+    return *part;
+  });
 }
 
 expected<torch::Tensor> run_forward(llama_model& model, const torch::Tensor& input_ids,

@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/decode_isa.hpp"
 #include "models/config.hpp"
+#include "models/tensor_parallel.hpp"
 #include "runtime/error.hpp"
 
 #include <torch/torch.h>
@@ -101,10 +102,15 @@ class llama_model_impl : public torch::nn::Module {
 public:
   /// Builds a randomly initialised model (normal(0, 0.02) weights, unit norms,
   /// zero biases). Call validate(config) first; this constructor assumes it.
-  llama_model_impl(const llama_config& config, head_kind head);
+  /// With an active `tp`, the model holds that rank's parts and its passes
+  /// take part in the group's collectives (NOTE [tensor parallelism] in
+  /// models/tensor_parallel.hpp); the group must outlive the model.
+  llama_model_impl(const llama_config& config, head_kind head, tp_partition tp = {});
 
   const llama_config& config() const { return config_; }
   head_kind head() const { return head_; }
+  /// This rank's tensor-parallel share (inactive: the whole model).
+  const tp_partition& tp() const { return tp_; }
 
   /// Final-norm hidden states [B, T, hidden]. `attention_mask` [B, T] may be
   /// undefined (all real). With a cache, the new tokens are appended to it and
@@ -112,8 +118,9 @@ public:
   torch::Tensor hidden_states(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                               kv_cache* cache = nullptr);
 
-  /// The head's output: logits [B, T, V] (lm), values [B, T] (value), or
-  /// scores [B] (reward, at each row's last real token).
+  /// The head's output: logits [B, T, V] (lm; under TP this rank's part of
+  /// the vocabulary, [B, T, tp().vocab]), values [B, T] (value), or scores
+  /// [B] (reward, at each row's last real token).
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         kv_cache* cache = nullptr);
 
@@ -171,6 +178,8 @@ public:
   void drop_decode_panels();
 
 private:
+  /// Embedding rows of `ids` (vocab-parallel under TP).
+  torch::Tensor embed(const torch::Tensor& ids);
   /// The fused kernel's logits [N, V] for a decode step it can run (one
   /// token per request, fp32 weights on the CPU), else an undefined tensor.
   torch::Tensor fused_step(const paged_batch& batch, paged_kv_cache& cache,
@@ -190,6 +199,8 @@ private:
 
   llama_config config_;
   head_kind head_;
+  tp_partition tp_;
+  int64_t cached_kv_heads_ = 0; // key / value heads a layer's cache holds on this rank
   torch::nn::Embedding tok_embeddings_{nullptr};
   torch::nn::ModuleList layers_{nullptr};
   std::shared_ptr<torch::nn::Module> norm_;
@@ -208,8 +219,14 @@ private:
 };
 TORCH_MODULE_IMPL(llama_model, llama_model_impl);
 
-/// Builds a model after validating the config.
-expected<llama_model> make_llama(const llama_config& config, head_kind head);
+/// Builds a model after validating the config (with `tp`, rank tp.rank's
+/// share of it).
+expected<llama_model> make_llama(const llama_config& config, head_kind head, tp_partition tp = {});
+
+/// Rank p's part of `dense` (NOTE [tensor parallelism]): a model of the same
+/// config and head built for `p` whose parameters are copies of dense's
+/// parts (tp_slice_of). Needs p's group (an active partition).
+expected<llama_model> make_tp_part(const llama_model& dense, const tp_partition& p);
 
 /// Safe wrapper of forward(): shape/dtype errors come back as errors.
 expected<torch::Tensor> run_forward(llama_model& model, const torch::Tensor& input_ids,

@@ -57,13 +57,14 @@ expected<void> cast::spawn(role_id role, const std::string& model_dir) {
   if (m.ranks.size() == 1) {
     m.handle = m.ranks.front();
   } else {
-    // Only trainers have DP ranks (the plan refuses others): one group actor.
+    // Only train engines have several ranks (the plan refuses others): one
+    // group actor (NOTE [tensor-parallel dispatch]).
     std::vector<train::engine_actor> typed;
     for (auto& a : m.ranks)
       typed.push_back(caf::actor_cast<train::engine_actor>(a));
     auto strategy = env_.strategy_of ? env_.strategy_of(role) : train::dp_strategy::ddp;
-    m.handle = caf::actor_cast<caf::actor>(
-        train::spawn_engine_group(*env_.sys, m.spec.role, std::move(typed), strategy));
+    m.handle = caf::actor_cast<caf::actor>(train::spawn_engine_group(
+        *env_.sys, m.spec.role, std::move(typed), strategy, m.spec.layout.tp));
   }
   members_.push_back(std::move(m));
   return {};

@@ -356,9 +356,11 @@ expected<void> save_role_state(job_context& ctx, const train::engine_actor& trai
   auto& shards = saved->shards;
   for (size_t r = 0; r < shards.size(); ++r)
     files[name + ".shard-" + std::to_string(r)] = std::move(shards[r]);
+  const auto* placed = ctx.plan.find(role);
   nlohmann::json j = {{"shards", shards.size()},
                       {"strategy", to_string(ctx.plan.strategy_of(role))},
-                      {"dp", ctx.plan.find(role) ? ctx.plan.find(role)->layout.dp : 1}};
+                      {"dp", placed ? placed->layout.dp : 1},
+                      {"tp", placed ? placed->layout.tp : 1}};
   files[name + ".shards.json"] = j.dump() + "\n";
   return {};
 }
@@ -382,6 +384,7 @@ expected<void> load_role_state(job_context& ctx, const train::engine_actor& trai
   if (j.is_discarded() || !j.contains("shards") || !j["shards"].is_number_unsigned())
     return make_error(errc::corrupted, dir + ": " + name + ".shards.json is malformed");
   train::state_shards shards;
+  shards.tp = j.contains("tp") && j["tp"].is_number_integer() ? j["tp"].get<int32_t>() : 1;
   for (size_t r = 0; r < j["shards"].get<size_t>(); ++r) {
     auto it = files.find(name + ".shard-" + std::to_string(r));
     if (it == files.end())

@@ -406,7 +406,9 @@ void visit(V& v, role_placement_config& c) {
   v.field("role", c.role, "policy | critic | reference | reward | rollout");
   v.field("pool", c.pool, "The pool that hosts it");
   v.field("dp", c.dp, "Data-parallel ranks (trained roles: policy, critic, the rm stage's reward)");
-  v.field("tp", c.tp, "Tensor-parallel ranks per replica (1 until tensor parallelism lands)");
+  v.field("tp", c.tp,
+          "Tensor-parallel ranks per DP replica (trained roles; heads and the intermediate size "
+          "divisible by it; docs/parallelism.md)");
   v.field("pp", c.pp, "Pipeline stages per replica (1 until pipeline parallelism lands)");
   v.choice("strategy", c.strategy,
            "How the dp ranks train: ddp (replicas), zero1 / zero2 / zero3 (sharded state; "

@@ -6,6 +6,7 @@
 #include "actors/rl/stage_table.hpp"
 #include "actors/train/strategy_memory.hpp"
 #include "models/config.hpp"
+#include "models/tensor_parallel.hpp"
 #include "runtime/config.hpp"
 
 #include <algorithm>
@@ -104,7 +105,8 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
     rows = std::min(rows, std::max<int64_t>(placed.micro_batch_tokens / tokens, 1));
   if (st.id == stage_id::rm)
     rows *= 2;
-  return train::training_rank_memory(placed.strategy, dp, placed.bucket_mb, split_parameters(m, lm),
+  return train::training_rank_memory(placed.strategy, dp, placed.bucket_mb,
+                                     split_parameters(m, lm, std::max<int64_t>(placed.tp, 1)),
                                      train::activation_bytes(m, lm, rows, tokens, placed.compute),
                                      placed.compute, /*exports=*/rank == 0);
 }
@@ -165,12 +167,12 @@ std::vector<rank_estimate> ranks_in_stage(const job_config& cfg, const models::l
   std::vector<rank_estimate> out;
   for (const auto& role : roles) {
     const auto* a = plan.find(role);
-    const auto dp = plan.dp_of(stage, role);
-    for (int64_t r = 0; r < dp; ++r) {
+    const auto layout = plan.layout_of(stage, role);
+    for (int64_t r = 0; r < layout.ranks(); ++r) {
       if (device >= 0 && (!a || a->devices[static_cast<size_t>(r)] != device))
         continue;
       rank_estimate e;
-      e.rank = dp > 1 ? role + "[dp " + std::to_string(r) + "]" : role;
+      e.rank = rank_name(role, layout, r);
       e.terms = role_terms(cfg, m, stage, role, r);
       for (const auto& t : e.terms)
         e.bytes += t.bytes;
@@ -289,6 +291,27 @@ expected<runtime::transport_kind> choose_transport(const job_config& cfg, const 
   return kind;
 }
 
+// A TP group's ranks exchange activations every layer: they stay on one
+// node (NOTE [tensor parallelism]).
+expected<void> check_tp_nodes(const placement_plan& plan) {
+  for (size_t i = 0; i < plan.roles.size(); ++i) {
+    const auto& a = plan.roles[i];
+    const auto tp = static_cast<size_t>(a.layout.tp);
+    for (size_t g = 0; tp > 1 && (g + 1) * tp <= a.devices.size(); ++g) {
+      const auto first = plan.devices[static_cast<size_t>(a.devices[g * tp])].node;
+      const auto last = plan.devices[static_cast<size_t>(a.devices[(g + 1) * tp - 1])].node;
+      if (first != last)
+        return make_error(errc::invalid_config,
+                          "placement: " + a.role + "'s tensor-parallel group " + std::to_string(g) +
+                              " (tp " + std::to_string(tp) + ") spans nodes " +
+                              std::to_string(first) + " and " + std::to_string(last) +
+                              "; a TP group stays on one node (make tp divide the devices per "
+                              "node, or order the pools)");
+    }
+  }
+  return {};
+}
+
 // Fills in the node of each device (NOTE [nodes of a plan]).
 void assign_nodes(const job_config& cfg, placement_plan& plan) {
   auto total = static_cast<int64_t>(plan.devices.size());
@@ -322,6 +345,29 @@ void check_precision(const job_config& c, const role_placement_config& r, const 
                  "to compute in bf16");
 }
 
+// NOTE [tensor parallelism] (models/tensor_parallel.hpp): for the roles a
+// train engine trains (the frozen ones run one rank), with the attention
+// heads and the intermediate size divisible by tp. A TP group stays on
+// one node (make_plan checks the nodes).
+void check_tensor_parallel(const job_config& c, const role_placement_config& r,
+                           const std::string& at, runtime::config_checks& checks) {
+  const auto* t = find_role(r.role);
+  if (r.tp <= 1 || !t)
+    return;
+  const bool trained = t->trains() && t->id != role_id::rollout;
+  checks.require(trained, at + ".tp",
+                 "tensor parallelism is for trained roles (" +
+                     role_names([](const role_traits& x) { return x.trains(); }) + "); " + r.role +
+                     "'s is not available yet");
+  if (!trained)
+    return;
+  auto shape = model_shape(c);
+  if (!shape) // the model's own check names what is wrong with it
+    return;
+  auto part = models::partition_llama(*shape, 0, static_cast<int>(r.tp));
+  checks.require(part.engaged(), at + ".tp", part ? "" : context_of(part.error()));
+}
+
 // One role's layout (NOTE [parallel layout]): sizes, what is available
 // yet, the pool's devices and the rows its DP ranks split.
 void check_role_layout(const job_config& c, const role_placement_config& r, const std::string& at,
@@ -336,8 +382,8 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
   checks.require(r.micro_batch_tokens == 0 || r.micro_batch_rows == 0, at + ".micro_batch_tokens",
                  "give micro_batch_rows or micro_batch_tokens, not both");
   // Keys fixed for the parallel engines; refused until each lands.
-  checks.require(r.tp <= 1, at + ".tp", "tensor parallelism is not available yet: tp must be 1");
   checks.require(r.pp <= 1, at + ".pp", "pipeline parallelism is not available yet: pp must be 1");
+  check_tensor_parallel(c, r, at, checks);
   if (r.strategy != dp_strategy::ddp && t)
     checks.require(t->trains(), at + ".strategy",
                    std::string{to_string(r.strategy)} + " shards training state, and " + r.role +
@@ -527,7 +573,8 @@ std::string placement_plan::render() const {
       how += ", " + std::string{to_string(r.strategy)};
     if (r.compute != train::precision::fp32)
       how += ", " + std::string{to_string(r.compute)};
-    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.layout.dp) + how +
+    const auto tp = r.layout.tp > 1 ? ", tp " + std::to_string(r.layout.tp) : std::string{};
+    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.layout.dp) + tp + how +
            ", devices [" + devs + "]\n";
   }
   if (weight_transport)
@@ -616,11 +663,13 @@ expected<placement_plan> make_plan(const job_config& cfg) {
     plan.roles.push_back(a);
   }
   assign_nodes(cfg, plan);
+  if (auto ok = check_tp_nodes(plan); !ok)
+    return ok.error();
   for (auto& d : plan.devices) {
     for (const auto& a : plan.roles)
       for (size_t r = 0; r < a.devices.size(); ++r)
         if (a.devices[r] == d.index)
-          d.ranks.push_back(a.layout.dp > 1 ? a.role + "[dp " + std::to_string(r) + "]" : a.role);
+          d.ranks.push_back(rank_name(a.role, a.layout, static_cast<int64_t>(r)));
     for (const auto& [stage, roles] : stages) {
       auto ranks = ranks_in_stage(cfg, *shape, plan, stage, roles, d.index);
       if (const double total = sum_of(ranks); total > d.peak_bytes) {
@@ -655,7 +704,7 @@ double rank0_bytes(const placement_plan& plan, const std::string& role) {
   const auto d = plan.device_of(role, 0);
   if (d < 0)
     return 0;
-  const std::string rank0 = plan.find(role)->layout.dp > 1 ? role + "[dp 0]" : role;
+  const std::string rank0 = rank_name(role, plan.find(role)->layout, 0);
   for (const auto& r : plan.devices[static_cast<size_t>(d)].peak_ranks)
     if (r.rank == rank0)
       return r.bytes;

@@ -21,6 +21,14 @@
 
 namespace troupe::actors::rl {
 
+std::string rank_name(const std::string& role, const parallel_layout& l, int64_t rank) {
+  if (l.ranks() == 1)
+    return role;
+  if (l.tp == 1)
+    return role + "[dp " + std::to_string(rank) + "]";
+  return role + "[dp " + std::to_string(rank / l.tp) + ", tp " + std::to_string(rank % l.tp) + "]";
+}
+
 role_host::place role_host::where(const std::string&, int) const {
   return {"driver", static_cast<int64_t>(::getpid())};
 }
@@ -54,7 +62,9 @@ expected<model_recipe> recipe_of(const job_config& cfg, const role_spec& s) {
   return r;
 }
 
-// The DP group of a trainer rank: the store client and the gloo group.
+// The groups of a trainer rank: the store client and the gloo group of its
+// DP line; with tp > 1 the role's group is a {dp, tp} mesh (rank = d · tp
+// + t), split into the DP and TP lines (NOTE [tensor parallelism]).
 expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec& s) {
   auto st = runtime::connect_tcp_store(s.group_store, s.timeout_ms);
   if (!st)
@@ -70,7 +80,17 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
   auto g = runtime::make_process_group(out->store, go);
   if (!g)
     return with_prefix(g.error(), "joining the DP group");
-  out->group = std::move(*g);
+  if (s.layout.tp == 1) {
+    out->group = std::move(*g);
+    return out;
+  }
+  out->mesh = std::make_shared<runtime::process_group>(std::move(*g));
+  auto lines = runtime::make_mesh_groups(*out->mesh, runtime::rank_mesh{{s.layout.dp, s.layout.tp}},
+                                         {"dp", "tp"});
+  if (!lines)
+    return with_prefix(lines.error(), "splitting the role's mesh into its DP and TP groups");
+  out->group = std::move((*lines)[0]);
+  out->tp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
   return out;
 }
 
@@ -110,9 +130,15 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     return make_error(errc::invalid_argument, "rank " + std::to_string(s.rank) + " of a layout dp " +
                                                 std::to_string(l.dp) + " tp " + std::to_string(l.tp) +
                                                 " pp " + std::to_string(l.pp));
-  if (l.tp > 1 || l.pp > 1)
-    return make_error(errc::unsupported, "tensor and pipeline parallelism are not available yet (tp " +
-                                           std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ")");
+  if (l.pp > 1)
+    return make_error(errc::unsupported, "pipeline parallelism is not available yet (pp " +
+                                             std::to_string(l.pp) + ")");
+  if (l.tp > 1 && recipe->actor != role_actor::trainer)
+    return make_error(errc::unsupported,
+                      "tensor parallelism (tp " + std::to_string(l.tp) +
+                          ") is for the roles a train engine runs (policy, critic, reference, a "
+                          "trained reward model); " +
+                          s.role + "'s is not available yet");
   if (l.dp > 1 && !recipe->optim)
     return make_error(errc::invalid_argument,
                       "data parallelism (dp " + std::to_string(l.dp) +
@@ -138,6 +164,21 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
       return a.error();
     return caf::actor_cast<caf::actor>(*a);
   }
+  std::shared_ptr<train::data_parallel_group> groups;
+  if (l.ranks() > 1) {
+    auto g = join_group(s);
+    if (!g)
+      return g.error();
+    groups = std::move(*g);
+  }
+  if (l.tp > 1) { // this rank's part of the model (NOTE [tensor parallelism])
+    auto part = models::partition_llama((*model)->config(), *groups->tp);
+    if (!part)
+      return with_prefix(part.error(), s.role);
+    model = models::make_tp_part(*model, *part);
+    if (!model)
+      return model.error();
+  }
   auto engine = train::train_engine::make(*model, recipe->optim);
   if (!engine)
     return engine.error();
@@ -148,15 +189,11 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     return ok.error();
   if (auto ok = (*engine)->set_micro_batch_tokens(placed.micro_batch_tokens); !ok)
     return ok.error();
-  if (l.dp > 1) {
-    auto g = join_group(s);
-    if (!g)
-      return g.error();
-    if (auto ok = (*engine)->join_data_parallel(*g, {placed.strategy, placed.bucket_mb}); !ok)
+  if (groups)
+    if (auto ok = (*engine)->join_data_parallel(groups, {placed.strategy, placed.bucket_mb}); !ok)
       return ok.error();
-  }
-  auto name = l.dp > 1 ? s.role + "[dp " + std::to_string(s.rank) + "]" : s.role;
-  return caf::actor_cast<caf::actor>(train::spawn_engine_actor(sys, name, std::move(*engine)));
+  return caf::actor_cast<caf::actor>(
+      train::spawn_engine_actor(sys, rank_name(s.role, s.layout, s.rank), std::move(*engine)));
 }
 
 } // namespace

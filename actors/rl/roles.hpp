@@ -43,6 +43,10 @@ struct parallel_layout {
   bool operator==(const parallel_layout&) const = default;
 };
 
+/// A rank's name in logs, plans and actor names: "policy" (one rank),
+/// "policy[dp 1]", "policy[dp 0, tp 1]" (rank = d · tp + t).
+std::string rank_name(const std::string& role, const parallel_layout& layout, int64_t rank);
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, parallel_layout& x) {
   return f(caf::meta::type_name("parallel_layout"), x.dp, x.tp, x.pp);

@@ -15,7 +15,13 @@ struct group_state {
   std::vector<engine_actor> ranks;
   std::string role;
   dp_strategy strategy = dp_strategy::ddp;
+  int tp = 1; // NOTE [tensor-parallel dispatch]
   static inline const char* name = "engine_group";
+
+  // The data-parallel replicas.
+  size_t replicas() const { return ranks.size() / static_cast<size_t>(tp); }
+  // Whether rank 0's whole-weight answers need every rank alongside.
+  bool gathers_together() const { return strategy == dp_strategy::zero3 || tp > 1; }
 };
 
 using self_ptr = engine_actor::stateful_pointer<group_state>;
@@ -131,13 +137,25 @@ expected<std::vector<tensor_batch>> minibatch_shares(const tensor_batch& b, int6
   return out;
 }
 
-// split: the rows of `b` over the ranks, send(rank, its rows) asking each;
-// `unit` names the rows when the split must be even ("" = uneven is fine).
+// The answers of each replica's TP rank 0 (NOTE [tensor-parallel
+// dispatch]), combined.
+template <class Combine>
+auto of_replicas(int tp, Combine combine) {
+  return [tp, combine](const auto& parts) {
+    std::decay_t<decltype(parts)> mine;
+    for (size_t i = 0; i < parts.size(); i += static_cast<size_t>(tp))
+      mine.push_back(parts[i]);
+    return combine(mine);
+  };
+}
+
+// split: the rows of `b` over the replicas, send(rank, its replica's rows)
+// asking each rank; `unit` names the rows when the split must be even ("" =
+// uneven is fine).
 template <class R, class Send, class Combine>
 caf::result<R> split(self_ptr self, const tensor_batch& b, const char* what, const char* unit,
                      Send send, Combine combine) {
-  const auto& ranks = self->state.ranks;
-  auto n = static_cast<int64_t>(ranks.size());
+  auto n = static_cast<int64_t>(self->state.replicas());
   if (*unit && b.size() % n != 0)
     return with_prefix(make_error(errc::invalid_argument, "a batch of " + std::to_string(b.size()) + " " +
                                                               unit + " does not divide over " +
@@ -150,13 +168,15 @@ caf::result<R> split(self_ptr self, const tensor_batch& b, const char* what, con
                                       " zero3 ranks: each rank gathers the weights with the "
                                       "others, so each needs a row"),
                        self->state.role + ": " + what);
-  auto parts = split_rows(b, ranks.size());
+  auto parts = split_rows(b, static_cast<size_t>(n));
   if (!parts)
     return with_prefix(parts.error(), self->state.role + ": " + what);
   auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*parts));
+  const auto tp = static_cast<size_t>(self->state.tp);
   return fan_out<R, R>(
-      self, shared->size(),
-      [=](size_t r) { return send(self->state.ranks[r], (*shared)[r]); }, combine);
+      self, shared->size() * tp,
+      [=](size_t r) { return send(self->state.ranks[r], (*shared)[r / tp]); },
+      of_replicas(self->state.tp, combine));
 }
 
 // NOTE [dispatch modes], zero3: rank 0's answer needs the whole weights,
@@ -221,7 +241,7 @@ enum class peers_do { same, gather };
 
 template <class R, class Atom, class... Ts>
 caf::result<R> from_rank0(self_ptr self, peers_do peers, Atom atom, const Ts&... xs) {
-  if (self->state.strategy != dp_strategy::zero3)
+  if (!self->state.gathers_together())
     return self->delegate(self->state.ranks[0], atom, xs...);
   auto ask = [=](const engine_actor& a) { return self->request(a, caf::infinite, atom, xs...); };
   if (peers == peers_do::same)
@@ -249,10 +269,12 @@ expected<state_shards> all_shards(std::vector<state_shards>& parts) {
 }
 
 engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
-                                           std::vector<engine_actor> ranks, dp_strategy strategy) {
+                                           std::vector<engine_actor> ranks, dp_strategy strategy,
+                                           int tp) {
   self->state.role = std::move(role);
   self->state.ranks = std::move(ranks);
   self->state.strategy = strategy;
+  self->state.tp = tp;
   bind_to_ranks(self);
   auto n = [self] { return self->state.ranks.size(); };
   auto rank = [self](size_t r) { return self->state.ranks[r]; };
@@ -273,7 +295,8 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
   // minibatch: rank r steps through its slice of every minibatch, unshuffled.
   auto minibatch_update = [=](auto atom, const tensor_batch& b, const auto& o,
                               const char* what) -> caf::result<served_metrics> {
-    auto shares = minibatch_shares(b, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle, n());
+    auto shares = minibatch_shares(b, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle,
+                                   self->state.replicas());
     if (!shares)
       return prefixed(shares.error(), what);
     auto local = o;
@@ -282,11 +305,26 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
     local.shuffle = false;
     auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*shares));
     return fan_out<served_metrics, served_metrics>(
-        self, n(), [=](size_t r) { return self->request(rank(r), caf::infinite, atom, (*shared)[r], local); },
+        self, n(),
+        [=](size_t r) {
+          return self->request(rank(r), caf::infinite, atom,
+                               (*shared)[r / static_cast<size_t>(self->state.tp)], local);
+        },
         slowest(group_metrics));
   };
   auto first = [](const auto& parts) -> expected<std::decay_t<decltype(parts[0])>> {
     return parts[0];
+  };
+  // A whole training state is one rank's: under TP each rank holds other
+  // parts of the parameters (checkpoints take the shards instead).
+  auto no_tp_state = [self](const char* what) -> std::optional<caf::error> {
+    if (self->state.tp == 1)
+      return std::nullopt;
+    return make_error(errc::unsupported, self->state.role + ": " + what +
+                                             ": training states of tensor-parallel "
+                                             "ranks (tp " +
+                                             std::to_string(self->state.tp) +
+                                             ") are not supported yet");
   };
 
   return {
@@ -332,14 +370,52 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](gather_weights_atom a) { return to_all<int64_t>(self, first, a); },
       // Every rank: a sharded strategy gathers its optimizer state (NOTE
       // [training strategies]); rank 0's bytes are the state.
-      [=](save_state_atom a) { return to_all<std::string>(self, first, a); },
-      [=](load_state_atom a, const std::string& bytes) {
+      [=](save_state_atom a) -> caf::result<std::string> {
+        if (auto no = no_tp_state("save_state"))
+          return *no;
+        return to_all<std::string>(self, first, a);
+      },
+      [=](load_state_atom a, const std::string& bytes) -> caf::result<int64_t> {
+        if (auto no = no_tp_state("load_state"))
+          return *no;
         return to_all<int64_t>(self, first, a, bytes);
       },
-      // NOTE [sharded state]: each rank its own shard, none gathered.
-      [=](save_shards_atom a) { return to_all<state_shards>(self, all_shards, a); },
-      [=](load_shards_atom a, const state_shards& shards) {
-        return to_all<int64_t>(self, first, a, shards);
+      // NOTE [sharded state]: each rank its own shard, none gathered, in
+      // rank order; under TP (NOTE [tensor-parallel dispatch]) rank d · tp +
+      // t loads the shards of TP rank t (the parts of the parameters it
+      // holds), from whatever DP size saved them.
+      [=](save_shards_atom a) {
+        const auto tp = self->state.tp;
+        return to_all<state_shards>(
+            self,
+            [tp](std::vector<state_shards>& parts) {
+              auto all = all_shards(parts);
+              if (all)
+                all->tp = tp;
+              return all;
+            },
+            a);
+      },
+      [=](load_shards_atom a, const state_shards& shards) -> caf::result<int64_t> {
+        const auto tp = static_cast<size_t>(self->state.tp);
+        if (shards.tp != self->state.tp)
+          return make_error(errc::invalid_argument,
+                            self->state.role + ": load_shards: the state was saved by tp " +
+                                std::to_string(shards.tp) + " ranks, this role has tp " +
+                                std::to_string(tp) +
+                                " (a state loads under any dp, not another tp yet)");
+        if (shards.shards.size() % tp != 0)
+          return make_error(errc::corrupted,
+                            self->state.role +
+                                ": load_shards: " + std::to_string(shards.shards.size()) +
+                                " shards do not come from tp " + std::to_string(tp) + " ranks");
+        auto of_tp = std::make_shared<std::vector<state_shards>>(tp);
+        for (size_t i = 0; i < shards.shards.size(); ++i)
+          (*of_tp)[i % tp].shards.push_back(shards.shards[i]);
+        return fan_out<int64_t, int64_t>(
+            self, n(),
+            [=](size_t r) { return self->request(rank(r), caf::infinite, a, (*of_tp)[r % tp]); },
+            first);
       },
       [=](actors::release_atom a, const std::string& dir) {
         return to_all<served_bytes>(self, slowest(sum_bytes), a, dir);
@@ -351,8 +427,8 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
 } // namespace
 
 engine_actor spawn_engine_group(caf::actor_system& sys, std::string role,
-                                std::vector<engine_actor> ranks, dp_strategy strategy) {
-  return sys.spawn(group_behavior, std::move(role), std::move(ranks), strategy);
+                                std::vector<engine_actor> ranks, dp_strategy strategy, int tp) {
+  return sys.spawn(group_behavior, std::move(role), std::move(ranks), strategy, std::max(1, tp));
 }
 
 } // namespace troupe::actors::train

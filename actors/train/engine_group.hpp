@@ -21,6 +21,13 @@
 //              make the same passes alongside (rm_eval the same batch, an
 //              export for the rest) and only rank 0's answer is kept.
 // Under zero3 every split request needs a row for every rank.
+// NOTE [tensor-parallel dispatch]: with tp > 1 the ranks are a {dp, tp}
+// mesh (rank = d · tp + t): the rows are divided over the dp replicas and
+// every TP rank of replica d gets replica d's rows (the TP ranks compute
+// one model together); the answers of each replica's TP rank 0 are the
+// replica's. A TP group exports, publishes and saves together (each rank
+// gathers its parts with the others'), so rank 0's answers need every
+// rank alongside, as under zero3.
 // The first error of any rank is the answer; a rank that goes down ends the
 // group with it. Ending the group ends its ranks.
 
@@ -33,9 +40,10 @@
 namespace troupe::actors::train {
 
 /// Spawns the group actor of `ranks` (at least one) for role `role`, whose
-/// ranks train under `strategy`.
+/// ranks train under `strategy`, `tp` consecutive ranks a tensor-parallel
+/// group (NOTE [tensor-parallel dispatch]; tp divides the ranks).
 engine_actor spawn_engine_group(caf::actor_system& sys, std::string role,
                                 std::vector<engine_actor> ranks,
-                                dp_strategy strategy = dp_strategy::ddp);
+                                dp_strategy strategy = dp_strategy::ddp, int tp = 1);
 
 } // namespace troupe::actors::train

@@ -4,10 +4,13 @@
 
 namespace troupe::actors::train {
 
-parameter_split split_parameters(const models::llama_config& c, bool lm_head) {
-  auto H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+parameter_split split_parameters(const models::llama_config& c, bool lm_head, int64_t tp) {
+  tp = std::max<int64_t>(tp, 1);
+  auto H = c.hidden_size, V = (c.vocab_size + tp - 1) / tp, I = c.intermediate_size / tp;
   auto hd = c.resolved_head_dim();
-  auto q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
+  auto q = c.num_attention_heads / tp * hd;
+  auto kv =
+      (c.num_key_value_heads % tp == 0 ? c.num_key_value_heads / tp : c.num_key_value_heads) * hd;
   parameter_split s;
   s.layer = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
   if (c.qkv_bias)

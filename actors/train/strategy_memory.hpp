@@ -22,8 +22,10 @@ struct parameter_split {
 };
 
 /// The split of a Llama-family model with an LM head (`lm_head`) or a
-/// scalar head (value / reward).
-parameter_split split_parameters(const models::llama_config& c, bool lm_head);
+/// scalar head (value / reward); under tensor parallelism of size `tp`
+/// (NOTE [tensor parallelism] in models/tensor_parallel.hpp) the part of
+/// the rank holding the most (vocabulary parts differ by a row).
+parameter_split split_parameters(const models::llama_config& c, bool lm_head, int64_t tp = 1);
 
 /// Bytes of a weight or gradient element at precision `p`.
 constexpr double bytes_per_element(precision p) {

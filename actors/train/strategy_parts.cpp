@@ -123,15 +123,26 @@ expected<flat_adam::whole_state> flat_adam::read_state(torch::serialize::InputAr
 }
 
 expected<double> clip_by_global_norm(at::Tensor& grads, runtime::process_group* group,
-                                     double max_norm) {
-  auto sq = guarded("the gradient norm",
-                    [&] { return torch::tensor({squared_norm(grads)}, torch::kDouble); });
+                                     double max_norm, const tp_norm& tp) {
+  // [all, replicated] (NOTE [tensor-parallel norm]).
+  auto sq = guarded("the gradient norm", [&] {
+    double replicated = 0;
+    for (auto [begin, end] : tp.replicated)
+      replicated += squared_norm(grads.narrow(0, begin, end - begin));
+    return torch::tensor({squared_norm(grads), replicated}, torch::kDouble);
+  });
   if (!sq)
     return sq.error();
   if (group)
     if (auto ok = group->all_reduce_sum(*sq); !ok)
       return with_prefix(ok.error(), "summing the gradient norm over the group");
-  const double norm = std::sqrt(sq->item<double>());
+  if (tp.group) {
+    auto split = (*sq)[0] - (*sq)[1];
+    if (auto ok = tp.group->all_reduce_sum(split); !ok)
+      return with_prefix(ok.error(), "summing the gradient norm over the tensor-parallel group");
+    (*sq)[0] = split + (*sq)[1];
+  }
+  const double norm = std::sqrt((*sq)[0].item<double>());
   if (const double c = clip_coefficient(norm, max_norm); c < 1.0)
     grads.mul_(c);
   return norm;

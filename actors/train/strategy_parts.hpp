@@ -88,11 +88,22 @@ inline at::ScalarType optimizer_dtype(at::ScalarType weights) {
   return has_master(weights) ? at::kFloat : weights;
 }
 
+/// NOTE [tensor-parallel norm]: under tensor parallelism a rank's
+/// gradient holds its parts of the split parameters and the whole of the
+/// replicated ones (equal on every TP rank). The global norm sums the split
+/// parts' squares over the TP group and counts the replicated ones once.
+struct tp_norm {
+  runtime::process_group* group = nullptr; // null: no TP
+  /// [begin, end) of `grads`' elements that belong to replicated parameters.
+  std::vector<std::pair<int64_t, int64_t>> replicated;
+};
+
 /// The norm of the whole gradient of which `grads` is this rank's part
-/// (squared norms summed over `group`; null: all of it here), and `grads`
-/// scaled by torch's clip_grad_norm_ rule when it is above `max_norm`.
+/// (squared norms summed over `group`; null: all of it here; and over the
+/// TP group as `tp` says), and `grads` scaled by torch's clip_grad_norm_
+/// rule when it is above `max_norm`.
 expected<double> clip_by_global_norm(at::Tensor& grads, runtime::process_group* group,
-                                     double max_norm);
+                                     double max_norm, const tp_norm& tp = {});
 
 /// The sum of squares of `g`'s elements, in double, a chunk at a time (no
 /// whole-size double copy: that was 3x the gradients at a step's peak).

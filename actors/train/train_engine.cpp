@@ -163,6 +163,53 @@ struct train_engine::impl {
     return ids.narrow(1, 1, ids.size(1) - 1);
   }
 
+  // log p(next token) [B, L-1] under softmax(logits / τ), and the entropy
+  // when asked (always under TP: the same pass), with gradient when
+  // enabled. Under TP from this rank's part of the logits (NOTE
+  // [vocab-parallel log-probs] in kernels/logprobs.hpp).
+  kernels::log_probs_entropy next_token_stats(const runtime::tensor_batch& b,
+                                              const kernels::logits_options& lo, bool entropy) {
+    auto logits = shifted_logits(b);
+    auto tokens = next_tokens(b);
+    if (const auto& tp = model->tp(); tp.active())
+      return value_or_throw(kernels::vocab_parallel_log_probs_and_entropy(
+          logits, tokens, tp.vocab0, model->config().vocab_size, *tp.group, lo));
+    if (entropy)
+      return value_or_throw(kernels::token_log_probs_and_entropy(logits, tokens, lo));
+    return {value_or_throw(kernels::token_log_probs(logits, tokens, lo)), {}};
+  }
+
+  // `o` with the model's tensor-parallel layout (NOTE [tensor-parallel
+  // norm] in strategy_parts.hpp).
+  strategy_options with_tp(strategy_options o) const {
+    const auto& tp = model->tp();
+    if (!tp.active())
+      return o;
+    o.tp_group = tp.group;
+    o.tp_replicated.clear();
+    for (const auto& p : model->named_parameters())
+      o.tp_replicated.push_back(models::tp_slice_of(p.key(), model->config(), tp).replicated());
+    return o;
+  }
+
+  // Parameter i whole: under TP gathered from every rank's part (each rank
+  // of the TP group calls this for the same i at once), else itself.
+  at::Tensor whole(size_t i, const at::Tensor& param) const {
+    const auto& tp = model->tp();
+    if (!tp.active())
+      return param.detach();
+    return value_or_throw(
+        models::tp_gather_weight(param.detach(), names().at(i), model->config(), tp));
+  }
+  // The parameters' troupe names, in registration order.
+  const std::vector<std::string>& names() const {
+    if (param_names.empty())
+      for (const auto& p : model->named_parameters())
+        param_names.push_back(p.key());
+    return param_names;
+  }
+  mutable std::vector<std::string> param_names;
+
   // fn() with every parameter whole (zero3 gathers them: every rank of the
   // group calls this at once), freed after; what fn wrote into them is kept
   // when `keep` and fn returned.
@@ -511,8 +558,8 @@ expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model m
     e->impl_->opts = optim;
     if (optim) {
       e->impl_->model->train();
-      e->impl_->strategy = value_or_throw(
-          training_strategy::make(e->impl_->model->parameters(), *optim, nullptr, {}));
+      e->impl_->strategy = value_or_throw(training_strategy::make(
+          e->impl_->model->parameters(), *optim, nullptr, e->impl_->with_tp({})));
     } else {
       e->impl_->model->eval();
       for (auto& p : e->impl_->model->parameters())
@@ -548,7 +595,7 @@ expected<void> train_engine::join_data_parallel(std::shared_ptr<data_parallel_gr
     if (auto ok = runtime::broadcast_parameters(params, group->group, 0); !ok)
       return with_prefix(ok.error(), "broadcasting the parameters from rank 0");
     if (d.strategy) {
-      auto s = training_strategy::make(params, *d.opts, &group->group, options,
+      auto s = training_strategy::make(params, *d.opts, &group->group, d.with_tp(options),
                                        layer_parameters(d.model));
       if (!s)
         return s.error();
@@ -643,8 +690,8 @@ expected<void> train_engine::set_precision(precision p) {
       param.set_data(param.to(at::kBFloat16));
     d.model->drop_decode_panels();
     if (d.opts)
-      d.strategy =
-          value_or_throw(training_strategy::make(d.model->parameters(), *d.opts, nullptr, {}));
+      d.strategy = value_or_throw(
+          training_strategy::make(d.model->parameters(), *d.opts, nullptr, d.with_tp({})));
   });
 }
 
@@ -678,17 +725,11 @@ expected<runtime::tensor_batch> train_engine::log_probs(const runtime::tensor_ba
     kernels::logits_options lo;
     lo.temperature = temperature;
     return impl_->by_micro_batches(batch, [&](const runtime::tensor_batch& mb) {
-      auto logits = impl_->shifted_logits(mb);
-      auto tokens = impl_->next_tokens(mb);
+      auto r = impl_->next_token_stats(mb, lo, with_entropy);
       runtime::tensor_batch out;
-      if (with_entropy) {
-        auto r = value_or_throw(kernels::token_log_probs_and_entropy(logits, tokens, lo));
+      if (with_entropy)
         value_or_throw(out.set("entropy", r.entropy));
-        value_or_throw(out.set("log_probs", r.log_probs));
-      } else {
-        value_or_throw(
-            out.set("log_probs", value_or_throw(kernels::token_log_probs(logits, tokens, lo))));
-      }
+      value_or_throw(out.set("log_probs", r.log_probs));
       return out;
     });
   });
@@ -744,9 +785,7 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
     lo.temperature = o.temperature;
     auto loss_of = [&](const runtime::tensor_batch& mb) {
       auto mask = need(mb, "response_mask");
-      auto logits = impl_->shifted_logits(mb);
-      auto lpe = value_or_throw(
-          kernels::token_log_probs_and_entropy(logits, impl_->next_tokens(mb), lo));
+      auto lpe = impl_->next_token_stats(mb, lo, true);
       auto pl = value_or_throw(kernels::ppo_policy_loss(lpe.log_probs, need(mb, "old_log_probs"),
                                                         need(mb, "advantages"), mask, po));
       auto entropy = value_or_throw(kernels::entropy_bonus(lpe.entropy, mask, o.loss_agg));
@@ -815,8 +854,7 @@ expected<metric_map> train_engine::sft_step(const runtime::tensor_batch& batch) 
     return ok.error();
   return guarded("sft_step", [&]() -> expected<metric_map> {
     auto loss_of = [&](const runtime::tensor_batch& mb) {
-      auto logits = impl_->shifted_logits(mb);
-      auto lp = value_or_throw(kernels::token_log_probs(logits, impl_->next_tokens(mb)));
+      auto lp = impl_->next_token_stats(mb, {}, false).log_probs;
       auto loss = -value_or_throw(kernels::masked_mean(lp, need(mb, "response_mask")));
       return impl::micro_part{loss, {{"sft/loss", item(loss)}}};
     };
@@ -894,7 +932,9 @@ std::vector<runtime::tensor_spec> train_engine::export_layout() const {
   auto params = d.model->parameters();
   std::vector<runtime::tensor_spec> out;
   for (auto i : d.export_order())
-    out.push_back({names[i], params[i].scalar_type(), d.shapes.at(i)});
+    out.push_back(
+        {names[i], params[i].scalar_type(),
+         models::tp_full_shape(d.names().at(i), d.shapes.at(i), d.model->config(), d.model->tp())});
   return out;
 }
 
@@ -904,7 +944,8 @@ expected<void> train_engine::export_weights_to(const runtime::tensor_sink& put) 
   return guarded("export_weights", [&] {
     auto params = impl_->model->parameters();
     size_t k = 0;
-    impl_->export_spike = impl_->by_export_units([&](size_t i) { put(k++, params[i].detach()); });
+    impl_->export_spike =
+        impl_->by_export_units([&](size_t i) { put(k++, impl_->whole(i, params[i])); });
   });
 }
 
@@ -939,8 +980,9 @@ expected<int64_t> train_engine::gather_weights() const {
     int64_t bytes = 0;
     const bool gathers = impl_->strategy && impl_->strategy->layer_hooks();
     impl_->by_export_units([&](size_t i) {
-      if (gathers)
-        bytes += params[i].numel() * static_cast<int64_t>(params[i].element_size());
+      auto t = impl_->whole(i, params[i]); // the TP group's gather (NOTE [tensor parallelism])
+      if (gathers || impl_->model->tp().active())
+        bytes += t.numel() * static_cast<int64_t>(t.element_size());
     });
     return bytes;
   });

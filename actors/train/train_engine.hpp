@@ -95,10 +95,15 @@ expected<std::vector<runtime::tensor_batch>> make_minibatches(const runtime::ten
                                                               int64_t epochs, int64_t parts,
                                                               uint64_t seed, bool shuffle = true);
 
-/// A data-parallel rank's group: the rendezvous store and the c10d group.
+/// A rank's groups: the rendezvous store and the c10d group of its
+/// data-parallel line; under tensor parallelism (NOTE [tensor parallelism]
+/// in models/tensor_parallel.hpp) also its TP line, which the model's
+/// partition points at, and the mesh group both were split from — the
+/// engine that joins keeps them as long as it lives.
 struct data_parallel_group {
   runtime::store store;
   runtime::process_group group;
+  std::shared_ptr<runtime::process_group> tp, mesh;
 };
 
 class train_engine {

@@ -77,7 +77,14 @@ public:
   void zero_grad() override { f_.zero_grads(); }
 
   expected<double> clip_gradients(double max_norm) override {
-    return detail::clip_by_global_norm(shard_grad(), group_, max_norm);
+    return detail::clip_by_global_norm(shard_grad(), group_, max_norm, tp_norm());
+  }
+
+  // Under TP, the tensor-parallel group and the replicated parameters'
+  // ranges within shard_grad() (NOTE [tensor-parallel norm]).
+  void set_tp(runtime::process_group* group, std::vector<bool> replicated) {
+    tp_group_ = group;
+    tp_replicated_ = std::move(replicated);
   }
 
   int64_t optimizer_bytes() const override { return adam_.bytes(); }
@@ -157,6 +164,24 @@ public:
 protected:
   // This rank and the group's size (ddp: 0 and 1 without a group).
   virtual std::pair<int64_t, int64_t> position() const = 0;
+  // Where shard_grad() starts in the flat layout.
+  virtual int64_t shard_offset() const = 0;
+
+  detail::tp_norm tp_norm() {
+    detail::tp_norm out{tp_group_, {}};
+    if (!tp_group_)
+      return out;
+    const int64_t lo = shard_offset(), hi = lo + shard_grad().numel();
+    for (size_t i = 0; i < tp_replicated_.size() && i < f_.params.size(); ++i) {
+      if (!tp_replicated_[i])
+        continue;
+      const int64_t b = std::max(lo, f_.offsets[i]),
+                    e = std::min(hi, f_.offsets[i] + f_.params[i].numel());
+      if (b < e)
+        out.replicated.emplace_back(b - lo, e - lo);
+    }
+    return out;
+  }
 
   flat_strategy(flat_shards f, const optimizer_options& o, runtime::process_group* group)
       : f_(std::move(f)), group_(group) {
@@ -182,6 +207,8 @@ protected:
   flat_shards f_;
   runtime::process_group* group_;
   flat_adam adam_;
+  runtime::process_group* tp_group_ = nullptr;
+  std::vector<bool> tp_replicated_;
 };
 
 // ---- ddp ---------------------------------------------------------------------------
@@ -220,6 +247,7 @@ public:
 
 private:
   at::Tensor& shard_grad() override { return f_.grads; }
+  int64_t shard_offset() const override { return 0; }
   expected<at::Tensor> gather(const at::Tensor& part) const override { return part; }
   std::pair<int64_t, int64_t> position() const override {
     return dp_group_ ? std::pair<int64_t, int64_t>{dp_group_->rank(), dp_group_->size()}
@@ -270,6 +298,7 @@ protected:
 
 private:
   at::Tensor& shard_grad() override { return grad_shard_; }
+  int64_t shard_offset() const override { return f_.rank * f_.shard; }
   int64_t release_own_grads() override {
     int64_t bytes = grad_shard_.defined()
                         ? grad_shard_.numel() * static_cast<int64_t>(grad_shard_.element_size())
@@ -486,32 +515,39 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
       return make_error(errc::unsupported,
                         "training_strategy: the parameters must share one floating dtype and "
                         "one device");
+  if (options.tp_group && options.tp_replicated.size() != params.size())
+    return make_error(errc::invalid_argument,
+                      "training_strategy: " + std::to_string(options.tp_replicated.size()) +
+                          " tensor-parallel flags for " + std::to_string(params.size()) +
+                          " parameters");
+  if (options.kind == dp_strategy::zero3) {
+    if (!group)
+      return make_error(errc::invalid_argument, "training_strategy: zero3 needs a DP group");
+    if (options.tp_group)
+      return make_error(errc::unsupported,
+                        "training_strategy: zero3 under tensor parallelism is not supported yet "
+                        "(use zero1 or zero2 over the DP dimension)");
+    return detail::make_zero3_strategy(std::move(params), std::move(layers), optim, *group);
+  }
+  if (options.kind != dp_strategy::ddp && !group)
+    return make_error(errc::invalid_argument,
+                      "training_strategy: " + std::string{to_string(options.kind)} +
+                          " needs a DP group");
   return guarded("training_strategy", [&]() -> expected<std::unique_ptr<training_strategy>> {
-    switch (options.kind) {
-    case dp_strategy::ddp: {
-      flat_shards f{std::move(params), 1, 0};
-      return std::unique_ptr<training_strategy>(new ddp_strategy(
-          std::move(f), optim, group, static_cast<int64_t>(options.bucket_mb * 1024 * 1024)));
-    }
-    case dp_strategy::zero1: {
-      if (!group)
-        return make_error(errc::invalid_argument, "training_strategy: zero1 needs a DP group");
-      flat_shards f{std::move(params), group->size(), group->rank()};
-      return std::unique_ptr<training_strategy>(new zero1_strategy(std::move(f), optim, *group));
-    }
-    case dp_strategy::zero2: {
-      if (!group)
-        return make_error(errc::invalid_argument, "training_strategy: zero2 needs a DP group");
-      flat_shards f{std::move(params), group->size(), group->rank()};
-      return std::unique_ptr<training_strategy>(new zero2_strategy(
-          std::move(f), optim, *group, static_cast<int64_t>(options.bucket_mb * 1024 * 1024)));
-    }
-    case dp_strategy::zero3:
-      if (!group)
-        return make_error(errc::invalid_argument, "training_strategy: zero3 needs a DP group");
-      return detail::make_zero3_strategy(std::move(params), std::move(layers), optim, *group);
-    }
-    return make_error(errc::unsupported, "training_strategy: unknown strategy");
+    const auto bucket = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
+    std::unique_ptr<flat_strategy> s;
+    if (options.kind == dp_strategy::ddp)
+      s.reset(new ddp_strategy(flat_shards{std::move(params), 1, 0}, optim, group, bucket));
+    else if (options.kind == dp_strategy::zero1)
+      s.reset(new zero1_strategy(flat_shards{std::move(params), group->size(), group->rank()},
+                                 optim, *group));
+    else if (options.kind == dp_strategy::zero2)
+      s.reset(new zero2_strategy(flat_shards{std::move(params), group->size(), group->rank()},
+                                 optim, *group, bucket));
+    else
+      return make_error(errc::unsupported, "training_strategy: unknown strategy");
+    s->set_tp(options.tp_group, options.tp_replicated);
+    return std::unique_ptr<training_strategy>(std::move(s));
   });
 }
 

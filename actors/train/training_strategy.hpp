@@ -67,6 +67,12 @@ struct strategy_options {
   dp_strategy kind = dp_strategy::ddp;
   /// ddp's all-reduce bucket (NOTE [gradient buckets]).
   double bucket_mb = 25;
+  /// Tensor parallelism (NOTE [tensor-parallel norm] in strategy_parts.hpp):
+  /// the TP group, and per parameter whether it is replicated over it
+  /// (empty: none is). The DP group is one line of the mesh, the TP group
+  /// another; zero3 does not run under TP yet.
+  runtime::process_group* tp_group = nullptr;
+  std::vector<bool> tp_replicated;
 };
 
 class training_strategy {

@@ -23,6 +23,7 @@ using namespace troupe;
 using namespace troupe::actors;
 using troupe::actors::inference::testing::copy_of;
 using troupe::actors::inference::testing::fixed_batch;
+using troupe::actors::inference::testing::rl_batch;
 using troupe::actors::inference::testing::state_tensors;
 using troupe::actors::inference::testing::tiny_model;
 
@@ -126,19 +127,6 @@ void expect_same_metrics(const train::metric_map& a, const train::metric_map& b)
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [k, v] : a)
     EXPECT_NEAR(v, b.at(k), tolerance * std::max(1.0, std::abs(v))) << k;
-}
-
-runtime::tensor_batch rl_batch(int64_t rows, uint64_t seed) {
-  auto b = fixed_batch(rows, seed);
-  auto mask = b.get("response_mask").value();
-  torch::manual_seed(static_cast<int64_t>(seed));
-  auto shape = mask.sizes();
-  EXPECT_TRUE(b.set("old_log_probs", (-torch::rand(shape) * 3) * mask));
-  EXPECT_TRUE(b.set("ref_log_probs", (-torch::rand(shape) * 3) * mask));
-  EXPECT_TRUE(b.set("advantages", torch::randn(shape) * mask));
-  EXPECT_TRUE(b.set("returns", torch::randn(shape) * mask));
-  EXPECT_TRUE(b.set("values", torch::randn(shape) * 0.1 * mask));
-  return b;
 }
 
 // Five optimizer steps — an update of 2 epochs × 2 minibatches, then one of

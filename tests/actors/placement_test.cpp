@@ -241,8 +241,12 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
     std::string expected;
   };
   for (const auto& [role, expected] : std::vector<row>{
-           {"{role: policy, pool: a, tp: 2}", "job.yaml:18:39: placement.roles[0].tp: tensor "
-                                              "parallelism is not available yet: tp must be 1"},
+           {"{role: rollout, pool: a, tp: 2}",
+            "job.yaml:18:40: placement.roles[0].tp: tensor parallelism is for trained roles "
+            "(policy, critic, reward); rollout's is not available yet"},
+           {"{role: policy, pool: a, tp: 4}", // tiny_job: 2 heads
+            "job.yaml:18:39: placement.roles[0].tp: tensor parallelism: tp 4 does not divide the "
+            "attention heads (2)"},
            {"{role: policy, pool: a, pp: 2}", "job.yaml:18:39: placement.roles[0].pp: pipeline "
                                               "parallelism is not available yet: pp must be 1"},
            {"{role: reference, pool: a, strategy: zero1}",
@@ -267,6 +271,50 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
     auto e = error_of(pools + "  roles: [" + role + "]\n");
     EXPECT_NE(e.find(expected), std::string::npos) << role << "\n" << e;
   }
+}
+
+// NOTE [tensor parallelism]: a TP rank holds its part of the parameters
+// (tiny_job at tp 2: half of each block's heads and MLP rows, half the
+// vocabulary, the kv head and the norms whole), its ranks are named by
+// their mesh coordinates, and a TP group that would span nodes is refused.
+TEST(Placement, TensorParallelRanksHoldTheirPartOnOneNode) {
+  auto with = [](const std::string& layout, std::vector<std::string> sets = {}) {
+    std::string p = troupe::actors::rl::testing::disaggregated_placement;
+    p.replace(p.find("{role: policy, pool: train, dp: 2}"), 34,
+              "{role: policy, pool: train, " + layout + "}");
+    return plan_of(p, std::move(sets));
+  };
+  auto dp = with("dp: 2"), tp = with("tp: 2");
+  ASSERT_TRUE(dp) << describe(dp.error());
+  ASSERT_TRUE(tp) << describe(tp.error());
+  EXPECT_EQ(tp->layout_of("rl", "policy"), (parallel_layout{1, 2, 1}));
+  EXPECT_EQ(tp->find("policy")->devices, (std::vector<int64_t>{0, 1}));
+  auto weights = [](const placement_plan& plan, const std::string& rank) {
+    for (const auto& d : plan.devices)
+      for (const auto& r : d.peak_ranks)
+        if (r.rank == rank)
+          for (const auto& t : r.terms)
+            if (t.name == "weights")
+              return t.bytes;
+    return -1.0;
+  };
+  // tiny_job: H 32, I 64, 2 layers, 2 heads of 16, 1 kv head, vocab 259.
+  const double layer = 32 * 16 + 2 * 32 * 16 + 16 * 32 + 3 * 32 * 32 + 2 * 32;
+  const double rest = 130 * 32 * 2 + 32; // embedding and LM head parts (130 of 259 ids), norm
+  EXPECT_DOUBLE_EQ(weights(*tp, "policy[dp 0, tp 1]"), 4 * (2 * layer + rest));
+  EXPECT_LT(weights(*tp, "policy[dp 0, tp 0]"), weights(*dp, "policy[dp 0]"));
+  EXPECT_NE(tp->render().find("policy[dp 0, tp 1]"), std::string::npos) << tp->render();
+  // Two nodes of two devices, policy at tp 2 on devices 1 and 2: refused.
+  std::string apart = "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 1}, {name: b, "
+                      "devices: 2}, {name: c, devices: 1}]\n"
+                      "  roles: [{role: policy, pool: b, tp: 2}]\n";
+  auto split = plan_of(apart, {"resources.nodes=2", "resources.devices_per_node=2"});
+  ASSERT_FALSE(split);
+  EXPECT_NE(describe(split.error())
+                .find("policy's tensor-parallel group 0 (tp 2) spans nodes 0 and 1; a TP group "
+                      "stays on one node"),
+            std::string::npos)
+      << describe(split.error());
 }
 
 // NOTE [rank memory]: over 2 ranks a policy rank's states are 4 + 4 + 8

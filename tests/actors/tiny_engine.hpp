@@ -91,6 +91,22 @@ inline runtime::tensor_batch fixed_batch(int64_t rows, uint64_t seed) {
   return *b;
 }
 
+/// fixed_batch with the RL columns an update reads: old and reference
+/// log-probs, advantages, returns and values (seeded by `seed`; torch's
+/// global generator, so make it before any rank thread starts).
+inline runtime::tensor_batch rl_batch(int64_t rows, uint64_t seed) {
+  auto b = fixed_batch(rows, seed);
+  auto mask = b.get("response_mask").value();
+  torch::manual_seed(static_cast<int64_t>(seed));
+  auto shape = mask.sizes();
+  EXPECT_TRUE(b.set("old_log_probs", (-torch::rand(shape) * 3) * mask));
+  EXPECT_TRUE(b.set("ref_log_probs", (-torch::rand(shape) * 3) * mask));
+  EXPECT_TRUE(b.set("advantages", torch::randn(shape) * mask));
+  EXPECT_TRUE(b.set("returns", torch::randn(shape) * mask));
+  EXPECT_TRUE(b.set("values", torch::randn(shape) * 0.1 * mask));
+  return b;
+}
+
 /// The tensors of a training state (save_state's bytes), by key.
 inline std::map<std::string, at::Tensor> state_tensors(const std::string& bytes) {
   torch::serialize::InputArchive a;

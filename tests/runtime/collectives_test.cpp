@@ -7,6 +7,7 @@
 #include "runtime/collectives.hpp"
 
 #include "tests/support/faulty_group.hpp"
+#include "tests/support/ranks.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -17,6 +18,7 @@
 
 using namespace troupe;
 using namespace troupe::runtime;
+using troupe::testing::on_every_rank;
 
 namespace {
 
@@ -27,19 +29,6 @@ local_groups make_ranks(int world, const std::string& name, int64_t timeout_ms =
   auto s = make_local_groups(world, go);
   EXPECT_TRUE(s) << (s ? "" : describe(s.error()));
   return s ? std::move(*s) : local_groups{};
-}
-
-/// Runs `body(group)` on every rank at once; returns each rank's result.
-template <class T>
-std::vector<T> on_every_rank(std::vector<process_group>& groups,
-                             const std::function<T(process_group&)>& body) {
-  std::vector<std::future<T>> runs;
-  for (auto& g : groups)
-    runs.push_back(std::async(std::launch::async, [&body, &g] { return body(g); }));
-  std::vector<T> out;
-  for (auto& r : runs)
-    out.push_back(r.get());
-  return out;
 }
 
 /// Rank r's input: a fixed pseudo-random tensor per (rank, seed).
