@@ -18,7 +18,14 @@
 //    loopback TCP stream between two threads of the same process;
 //  - a zero3 weight sync over the broadcast transport, streamed (NOTE
 //    [streamed publish]: each bucket sent while the ranks gather the next
-//    unit) against export-then-publish, same run.
+//    unit) against export-then-publish, same run;
+//  - tensor parallelism (NOTE [tensor parallelism]): TP 2 and DP 2 × TP 2
+//    against the single engine's weights, step time against DP 2, and the
+//    bytes a TP rank receives per step against Megatron's volume: per
+//    block one all-reduce of the [tokens, hidden] activations forward and
+//    one backward for attention and for the MLP (plus the embedding's and
+//    the LM head input's, and the vocab-parallel log-probs' row sums), each
+//    a ring moving 2(TP−1)/TP of it.
 //
 //   bench_strategies [--quick] [--steps N]
 #include "actors/rl/data.hpp"
@@ -26,6 +33,7 @@
 #include "actors/train/strategy_memory.hpp"
 #include "actors/train/train_engine.hpp"
 #include "models/llama.hpp"
+#include "models/tensor_parallel.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/counting_allocator.hpp"
 #include "runtime/weight_transport.hpp"
@@ -44,6 +52,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,12 +143,18 @@ double weight_norm_sum(const std::map<std::string, at::Tensor>& w) {
   return s;
 }
 
+// An engine on a copy of `base`, or on rank part's share of it.
 std::unique_ptr<actors::train::train_engine>
 engine_of(const models::llama_model& base,
-          actors::train::precision precision = actors::train::precision::fp32) {
+          actors::train::precision precision = actors::train::precision::fp32,
+          const models::tp_partition* part = nullptr) {
   auto m = models::make_llama(base->config(), models::head_kind::lm);
   if (!m || !models::assign_hf_weights(*m, models::export_hf_weights(base), true)) {
     std::fprintf(stderr, "copying the model failed\n");
+    std::exit(1);
+  }
+  if (part && !(m = models::make_tp_part(*m, *part))) {
+    std::fprintf(stderr, "%s\n", describe(m.error()).c_str());
     std::exit(1);
   }
   actors::train::optimizer_options o;
@@ -160,11 +175,15 @@ struct result {
   std::vector<double> norm_sums; // a rank each
 };
 
+// `world` ranks as a {world / tp, tp} mesh: DP over the replicas under
+// `strategy`, each replica's tp ranks one model (NOTE [tensor parallelism]).
 result run(const models::llama_model& base, const std::vector<runtime::tensor_batch>& global,
            int world, dp_strategy strategy,
-           actors::train::precision precision = actors::train::precision::fp32) {
+           actors::train::precision precision = actors::train::precision::fp32, int tp = 1) {
+  const int dp = world / tp;
   runtime::group_options go;
-  go.name = "bench-" + std::string{to_string(strategy)} + "-" + std::to_string(world);
+  go.name = "bench-" + std::string{to_string(strategy)} + "-" + std::to_string(world) + "-tp" +
+            std::to_string(tp);
   go.timeout_ms = 120000;
   auto groups = runtime::make_local_groups(world, go);
   if (!groups) {
@@ -181,16 +200,29 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
     runtime::counting_allocator::set_thread_tag(r);
     counter.reset_peak(r);
     const auto at_start = counter.counts(r).current;
-    auto e = engine_of(base, precision);
     auto g = std::make_shared<actors::train::data_parallel_group>();
     g->store = std::move(groups->stores[static_cast<size_t>(r)]);
-    g->group = std::move(groups->groups[static_cast<size_t>(r)]);
-    auto& group = g->group;
+    g->mesh =
+        std::make_shared<runtime::process_group>(std::move(groups->groups[static_cast<size_t>(r)]));
+    auto& group = *g->mesh;
+    auto lines = runtime::make_mesh_groups(group, runtime::rank_mesh{{dp, tp}}, {"dp", "tp"});
+    if (!lines)
+      return lines.error();
+    g->group = std::move((*lines)[0]);
+    g->tp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+    std::optional<models::tp_partition> part;
+    if (tp > 1) {
+      auto p = models::partition_llama(base->config(), *g->tp);
+      if (!p)
+        return p.error();
+      part = *p;
+    }
+    auto e = engine_of(base, precision, part ? &*part : nullptr);
     if (auto ok = e->join_data_parallel(g, {strategy, 25}); !ok)
       return ok.error();
     counter.reset_peak(r); // the training's peak, not the model's copying in
     for (size_t s = 0; s < global.size(); ++s) {
-      auto shares = global[s].split(world);
+      auto shares = global[s].split(dp);
       if (!shares)
         return shares.error();
       if (auto ok = group.barrier(); !ok)
@@ -198,7 +230,7 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
       if (r == 0 && s == 1)
         received_before = tcp_bytes_received();
       auto t0 = std::chrono::steady_clock::now();
-      if (auto m = e->sft_step((*shares)[static_cast<size_t>(r)]); !m)
+      if (auto m = e->sft_step((*shares)[static_cast<size_t>(r / tp)]); !m)
         return m.error();
       if (auto ok = group.barrier(); !ok)
         return ok.error();
@@ -469,6 +501,48 @@ bool print_bf16(const models::llama_model& base, const std::vector<runtime::tens
   return ok;
 }
 
+// NOTE [tensor parallelism]: TP 2 and DP 2 × TP 2 against the single
+// engine, TP 2's step time against DP 2's and the bytes a TP rank receives
+// per step against Megatron's volume (at the top).
+bool print_tensor_parallel(const models::llama_model& base,
+                           const std::vector<runtime::tensor_batch>& global, const options& o,
+                           int64_t rows, double want) {
+  const auto c = shape(o.quick);
+  const double H = static_cast<double>(c.hidden_size), L = static_cast<double>(c.num_hidden_layers);
+  std::printf("\ntensor parallelism (gloo; single engine: weight-norm sum %.9g)\n", want);
+  std::printf("%-12s %-12s %8s %9s %12s %12s %6s\n", "", "norm sum", "step ms", "vs dp 2",
+              "recv/step/rk", "Megatron", "ratio");
+  auto dp2 = run(base, global, 2, dp_strategy::ddp);
+  bool ok = true;
+  struct layout {
+    const char* name;
+    int world, tp;
+  };
+  for (const auto& l : {layout{"tp 2", 2, 2}, layout{"dp 2 x tp 2", 4, 2}}) {
+    auto r = run(base, global, l.world, dp_strategy::ddp, actors::train::precision::fp32, l.tp);
+    bool equal = true;
+    for (double n : r.norm_sums)
+      equal = equal && std::abs(n - want) <= 1e-5 * std::abs(want);
+    ok = ok && equal;
+    // Per rank and step: the tokens of its replica's share.
+    const double tokens = static_cast<double>(rows * 64 / (l.world / l.tp));
+    const double scored = static_cast<double>(rows * 63 / (l.world / l.tp)); // shifted rows
+    const double activations = ((4 * L + 2) * tokens * H + 4 * scored) * 4;
+    const double megatron = 2.0 * (l.tp - 1) / l.tp * activations;
+    // The DP dimension's gradient all-reduce of a rank's parameters on top.
+    const double dp_part =
+        l.world > l.tp
+            ? 2.0 * (l.world / l.tp - 1) / (l.world / l.tp) * 4 *
+                  static_cast<double>(actors::train::split_parameters(c, true, l.tp).total())
+            : 0.0;
+    std::printf("%-12s %-12.9g %8.2f %9.2f %12.0f %12.0f %6.2f%s\n", l.name, r.norm_sums[0],
+                r.step_s * 1e3, r.step_s / dp2.step_s, r.received_per_step, megatron + dp_part,
+                r.received_per_step / (megatron + dp_part), equal ? "" : "  NORMS DIFFER");
+  }
+  std::printf("dp 2 (ddp)   %-12.9g %8.2f\n", dp2.norm_sums[0], dp2.step_s * 1e3);
+  return ok;
+}
+
 int main(int argc, char** argv) {
   const auto o = parse(argc, argv);
   at::set_num_threads(1);
@@ -538,6 +612,7 @@ int main(int argc, char** argv) {
     }
   }
   all_ok = print_bf16(*base, global, o, rows) && all_ok;
+  all_ok = print_tensor_parallel(*base, global, o, rows, want) && all_ok;
   print_weight_sync(*base, o.quick);
   print_bandwidths(o.quick);
   std::printf("\n%s\n", all_ok ? "every rank of every strategy matches the single engine (1e-5)"
