@@ -1,5 +1,5 @@
 // Training under tensor parallelism (NOTE [tensor parallelism]): TP 2, and
-// DP 2 × TP 2 under ddp and zero1 over the DP dimension, train the same
+// DP 2 × TP 2 under ddp, zero1 and zero2 over the DP dimension, train the same
 // model on the same global batches to within 1e-5 of one engine after 5
 // Adam steps (gloo ranks in this process, one thread a rank), with the
 // gradient clip active (NOTE [tensor-parallel norm]), for SFT, PPO updates
@@ -182,6 +182,12 @@ TEST(TensorParallelEngine, Zero1OverDpWithTpTwoTrainsLikeOneEngine) {
   expect_like_one(15, models::head_kind::lm, sft(), 2, 2, train::dp_strategy::zero1);
 }
 
+// zero2 reduce-scatters over the DP group during backward, while the TP
+// layers all-reduce over the TP group in the same backward.
+TEST(TensorParallelEngine, Zero2OverDpWithTpTwoRunsPpoLikeOneEngine) {
+  expect_like_one(19, models::head_kind::lm, ppo(), 2, 2, train::dp_strategy::zero2);
+}
+
 // A rank of a DP × TP mesh and the groups its engine uses.
 struct mesh_rank {
   std::shared_ptr<runtime::process_group> tp; // the model's partition points here
@@ -220,7 +226,7 @@ expected<R> ask(caf::actor_system& sys, const train::engine_actor& a, Ts&&... xs
 }
 
 void check_group(caf::actor_system& sys, const models::llama_model& base,
-                 std::vector<mesh_rank>& ranks);
+                 std::vector<mesh_rank>& ranks, std::vector<mesh_rank>& fresh);
 
 TEST(TensorParallelEngine, TheGroupGivesEachReplicasRowsToItsTpRanks) {
   caf::actor_system_config cfg;
@@ -233,20 +239,33 @@ TEST(TensorParallelEngine, TheGroupGivesEachReplicasRowsToItsTpRanks) {
   auto world = runtime::make_local_groups(4, go);
   ASSERT_TRUE(world);
   auto ranks = mesh_engines(*world, base, 2, 2);
-  check_group(sys, base, ranks); // the actors' handles end with it
-  system.reset();                // the ranks end before their groups do
+  // Another model at dp 1 × tp 2, for the checkpoint to land in.
+  go.name = "tp-restored";
+  auto world2 = runtime::make_local_groups(2, go);
+  ASSERT_TRUE(world2);
+  auto fresh = mesh_engines(*world2, tiny_model(18), 1, 2);
+  check_group(sys, base, ranks, fresh); // the actors' handles end with it
+  system.reset();                       // the ranks end before their groups do
+}
+
+std::vector<train::engine_actor> spawn_ranks(caf::actor_system& sys, const std::string& role,
+                                             std::vector<mesh_rank>& ranks) {
+  std::vector<train::engine_actor> out;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    out.push_back(train::spawn_engine_actor(sys, role + "[" + std::to_string(r) + "]",
+                                            std::move(ranks[r].engine)));
+  return out;
 }
 
 void check_group(caf::actor_system& sys, const models::llama_model& base,
-                 std::vector<mesh_rank>& ranks) {
+                 std::vector<mesh_rank>& ranks, std::vector<mesh_rank>& fresh) {
   auto single = train::spawn_engine_actor(
       sys, "single",
       std::move(*train::train_engine::make(copy_of(base, models::head_kind::lm), optim())));
-  std::vector<train::engine_actor> members;
-  for (size_t r = 0; r < ranks.size(); ++r)
-    members.push_back(train::spawn_engine_actor(sys, "policy[" + std::to_string(r) + "]",
-                                                std::move(ranks[r].engine)));
-  auto group = train::spawn_engine_group(sys, "policy", members, train::dp_strategy::ddp, 2);
+  auto group = train::spawn_engine_group(sys, "policy", spawn_ranks(sys, "policy", ranks),
+                                         train::dp_strategy::ddp, 2);
+  auto restored = train::spawn_engine_group(sys, "restored", spawn_ranks(sys, "restored", fresh),
+                                            train::dp_strategy::ddp, 2);
 
   auto batch = rl_batch(6, 300); // 3 rows a replica
   auto lp_one =
@@ -277,6 +296,26 @@ void check_group(caf::actor_system& sys, const models::llama_model& base,
   ASSERT_FALSE(state);
   EXPECT_NE(describe(state.error()).find("tensor-parallel ranks (tp 2) are not supported yet"),
             std::string::npos);
+  // The checkpoint: every rank's shard, loaded under another dp with the
+  // same tp, gives the same weights bit for bit; another tp is refused.
+  auto shards = ask<train::state_shards>(sys, group, train::save_shards_atom::value);
+  ASSERT_TRUE(shards) << describe(shards.error());
+  EXPECT_EQ(shards->tp, 2);
+  EXPECT_EQ(shards->shards.size(), 4u);
+  auto wrong = *shards;
+  wrong.tp = 1;
+  auto refused = ask<int64_t>(sys, restored, train::load_shards_atom::value, wrong);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error()).find("saved by tp 1 ranks, this role has tp 2"),
+            std::string::npos)
+      << describe(refused.error());
+  auto loaded = ask<int64_t>(sys, restored, train::load_shards_atom::value, *shards);
+  ASSERT_TRUE(loaded) << describe(loaded.error());
+  auto w_back = ask<actors::shared_weights>(sys, restored, train::export_atom::value);
+  ASSERT_TRUE(w_back) << describe(w_back.error());
+  for (const auto& [name, t] : **w_tp)
+    EXPECT_TRUE(torch::equal((*w_back)->at(name), t)) << name;
+  caf::anon_send_exit(restored, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(single, caf::exit_reason::user_shutdown);
 }
