@@ -351,7 +351,7 @@ struct group_ref : torch::CustomClassHolder {
 };
 
 // Forward: per row the largest logit over the group, then the group's sums
-// of exp(x − m), exp(x − m)·x and the target's logit (only its owner has
+// of exp(x − m), exp(x − m)·(x − m) and the target's logit (only its owner has
 // it), reduced in one call. Backward needs no collective: every rank holds
 // the same log-probs and entropies, so the same upstream gradients, and
 // differentiates its own columns: d log p / dx_j = [j = target] − p_j,
@@ -369,15 +369,17 @@ struct vocab_parallel_fn : public torch::autograd::Function<vocab_parallel_fn> {
     auto local = tokens1d - vocab_start;
     auto mine = (local >= 0).logical_and_(local < p.vocab);
     auto target = x.gather(1, local.clamp(0, p.vocab - 1).unsqueeze(1)).squeeze(1) * mine;
-    auto sums = at::stack({e.sum(1), (e * x).sum(1), target}).contiguous();
+    // Σ e·(x − m), not Σ e·x: E_p[x] − m stays small where x and m are large.
+    auto sums = at::stack({e.sum(1), (e * (x - m.unsqueeze(1))).sum(1), target}).contiguous();
     value_or_throw(group->group.all_reduce(sums, runtime::reduce_op::sum));
-    auto lse = m + sums[0].log();
-    auto mean_x = sums[1] / sums[0]; // E_p[x]
-    ctx->save_for_backward({logits2d, tokens1d, lse, mean_x});
+    auto log_s = sums[0].log();
+    auto centred = sums[1] / sums[0]; // E_p[x] − m
+    auto lse = m + log_s;
+    ctx->save_for_backward({logits2d, tokens1d, lse, m, centred});
     ctx->saved_data["vocab_start"] = vocab_start;
     ctx->saved_data["inv_temp"] = inv_temp;
     ctx->set_materialize_grads(false);
-    return {sums[2] - lse, lse - mean_x};
+    return {sums[2] - lse, log_s - centred};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -397,8 +399,9 @@ struct vocab_parallel_fn : public torch::autograd::Function<vocab_parallel_fn> {
                                             mine.to(p.type).unsqueeze(1));
       d += hit * g;
     }
-    if (grads[1].defined())
-      d -= prob * (x - saved[3].unsqueeze(1)) * grads[1].to(p.type).unsqueeze(1);
+    if (grads[1].defined()) // x − E_p[x] = (x − m) − (E_p[x] − m)
+      d -= prob * ((x - saved[3].unsqueeze(1)) - saved[4].unsqueeze(1)) *
+           grads[1].to(p.type).unsqueeze(1);
     if (p.inv_temp != 1.0)
       d *= p.inv_temp;
     return {d.to(logits2d.scalar_type()), at::Tensor{}, at::Tensor{}, at::Tensor{}, at::Tensor{}};

@@ -60,7 +60,7 @@ expected<log_probs_entropy> token_log_probs_and_entropy(const at::Tensor& logits
 /// NOTE [vocab-parallel log-probs]: under tensor parallelism each rank of
 /// the group holds the logits of a contiguous part of the vocabulary (the
 /// vocab-parallel LM head), and no rank materialises the whole [..., V]:
-/// the largest logit, the sums of exp(x − max) and exp(x − max)·x, and the
+/// the largest logit, the sums of exp(x − max) and exp(x − max)·(x − max), and the
 /// target's logit (held by one rank) are reduced across the group, so each
 /// rank ends with every row's log p(token) and entropy, equal on all ranks.
 /// The backward needs no collective (each rank differentiates its columns).

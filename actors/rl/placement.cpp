@@ -105,10 +105,12 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
     rows = std::min(rows, std::max<int64_t>(placed.micro_batch_tokens / tokens, 1));
   if (st.id == stage_id::rm)
     rows *= 2;
-  return train::training_rank_memory(placed.strategy, dp, placed.bucket_mb,
-                                     split_parameters(m, lm, std::max<int64_t>(placed.tp, 1)),
-                                     train::activation_bytes(m, lm, rows, tokens, placed.compute),
-                                     placed.compute, /*exports=*/rank == 0);
+  // Under TP rank 0 exports the whole model, gathered from its TP group.
+  return train::training_rank_memory(
+      placed.strategy, dp, placed.bucket_mb,
+      split_parameters(m, lm, std::max<int64_t>(placed.tp, 1)),
+      train::activation_bytes(m, lm, rows, tokens, placed.compute), placed.compute,
+      /*exports=*/rank == 0, static_cast<double>(split_parameters(m, lm).total()));
 }
 
 // Estimated bytes of one rank of `role` in `stage`, by term (NOTE [memory

@@ -73,7 +73,8 @@ struct moment {
 // What the moments of a step hold besides the states (NOTE [rank memory]);
 // `w` bytes a weight or gradient element.
 std::vector<moment> moments_of(dp_strategy kind, double n, double bucket_mb, double w, bool exports,
-                               const parameter_split& params, const activation_split& a) {
+                               double exported, const parameter_split& params,
+                               const activation_split& a) {
   const double phi = static_cast<double>(params.total());
   const double rest = static_cast<double>(params.rest), layer = static_cast<double>(params.layer);
   const double arriving = w * static_cast<double>(params.largest);
@@ -86,7 +87,8 @@ std::vector<moment> moments_of(dp_strategy kind, double n, double bucket_mb, dou
   std::vector<moment> out{{"the optimizer step", 0, step}};
   if (exports) // the copy, and zero3's largest unit whole (NOTE [export units])
     out.push_back({"the weight export", 0,
-                   w * phi + (kind == dp_strategy::zero3 ? w * std::max(layer, rest) : 0)});
+                   w * (exported > 0 ? exported : phi) +
+                       (kind == dp_strategy::zero3 ? w * std::max(layer, rest) : 0)});
   switch (kind) {
   case dp_strategy::ddp:
     out.push_back({"the top of backward", a.total(), arriving});
@@ -118,7 +120,7 @@ std::vector<moment> moments_of(dp_strategy kind, double n, double bucket_mb, dou
 
 rank_memory training_rank_memory(dp_strategy s, int64_t dp, double bucket_mb,
                                  const parameter_split& params, const activation_split& activations,
-                                 precision p, bool exports) {
+                                 precision p, bool exports, double exported) {
   const double phi = static_cast<double>(params.total());
   const bool sharded = dp > 1; // a zero strategy at dp 1 trains as ddp
   const double n = sharded ? static_cast<double>(dp) : 1.0;
@@ -131,7 +133,7 @@ rank_memory training_rank_memory(dp_strategy s, int64_t dp, double bucket_mb,
                 : kind == dp_strategy::zero1 ? w * phi + w * phi / n
                                              : w * phi / n;
   m.optimizer = kind == dp_strategy::ddp ? o * phi : o * phi / n;
-  const auto all = moments_of(kind, n, bucket_mb, w, exports, params, activations);
+  const auto all = moments_of(kind, n, bucket_mb, w, exports, exported, params, activations);
   const auto& peak =
       *std::max_element(all.begin(), all.end(),
                         [](const moment& x, const moment& y) { return x.total() < y.total(); });

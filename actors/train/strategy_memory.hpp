@@ -125,8 +125,12 @@ struct rank_memory {
   std::vector<memory_term> terms() const;
 };
 
+/// `exports`: the rank copies the weights out (the stage's output, the
+/// weight syncs); `exported` the elements it copies — 0: its own
+/// parameters; under tensor parallelism the whole model's, gathered.
 rank_memory training_rank_memory(dp_strategy s, int64_t dp, double bucket_mb,
                                  const parameter_split& params, const activation_split& activations,
-                                 precision p = precision::fp32, bool exports = false);
+                                 precision p = precision::fp32, bool exports = false,
+                                 double exported = 0);
 
 } // namespace troupe::actors::train
