@@ -268,6 +268,64 @@ expected<state_shards> all_shards(std::vector<state_shards>& parts) {
   return all;
 }
 
+// Rank 0's answer (the others answered the same or their part of it).
+template <class T>
+expected<T> first_answer(const std::vector<T>& parts) {
+  return parts[0];
+}
+
+// A whole training state is one rank's: under TP each rank holds other
+// parts of the parameters (checkpoints take the shards instead).
+std::optional<caf::error> no_tp_state(self_ptr self, const char* what) {
+  if (self->state.tp == 1)
+    return std::nullopt;
+  return make_error(errc::unsupported, self->state.role + ": " + what +
+                                           ": training states of tensor-parallel ranks (tp " +
+                                           std::to_string(self->state.tp) +
+                                           ") are not supported yet");
+}
+
+// NOTE [sharded state]: each rank its own shard, none gathered, in rank
+// order; under TP (NOTE [tensor-parallel dispatch]) rank d · tp + t loads
+// the shards of TP rank t (the parts of the parameters it holds), from
+// whatever DP size saved them.
+caf::typed_response_promise<state_shards> save_shards(self_ptr self) {
+  const auto tp = self->state.tp;
+  return to_all<state_shards>(
+      self,
+      [tp](std::vector<state_shards>& parts) {
+        auto all = all_shards(parts);
+        if (all)
+          all->tp = tp;
+        return all;
+      },
+      save_shards_atom::value);
+}
+
+caf::result<int64_t> load_shards(self_ptr self, const state_shards& shards) {
+  const auto tp = static_cast<size_t>(self->state.tp);
+  const auto& role = self->state.role;
+  if (shards.tp != self->state.tp)
+    return make_error(errc::invalid_argument,
+                      role + ": load_shards: the state was saved by tp " +
+                          std::to_string(shards.tp) + " ranks, this role has tp " +
+                          std::to_string(tp) + " (a state loads under any dp, not another tp yet)");
+  if (shards.shards.size() % tp != 0)
+    return make_error(errc::corrupted,
+                      role + ": load_shards: " + std::to_string(shards.shards.size()) +
+                          " shards do not come from tp " + std::to_string(tp) + " ranks");
+  auto of_tp = std::make_shared<std::vector<state_shards>>(tp);
+  for (size_t i = 0; i < shards.shards.size(); ++i)
+    (*of_tp)[i % tp].shards.push_back(shards.shards[i]);
+  return fan_out<int64_t, int64_t>(
+      self, self->state.ranks.size(),
+      [=](size_t r) {
+        return self->request(self->state.ranks[r], caf::infinite, load_shards_atom::value,
+                             (*of_tp)[r % tp]);
+      },
+      first_answer<int64_t>);
+}
+
 engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
                                            std::vector<engine_actor> ranks, dp_strategy strategy,
                                            int tp) {
@@ -312,21 +370,6 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         },
         slowest(group_metrics));
   };
-  auto first = [](const auto& parts) -> expected<std::decay_t<decltype(parts[0])>> {
-    return parts[0];
-  };
-  // A whole training state is one rank's: under TP each rank holds other
-  // parts of the parameters (checkpoints take the shards instead).
-  auto no_tp_state = [self](const char* what) -> std::optional<caf::error> {
-    if (self->state.tp == 1)
-      return std::nullopt;
-    return make_error(errc::unsupported, self->state.role + ": " + what +
-                                             ": training states of tensor-parallel "
-                                             "ranks (tp " +
-                                             std::to_string(self->state.tp) +
-                                             ") are not supported yet");
-  };
-
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
         return split<served_batch>(
@@ -367,56 +410,21 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](save_model_atom a, const std::string& dir) -> caf::result<std::string> {
         return from_rank0<std::string>(self, peers_do::gather, a, dir);
       },
-      [=](gather_weights_atom a) { return to_all<int64_t>(self, first, a); },
+      [=](gather_weights_atom a) { return to_all<int64_t>(self, first_answer<int64_t>, a); },
       // Every rank: a sharded strategy gathers its optimizer state (NOTE
       // [training strategies]); rank 0's bytes are the state.
       [=](save_state_atom a) -> caf::result<std::string> {
-        if (auto no = no_tp_state("save_state"))
+        if (auto no = no_tp_state(self, "save_state"))
           return *no;
-        return to_all<std::string>(self, first, a);
+        return to_all<std::string>(self, first_answer<std::string>, a);
       },
       [=](load_state_atom a, const std::string& bytes) -> caf::result<int64_t> {
-        if (auto no = no_tp_state("load_state"))
+        if (auto no = no_tp_state(self, "load_state"))
           return *no;
-        return to_all<int64_t>(self, first, a, bytes);
+        return to_all<int64_t>(self, first_answer<int64_t>, a, bytes);
       },
-      // NOTE [sharded state]: each rank its own shard, none gathered, in
-      // rank order; under TP (NOTE [tensor-parallel dispatch]) rank d · tp +
-      // t loads the shards of TP rank t (the parts of the parameters it
-      // holds), from whatever DP size saved them.
-      [=](save_shards_atom a) {
-        const auto tp = self->state.tp;
-        return to_all<state_shards>(
-            self,
-            [tp](std::vector<state_shards>& parts) {
-              auto all = all_shards(parts);
-              if (all)
-                all->tp = tp;
-              return all;
-            },
-            a);
-      },
-      [=](load_shards_atom a, const state_shards& shards) -> caf::result<int64_t> {
-        const auto tp = static_cast<size_t>(self->state.tp);
-        if (shards.tp != self->state.tp)
-          return make_error(errc::invalid_argument,
-                            self->state.role + ": load_shards: the state was saved by tp " +
-                                std::to_string(shards.tp) + " ranks, this role has tp " +
-                                std::to_string(tp) +
-                                " (a state loads under any dp, not another tp yet)");
-        if (shards.shards.size() % tp != 0)
-          return make_error(errc::corrupted,
-                            self->state.role +
-                                ": load_shards: " + std::to_string(shards.shards.size()) +
-                                " shards do not come from tp " + std::to_string(tp) + " ranks");
-        auto of_tp = std::make_shared<std::vector<state_shards>>(tp);
-        for (size_t i = 0; i < shards.shards.size(); ++i)
-          (*of_tp)[i % tp].shards.push_back(shards.shards[i]);
-        return fan_out<int64_t, int64_t>(
-            self, n(),
-            [=](size_t r) { return self->request(rank(r), caf::infinite, a, (*of_tp)[r % tp]); },
-            first);
-      },
+      [=](save_shards_atom) { return save_shards(self); },
+      [=](load_shards_atom, const state_shards& shards) { return load_shards(self, shards); },
       [=](actors::release_atom a, const std::string& dir) {
         return to_all<served_bytes>(self, slowest(sum_bytes), a, dir);
       },
