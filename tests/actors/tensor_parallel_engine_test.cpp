@@ -96,6 +96,39 @@ trained train_steps(train::train_engine& e, const step_fn& step, int dp_rank, in
 
 // The ranks of a DP × TP mesh (rank = d · tp + t): each builds its part of
 // `base`, joins its DP line under `strategy` and trains; rank 0's result.
+// A rank of a DP × TP mesh and the groups its engine uses.
+struct mesh_rank {
+  std::shared_ptr<runtime::process_group> tp; // the model's partition points here
+  std::unique_ptr<train::train_engine> engine;
+};
+
+// The engines of a dp × tp mesh (rank d · tp + t) over `base` with `head`,
+// each on its part of the model, DP joined under `strategy`.
+std::vector<mesh_rank> mesh_engines(runtime::local_groups& world, const models::llama_model& base,
+                                    int dp, int tp, models::head_kind head = models::head_kind::lm,
+                                    train::dp_strategy strategy = train::dp_strategy::ddp) {
+  // The dense model (a fresh head seeded as the single engine's), made
+  // before the ranks start: they only read it.
+  const auto dense = copy_of(base, head);
+  return on_every_rank<mesh_rank>(world.groups, [&](runtime::process_group& g) {
+    mesh_rank out;
+    auto lines = runtime::make_mesh_groups(g, runtime::rank_mesh{{dp, tp}}, {"dp", "tp"});
+    EXPECT_TRUE(lines) << describe(lines.error());
+    out.tp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+    auto part = models::partition_llama(base->config(), *out.tp);
+    auto model = models::make_tp_part(dense, *part);
+    EXPECT_TRUE(model);
+    auto e = train::train_engine::make(*model, optim());
+    EXPECT_TRUE(e);
+    auto d = std::make_shared<train::data_parallel_group>();
+    d->group = std::move((*lines)[0]);
+    auto ok = (*e)->join_data_parallel(d, {strategy, 25});
+    EXPECT_TRUE(ok) << describe(ok.error());
+    out.engine = std::move(*e);
+    return out;
+  });
+}
+
 trained train_mesh(const models::llama_model& base, models::head_kind head, const step_fn& step,
                    int dp, int tp, train::dp_strategy strategy) {
   runtime::group_options go;
@@ -104,30 +137,13 @@ trained train_mesh(const models::llama_model& base, models::head_kind head, cons
   EXPECT_TRUE(world) << describe(world.error());
   if (!world)
     return {};
-  // The dense model (a fresh head seeded as the single engine's) and the
-  // batches, made before the ranks start: they only read them.
-  const auto dense = copy_of(base, head);
-  step_batches();
+  auto ranks = mesh_engines(*world, base, dp, tp, head, strategy);
+  step_batches(); // before the ranks start: they only read them
   auto results = on_every_rank<trained>(world->groups, [&](runtime::process_group& g) {
-    auto lines = runtime::make_mesh_groups(g, runtime::rank_mesh{{dp, tp}}, {"dp", "tp"});
-    EXPECT_TRUE(lines) << describe(lines.error());
-    if (!lines)
+    auto& e = ranks[static_cast<size_t>(g.rank())].engine;
+    if (!e)
       return trained{};
-    auto& tp_group = (*lines)[1];
-    auto part = models::partition_llama(base->config(), tp_group);
-    EXPECT_TRUE(part) << describe(part.error());
-    auto model = models::make_tp_part(dense, *part);
-    EXPECT_TRUE(model) << describe(model.error());
-    auto e = train::train_engine::make(*model, optim());
-    EXPECT_TRUE(e) << describe(e.error());
-    if (dp > 1) {
-      auto d = std::make_shared<train::data_parallel_group>();
-      d->group = std::move((*lines)[0]);
-      auto ok = (*e)->join_data_parallel(d, {strategy, 25});
-      EXPECT_TRUE(ok) << describe(ok.error());
-    }
-    const int dp_rank = g.rank() / tp;
-    return train_steps(**e, step, dp_rank, dp, g.rank() == 0);
+    return train_steps(*e, step, g.rank() / tp, dp, g.rank() == 0);
   });
   return results.front();
 }
@@ -186,34 +202,6 @@ TEST(TensorParallelEngine, Zero1OverDpWithTpTwoTrainsLikeOneEngine) {
 // layers all-reduce over the TP group in the same backward.
 TEST(TensorParallelEngine, Zero2OverDpWithTpTwoRunsPpoLikeOneEngine) {
   expect_like_one(19, models::head_kind::lm, ppo(), 2, 2, train::dp_strategy::zero2);
-}
-
-// A rank of a DP × TP mesh and the groups its engine uses.
-struct mesh_rank {
-  std::shared_ptr<runtime::process_group> tp; // the model's partition points here
-  std::unique_ptr<train::train_engine> engine;
-};
-
-// The engines of a dp × tp mesh over `base` (lm head), DP joined.
-std::vector<mesh_rank> mesh_engines(runtime::local_groups& world, const models::llama_model& base,
-                                    int dp, int tp) {
-  const auto dense = copy_of(base, models::head_kind::lm);
-  return on_every_rank<mesh_rank>(world.groups, [&](runtime::process_group& g) {
-    mesh_rank out;
-    auto lines = runtime::make_mesh_groups(g, runtime::rank_mesh{{dp, tp}}, {"dp", "tp"});
-    EXPECT_TRUE(lines) << describe(lines.error());
-    out.tp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
-    auto part = models::partition_llama(base->config(), *out.tp);
-    auto model = models::make_tp_part(dense, *part);
-    EXPECT_TRUE(model);
-    auto e = train::train_engine::make(*model, optim());
-    EXPECT_TRUE(e);
-    auto d = std::make_shared<train::data_parallel_group>();
-    d->group = std::move((*lines)[0]);
-    EXPECT_TRUE((*e)->join_data_parallel(d, {train::dp_strategy::ddp, 25}));
-    out.engine = std::move(*e);
-    return out;
-  });
 }
 
 template <class R, class... Ts>
