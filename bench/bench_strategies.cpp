@@ -147,13 +147,15 @@ double weight_norm_sum(const std::map<std::string, at::Tensor>& w) {
 std::unique_ptr<actors::train::train_engine>
 engine_of(const models::llama_model& base,
           actors::train::precision precision = actors::train::precision::fp32,
-          const models::tp_partition* part = nullptr) {
+          const models::tp_partition* part = nullptr, const models::pp_stage* stage = nullptr) {
   auto m = models::make_llama(base->config(), models::head_kind::lm);
   if (!m || !models::assign_hf_weights(*m, models::export_hf_weights(base), true)) {
     std::fprintf(stderr, "copying the model failed\n");
     std::exit(1);
   }
-  if (part && !(m = models::make_tp_part(*m, *part))) {
+  if ((part || stage) &&
+      !(m = models::make_model_part(*m, part ? *part : models::tp_partition{},
+                                    stage ? *stage : models::pp_stage{}))) {
     std::fprintf(stderr, "%s\n", describe(m.error()).c_str());
     std::exit(1);
   }
@@ -170,20 +172,25 @@ engine_of(const models::llama_model& base,
 
 struct result {
   double step_s = 0;      // median over the timed steps
+  double bubble = 0;      // pipelined: the median step's idle share of the stages' pass
+  std::vector<double> stage_busy_s; // pipelined: each stage's computing per step (median step)
   int64_t peak_bytes = 0; // the largest rank's
   double received_per_step = 0;
   std::vector<double> norm_sums; // a rank each
 };
 
-// `world` ranks as a {world / tp, tp} mesh: DP over the replicas under
-// `strategy`, each replica's tp ranks one model (NOTE [tensor parallelism]).
+// `world` ranks as a {world / (pp · tp), pp, tp} mesh: DP over the
+// replicas under `strategy`, each replica's pp · tp ranks one model (NOTE
+// [tensor parallelism], NOTE [pipeline parallelism]), a batch cut into
+// `micro` micro-batches when pipelined.
 result run(const models::llama_model& base, const std::vector<runtime::tensor_batch>& global,
            int world, dp_strategy strategy,
-           actors::train::precision precision = actors::train::precision::fp32, int tp = 1) {
-  const int dp = world / tp;
+           actors::train::precision precision = actors::train::precision::fp32, int tp = 1,
+           int pp = 1, int64_t micro = 0) {
+  const int dp = world / (tp * pp);
   runtime::group_options go;
   go.name = "bench-" + std::string{to_string(strategy)} + "-" + std::to_string(world) + "-tp" +
-            std::to_string(tp);
+            std::to_string(tp) + "-pp" + std::to_string(pp) + "-m" + std::to_string(micro);
   go.timeout_ms = 120000;
   auto groups = runtime::make_local_groups(world, go);
   if (!groups) {
@@ -195,6 +202,9 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
   out.norm_sums.resize(static_cast<size_t>(world));
   std::vector<int64_t> peaks(static_cast<size_t>(world));
   std::vector<double> times;
+  // [step][rank]: the pipelined pass's wall and busy seconds.
+  std::vector<std::vector<std::pair<double, double>>> passes(
+      global.size(), std::vector<std::pair<double, double>>(static_cast<size_t>(world)));
   int64_t received_before = 0, received_after = 0;
   auto rank_main = [&](int r) -> expected<void> {
     runtime::counting_allocator::set_thread_tag(r);
@@ -205,20 +215,21 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
     g->mesh =
         std::make_shared<runtime::process_group>(std::move(groups->groups[static_cast<size_t>(r)]));
     auto& group = *g->mesh;
-    auto lines = runtime::make_mesh_groups(group, runtime::rank_mesh{{dp, tp}}, {"dp", "tp"});
+    auto lines =
+        runtime::make_mesh_groups(group, runtime::rank_mesh{{dp, pp, tp}}, {"dp", "pp", "tp"});
     if (!lines)
       return lines.error();
     g->group = std::move((*lines)[0]);
-    g->tp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
-    std::optional<models::tp_partition> part;
-    if (tp > 1) {
-      auto p = models::partition_llama(base->config(), *g->tp);
-      if (!p)
-        return p.error();
-      part = *p;
-    }
-    auto e = engine_of(base, precision, part ? &*part : nullptr);
+    g->pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+    g->tp = std::make_shared<runtime::process_group>(std::move((*lines)[2]));
+    auto part = models::partition_llama(base->config(), *g->tp);
+    auto stage = models::stage_of(base->config(), *g->pp);
+    if (!part || !stage)
+      return part ? stage.error() : part.error();
+    auto e = engine_of(base, precision, &*part, &*stage);
     if (auto ok = e->join_data_parallel(g, {strategy, 25}); !ok)
+      return ok.error();
+    if (auto ok = e->set_pipeline_micro_batches(micro); !ok)
       return ok.error();
     counter.reset_peak(r); // the training's peak, not the model's copying in
     for (size_t s = 0; s < global.size(); ++s) {
@@ -230,8 +241,10 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
       if (r == 0 && s == 1)
         received_before = tcp_bytes_received();
       auto t0 = std::chrono::steady_clock::now();
-      if (auto m = e->sft_step((*shares)[static_cast<size_t>(r / tp)]); !m)
+      if (auto m = e->sft_step((*shares)[static_cast<size_t>(r / (tp * pp))]); !m)
         return m.error();
+      const auto pass = e->last_pipeline_pass();
+      passes[s][static_cast<size_t>(r)] = {pass.seconds, pass.busy_seconds};
       if (auto ok = group.barrier(); !ok)
         return ok.error();
       if (r == 0 && s > 0) // the first step is the warm-up
@@ -254,6 +267,25 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
                    describe(ok.error()).c_str());
       std::exit(1);
     }
+  // NOTE [1F1B]: a step's bubble is 1 − Σ busy / (stages × the longest
+  // pass), over one replica's stages.
+  std::vector<std::pair<double, size_t>> bubbles; // (bubble, step)
+  for (size_t s = 1; pp > 1 && s < passes.size(); ++s) {
+    double longest = 0, busy = 0;
+    for (int p = 0; p < pp; ++p) {
+      const auto& [wall, computing] = passes[s][static_cast<size_t>(p * tp)];
+      longest = std::max(longest, wall);
+      busy += computing;
+    }
+    bubbles.emplace_back(1 - busy / (pp * longest), s);
+  }
+  if (!bubbles.empty()) {
+    std::sort(bubbles.begin(), bubbles.end());
+    const auto [bubble, step] = bubbles[bubbles.size() / 2];
+    out.bubble = bubble;
+    for (int p = 0; p < pp; ++p)
+      out.stage_busy_s.push_back(passes[step][static_cast<size_t>(p * tp)].second);
+  }
   std::sort(times.begin(), times.end());
   out.step_s = times.empty() ? 0 : times[times.size() / 2];
   out.peak_bytes = *std::max_element(peaks.begin(), peaks.end());
@@ -543,6 +575,74 @@ bool print_tensor_parallel(const models::llama_model& base,
   return ok;
 }
 
+// NOTE [pipeline execution]: PP 2 against the single engine and DP 2 on a
+// model of balanced stages (8 layers, a small vocabulary: the head adds
+// little to the last stage), the measured bubble against (P − 1) / (M + P
+// − 1) for M = 4, 8, 16, one compute thread a stage; P = 4 on 2 cores would
+// be oversubscribed, so its bubble comes from the schedule fed with the
+// stage times measured at P = 2 (each stage's halved: half the layers).
+bool print_pipeline(const options& o) {
+  auto c = shape(o.quick);
+  c.num_hidden_layers = o.quick ? 4 : 8;
+  c.vocab_size = 512;
+  torch::manual_seed(13);
+  auto base = models::make_llama(c, models::head_kind::lm);
+  if (!base) {
+    std::fprintf(stderr, "%s\n", describe(base.error()).c_str());
+    return false;
+  }
+  const int64_t rows = 16;
+  auto global = batches(o.steps + 1, rows, c.vocab_size);
+  auto single = engine_of(*base);
+  for (const auto& b : global)
+    if (!single->sft_step(b))
+      return false;
+  const double want = weight_norm_sum(single->export_weights());
+  std::printf("\npipeline parallelism (gloo, %lld layers, %lld rows x 64 tokens; single engine: "
+              "weight-norm sum %.9g)\n",
+              static_cast<long long>(c.num_hidden_layers), static_cast<long long>(rows), want);
+  std::printf("%-14s %-12s %8s %9s %9s %9s %7s\n", "", "norm sum", "step ms", "vs dp 2", "bubble",
+              "ideal", "ratio");
+  auto dp2 = run(*base, global, 2, dp_strategy::ddp);
+  bool ok = true;
+  std::vector<double> stage_times; // P = 2, M = 16: each stage's busy time a micro-batch
+  for (int64_t m : {4, 8, 16}) {
+    auto r = run(*base, global, 2, dp_strategy::ddp, actors::train::precision::fp32, 1, 2, m);
+    bool equal = std::abs(r.norm_sums[0] - want) <= 1e-5 * std::abs(want);
+    ok = ok && equal;
+    const double ideal = runtime::ideal_bubble(2, static_cast<int>(m));
+    std::printf("%-14s %-12.9g %8.2f %9.2f %8.1f%% %8.1f%% %7.2f%s\n",
+                ("pp 2, M " + std::to_string(m)).c_str(), r.norm_sums[0], r.step_s * 1e3,
+                r.step_s / dp2.step_s, 100 * r.bubble, 100 * ideal, r.bubble / ideal,
+                equal ? "" : "  NORMS DIFFER");
+    if (m == 16)
+      for (double busy : r.stage_busy_s)
+        stage_times.push_back(busy / static_cast<double>(m));
+  }
+  std::printf("dp 2 (ddp)     %-12.9g %8.2f\n", dp2.norm_sums[0], dp2.step_s * 1e3);
+  // P = 4 from the schedule: stage s of 4 is half of stage s / 2 of 2 (the
+  // backward taken as twice the forward).
+  for (int64_t m : {4, 8, 16}) {
+    std::vector<double> f, b;
+    for (int s = 0; s < 4 && stage_times.size() == 2; ++s) {
+      const double per = stage_times[static_cast<size_t>(s / 2)] / 2;
+      f.push_back(per / 3);
+      b.push_back(2 * per / 3);
+    }
+    auto grid = runtime::one_f_one_b(4, static_cast<int>(m));
+    auto t = grid && f.size() == 4 ? runtime::simulate(*grid, f, b) : expected<runtime::pipe_timeline>{
+        make_error(errc::internal, "no stage times")};
+    if (!t)
+      continue;
+    const double ideal = runtime::ideal_bubble(4, static_cast<int>(m));
+    std::printf("%-14s %-12s %8s %9s %8.1f%% %8.1f%% %7.2f  (simulated from measured stage "
+                "times)\n",
+                ("pp 4, M " + std::to_string(m)).c_str(), "", "", "", 100 * t->bubble, 100 * ideal,
+                t->bubble / ideal);
+  }
+  return ok;
+}
+
 int main(int argc, char** argv) {
   const auto o = parse(argc, argv);
   at::set_num_threads(1);
@@ -613,6 +713,7 @@ int main(int argc, char** argv) {
   }
   all_ok = print_bf16(*base, global, o, rows) && all_ok;
   all_ok = print_tensor_parallel(*base, global, o, rows, want) && all_ok;
+  all_ok = print_pipeline(o) && all_ok;
   print_weight_sync(*base, o.quick);
   print_bandwidths(o.quick);
   std::printf("\n%s\n", all_ok ? "every rank of every strategy matches the single engine (1e-5)"

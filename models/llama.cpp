@@ -313,22 +313,32 @@ expected<head_kind> parse_head_kind(const std::string& name) {
                     "unknown head '" + name + "', expected one of: lm, value, reward");
 }
 
-llama_model_impl::llama_model_impl(const llama_config& config, head_kind head, tp_partition tp)
-    : config_(config), head_(head), tp_(tp) {
+llama_model_impl::llama_model_impl(const llama_config& config, head_kind head, tp_partition tp,
+                                   pp_stage pp)
+    : config_(config), head_(head), tp_(tp), pp_(pp) {
   const int64_t vocab = tp_.active() ? tp_.vocab : config.vocab_size;
-  tok_embeddings_ = register_module("tok_embeddings",
-                                    nn::Embedding(nn::EmbeddingOptions(vocab, config.hidden_size)));
+  if (pp_.first())
+    tok_embeddings_ = register_module(
+        "tok_embeddings", nn::Embedding(nn::EmbeddingOptions(vocab, config.hidden_size)));
+  // NOTE [pipeline parallelism]: another stage's layer is an empty module,
+  // so that the stage's parameters keep their layer numbers.
   layers_ = register_module("layers", nn::ModuleList());
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i)
-    layers_->push_back(block(config, tp_));
-  cached_kv_heads_ = layers_[0]->as<block_impl>()->attn->n_kv_used;
-  norm_ = register_module("norm", rms_norm(config.hidden_size, config.rms_norm_eps));
-  if (head == head_kind::lm && !config.tie_word_embeddings)
-    output_ = register_module("output", make_linear(config.hidden_size, vocab, false));
-  if (head == head_kind::value)
-    score_head_ = register_module("value_head", make_linear(config.hidden_size, 1, true));
-  if (head == head_kind::reward)
-    score_head_ = register_module("reward_head", make_linear(config.hidden_size, 1, false));
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    if (pp_.holds_layer(i, config.num_hidden_layers))
+      layers_->push_back(block(config, tp_));
+    else
+      layers_->push_back(nn::Identity());
+  }
+  cached_kv_heads_ = layers_[pp_.active() ? pp_.layer0 : 0]->as<block_impl>()->attn->n_kv_used;
+  if (pp_.last()) {
+    norm_ = register_module("norm", rms_norm(config.hidden_size, config.rms_norm_eps));
+    if (head == head_kind::lm && !config.tie_word_embeddings)
+      output_ = register_module("output", make_linear(config.hidden_size, vocab, false));
+    if (head == head_kind::value)
+      score_head_ = register_module("value_head", make_linear(config.hidden_size, 1, true));
+    if (head == head_kind::reward)
+      score_head_ = register_module("reward_head", make_linear(config.hidden_size, 1, false));
+  }
   torch::NoGradGuard no_grad;
   for (auto& p : named_parameters()) {
     const auto& name = p.key();
@@ -351,8 +361,13 @@ torch::Tensor llama_model_impl::embed(const torch::Tensor& ids) {
   return tp_reduce(rows * mine.unsqueeze(-1).to(rows.scalar_type()), tp_);
 }
 
+torch::Tensor llama_model_impl::any_weight() const {
+  return tok_embeddings_ ? tok_embeddings_->weight : parameters().front();
+}
+
 kv_cache llama_model_impl::make_cache(int64_t batch, int64_t capacity) const {
-  auto ref = tok_embeddings_->weight;
+  TORCH_CHECK(!pp_.active(), "a pipeline stage (pp ", pp_.size, ") does not decode");
+  auto ref = any_weight();
   kv_cache cache;
   cache.capacity = capacity;
   auto shape = std::vector<int64_t>{batch, cached_kv_heads_, capacity, config_.resolved_head_dim()};
@@ -371,7 +386,8 @@ kv_cache llama_model_impl::make_cache(int64_t batch, int64_t capacity) const {
 paged_kv_cache llama_model_impl::make_paged_cache(int64_t num_blocks, int64_t block_size) const {
   TORCH_CHECK(num_blocks >= 1 && block_size >= 1, "make_paged_cache: num_blocks (", num_blocks,
               ") and block_size (", block_size, ") must be >= 1");
-  auto ref = tok_embeddings_->weight;
+  TORCH_CHECK(!pp_.active(), "a pipeline stage (pp ", pp_.size, ") does not decode");
+  auto ref = any_weight();
   paged_kv_cache cache;
   cache.block_size = block_size;
   cache.num_blocks = num_blocks;
@@ -713,6 +729,7 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
 
 torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv_cache& cache,
                                               const torch::Tensor& logit_rows) {
+  TORCH_CHECK(!pp_.active(), "a pipeline stage (pp ", pp_.size, ") does not decode");
   throw_if(check_paged_step(config_, head_, layers_->size(), batch, cache, logit_rows));
   torch::NoGradGuard no_grad;
   if (auto logits = fused_step(batch, cache, logit_rows); logits.defined())
@@ -732,7 +749,14 @@ torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv
 torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
                                               const torch::Tensor& attention_mask,
                                               kv_cache* cache) {
+  TORCH_CHECK(!pp_.active(), "a pipeline stage (pp ", pp_.size, ") runs forward_stage");
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, tokens], got ", input_ids.sizes());
+  auto x = run_layers(embed(input_ids), input_ids, attention_mask, cache);
+  return norm_->as<rms_norm_impl>()->forward(x);
+}
+
+torch::Tensor llama_model_impl::run_layers(torch::Tensor x, const torch::Tensor& input_ids,
+                                           const torch::Tensor& attention_mask, kv_cache* cache) {
   auto B = input_ids.size(0);
   auto T = input_ids.size(1);
   auto bool_opts = torch::TensorOptions().dtype(torch::kBool).device(input_ids.device());
@@ -757,11 +781,13 @@ torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
     positions = (counts - 1).clamp_min(0);
     key_mask = mask;
   }
-  auto x = embed(input_ids);
-  auto rope = rotary_for_layer0(layers_, positions, x.scalar_type());
+  const auto first = static_cast<size_t>(pp_.active() ? pp_.layer0 : 0);
+  const auto end = pp_.active() ? first + static_cast<size_t>(pp_.layers) : layers_->size();
+  auto rope = rotary_tables(positions, layers_[first]->as<block_impl>()->attn->inv_freq,
+                            x.scalar_type());
   TORCH_CHECK(!hooks_ || cache == nullptr,
               "a model with layer hooks (a zero3 training engine) does not run with a KV cache");
-  for (size_t i = 0; i < layers_->size(); ++i) {
+  for (size_t i = first; i < end; ++i) {
     auto* block = layers_[i]->as<block_impl>();
     if (hooks_)
       x = hooks_->run_layer(i, x, [block, rope, key_mask, i](const torch::Tensor& in) {
@@ -774,7 +800,27 @@ torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
     cache->length += T;
     cache->next_position += counts.select(1, T - 1);
   }
-  return norm_->as<rms_norm_impl>()->forward(x);
+  return x;
+}
+
+torch::Tensor llama_model_impl::forward_stage(const torch::Tensor& input_ids,
+                                              const torch::Tensor& attention_mask,
+                                              const torch::Tensor& input) {
+  if (!pp_.active())
+    return forward(input_ids, attention_mask);
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, tokens], got ", input_ids.sizes());
+  TORCH_CHECK(pp_.first() != input.defined(), "pipeline stage ", pp_.rank,
+              pp_.first() ? " embeds the ids and takes no input"
+                          : " takes the previous stage's hidden states");
+  if (input.defined())
+    TORCH_CHECK(input.dim() == 3 && input.size(0) == input_ids.size(0) &&
+                    input.size(1) == input_ids.size(1) && input.size(2) == config_.hidden_size,
+                "pipeline stage ", pp_.rank, ": input ", input.sizes(), " for input_ids ",
+                input_ids.sizes(), " and hidden size ", config_.hidden_size);
+  auto x = run_layers(pp_.first() ? embed(input_ids) : input, input_ids, attention_mask, nullptr);
+  if (!pp_.last())
+    return x;
+  return apply_head(norm_->as<rms_norm_impl>()->forward(x), attention_mask);
 }
 
 torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
@@ -829,17 +875,27 @@ std::map<std::string, torch::Tensor> llama_model_impl::named_weights() const {
   return out;
 }
 
-expected<llama_model> make_llama(const llama_config& config, head_kind head, tp_partition tp) {
+expected<llama_model> make_llama(const llama_config& config, head_kind head, tp_partition tp,
+                                 pp_stage pp) {
   if (auto ok = validate(config); !ok)
     return ok.error();
   if (tp.active() && tp.group == nullptr)
     return make_error(errc::invalid_argument,
                       "make_llama: tp " + std::to_string(tp.size) + " without its process group");
-  return guarded("building the model", [&] { return llama_model(config, head, tp); });
+  if (pp.active() && pp.group == nullptr)
+    return make_error(errc::invalid_argument,
+                      "make_llama: pp " + std::to_string(pp.size) + " without its process group");
+  if (pp.active() && (pp.layer0 < 0 || pp.layers < 1 ||
+                      pp.layer0 + pp.layers > config.num_hidden_layers || config.tie_word_embeddings))
+    return make_error(errc::invalid_argument,
+                      "make_llama: stage " + std::to_string(pp.rank) + " of pp " +
+                          std::to_string(pp.size) + " (make it with stage_of)");
+  return guarded("building the model", [&] { return llama_model(config, head, tp, pp); });
 }
 
-expected<llama_model> make_tp_part(const llama_model& dense, const tp_partition& p) {
-  auto part = make_llama(dense->config(), dense->head(), p);
+expected<llama_model> make_model_part(const llama_model& dense, const tp_partition& p,
+                                      const pp_stage& pp) {
+  auto part = make_llama(dense->config(), dense->head(), p, pp);
   if (!part)
     return part;
   auto shards = tp_shard_weights(dense->named_weights(), dense->config(), p);

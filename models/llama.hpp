@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/decode_isa.hpp"
 #include "models/config.hpp"
+#include "models/pipeline_parallel.hpp"
 #include "models/tensor_parallel.hpp"
 #include "runtime/error.hpp"
 
@@ -104,13 +105,19 @@ public:
   /// zero biases). Call validate(config) first; this constructor assumes it.
   /// With an active `tp`, the model holds that rank's parts and its passes
   /// take part in the group's collectives (NOTE [tensor parallelism] in
-  /// models/tensor_parallel.hpp); the group must outlive the model.
-  llama_model_impl(const llama_config& config, head_kind head, tp_partition tp = {});
+  /// models/tensor_parallel.hpp); the group must outlive the model. With an
+  /// active `pp`, it holds that stage's layers (and the embedding on the
+  /// first, the norm and head on the last: NOTE [pipeline parallelism] in
+  /// models/pipeline_parallel.hpp) and runs forward_stage only.
+  llama_model_impl(const llama_config& config, head_kind head, tp_partition tp = {},
+                   pp_stage pp = {});
 
   const llama_config& config() const { return config_; }
   head_kind head() const { return head_; }
   /// This rank's tensor-parallel share (inactive: the whole model).
   const tp_partition& tp() const { return tp_; }
+  /// This rank's pipeline stage (inactive: every layer).
+  const pp_stage& pp() const { return pp_; }
 
   /// Final-norm hidden states [B, T, hidden]. `attention_mask` [B, T] may be
   /// undefined (all real). With a cache, the new tokens are appended to it and
@@ -123,6 +130,14 @@ public:
   /// [B] (reward, at each row's last real token).
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         kv_cache* cache = nullptr);
+
+  /// A pipeline stage's part of forward (NOTE [pipeline parallelism]):
+  /// `input` is the previous stage's output [B, T, hidden] (undefined on the
+  /// first stage, which embeds `input_ids`); answers the head's output on
+  /// the last stage, else this stage's hidden states for the next. Without
+  /// PP it is forward().
+  torch::Tensor forward_stage(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                              const torch::Tensor& input);
 
   /// Applies the head to hidden states (for callers that slice first).
   torch::Tensor apply_head(const torch::Tensor& hidden, const torch::Tensor& attention_mask);
@@ -180,6 +195,12 @@ public:
 private:
   /// Embedding rows of `ids` (vocab-parallel under TP).
   torch::Tensor embed(const torch::Tensor& ids);
+  /// The stage's layers over `x` (positions and key mask from `input_ids`
+  /// and `attention_mask`; with a cache, appending to it).
+  torch::Tensor run_layers(torch::Tensor x, const torch::Tensor& input_ids,
+                           const torch::Tensor& attention_mask, kv_cache* cache);
+  /// A parameter of the model (its dtype and device are the model's).
+  torch::Tensor any_weight() const;
   /// The fused kernel's logits [N, V] for a decode step it can run (one
   /// token per request, fp32 weights on the CPU), else an undefined tensor.
   torch::Tensor fused_step(const paged_batch& batch, paged_kv_cache& cache,
@@ -200,6 +221,7 @@ private:
   llama_config config_;
   head_kind head_;
   tp_partition tp_;
+  pp_stage pp_;
   int64_t cached_kv_heads_ = 0; // key / value heads a layer's cache holds on this rank
   torch::nn::Embedding tok_embeddings_{nullptr};
   torch::nn::ModuleList layers_{nullptr};
@@ -220,13 +242,16 @@ private:
 TORCH_MODULE_IMPL(llama_model, llama_model_impl);
 
 /// Builds a model after validating the config (with `tp`, rank tp.rank's
-/// share of it).
-expected<llama_model> make_llama(const llama_config& config, head_kind head, tp_partition tp = {});
+/// share of it; with `pp`, stage pp.rank's layers).
+expected<llama_model> make_llama(const llama_config& config, head_kind head, tp_partition tp = {},
+                                 pp_stage pp = {});
 
-/// Rank p's part of `dense` (NOTE [tensor parallelism]): a model of the same
-/// config and head built for `p` whose parameters are copies of dense's
-/// parts (tp_slice_of). Needs p's group (an active partition).
-expected<llama_model> make_tp_part(const llama_model& dense, const tp_partition& p);
+/// A rank's part of `dense` (NOTE [tensor parallelism], NOTE [pipeline
+/// parallelism]): a model of the same config and head built for `tp` and
+/// `pp` whose parameters are copies of dense's parts (tp_slice_of) on the
+/// stage. Active ones need their groups.
+expected<llama_model> make_model_part(const llama_model& dense, const tp_partition& tp,
+                                      const pp_stage& pp = {});
 
 /// Safe wrapper of forward(): shape/dtype errors come back as errors.
 expected<torch::Tensor> run_forward(llama_model& model, const torch::Tensor& input_ids,

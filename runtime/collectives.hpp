@@ -169,6 +169,12 @@ public:
   expected<void> send(const at::Tensor& tensor, int dst, int tag);
   /// Receives into `tensor` (its size must match the send) from `src`.
   expected<void> recv(at::Tensor& tensor, int src, int tag);
+  /// send() started and not waited for: the caller keeps `tensor` alive and
+  /// unchanged until the transfer's wait() returns (a pipeline stage sends
+  /// its output on and goes on computing, so that neighbours sending to
+  /// each other at once do not wait on each other).
+  expected<std::unique_ptr<pending_transfer>> start_send(const at::Tensor& tensor, int dst,
+                                                         int tag);
   /// A sub-group of this group's ranks `ranks` (ascending, distinct, this
   /// rank among them), named `name` (unique per group: the name keys its
   /// rendezvous). Every member calls it; it blocks until all have.
@@ -204,6 +210,10 @@ struct rank_mesh {
 /// mesh.size() ranks, and every rank of it calls this with the same mesh.
 expected<std::vector<process_group>> make_mesh_groups(process_group& world, const rank_mesh& mesh,
                                                       const std::vector<std::string>& names);
+
+/// Broadcasts `bytes` from `root` to every rank of `group` (its length,
+/// then its bytes); the others' `bytes` are replaced.
+expected<void> broadcast_bytes(process_group& group, std::string& bytes, int root);
 
 /// Creates a process group over `rendezvous`; every rank must call this with
 /// the same name, backend and world size.

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 namespace troupe::runtime {
@@ -428,6 +429,34 @@ expected<void> process_group::recv(at::Tensor& tensor, int src, int tag) {
   TROUPE_TRY(check_tensor("recv", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_tag("recv", *impl_, src, tag));
   return exchange(*impl_, at::Tensor{}, -1, tensor, src, tag);
+}
+
+expected<std::unique_ptr<pending_transfer>>
+process_group::start_send(const at::Tensor& tensor, int dst, int tag) {
+  TROUPE_GROUP_CHECK("start_send");
+  TROUPE_TRY(check_tensor("start_send", *impl_, tensor, "tensor"));
+  TROUPE_TRY(check_tag("start_send", *impl_, dst, tag));
+  auto t = tensor;
+  auto started = impl_->backend->start_send(t, dst, tag);
+  if (started)
+    impl_->traffic.bytes_sent += static_cast<int64_t>(tensor.nbytes());
+  return started;
+}
+
+expected<void> broadcast_bytes(process_group& group, std::string& bytes, int root) {
+  auto length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
+  TROUPE_TRY(group.broadcast(length, root));
+  const auto n = length.item<int64_t>();
+  if (n < 0)
+    return make_error(errc::corrupted, "broadcast_bytes: a length of " + std::to_string(n));
+  auto data = at::empty({n}, at::kByte);
+  if (group.rank() == root && n > 0)
+    std::memcpy(data.data_ptr(), bytes.data(), static_cast<size_t>(n));
+  if (n > 0)
+    TROUPE_TRY(group.broadcast(data, root));
+  if (group.rank() != root)
+    bytes.assign(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(n));
+  return {};
 }
 
 expected<process_group> process_group::split(const std::string& name,

@@ -64,7 +64,7 @@ expected<void> cast::spawn(role_id role, const std::string& model_dir) {
       typed.push_back(caf::actor_cast<train::engine_actor>(a));
     auto strategy = env_.strategy_of ? env_.strategy_of(role) : train::dp_strategy::ddp;
     m.handle = caf::actor_cast<caf::actor>(train::spawn_engine_group(
-        *env_.sys, m.spec.role, std::move(typed), strategy, m.spec.layout.tp));
+        *env_.sys, m.spec.role, std::move(typed), strategy, m.spec.layout.tp, m.spec.layout.pp));
   }
   members_.push_back(std::move(m));
   return {};

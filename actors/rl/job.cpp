@@ -360,7 +360,8 @@ expected<void> save_role_state(job_context& ctx, const train::engine_actor& trai
   nlohmann::json j = {{"shards", shards.size()},
                       {"strategy", to_string(ctx.plan.strategy_of(role))},
                       {"dp", placed ? placed->layout.dp : 1},
-                      {"tp", placed ? placed->layout.tp : 1}};
+                      {"tp", placed ? placed->layout.tp : 1},
+                      {"pp", placed ? placed->layout.pp : 1}};
   files[name + ".shards.json"] = j.dump() + "\n";
   return {};
 }
@@ -385,6 +386,7 @@ expected<void> load_role_state(job_context& ctx, const train::engine_actor& trai
     return make_error(errc::corrupted, dir + ": " + name + ".shards.json is malformed");
   train::state_shards shards;
   shards.tp = j.contains("tp") && j["tp"].is_number_integer() ? j["tp"].get<int32_t>() : 1;
+  shards.pp = j.contains("pp") && j["pp"].is_number_integer() ? j["pp"].get<int32_t>() : 1;
   for (size_t r = 0; r < j["shards"].get<size_t>(); ++r) {
     auto it = files.find(name + ".shard-" + std::to_string(r));
     if (it == files.end())

@@ -390,6 +390,10 @@ struct role_placement_config {
   int64_t dp = 1;
   int64_t tp = 1;
   int64_t pp = 1;
+  /// Layers of each pipeline stage (empty: an even split).
+  std::vector<int64_t> pp_layers;
+  /// Micro-batches a stage's batch is cut into (0: as many as stages).
+  int64_t pp_micro_batches = 0;
   /// How the DP dimension trains (ddp: replicas all-reduce gradients).
   dp_strategy strategy = dp_strategy::ddp;
   /// Rows a rank computes at once (gradients accumulate over its share); 0 = its whole share.
@@ -409,7 +413,12 @@ void visit(V& v, role_placement_config& c) {
   v.field("tp", c.tp,
           "Tensor-parallel ranks per DP replica (trained roles; heads and the intermediate size "
           "divisible by it; docs/parallelism.md)");
-  v.field("pp", c.pp, "Pipeline stages per replica (1 until pipeline parallelism lands)");
+  v.field("pp", c.pp,
+          "Pipeline stages per replica (trained roles; at most the layers; docs/parallelism.md)");
+  v.field("pp_layers", c.pp_layers,
+          "Layers of each pipeline stage, one count a stage summing to the layers; empty = even");
+  v.field("pp_micro_batches", c.pp_micro_batches,
+          "Micro-batches a pipelined batch is cut into, run 1F1B (>= pp); 0 = pp");
   v.choice("strategy", c.strategy,
            "How the dp ranks train: ddp (replicas), zero1 / zero2 / zero3 (sharded state; "
            "docs/parallelism.md)");

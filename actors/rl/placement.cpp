@@ -6,13 +6,16 @@
 #include "actors/rl/stage_table.hpp"
 #include "actors/train/strategy_memory.hpp"
 #include "models/config.hpp"
+#include "models/pipeline_parallel.hpp"
 #include "models/tensor_parallel.hpp"
 #include "runtime/config.hpp"
+#include "runtime/pipeline_schedule.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include <unistd.h>
 
@@ -87,6 +90,32 @@ int64_t pass_tokens(const job_config& cfg, const models::llama_config& m) {
                     : m.max_position_embeddings;
 }
 
+// NOTE [pipeline memory]: stage s of P holds its layers' parameters (the
+// first also the embedding, the last the final norm and the head) and,
+// under 1F1B, the activations of up to P − s micro-batches of its layers
+// at once (NOTE [1F1B]); the head's activations are the last stage's, one
+// micro-batch at a time.
+void on_pipeline_stage(const models::llama_config& m, bool lm, int64_t tp, int64_t stage,
+                       int64_t stages, int64_t micro, const std::vector<int64_t>& listed,
+                       train::parameter_split& params, train::activation_split& activations) {
+  auto counts = models::split_layers(m.num_hidden_layers, static_cast<int>(stages), listed);
+  if (!counts) // the checks name it
+    return;
+  const auto layers = (*counts)[static_cast<size_t>(stage)];
+  const auto whole_rest = params.rest;
+  const auto embedding = ((m.vocab_size + tp - 1) / tp) * m.hidden_size;
+  params.layers = layers;
+  params.rest = (stage == 0 ? embedding : 0) + (stage == stages - 1 ? whole_rest - embedding : 0);
+  const double in_flight = static_cast<double>(std::min(stages - stage, micro));
+  activations.layers = layers;
+  activations.layer *= in_flight;
+  activations.layer_input *= in_flight;
+  if (stage != stages - 1) {
+    activations.rest = 0;
+    activations.logits = 0;
+  }
+}
+
 // NOTE [rank memory] for rank `rank` of `role` training in stage `st`:
 // rank 0 exports the weights (the stage's output, the policy's weight
 // syncs; a zero3 peer only gathers a unit alongside, less than its
@@ -103,14 +132,21 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
     rows = std::min(rows, placed.micro_batch_rows);
   if (placed.micro_batch_tokens > 0) // rows of the longest length that fit the budget
     rows = std::min(rows, std::max<int64_t>(placed.micro_batch_tokens / tokens, 1));
+  const auto tp = std::max<int64_t>(placed.tp, 1), pp = std::max<int64_t>(placed.pp, 1);
+  const auto micro = placed.pp_micro_batches > 0 ? placed.pp_micro_batches : pp;
+  if (pp > 1 && placed.micro_batch_rows == 0 && placed.micro_batch_tokens == 0)
+    rows = std::max<int64_t>((rows + micro - 1) / micro, 1); // NOTE [pipeline execution]
   if (st.id == stage_id::rm)
     rows *= 2;
-  // Under TP rank 0 exports the whole model, gathered from its TP group.
-  return train::training_rank_memory(
-      placed.strategy, dp, placed.bucket_mb,
-      split_parameters(m, lm, std::max<int64_t>(placed.tp, 1)),
-      train::activation_bytes(m, lm, rows, tokens, placed.compute), placed.compute,
-      /*exports=*/rank == 0, static_cast<double>(split_parameters(m, lm).total()));
+  auto params = split_parameters(m, lm, tp);
+  auto activations = train::activation_bytes(m, lm, rows, tokens, placed.compute);
+  if (pp > 1)
+    on_pipeline_stage(m, lm, tp, rank / tp % pp, pp, micro, placed.pp_layers, params, activations);
+  // Under TP and PP rank 0 exports the whole model, gathered from its TP
+  // group and received from the other stages.
+  return train::training_rank_memory(placed.strategy, dp, placed.bucket_mb, params, activations,
+                                     placed.compute, /*exports=*/rank == 0,
+                                     static_cast<double>(split_parameters(m, lm).total()));
 }
 
 // Estimated bytes of one rank of `role` in `stage`, by term (NOTE [memory
@@ -370,6 +406,38 @@ void check_tensor_parallel(const job_config& c, const role_placement_config& r,
   checks.require(part.engaged(), at + ".tp", part ? "" : context_of(part.error()));
 }
 
+// NOTE [pipeline parallelism] (models/pipeline_parallel.hpp): for trained
+// roles, at most a stage a layer, the listed split adding up, no tied
+// embedding, and at least as many micro-batches as stages (fewer leave a
+// stage idle the whole step); zero3 runs under neither TP nor PP yet.
+void check_pipeline_parallel(const job_config& c, const role_placement_config& r,
+                             const std::string& at, runtime::config_checks& checks) {
+  const auto* t = find_role(r.role);
+  checks.require(r.pp_micro_batches >= 0, at + ".pp_micro_batches", "must be >= 0 (0 = pp)");
+  checks.require(r.pp_layers.empty() || r.pp > 1, at + ".pp_layers",
+                 "lists the layers of each pipeline stage: give pp > 1");
+  if ((r.tp > 1 || r.pp > 1) && r.strategy == dp_strategy::zero3)
+    checks.require(false, at + ".strategy",
+                   std::string{"zero3 under "} + (r.tp > 1 ? "tensor" : "pipeline") +
+                       " parallelism is not supported yet (use zero1 or zero2)");
+  if (r.pp <= 1 || !t)
+    return;
+  const bool trained = t->trains() && t->id != role_id::rollout;
+  checks.require(trained, at + ".pp",
+                 "pipeline parallelism is for trained roles (" +
+                     role_names([](const role_traits& x) { return x.trains() && x.id != role_id::rollout; }) +
+                     "); " + r.role + "'s is not available yet");
+  checks.require(r.pp_micro_batches == 0 || r.pp_micro_batches >= r.pp, at + ".pp_micro_batches",
+                 std::to_string(r.pp_micro_batches) + " micro-batches are fewer than the " +
+                     std::to_string(r.pp) + " stages");
+  auto shape = model_shape(c);
+  if (!trained || !shape || r.pp < 1)
+    return;
+  auto stage = models::stage_of(*shape, 0, static_cast<int>(r.pp), r.pp_layers);
+  checks.require(stage.engaged(), at + (r.pp_layers.empty() ? ".pp" : ".pp_layers"),
+                 stage ? "" : context_of(stage.error()));
+}
+
 // One role's layout (NOTE [parallel layout]): sizes, what is available
 // yet, the pool's devices and the rows its DP ranks split.
 void check_role_layout(const job_config& c, const role_placement_config& r, const std::string& at,
@@ -383,9 +451,8 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
   checks.require(r.micro_batch_tokens >= 0, at + ".micro_batch_tokens", "must be >= 0 (0 = off)");
   checks.require(r.micro_batch_tokens == 0 || r.micro_batch_rows == 0, at + ".micro_batch_tokens",
                  "give micro_batch_rows or micro_batch_tokens, not both");
-  // Keys fixed for the parallel engines; refused until each lands.
-  checks.require(r.pp <= 1, at + ".pp", "pipeline parallelism is not available yet: pp must be 1");
   check_tensor_parallel(c, r, at, checks);
+  check_pipeline_parallel(c, r, at, checks);
   if (r.strategy != dp_strategy::ddp && t)
     checks.require(t->trains(), at + ".strategy",
                    std::string{to_string(r.strategy)} + " shards training state, and " + r.role +
@@ -534,6 +601,28 @@ int64_t placement_plan::device_of(const std::string& role, int64_t rank) const {
   return a->devices[static_cast<size_t>(rank)];
 }
 
+namespace {
+
+// A pipelined role's stages and its 1F1B grid (NOTE [1F1B]).
+std::string render_pipeline(const role_assignment& r) {
+  if (r.layout.pp <= 1 || r.stage_layers.empty())
+    return {};
+  std::string layers;
+  for (auto n : r.stage_layers)
+    layers += (layers.empty() ? "" : " + ") + std::to_string(n);
+  std::string out = "    stages: layers " + layers + "; " + std::to_string(r.micro_batches) +
+                    " micro-batches, 1F1B:\n";
+  auto grid = runtime::one_f_one_b(r.layout.pp, static_cast<int>(r.micro_batches));
+  if (!grid)
+    return out;
+  std::istringstream lines(runtime::render_grid(*grid));
+  for (std::string line; std::getline(lines, line);)
+    out += "      " + line + "\n";
+  return out;
+}
+
+} // namespace
+
 std::string placement_plan::render() const {
   std::string out = "placement: " + std::string{to_string(mode)} + "\n";
   for (const auto& w : warnings)
@@ -576,8 +665,9 @@ std::string placement_plan::render() const {
     if (r.compute != train::precision::fp32)
       how += ", " + std::string{to_string(r.compute)};
     const auto tp = r.layout.tp > 1 ? ", tp " + std::to_string(r.layout.tp) : std::string{};
-    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.layout.dp) + tp + how +
-           ", devices [" + devs + "]\n";
+    const auto pp = r.layout.pp > 1 ? ", pp " + std::to_string(r.layout.pp) : std::string{};
+    out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.layout.dp) + tp + pp +
+           how + ", devices [" + devs + "]\n" + render_pipeline(r);
   }
   if (weight_transport)
     out += "weights: policy → rollout by " + transport + "\n";
@@ -659,7 +749,14 @@ expected<placement_plan> make_plan(const job_config& cfg) {
       continue;
     auto rp = placement_of(p, role);
     parallel_layout layout{static_cast<int32_t>(rp.dp), static_cast<int32_t>(rp.tp), static_cast<int32_t>(rp.pp)};
-    role_assignment a{role, rp.pool, layout, {}, rp.strategy, rp.compute};
+    role_assignment a{role, rp.pool, layout, {}, rp.strategy, rp.compute, {}, 0};
+    if (layout.pp > 1) {
+      auto counts = models::split_layers(shape->num_hidden_layers, layout.pp, rp.pp_layers);
+      if (!counts)
+        return with_prefix(counts.error(), "placement: " + role);
+      a.stage_layers = *counts;
+      a.micro_batches = rp.pp_micro_batches > 0 ? rp.pp_micro_batches : layout.pp;
+    }
     for (int64_t r = 0; r < layout.ranks(); ++r)
       a.devices.push_back(first.at(rp.pool) + r);
     plan.roles.push_back(a);

@@ -54,6 +54,10 @@ struct role_assignment {
   train::dp_strategy strategy = train::dp_strategy::ddp;
   /// The dtype it computes in (NOTE [mixed precision]).
   train::precision compute = train::precision::fp32;
+  /// Under pipeline parallelism: each stage's layers and the micro-batches
+  /// a batch is cut into (NOTE [pipeline parallelism]).
+  std::vector<int64_t> stage_layers;
+  int64_t micro_batches = 0;
 };
 
 /// One rank's estimate in a stage, by term, largest first (NOTE [memory

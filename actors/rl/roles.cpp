@@ -24,9 +24,12 @@ namespace troupe::actors::rl {
 std::string rank_name(const std::string& role, const parallel_layout& l, int64_t rank) {
   if (l.ranks() == 1)
     return role;
-  if (l.tp == 1)
-    return role + "[dp " + std::to_string(rank) + "]";
-  return role + "[dp " + std::to_string(rank / l.tp) + ", tp " + std::to_string(rank % l.tp) + "]";
+  auto out = role + "[dp " + std::to_string(rank / (l.tp * l.pp));
+  if (l.pp > 1)
+    out += ", pp " + std::to_string(rank / l.tp % l.pp);
+  if (l.tp > 1)
+    out += ", tp " + std::to_string(rank % l.tp);
+  return out + "]";
 }
 
 role_host::place role_host::where(const std::string&, int) const {
@@ -63,8 +66,9 @@ expected<model_recipe> recipe_of(const job_config& cfg, const role_spec& s) {
 }
 
 // The groups of a trainer rank: the store client and the gloo group of its
-// DP line; with tp > 1 the role's group is a {dp, tp} mesh (rank = d · tp
-// + t), split into the DP and TP lines (NOTE [tensor parallelism]).
+// DP line; with tp or pp > 1 the role's group is a {dp, pp, tp} mesh (NOTE
+// [parallel layout]), split into the DP, PP and TP lines (NOTE [tensor
+// parallelism], NOTE [pipeline parallelism]).
 expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec& s) {
   auto st = runtime::connect_tcp_store(s.group_store, s.timeout_ms);
   if (!st)
@@ -80,17 +84,18 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
   auto g = runtime::make_process_group(out->store, go);
   if (!g)
     return with_prefix(g.error(), "joining the DP group");
-  if (s.layout.tp == 1) {
+  if (s.layout.tp == 1 && s.layout.pp == 1) {
     out->group = std::move(*g);
     return out;
   }
   out->mesh = std::make_shared<runtime::process_group>(std::move(*g));
-  auto lines = runtime::make_mesh_groups(*out->mesh, runtime::rank_mesh{{s.layout.dp, s.layout.tp}},
-                                         {"dp", "tp"});
+  auto lines = runtime::make_mesh_groups(
+      *out->mesh, runtime::rank_mesh{{s.layout.dp, s.layout.pp, s.layout.tp}}, {"dp", "pp", "tp"});
   if (!lines)
-    return with_prefix(lines.error(), "splitting the role's mesh into its DP and TP groups");
+    return with_prefix(lines.error(), "splitting the role's mesh into its DP, PP and TP groups");
   out->group = std::move((*lines)[0]);
-  out->tp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+  out->pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+  out->tp = std::make_shared<runtime::process_group>(std::move((*lines)[2]));
   return out;
 }
 
@@ -130,12 +135,10 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     return make_error(errc::invalid_argument, "rank " + std::to_string(s.rank) + " of a layout dp " +
                                                 std::to_string(l.dp) + " tp " + std::to_string(l.tp) +
                                                 " pp " + std::to_string(l.pp));
-  if (l.pp > 1)
-    return make_error(errc::unsupported, "pipeline parallelism is not available yet (pp " +
-                                             std::to_string(l.pp) + ")");
-  if (l.tp > 1 && recipe->actor != role_actor::trainer)
+  if ((l.tp > 1 || l.pp > 1) && recipe->actor != role_actor::trainer)
     return make_error(errc::unsupported,
-                      "tensor parallelism (tp " + std::to_string(l.tp) +
+                      "model parallelism (tp " + std::to_string(l.tp) + ", pp " +
+                          std::to_string(l.pp) +
                           ") is for the roles a train engine runs (policy, critic, reference, a "
                           "trained reward model); " +
                           s.role + "'s is not available yet");
@@ -171,18 +174,23 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
       return g.error();
     groups = std::move(*g);
   }
-  if (l.tp > 1) { // this rank's part of the model (NOTE [tensor parallelism])
+  const auto placed = placement_keys(cfg, s.role);
+  if (l.tp > 1 || l.pp > 1) { // this rank's part of the model (NOTE [tensor parallelism])
     auto part = models::partition_llama((*model)->config(), *groups->tp);
     if (!part)
       return with_prefix(part.error(), s.role);
-    model = models::make_tp_part(*model, *part);
+    auto stage = models::stage_of((*model)->config(), *groups->pp, placed.pp_layers);
+    if (!stage)
+      return with_prefix(stage.error(), s.role);
+    model = models::make_model_part(*model, *part, *stage);
     if (!model)
       return model.error();
   }
   auto engine = train::train_engine::make(*model, recipe->optim);
   if (!engine)
     return engine.error();
-  const auto placed = placement_keys(cfg, s.role);
+  if (auto ok = (*engine)->set_pipeline_micro_batches(placed.pp_micro_batches); !ok)
+    return ok.error();
   if (auto ok = (*engine)->set_precision(placed.compute); !ok)
     return ok.error();
   if (auto ok = (*engine)->set_micro_batch_rows(placed.micro_batch_rows); !ok)

@@ -45,13 +45,14 @@ using inject_failure_atom = caf::atom_constant<caf::atom("injfail")>;
 /// order (a type of its own: it crosses processes).
 struct state_shards {
   std::vector<std::string> shards;
-  /// The tensor-parallel size of the ranks that saved them (NOTE
-  /// [tensor-parallel dispatch]: shard i holds TP rank i % tp's parts).
-  int32_t tp = 1;
+  /// The tensor- and pipeline-parallel sizes of the ranks that saved them
+  /// (NOTE [tensor-parallel dispatch]: shard i holds the parts of position
+  /// i % (tp · pp) of a replica).
+  int32_t tp = 1, pp = 1;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, state_shards& x) {
-  return f(caf::meta::type_name("state_shards"), x.shards, x.tp);
+  return f(caf::meta::type_name("state_shards"), x.shards, x.tp, x.pp);
 }
 
 /// The requests of an RL step answer served<T> (NOTE [busy on replies]).

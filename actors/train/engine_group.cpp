@@ -15,13 +15,15 @@ struct group_state {
   std::vector<engine_actor> ranks;
   std::string role;
   dp_strategy strategy = dp_strategy::ddp;
-  int tp = 1; // NOTE [tensor-parallel dispatch]
+  int tp = 1, pp = 1; // NOTE [tensor-parallel dispatch]
   static inline const char* name = "engine_group";
 
+  // The ranks of one replica (its TP and PP ranks).
+  int width() const { return tp * pp; }
   // The data-parallel replicas.
-  size_t replicas() const { return ranks.size() / static_cast<size_t>(tp); }
+  size_t replicas() const { return ranks.size() / static_cast<size_t>(width()); }
   // Whether rank 0's whole-weight answers need every rank alongside.
-  bool gathers_together() const { return strategy == dp_strategy::zero3 || tp > 1; }
+  bool gathers_together() const { return strategy == dp_strategy::zero3 || width() > 1; }
 };
 
 using self_ptr = engine_actor::stateful_pointer<group_state>;
@@ -137,13 +139,13 @@ expected<std::vector<tensor_batch>> minibatch_shares(const tensor_batch& b, int6
   return out;
 }
 
-// The answers of each replica's TP rank 0 (NOTE [tensor-parallel
+// The answers of each replica's first rank (NOTE [tensor-parallel
 // dispatch]), combined.
 template <class Combine>
-auto of_replicas(int tp, Combine combine) {
-  return [tp, combine](const auto& parts) {
+auto of_replicas(int width, Combine combine) {
+  return [width, combine](const auto& parts) {
     std::decay_t<decltype(parts)> mine;
-    for (size_t i = 0; i < parts.size(); i += static_cast<size_t>(tp))
+    for (size_t i = 0; i < parts.size(); i += static_cast<size_t>(width))
       mine.push_back(parts[i]);
     return combine(mine);
   };
@@ -172,11 +174,11 @@ caf::result<R> split(self_ptr self, const tensor_batch& b, const char* what, con
   if (!parts)
     return with_prefix(parts.error(), self->state.role + ": " + what);
   auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*parts));
-  const auto tp = static_cast<size_t>(self->state.tp);
+  const auto width = static_cast<size_t>(self->state.width());
   return fan_out<R, R>(
-      self, shared->size() * tp,
-      [=](size_t r) { return send(self->state.ranks[r], (*shared)[r / tp]); },
-      of_replicas(self->state.tp, combine));
+      self, shared->size() * width,
+      [=](size_t r) { return send(self->state.ranks[r], (*shared)[r / width]); },
+      of_replicas(self->state.width(), combine));
 }
 
 // NOTE [dispatch modes], zero3: rank 0's answer needs the whole weights,
@@ -274,65 +276,72 @@ expected<T> first_answer(const std::vector<T>& parts) {
   return parts[0];
 }
 
-// A whole training state is one rank's: under TP each rank holds other
-// parts of the parameters (checkpoints take the shards instead).
+// A whole training state is one rank's: under TP or PP each rank holds
+// other parts of the parameters (checkpoints take the shards instead).
 std::optional<caf::error> no_tp_state(self_ptr self, const char* what) {
-  if (self->state.tp == 1)
+  if (self->state.width() == 1)
     return std::nullopt;
   return make_error(errc::unsupported, self->state.role + ": " + what +
-                                           ": training states of tensor-parallel ranks (tp " +
-                                           std::to_string(self->state.tp) +
+                                           ": training states of model-parallel ranks (tp " +
+                                           std::to_string(self->state.tp) + ", pp " +
+                                           std::to_string(self->state.pp) +
                                            ") are not supported yet");
 }
 
 // NOTE [sharded state]: each rank its own shard, none gathered, in rank
-// order; under TP (NOTE [tensor-parallel dispatch]) rank d · tp + t loads
-// the shards of TP rank t (the parts of the parameters it holds), from
-// whatever DP size saved them.
+// order; under TP and PP (NOTE [tensor-parallel dispatch]) rank d · w + i
+// of a replica of w ranks loads the shards of position i (the parts of the
+// parameters it holds), from whatever DP size saved them.
 caf::typed_response_promise<state_shards> save_shards(self_ptr self) {
-  const auto tp = self->state.tp;
+  const auto tp = self->state.tp, pp = self->state.pp;
   return to_all<state_shards>(
       self,
-      [tp](std::vector<state_shards>& parts) {
+      [tp, pp](std::vector<state_shards>& parts) {
         auto all = all_shards(parts);
-        if (all)
+        if (all) {
           all->tp = tp;
+          all->pp = pp;
+        }
         return all;
       },
       save_shards_atom::value);
 }
 
 caf::result<int64_t> load_shards(self_ptr self, const state_shards& shards) {
-  const auto tp = static_cast<size_t>(self->state.tp);
+  const auto width = static_cast<size_t>(self->state.width());
   const auto& role = self->state.role;
-  if (shards.tp != self->state.tp)
+  if (shards.tp != self->state.tp || shards.pp != self->state.pp)
     return make_error(errc::invalid_argument,
                       role + ": load_shards: the state was saved by tp " +
-                          std::to_string(shards.tp) + " ranks, this role has tp " +
-                          std::to_string(tp) + " (a state loads under any dp, not another tp yet)");
-  if (shards.shards.size() % tp != 0)
+                          std::to_string(shards.tp) + ", pp " + std::to_string(shards.pp) +
+                          " ranks, this role has tp " + std::to_string(self->state.tp) + ", pp " +
+                          std::to_string(self->state.pp) +
+                          " (a state loads under any dp, not another tp or pp yet)");
+  if (shards.shards.size() % width != 0)
     return make_error(errc::corrupted,
                       role + ": load_shards: " + std::to_string(shards.shards.size()) +
-                          " shards do not come from tp " + std::to_string(tp) + " ranks");
-  auto of_tp = std::make_shared<std::vector<state_shards>>(tp);
+                          " shards do not come from replicas of " + std::to_string(width) +
+                          " ranks");
+  auto of_position = std::make_shared<std::vector<state_shards>>(width);
   for (size_t i = 0; i < shards.shards.size(); ++i)
-    (*of_tp)[i % tp].shards.push_back(shards.shards[i]);
+    (*of_position)[i % width].shards.push_back(shards.shards[i]);
   return fan_out<int64_t, int64_t>(
       self, self->state.ranks.size(),
       [=](size_t r) {
         return self->request(self->state.ranks[r], caf::infinite, load_shards_atom::value,
-                             (*of_tp)[r % tp]);
+                             (*of_position)[r % width]);
       },
       first_answer<int64_t>);
 }
 
 engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
                                            std::vector<engine_actor> ranks, dp_strategy strategy,
-                                           int tp) {
+                                           int tp, int pp) {
   self->state.role = std::move(role);
   self->state.ranks = std::move(ranks);
   self->state.strategy = strategy;
   self->state.tp = tp;
+  self->state.pp = pp;
   bind_to_ranks(self);
   auto n = [self] { return self->state.ranks.size(); };
   auto rank = [self](size_t r) { return self->state.ranks[r]; };
@@ -366,7 +375,7 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         self, n(),
         [=](size_t r) {
           return self->request(rank(r), caf::infinite, atom,
-                               (*shared)[r / static_cast<size_t>(self->state.tp)], local);
+                               (*shared)[r / static_cast<size_t>(self->state.width())], local);
         },
         slowest(group_metrics));
   };
@@ -435,8 +444,10 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
 } // namespace
 
 engine_actor spawn_engine_group(caf::actor_system& sys, std::string role,
-                                std::vector<engine_actor> ranks, dp_strategy strategy, int tp) {
-  return sys.spawn(group_behavior, std::move(role), std::move(ranks), strategy, std::max(1, tp));
+                                std::vector<engine_actor> ranks, dp_strategy strategy, int tp,
+                                int pp) {
+  return sys.spawn(group_behavior, std::move(role), std::move(ranks), strategy, std::max(1, tp),
+                   std::max(1, pp));
 }
 
 } // namespace troupe::actors::train

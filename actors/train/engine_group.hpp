@@ -21,13 +21,16 @@
 //              make the same passes alongside (rm_eval the same batch, an
 //              export for the rest) and only rank 0's answer is kept.
 // Under zero3 every split request needs a row for every rank.
-// NOTE [tensor-parallel dispatch]: with tp > 1 the ranks are a {dp, tp}
-// mesh (rank = d · tp + t): the rows are divided over the dp replicas and
-// every TP rank of replica d gets replica d's rows (the TP ranks compute
-// one model together); the answers of each replica's TP rank 0 are the
-// replica's. A TP group exports, publishes and saves together (each rank
-// gathers its parts with the others'), so rank 0's answers need every
-// rank alongside, as under zero3.
+// NOTE [tensor-parallel dispatch]: with tp or pp > 1 the ranks are a {dp,
+// pp, tp} mesh (rank = (d · pp + p) · tp + t): a replica is tp · pp
+// consecutive ranks, the rows are divided over the dp replicas and every
+// rank of replica d gets replica d's rows (its ranks compute one model
+// together: the TP ranks a layer's parts, the PP ranks its stages); the
+// answers of each replica's first rank are the replica's (a pipeline's
+// stages all answer the last stage's result). A replica exports, publishes
+// and saves together (each rank gathers its parts with the others', each
+// stage sends the first its tensors), so rank 0's answers need every rank
+// alongside, as under zero3.
 // The first error of any rank is the answer; a rank that goes down ends the
 // group with it. Ending the group ends its ranks.
 
@@ -40,10 +43,11 @@
 namespace troupe::actors::train {
 
 /// Spawns the group actor of `ranks` (at least one) for role `role`, whose
-/// ranks train under `strategy`, `tp` consecutive ranks a tensor-parallel
-/// group (NOTE [tensor-parallel dispatch]; tp divides the ranks).
+/// ranks train under `strategy`, tp · pp consecutive ranks a replica of
+/// `pp` stages of `tp` tensor-parallel ranks each (NOTE [tensor-parallel
+/// dispatch]; tp · pp divides the ranks).
 engine_actor spawn_engine_group(caf::actor_system& sys, std::string role,
                                 std::vector<engine_actor> ranks,
-                                dp_strategy strategy = dp_strategy::ddp, int tp = 1);
+                                dp_strategy strategy = dp_strategy::ddp, int tp = 1, int pp = 1);
 
 } // namespace troupe::actors::train

@@ -142,6 +142,12 @@ expected<double> clip_by_global_norm(at::Tensor& grads, runtime::process_group* 
       return with_prefix(ok.error(), "summing the gradient norm over the tensor-parallel group");
     (*sq)[0] = split + (*sq)[1];
   }
+  if (tp.pp) {
+    auto whole = sq->narrow(0, 0, 1).clone();
+    if (auto ok = tp.pp->all_reduce_sum(whole); !ok)
+      return with_prefix(ok.error(), "summing the gradient norm over the pipeline stages");
+    (*sq)[0] = whole[0];
+  }
   const double norm = std::sqrt((*sq)[0].item<double>());
   if (const double c = clip_coefficient(norm, max_norm); c < 1.0)
     grads.mul_(c);

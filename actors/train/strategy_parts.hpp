@@ -92,10 +92,13 @@ inline at::ScalarType optimizer_dtype(at::ScalarType weights) {
 /// gradient holds its parts of the split parameters and the whole of the
 /// replicated ones (equal on every TP rank). The global norm sums the split
 /// parts' squares over the TP group and counts the replicated ones once.
+/// Under pipeline parallelism each stage holds other parameters: the
+/// stages' squares add up over the PP group.
 struct tp_norm {
   runtime::process_group* group = nullptr; // null: no TP
   /// [begin, end) of `grads`' elements that belong to replicated parameters.
   std::vector<std::pair<int64_t, int64_t>> replicated;
+  runtime::process_group* pp = nullptr; // null: no PP
 };
 
 /// The norm of the whole gradient of which `grads` is this rank's part

@@ -13,8 +13,11 @@
 #include "runtime/seeded_random.hpp"
 #include "runtime/torch_guard.hpp"
 
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -152,10 +155,37 @@ struct train_engine::impl {
 
   // Logits of the next tokens [B, L-1, V], with gradient when enabled.
   at::Tensor shifted_logits(const runtime::tensor_batch& b) {
-    auto ids = need(b, "input_ids");
-    auto mask = need(b, "attention_mask");
-    auto logits = model->forward(ids, mask);
+    auto logits = run_model(b);
     return logits.narrow(1, 0, logits.size(1) - 1);
+  }
+
+  // The model's output for a batch (its head's: on a pipeline's last
+  // stage from the previous stage's output, NOTE [pipeline execution]).
+  at::Tensor run_model(const runtime::tensor_batch& b) {
+    auto [ids, mask] = model_inputs(b);
+    if (model->pp().active())
+      return model->forward_stage(ids, mask, stage_input);
+    return model->forward(ids, mask);
+  }
+
+  // Scores of a preference batch's chosen and rejected rows in one forward:
+  // [2B] → (r_c, r_r).
+  std::pair<at::Tensor, at::Tensor> pair_scores(const runtime::tensor_batch& b) {
+    auto s = run_model(b).to(torch::kFloat);
+    auto n = b.size();
+    return {s.narrow(0, 0, n), s.narrow(0, n, n)};
+  }
+
+  // The ids and mask a batch's forward runs on: a preference batch's chosen
+  // rows, then its rejected ones (one pass scores both).
+  static std::pair<at::Tensor, at::Tensor> model_inputs(const runtime::tensor_batch& b) {
+    if (!b.contains("chosen_ids"))
+      return {need(b, "input_ids"), need(b, "attention_mask")};
+    auto ci = need(b, "chosen_ids"), ri = need(b, "rejected_ids");
+    if (ci.size(1) != ri.size(1))
+      throw error_exception(make_error(errc::shape_mismatch,
+                                       "chosen_ids and rejected_ids must have the same length"));
+    return {torch::cat({ci, ri}, 0), torch::cat({need(b, "chosen_mask"), need(b, "rejected_mask")}, 0)};
   }
 
   at::Tensor next_tokens(const runtime::tensor_batch& b) {
@@ -180,8 +210,9 @@ struct train_engine::impl {
   }
 
   // `o` with the model's tensor-parallel layout (NOTE [tensor-parallel
-  // norm] in strategy_parts.hpp).
+  // norm] in strategy_parts.hpp) and pipeline group.
   strategy_options with_tp(strategy_options o) const {
+    o.pp_group = model->pp().group;
     const auto& tp = model->tp();
     if (!tp.active())
       return o;
@@ -335,6 +366,11 @@ struct train_engine::impl {
       }
       return out;
     }
+    if (micro_rows <= 0 && model->pp().active()) { // NOTE [pipeline execution]
+      const int64_t n = pipe_micro > 0 ? pipe_micro : model->pp().size;
+      out.parts = value_or_throw(b.split(std::min(n, b.size())));
+      return out;
+    }
     if (micro_rows <= 0 || b.size() <= micro_rows) {
       out.parts.push_back(b);
       return out;
@@ -346,31 +382,302 @@ struct train_engine::impl {
 
   // A forward pass without gradient, a micro-batch at a time, its outputs
   // concatenated (by tokens: padded back to the batch's width, in its row
-  // order).
+  // order). In a pipeline the last stage computes them and every stage
+  // answers its result (NOTE [pipeline execution]).
   template <class Fn>
   runtime::tensor_batch by_micro_batches(const runtime::tensor_batch& b, Fn&& fn) {
-    std::vector<runtime::tensor_batch> outs;
     auto split = micro_batches(b);
-    auto& parts = split.parts;
+    auto outs = pipelined() ? pipeline_forward(split.parts, fn) : each_part(split.parts, fn);
+    if (outs.empty()) // a pipeline stage before the last
+      return from_last_stage(runtime::tensor_batch{});
+    for (size_t i = 0; i < outs.size() && !split.rows.empty(); ++i)
+      outs[i] = value_or_throw(pad_outputs(outs[i], split.lengths[i], split.width));
+    auto all = outs.size() == 1 ? std::move(outs.front())
+                                : value_or_throw(runtime::tensor_batch::concat(outs));
+    if (!split.rows.empty()) {
+      std::vector<int64_t> back(split.rows.size()); // row i of the batch is row back[i] of `all`
+      for (size_t k = 0; k < split.rows.size(); ++k)
+        back[static_cast<size_t>(split.rows[k])] = static_cast<int64_t>(k);
+      all = value_or_throw(all.select(torch::tensor(back, torch::kLong)));
+    }
+    return pipelined() ? from_last_stage(std::move(all)) : all;
+  }
+
+  // fn of each part in turn.
+  template <class Fn>
+  std::vector<runtime::tensor_batch> each_part(const std::vector<runtime::tensor_batch>& parts,
+                                               Fn&& fn) {
+    std::vector<runtime::tensor_batch> outs;
     // A strategy that gathers during the passes (zero3) needs as many on
     // every rank, agreed before any: the last again, its answer dropped.
     const size_t rounds =
         dp && strategy && strategy->layer_hooks() ? most_micro_batches(parts.size()) : parts.size();
-    for (size_t i = 0; i < parts.size(); ++i) {
-      outs.push_back(fn(parts[i]));
-      if (!split.rows.empty())
-        outs.back() = value_or_throw(pad_outputs(outs.back(), split.lengths[i], split.width));
-    }
+    for (const auto& part : parts)
+      outs.push_back(fn(part));
     for (auto i = parts.size(); i < rounds; ++i)
       fn(parts.back());
-    auto all = outs.size() == 1 ? std::move(outs.front())
-                                : value_or_throw(runtime::tensor_batch::concat(outs));
-    if (split.rows.empty())
-      return all;
-    std::vector<int64_t> back(split.rows.size()); // row i of the batch is row back[i] of `all`
-    for (size_t k = 0; k < split.rows.size(); ++k)
-      back[static_cast<size_t>(split.rows[k])] = static_cast<int64_t>(k);
-    return value_or_throw(all.select(torch::tensor(back, torch::kLong)));
+    return outs;
+  }
+
+  // ---- NOTE [pipeline execution] --------------------------------------
+  // A stage runs its list of the schedule (runtime/pipeline_schedule.hpp)
+  // in order. Forward of micro-batch m: receive the previous stage's
+  // output [rows, T, hidden] (tag 2m; the first stage embeds the ids), run
+  // the stage's layers, and send the result on (started, not waited for:
+  // neighbours may be sending to each other at once); the last stage
+  // computes the micro-batch's loss — weighted by its share as without PP —
+  // from what it received (run_model reads stage_input). Backward of m:
+  // the last stage back-propagates its loss, the others the gradient the
+  // next stage sent (tag 2m + 1) through their output, and every stage but
+  // the first sends its input's gradient back. A stage keeps the inputs and
+  // outputs of the micro-batches in flight only. Forward-only passes run
+  // the forwards in order; the last stage's result, and an update's
+  // metrics, are broadcast to every stage, so that every rank answers the
+  // same. Each stage's gradient norm adds into the global one (NOTE
+  // [tensor-parallel norm]).
+  int64_t pipe_micro = 0;
+  at::Tensor stage_input;
+  pipeline_pass pipe_log;
+  // Times a pass and what in it waits (receives).
+  struct pass_clock {
+    pipeline_pass& log;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    double waited = 0;
+    explicit pass_clock(pipeline_pass& l) : log(l) { log = {}; }
+    template <class Fn>
+    void wait(Fn&& fn) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    void done() {
+      log.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      log.busy_seconds = log.seconds - waited;
+    }
+  };
+  /// Every stage's exported tensors (HF name, dtype, whole shape), in
+  /// stage order: exchanged when joining (NOTE [pipeline export]).
+  std::vector<std::vector<runtime::tensor_spec>> stage_layouts;
+
+  bool pipelined() const { return model->pp().active(); }
+
+  // NOTE [pipeline export]: the first stage exports the whole model — its
+  // own parameters, then each later stage's in stage order, received from
+  // that stage's first TP rank (which gathers them whole over its TP group)
+  // one tensor at a time (tag export_tag + index), so the exporter holds
+  // one received tensor beyond its own. The layout every stage exports is
+  // exchanged once, when joining.
+  static constexpr int export_tag = 1 << 22;
+
+  // This stage's exported tensors (HF name, dtype, whole shape).
+  std::vector<runtime::tensor_spec> own_layout() const {
+    auto params = model->parameters();
+    std::vector<runtime::tensor_spec> out;
+    for (auto i : export_order())
+      out.push_back({value_or_throw(models::to_hf_name(names().at(i), model->head())),
+                     params[i].scalar_type(),
+                     models::tp_full_shape(names().at(i), shapes.at(i), model->config(), model->tp())});
+    return out;
+  }
+
+  // Every stage's own_layout, from each stage in turn.
+  std::vector<std::vector<runtime::tensor_spec>> exchange_stage_layouts() const {
+    const auto& pp = model->pp();
+    std::vector<std::vector<runtime::tensor_spec>> out;
+    for (int s = 0; s < pp.size; ++s) {
+      std::string text;
+      if (s == pp.rank)
+        for (const auto& t : own_layout()) {
+          text += t.name + "\t" + std::to_string(static_cast<int>(t.dtype));
+          for (auto d : t.shape)
+            text += "\t" + std::to_string(d);
+          text += "\n";
+        }
+      value_or_throw(runtime::broadcast_bytes(*pp.group, text, s));
+      std::vector<runtime::tensor_spec> layout;
+      std::istringstream lines(text);
+      for (std::string line; std::getline(lines, line);) {
+        std::istringstream fields(line);
+        runtime::tensor_spec t;
+        int dtype = 0;
+        std::getline(fields, t.name, '\t');
+        fields >> dtype;
+        t.dtype = static_cast<at::ScalarType>(dtype);
+        for (int64_t d; fields >> d;)
+          t.shape.push_back(d);
+        layout.push_back(std::move(t));
+      }
+      out.push_back(std::move(layout));
+    }
+    return out;
+  }
+
+  // The later stages' tensors on the first stage (put(k, t) from k on), or
+  // this later stage's sent there (by its first TP rank).
+  void pipeline_export(const runtime::tensor_sink& put, size_t k) const {
+    const auto& pp = model->pp();
+    if (model->tp().rank != 0)
+      return;
+    if (pp.first()) {
+      for (size_t s = 1; s < stage_layouts.size(); ++s)
+        for (size_t j = 0; j < stage_layouts[s].size(); ++j) {
+          const auto& spec = stage_layouts[s][j];
+          auto t = at::empty(spec.shape, at::TensorOptions().dtype(spec.dtype));
+          value_or_throw(pp.group->recv(t, static_cast<int>(s), export_tag + static_cast<int>(j)));
+          if (put)
+            put(k++, t);
+        }
+    }
+  }
+
+  // Sends started and not yet waited for, with the tensors they read.
+  struct sends_in_flight {
+    std::vector<std::pair<at::Tensor, std::unique_ptr<runtime::pending_transfer>>> started;
+    void start(runtime::process_group& g, at::Tensor t, int dst, int tag) {
+      t = t.contiguous();
+      auto sent = value_or_throw(g.start_send(t, dst, tag));
+      started.emplace_back(std::move(t), std::move(sent));
+    }
+    void wait_all() {
+      for (auto& [t, s] : started)
+        value_or_throw(s->wait());
+      started.clear();
+    }
+    ~sends_in_flight() {
+      for (auto& [t, s] : started)
+        (void)s->wait();
+    }
+  };
+
+  // The previous stage's output for micro-batch `m` (undefined on the first
+  // stage), a leaf that collects its gradient when `grad`.
+  at::Tensor receive_input(const runtime::tensor_batch& part, int m, bool grad, pass_clock& clock) {
+    const auto& pp = model->pp();
+    if (pp.first())
+      return {};
+    auto ids = model_inputs(part).first;
+    auto x = at::empty({ids.size(0), ids.size(1), model->config().hidden_size},
+                       model->parameters().front().options().requires_grad(false));
+    clock.wait([&] { value_or_throw(pp.group->recv(x, pp.rank - 1, 2 * m)); });
+    return grad ? x.requires_grad_() : x;
+  }
+
+  // A stage's forward of micro-batch m before the last stage: its output,
+  // sent on.
+  at::Tensor forward_on(const runtime::tensor_batch& part, int m, const at::Tensor& input,
+                        sends_in_flight& sends) {
+    auto [ids, mask] = model_inputs(part);
+    auto out = model->forward_stage(ids, mask, input);
+    sends.start(*model->pp().group, out.detach(), model->pp().rank + 1, 2 * m);
+    return out;
+  }
+
+  template <class Fn>
+  std::vector<runtime::tensor_batch> pipeline_forward(const std::vector<runtime::tensor_batch>& parts,
+                                                      Fn&& fn) {
+    const auto& pp = model->pp();
+    const int n = static_cast<int>(parts.size());
+    std::vector<runtime::tensor_batch> outs;
+    sends_in_flight sends;
+    pass_clock clock{pipe_log};
+    const auto schedule = value_or_throw(runtime::forward_only(pp.size, n));
+    for (const auto& a : schedule[static_cast<size_t>(pp.rank)]) {
+      const auto& part = parts[static_cast<size_t>(a.micro_batch)];
+      auto input = receive_input(part, a.micro_batch, false, clock);
+      if (pp.last()) {
+        stage_input = input;
+        outs.push_back(fn(part));
+        stage_input = at::Tensor();
+      } else {
+        forward_on(part, a.micro_batch, input, sends);
+      }
+      pipe_log.actions.push_back(a);
+    }
+    clock.wait([&] { sends.wait_all(); });
+    clock.done();
+    return outs;
+  }
+
+  // One optimizer step's passes over `parts` under 1F1B: the last stage's
+  // loss of part i is weighted by weights[i] and its metrics land in
+  // metrics[i].
+  template <class Loss>
+  void pipeline_step(const std::vector<runtime::tensor_batch>& parts,
+                     const std::vector<double>& weights, Loss&& loss_of,
+                     std::vector<metric_map>& metrics, bool in_backward) {
+    const auto& pp = model->pp();
+    const int n = static_cast<int>(parts.size());
+    std::vector<at::Tensor> inputs(parts.size()), outputs(parts.size());
+    sends_in_flight sends;
+    pass_clock clock{pipe_log};
+    const auto schedule = value_or_throw(runtime::one_f_one_b(pp.size, n));
+    for (const auto& a : schedule[static_cast<size_t>(pp.rank)]) {
+      const auto i = static_cast<size_t>(a.micro_batch);
+      if (a.op == runtime::pipe_action::forward) {
+        inputs[i] = receive_input(parts[i], a.micro_batch, true, clock);
+        if (pp.last()) {
+          stage_input = inputs[i];
+          auto part = loss_of(parts[i]);
+          stage_input = at::Tensor();
+          outputs[i] = part.loss * weights[i];
+          metrics[i] = std::move(part.metrics);
+        } else {
+          outputs[i] = forward_on(parts[i], a.micro_batch, inputs[i], sends);
+        }
+      } else {
+        if (pp.last()) {
+          outputs[i].backward();
+        } else {
+          auto grad = at::empty_like(outputs[i]).requires_grad_(false);
+          clock.wait(
+              [&] { value_or_throw(pp.group->recv(grad, pp.rank + 1, 2 * a.micro_batch + 1)); });
+          outputs[i].backward(grad);
+        }
+        if (in_backward)
+          value_or_throw(strategy->backward_done());
+        if (!pp.first())
+          sends.start(*pp.group, inputs[i].grad(), pp.rank - 1, 2 * a.micro_batch + 1);
+        inputs[i] = at::Tensor();
+        outputs[i] = at::Tensor();
+      }
+      pipe_log.actions.push_back(a);
+    }
+    clock.wait([&] { sends.wait_all(); });
+    clock.done();
+  }
+
+  // The last stage's `b` on every stage of the pipeline.
+  runtime::tensor_batch from_last_stage(runtime::tensor_batch b) {
+    const auto& pp = model->pp();
+    std::vector<char> buf;
+    if (pp.last()) {
+      caf::binary_serializer sink{nullptr, buf};
+      if (auto err = sink(b))
+        throw error_exception(make_error(errc::internal, "pipeline: serialising the result"));
+    }
+    std::string bytes(buf.begin(), buf.end());
+    value_or_throw(runtime::broadcast_bytes(*pp.group, bytes, pp.size - 1));
+    if (pp.last())
+      return b;
+    runtime::tensor_batch out;
+    caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
+    if (auto err = source(out))
+      throw error_exception(make_error(errc::corrupted, "pipeline: the last stage's result"));
+    return out;
+  }
+
+  // The last stage's metrics on every stage (as one-element tensors).
+  metric_map from_last_stage(metric_map m) {
+    if (!pipelined())
+      return m;
+    runtime::tensor_batch b;
+    for (const auto& [k, v] : m)
+      value_or_throw(b.set(k, torch::tensor({v}, torch::kDouble)));
+    metric_map out;
+    const auto agreed = from_last_stage(std::move(b));
+    for (const auto& [k, t] : agreed.tensors())
+      out[k] = t[0].item<double>();
+    return out;
   }
 
   // NOTE [micro-batches]: an optimizer step over a (rank's share of a)
@@ -411,21 +718,42 @@ struct train_engine::impl {
     const size_t rounds = in_backward && dp ? most_micro_batches(parts.size()) : parts.size();
     strategy->zero_grad();
     metric_map local;
+    std::vector<double> weights, token_weights;
     for (size_t i = 0; i < parts.size(); ++i) {
       const double n = static_cast<double>(parts.size());
-      const double w = rank_units > 0 ? units[i].first / rank_units : 1 / n;
-      const double wt = rank_tokens > 0 ? units[i].second / rank_tokens : 1 / n;
-      auto part = loss_of(parts[i]);
-      (part.loss * (share * w)).backward();
-      if (in_backward)
-        value_or_throw(strategy->backward_done());
-      for (const auto& [k, v] : part.metrics) {
-        local[k] += v * (is_token_key(k, token_keys) ? wt : w);
-      }
+      weights.push_back(rank_units > 0 ? units[i].first / rank_units : 1 / n);
+      token_weights.push_back(rank_tokens > 0 ? units[i].second / rank_tokens : 1 / n);
     }
-    for (auto i = parts.size(); i < rounds; ++i) {
-      (loss_of(parts.back()).loss * 0.0).backward(); // the same passes, nothing learned
-      value_or_throw(strategy->backward_done());
+    auto add_metrics = [&](size_t i, const metric_map& m) {
+      for (const auto& [k, v] : m)
+        local[k] += v * (is_token_key(k, token_keys) ? token_weights[i] : weights[i]);
+    };
+    if (pipelined()) {
+      // The same passes on every rank: the rounds beyond this rank's parts
+      // run its last again at weight 0.
+      std::vector<double> scaled;
+      for (auto w : weights)
+        scaled.push_back(share * w);
+      while (parts.size() < rounds) {
+        parts.push_back(parts.back());
+        scaled.push_back(0.0);
+      }
+      std::vector<metric_map> metrics(parts.size());
+      pipeline_step(parts, scaled, loss_of, metrics, in_backward);
+      for (size_t i = 0; i < weights.size(); ++i)
+        add_metrics(i, metrics[i]);
+    } else {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        auto part = loss_of(parts[i]);
+        (part.loss * (share * weights[i])).backward();
+        if (in_backward)
+          value_or_throw(strategy->backward_done());
+        add_metrics(i, part.metrics);
+      }
+      for (auto i = parts.size(); i < rounds; ++i) {
+        (loss_of(parts.back()).loss * 0.0).backward(); // the same passes, nothing learned
+        value_or_throw(strategy->backward_done());
+      }
     }
     value_or_throw(strategy->sync_gradients());
     const double norm = value_or_throw(strategy->clip_gradients(opts->grad_clip));
@@ -465,7 +793,7 @@ struct train_engine::impl {
 
 metric_map train_engine::impl::group_metrics(metric_map m, const step_result& r,
                                              std::initializer_list<const char*> token_keys) {
-  if (!dp)
+  if (!dp || m.empty()) // empty: a pipeline stage before the last (every DP rank of it)
     return m;
   std::vector<double> v;
   for (const auto& [k, x] : m) {
@@ -590,6 +918,10 @@ expected<void> train_engine::join_data_parallel(std::shared_ptr<data_parallel_gr
   if (d.steps > 0 || !d.offloaded.empty())
     return make_error(errc::invalid_argument,
                       "join_data_parallel: join before the first optimizer step");
+  if (d.model->pp().active() && d.model->pp().group != group->pp.get())
+    return make_error(errc::invalid_argument,
+                      "join_data_parallel: the model's pipeline stage is not of the group's PP "
+                      "line (make it with stage_of over group->pp)");
   return guarded("join_data_parallel", [&]() -> expected<void> {
     auto params = d.model->parameters();
     if (auto ok = runtime::broadcast_parameters(params, group->group, 0); !ok)
@@ -603,6 +935,8 @@ expected<void> train_engine::join_data_parallel(std::shared_ptr<data_parallel_gr
       d.strategy = std::move(*s);
       d.model->set_layer_hooks(d.strategy->layer_hooks());
     }
+    if (d.pipelined())
+      d.stage_layouts = d.exchange_stage_layouts();
     d.dp = std::move(group);
     return {};
   });
@@ -708,6 +1042,17 @@ expected<void> train_engine::set_micro_batch_tokens(int64_t tokens) {
   impl_->micro_tokens = tokens;
   return {};
 }
+expected<void> train_engine::set_pipeline_micro_batches(int64_t n) {
+  if (n < 0)
+    return make_error(errc::invalid_argument,
+                      "pp_micro_batches must be >= 0 (0 = as many as stages), got " +
+                          std::to_string(n));
+  impl_->pipe_micro = n;
+  return {};
+}
+
+train_engine::pipeline_pass train_engine::last_pipeline_pass() const { return impl_->pipe_log; }
+
 int64_t train_engine::optimizer_state_bytes() const {
   return impl_->strategy && impl_->offloaded.empty() ? impl_->strategy->optimizer_bytes() : 0;
 }
@@ -743,7 +1088,7 @@ expected<runtime::tensor_batch> train_engine::values(const runtime::tensor_batch
   return guarded("values", [&]() -> expected<runtime::tensor_batch> {
     torch::NoGradGuard no_grad;
     return impl_->by_micro_batches(batch, [&](const runtime::tensor_batch& mb) {
-      auto v = impl_->model->forward(need(mb, "input_ids"), need(mb, "attention_mask"));
+      auto v = impl_->run_model(mb);
       runtime::tensor_batch out;
       value_or_throw(out.set("values", v.narrow(1, 0, v.size(1) - 1).contiguous()));
       return out;
@@ -759,7 +1104,7 @@ expected<runtime::tensor_batch> train_engine::scores(const runtime::tensor_batch
   return guarded("scores", [&]() -> expected<runtime::tensor_batch> {
     torch::NoGradGuard no_grad;
     return impl_->by_micro_batches(batch, [&](const runtime::tensor_batch& mb) {
-      auto s = impl_->model->forward(need(mb, "input_ids"), need(mb, "attention_mask"));
+      auto s = impl_->run_model(mb);
       runtime::tensor_batch out;
       value_or_throw(out.set("scores", s.to(torch::kFloat)));
       return out;
@@ -811,7 +1156,7 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
       m["actor/lr"] = r.lr;
       sums.add(impl_->group_metrics(std::move(m), r, token_keys));
     }
-    return sums.mean();
+    return impl_->from_last_stage(sums.mean());
   });
 }
 
@@ -830,7 +1175,7 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
     else
       vo.clip = std::nullopt;
     auto loss_of = [&](const runtime::tensor_batch& mb) {
-      auto v = impl_->model->forward(need(mb, "input_ids"), need(mb, "attention_mask"));
+      auto v = impl_->run_model(mb);
       v = v.narrow(1, 0, v.size(1) - 1);
       auto vl = value_or_throw(kernels::value_loss(v, need(mb, "values"), need(mb, "returns"),
                                                    need(mb, "response_mask"), vo));
@@ -845,7 +1190,7 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
       m["critic/lr"] = r.lr;
       sums.add(impl_->group_metrics(std::move(m), r, token_keys));
     }
-    return sums.mean();
+    return impl_->from_last_stage(sums.mean());
   });
 }
 
@@ -861,24 +1206,12 @@ expected<metric_map> train_engine::sft_step(const runtime::tensor_batch& batch) 
     auto [r, m] = impl_->accumulate(batch, units_with(kernels::loss_agg_mode::token_mean), loss_of);
     m["sft/grad_norm"] = r.grad_norm;
     m["sft/lr"] = r.lr;
-    return impl_->group_metrics(std::move(m), r);
+    return impl_->from_last_stage(impl_->group_metrics(std::move(m), r));
   });
 }
 
 namespace {
 
-// Scores of chosen and rejected rows in one forward: [2B] → (r_c, r_r).
-std::pair<at::Tensor, at::Tensor> pair_scores(models::llama_model& model,
-                                              const runtime::tensor_batch& b) {
-  auto ci = need(b, "chosen_ids"), cm = need(b, "chosen_mask");
-  auto ri = need(b, "rejected_ids"), rm = need(b, "rejected_mask");
-  if (ci.size(1) != ri.size(1))
-    throw error_exception(make_error(errc::shape_mismatch,
-                                     "chosen_ids and rejected_ids must have the same length"));
-  auto s = model->forward(torch::cat({ci, ri}, 0), torch::cat({cm, rm}, 0)).to(torch::kFloat);
-  auto n = ci.size(0);
-  return {s.narrow(0, 0, n), s.narrow(0, n, n)};
-}
 
 } // namespace
 
@@ -889,7 +1222,7 @@ expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
     return make_error(errc::invalid_argument, "rm_step: the model has no reward head");
   return guarded("rm_step", [&]() -> expected<metric_map> {
     auto loss_of = [&](const runtime::tensor_batch& mb) {
-      auto [rc, rr] = pair_scores(impl_->model, mb);
+      auto [rc, rr] = impl_->pair_scores(mb);
       auto margin = rc - rr;
       auto loss = -torch::log_sigmoid(margin).mean();
       return impl::micro_part{loss,
@@ -905,7 +1238,7 @@ expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
     auto [r, m] = impl_->accumulate(batch, pairs, loss_of);
     m["rm/grad_norm"] = r.grad_norm;
     m["rm/lr"] = r.lr;
-    return impl_->group_metrics(std::move(m), r);
+    return impl_->from_last_stage(impl_->group_metrics(std::move(m), r));
   });
 }
 
@@ -916,8 +1249,13 @@ expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
     return ok.error();
   return guarded("rm_eval", [&]() -> expected<metric_map> {
     torch::NoGradGuard no_grad;
-    auto [rc, rr] = pair_scores(impl_->model, batch);
-    auto margin = rc - rr;
+    auto margins = impl_->by_micro_batches(batch, [&](const runtime::tensor_batch& mb) {
+      auto [rc, rr] = impl_->pair_scores(mb);
+      runtime::tensor_batch out;
+      value_or_throw(out.set("margin", rc - rr));
+      return out;
+    });
+    auto margin = need(margins, "margin");
     return metric_map{{"rm/eval_loss", item(-torch::log_sigmoid(margin).mean())},
                       {"rm/eval_accuracy", item((margin > 0).to(torch::kFloat).mean())}};
   });
@@ -925,27 +1263,32 @@ expected<metric_map> train_engine::rm_eval(const runtime::tensor_batch& batch) {
 
 std::vector<runtime::tensor_spec> train_engine::export_layout() const {
   auto& d = *impl_;
-  const auto head = d.model->head();
-  std::vector<std::string> names;
-  for (const auto& p : d.model->named_parameters())
-    names.push_back(value_or_throw(models::to_hf_name(p.key(), head)));
-  auto params = d.model->parameters();
-  std::vector<runtime::tensor_spec> out;
-  for (auto i : d.export_order())
-    out.push_back(
-        {names[i], params[i].scalar_type(),
-         models::tp_full_shape(d.names().at(i), d.shapes.at(i), d.model->config(), d.model->tp())});
+  if (!d.pipelined())
+    return d.own_layout();
+  if (d.stage_layouts.empty())
+    throw error_exception(make_error(
+        errc::invalid_argument, "export_layout: a pipeline stage exports after joining its group"));
+  std::vector<runtime::tensor_spec> out; // NOTE [pipeline export]
+  for (const auto& stage : d.stage_layouts)
+    out.insert(out.end(), stage.begin(), stage.end());
   return out;
 }
 
 expected<void> train_engine::export_weights_to(const runtime::tensor_sink& put) const {
   if (auto ok = impl_->make_resident(); !ok)
     return ok.error();
+  const auto& pp = impl_->model->pp();
+  if (pp.active() && (!pp.first() || impl_->stage_layouts.empty()))
+    return make_error(errc::invalid_argument,
+                      "export_weights: the first pipeline stage exports, after joining its group "
+                      "(the others call gather_weights)");
   return guarded("export_weights", [&] {
     auto params = impl_->model->parameters();
     size_t k = 0;
     impl_->export_spike =
         impl_->by_export_units([&](size_t i) { put(k++, impl_->whole(i, params[i])); });
+    if (pp.active())
+      impl_->pipeline_export(put, k);
   });
 }
 
@@ -979,11 +1322,20 @@ expected<int64_t> train_engine::gather_weights() const {
     auto params = impl_->model->parameters();
     int64_t bytes = 0;
     const bool gathers = impl_->strategy && impl_->strategy->layer_hooks();
+    const auto& pp = impl_->model->pp();
+    size_t j = 0;
     impl_->by_export_units([&](size_t i) {
       auto t = impl_->whole(i, params[i]); // the TP group's gather (NOTE [tensor parallelism])
       if (gathers || impl_->model->tp().active())
         bytes += t.numel() * static_cast<int64_t>(t.element_size());
+      // NOTE [pipeline export]: a later stage's tensors go to the first.
+      if (pp.active() && !pp.first() && impl_->model->tp().rank == 0)
+        value_or_throw(pp.group->send(t.contiguous(), 0,
+                                      impl::export_tag + static_cast<int>(j)));
+      ++j;
     });
+    if (pp.active() && pp.first())
+      impl_->pipeline_export(nullptr, 0); // received and dropped: another replica exports
     return bytes;
   });
 }

@@ -21,6 +21,7 @@
 #include "kernels/masked.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/error.hpp"
+#include "runtime/pipeline_schedule.hpp"
 #include "runtime/tensor_batch.hpp"
 #include "runtime/weight_transport.hpp"
 
@@ -98,12 +99,14 @@ expected<std::vector<runtime::tensor_batch>> make_minibatches(const runtime::ten
 /// A rank's groups: the rendezvous store and the c10d group of its
 /// data-parallel line; under tensor parallelism (NOTE [tensor parallelism]
 /// in models/tensor_parallel.hpp) also its TP line, which the model's
-/// partition points at, and the mesh group both were split from — the
+/// partition points at, under pipeline parallelism (NOTE [pipeline
+/// parallelism] in models/pipeline_parallel.hpp) its PP line, which the
+/// model's stage points at, and the mesh group they were split from — the
 /// engine that joins keeps them as long as it lives.
 struct data_parallel_group {
   runtime::store store;
   runtime::process_group group;
-  std::shared_ptr<runtime::process_group> tp, mesh;
+  std::shared_ptr<runtime::process_group> tp, mesh, pp;
 };
 
 class train_engine {
@@ -208,6 +211,20 @@ public:
   /// (NOTE [token micro-batches] in micro_batches.hpp); 0 = off. It takes
   /// precedence over the rows.
   expected<void> set_micro_batch_tokens(int64_t tokens);
+  /// NOTE [pipeline execution]: a pipeline stage's engine cuts a batch it
+  /// computes into `n` micro-batches when neither micro-batch setting above
+  /// is on (0 = as many as stages), and runs them through the stages under
+  /// the 1F1B schedule (forward only for log-probs, values and scores).
+  expected<void> set_pipeline_micro_batches(int64_t n);
+  /// This stage's last pipelined pass: its actions in the order it ran
+  /// them, the pass's wall time, and the part of it spent computing (not
+  /// waiting for a neighbour's activations or gradients).
+  struct pipeline_pass {
+    std::vector<runtime::pipe_action> actions;
+    double seconds = 0, busy_seconds = 0;
+  };
+  pipeline_pass last_pipeline_pass() const;
+
   /// Computes in `p` (NOTE [mixed precision] in strategy_parts.hpp): bf16
   /// rounds the weights to bf16 once, and a trainable engine steps them
   /// through fp32 masters. Before join_data_parallel and the first step;

@@ -82,9 +82,11 @@ public:
 
   // Under TP, the tensor-parallel group and the replicated parameters'
   // ranges within shard_grad() (NOTE [tensor-parallel norm]).
-  void set_tp(runtime::process_group* group, std::vector<bool> replicated) {
+  void set_tp(runtime::process_group* group, std::vector<bool> replicated,
+              runtime::process_group* pp) {
     tp_group_ = group;
     tp_replicated_ = std::move(replicated);
+    pp_group_ = pp;
   }
 
   int64_t optimizer_bytes() const override { return adam_.bytes(); }
@@ -168,7 +170,7 @@ protected:
   virtual int64_t shard_offset() const = 0;
 
   detail::tp_norm tp_norm() {
-    detail::tp_norm out{tp_group_, {}};
+    detail::tp_norm out{tp_group_, {}, pp_group_};
     if (!tp_group_)
       return out;
     const int64_t lo = shard_offset(), hi = lo + shard_grad().numel();
@@ -209,6 +211,7 @@ protected:
   flat_adam adam_;
   runtime::process_group* tp_group_ = nullptr;
   std::vector<bool> tp_replicated_;
+  runtime::process_group* pp_group_ = nullptr;
 };
 
 // ---- ddp ---------------------------------------------------------------------------
@@ -523,10 +526,12 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
   if (options.kind == dp_strategy::zero3) {
     if (!group)
       return make_error(errc::invalid_argument, "training_strategy: zero3 needs a DP group");
-    if (options.tp_group)
+    if (options.tp_group || options.pp_group)
       return make_error(errc::unsupported,
-                        "training_strategy: zero3 under tensor parallelism is not supported yet "
-                        "(use zero1 or zero2 over the DP dimension)");
+                        std::string{"training_strategy: zero3 under "} +
+                            (options.tp_group ? "tensor" : "pipeline") +
+                            " parallelism is not supported yet (use zero1 or zero2 over the DP "
+                            "dimension)");
     return detail::make_zero3_strategy(std::move(params), std::move(layers), optim, *group);
   }
   if (options.kind != dp_strategy::ddp && !group)
@@ -546,7 +551,7 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
                                  optim, *group, bucket));
     else
       return make_error(errc::unsupported, "training_strategy: unknown strategy");
-    s->set_tp(options.tp_group, options.tp_replicated);
+    s->set_tp(options.tp_group, options.tp_replicated, options.pp_group);
     return std::unique_ptr<training_strategy>(std::move(s));
   });
 }

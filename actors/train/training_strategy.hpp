@@ -73,6 +73,10 @@ struct strategy_options {
   /// another; zero3 does not run under TP yet.
   runtime::process_group* tp_group = nullptr;
   std::vector<bool> tp_replicated;
+  /// Pipeline parallelism: the PP group, over which the stages' gradient
+  /// norms add up (NOTE [pipeline parallelism] in
+  /// models/pipeline_parallel.hpp); zero3 does not run under PP yet.
+  runtime::process_group* pp_group = nullptr;
 };
 
 class training_strategy {

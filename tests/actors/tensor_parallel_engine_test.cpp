@@ -10,6 +10,7 @@
 #include "actors/train/engine_group.hpp"
 #include "actors/train/train_engine.hpp"
 #include "models/tensor_parallel.hpp"
+#include "tests/actors/mesh_training.hpp"
 #include "tests/actors/tiny_engine.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -24,158 +25,13 @@ using troupe::actors::inference::testing::rl_batch;
 using troupe::actors::inference::testing::tiny_model;
 using troupe::testing::on_every_rank;
 
+using namespace troupe::testing::mesh;
+
 namespace {
 
-constexpr double tolerance = 1e-5;
-
-train::optimizer_options optim() {
-  train::optimizer_options o;
-  o.lr = 1e-3;       // as the DP tests: Adam moves each weight ~lr a step, whatever the gradient
-  o.grad_clip = 0.5; // the clip sees the whole gradient's norm
-  return o;
-}
-
-// One optimizer step of `kind` on `batch`; its metrics.
-using step_fn =
-    std::function<expected<train::metric_map>(train::train_engine&, const runtime::tensor_batch&)>;
-
-step_fn sft() {
-  return [](train::train_engine& e, const runtime::tensor_batch& b) { return e.sft_step(b); };
-}
-step_fn ppo() {
-  return [](train::train_engine& e, const runtime::tensor_batch& b) {
-    train::policy_update_options o;
-    o.entropy_coef = 0.01;
-    o.kl_loss_coef = 0.1;
-    o.shuffle = false;
-    return e.update_policy(b, o);
-  };
-}
-step_fn critic() {
-  return [](train::train_engine& e, const runtime::tensor_batch& b) {
-    train::critic_update_options o;
-    o.shuffle = false;
-    return e.update_critic(b, o);
-  };
-}
-
-struct trained {
-  std::map<std::string, at::Tensor> weights; // exported (whole), rank 0 of each TP group
-  std::vector<train::metric_map> metrics;    // of each step
-};
-
-// The 5 steps' batches, made before any rank starts (torch's global
-// generator, which rl_batch seeds, is not per thread).
-const std::vector<runtime::tensor_batch>& step_batches() {
-  static const auto batches = [] {
-    std::vector<runtime::tensor_batch> out;
-    for (uint64_t s = 0; s < 5; ++s)
-      out.push_back(rl_batch(8, 100 + s));
-    return out;
-  }();
-  return batches;
-}
-
-// 5 steps of `step` on step_batches() (a DP rank takes its contiguous part).
-trained train_steps(train::train_engine& e, const step_fn& step, int dp_rank, int dp,
-                    bool exports) {
-  trained out;
-  for (const auto& batch : step_batches()) {
-    auto mine = batch.slice(8 * dp_rank / dp, 8 * (dp_rank + 1) / dp);
-    EXPECT_TRUE(mine);
-    auto m = step(e, *mine);
-    EXPECT_TRUE(m) << describe(m.error());
-    out.metrics.push_back(m ? *m : train::metric_map{});
-  }
-  if (exports)
-    out.weights = e.export_weights();
-  else
-    EXPECT_TRUE(e.gather_weights());
-  return out;
-}
-
-// The ranks of a DP × TP mesh (rank = d · tp + t): each builds its part of
-// `base`, joins its DP line under `strategy` and trains; rank 0's result.
-// A rank of a DP × TP mesh and the groups its engine uses.
-struct mesh_rank {
-  std::shared_ptr<runtime::process_group> tp; // the model's partition points here
-  std::unique_ptr<train::train_engine> engine;
-};
-
-// The engines of a dp × tp mesh (rank d · tp + t) over `base` with `head`,
-// each on its part of the model, DP joined under `strategy`.
-std::vector<mesh_rank> mesh_engines(runtime::local_groups& world, const models::llama_model& base,
-                                    int dp, int tp, models::head_kind head = models::head_kind::lm,
-                                    train::dp_strategy strategy = train::dp_strategy::ddp) {
-  // The dense model (a fresh head seeded as the single engine's), made
-  // before the ranks start: they only read it.
-  const auto dense = copy_of(base, head);
-  return on_every_rank<mesh_rank>(world.groups, [&](runtime::process_group& g) {
-    mesh_rank out;
-    auto lines = runtime::make_mesh_groups(g, runtime::rank_mesh{{dp, tp}}, {"dp", "tp"});
-    EXPECT_TRUE(lines) << describe(lines.error());
-    out.tp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
-    auto part = models::partition_llama(base->config(), *out.tp);
-    auto model = models::make_tp_part(dense, *part);
-    EXPECT_TRUE(model);
-    auto e = train::train_engine::make(*model, optim());
-    EXPECT_TRUE(e);
-    auto d = std::make_shared<train::data_parallel_group>();
-    d->group = std::move((*lines)[0]);
-    auto ok = (*e)->join_data_parallel(d, {strategy, 25});
-    EXPECT_TRUE(ok) << describe(ok.error());
-    out.engine = std::move(*e);
-    return out;
-  });
-}
-
-trained train_mesh(const models::llama_model& base, models::head_kind head, const step_fn& step,
-                   int dp, int tp, train::dp_strategy strategy) {
-  runtime::group_options go;
-  go.name = "tp-engine";
-  auto world = runtime::make_local_groups(dp * tp, go);
-  EXPECT_TRUE(world) << describe(world.error());
-  if (!world)
-    return {};
-  auto ranks = mesh_engines(*world, base, dp, tp, head, strategy);
-  step_batches(); // before the ranks start: they only read them
-  auto results = on_every_rank<trained>(world->groups, [&](runtime::process_group& g) {
-    auto& e = ranks[static_cast<size_t>(g.rank())].engine;
-    if (!e)
-      return trained{};
-    return train_steps(*e, step, g.rank() / tp, dp, g.rank() == 0);
-  });
-  return results.front();
-}
-
-void expect_same(const trained& want, const trained& got) {
-  ASSERT_EQ(want.metrics.size(), got.metrics.size());
-  for (size_t s = 0; s < want.metrics.size(); ++s)
-    for (const auto& [k, v] : want.metrics[s]) {
-      ASSERT_TRUE(got.metrics[s].count(k)) << k;
-      EXPECT_NEAR(got.metrics[s].at(k), v, tolerance * std::max(1.0, std::abs(v)))
-          << k << " at step " << s;
-    }
-  ASSERT_EQ(want.weights.size(), got.weights.size());
-  for (const auto& [name, t] : want.weights) {
-    ASSERT_TRUE(got.weights.count(name)) << name;
-    ASSERT_EQ(got.weights.at(name).sizes(), t.sizes()) << name;
-    EXPECT_LT((got.weights.at(name) - t).abs().max().item<double>(), tolerance) << name;
-  }
-}
-
-trained train_single(const models::llama_model& base, models::head_kind head, const step_fn& step) {
-  auto e = train::train_engine::make(copy_of(base, head), optim());
-  EXPECT_TRUE(e) << describe(e.error());
-  return train_steps(**e, step, 0, 1, true);
-}
-
-// The mesh trains `base` (with `head`) as one engine does.
 void expect_like_one(uint64_t seed, models::head_kind head, const step_fn& step, int dp, int tp,
                      train::dp_strategy strategy = train::dp_strategy::ddp) {
-  auto base = tiny_model(seed);
-  auto want = train_single(base, head, step);
-  expect_same(want, train_mesh(base, head, step, dp, tp, strategy));
+  expect_like_one(tiny_model(seed), head, step, layout{dp, tp}, strategy);
 }
 
 TEST(TensorParallelEngine, TwoRanksTrainSftLikeOneEngine) {
@@ -226,12 +82,12 @@ TEST(TensorParallelEngine, TheGroupGivesEachReplicasRowsToItsTpRanks) {
   go.name = "tp-group";
   auto world = runtime::make_local_groups(4, go);
   ASSERT_TRUE(world);
-  auto ranks = mesh_engines(*world, base, 2, 2);
+  auto ranks = mesh_engines(*world, base, layout{2, 2});
   // Another model at dp 1 × tp 2, for the checkpoint to land in.
   go.name = "tp-restored";
   auto world2 = runtime::make_local_groups(2, go);
   ASSERT_TRUE(world2);
-  auto fresh = mesh_engines(*world2, tiny_model(18), 1, 2);
+  auto fresh = mesh_engines(*world2, tiny_model(18), layout{1, 2});
   check_group(sys, base, ranks, fresh); // the actors' handles end with it
   system.reset();                       // the ranks end before their groups do
 }
@@ -282,7 +138,7 @@ void check_group(caf::actor_system& sys, const models::llama_model& base,
     EXPECT_LT(((*w_tp)->at(name) - t).abs().max().item<double>(), tolerance) << name;
   auto state = ask<std::string>(sys, group, train::save_state_atom::value);
   ASSERT_FALSE(state);
-  EXPECT_NE(describe(state.error()).find("tensor-parallel ranks (tp 2) are not supported yet"),
+  EXPECT_NE(describe(state.error()).find("model-parallel ranks (tp 2, pp 1) are not supported yet"),
             std::string::npos);
   // The checkpoint: every rank's shard, loaded under another dp with the
   // same tp, gives the same weights bit for bit; another tp is refused.
@@ -294,7 +150,7 @@ void check_group(caf::actor_system& sys, const models::llama_model& base,
   wrong.tp = 1;
   auto refused = ask<int64_t>(sys, restored, train::load_shards_atom::value, wrong);
   ASSERT_FALSE(refused);
-  EXPECT_NE(describe(refused.error()).find("saved by tp 1 ranks, this role has tp 2"),
+  EXPECT_NE(describe(refused.error()).find("saved by tp 1, pp 1 ranks, this role has tp 2, pp 1"),
             std::string::npos)
       << describe(refused.error());
   auto loaded = ask<int64_t>(sys, restored, train::load_shards_atom::value, *shards);

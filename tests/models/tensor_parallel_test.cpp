@@ -94,7 +94,7 @@ void check(const llama_config& c, int world, head_kind head = head_kind::lm) {
       ranks->groups, [&](runtime::process_group& g) -> std::optional<pass> {
         auto part = partition_llama(c, g);
         EXPECT_TRUE(part) << describe(part.error());
-        auto m = part ? make_tp_part(*dense, *part) : expected<llama_model>{part.error()};
+        auto m = part ? make_model_part(*dense, *part) : expected<llama_model>{part.error()};
         EXPECT_TRUE(m) << describe(m.error());
         return m ? std::optional<pass>{run(*m, x, head)} : std::nullopt;
       });

@@ -1,0 +1,175 @@
+// Training under pipeline parallelism (NOTE [pipeline execution] in
+// actors/train/train_engine.cpp): PP 2, PP 4, DP 2 × PP 2 (zero1 over DP),
+// TP 2 × PP 2 and DP 2 × TP 2 × PP 2 train the same model on the same
+// global batches to within 1e-5 of one engine after 5 Adam steps (gloo
+// ranks in this process, one thread a rank), for SFT, PPO updates and a
+// critic; forward-only requests flow through the stages and every stage
+// answers the last one's result; each stage runs the 1F1B list of its
+// schedule; the first stage exports the whole model.
+#include "actors/train/train_engine.hpp"
+#include "models/pipeline_parallel.hpp"
+#include "runtime/pipeline_schedule.hpp"
+#include "tests/actors/mesh_training.hpp"
+#include "tests/actors/tiny_engine.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+using namespace troupe;
+using namespace troupe::actors;
+using troupe::actors::inference::testing::tiny_config;
+using troupe::actors::inference::testing::tiny_model;
+using troupe::testing::on_every_rank;
+using namespace troupe::testing::mesh;
+
+namespace {
+
+// The tiny model with `layers` layers (seeded).
+models::llama_model deep_model(int64_t layers, uint64_t seed) {
+  auto c = tiny_config();
+  c.num_hidden_layers = layers;
+  torch::manual_seed(seed);
+  auto m = models::make_llama(c, models::head_kind::lm);
+  EXPECT_TRUE(m);
+  return *m;
+}
+
+TEST(PipelineParallelEngine, TwoStagesTrainSftLikeOneEngine) {
+  expect_like_one(tiny_model(21), models::head_kind::lm, sft(), layout{1, 1, 2});
+}
+
+TEST(PipelineParallelEngine, TwoStagesRunPpoUpdatesWithFourMicroBatchesLikeOneEngine) {
+  expect_like_one(tiny_model(22), models::head_kind::lm, ppo(), layout{1, 1, 2, 4});
+}
+
+TEST(PipelineParallelEngine, TwoStagesTrainACriticLikeOneEngine) {
+  expect_like_one(tiny_model(23), models::head_kind::value, critic(), layout{1, 1, 2, 3});
+}
+
+TEST(PipelineParallelEngine, FourStagesOfUnevenLayersTrainLikeOneEngine) {
+  expect_like_one(deep_model(6, 24), models::head_kind::lm, ppo(), layout{1, 1, 4, 8});
+}
+
+TEST(PipelineParallelEngine, Zero1OverDpTwoWithTwoStagesTrainsLikeOneEngine) {
+  expect_like_one(tiny_model(25), models::head_kind::lm, sft(), layout{2, 1, 2},
+                  train::dp_strategy::zero1);
+}
+
+TEST(PipelineParallelEngine, Zero2OverDpTwoWithTwoStagesRunsPpoLikeOneEngine) {
+  expect_like_one(tiny_model(26), models::head_kind::lm, ppo(), layout{2, 1, 2, 2},
+                  train::dp_strategy::zero2);
+}
+
+TEST(PipelineParallelEngine, TpTwoByPpTwoTrainsLikeOneEngine) {
+  expect_like_one(tiny_model(27), models::head_kind::lm, ppo(), layout{1, 2, 2});
+}
+
+TEST(PipelineParallelEngine, DpTwoByTpTwoByPpTwoTrainsLikeOneEngine) {
+  expect_like_one(tiny_model(28), models::head_kind::lm, sft(), layout{2, 2, 2});
+}
+
+// Each stage ran exactly its list of the 1F1B schedule, and forward-only
+// requests (log-probs with entropy) answer one engine's values on every
+// stage.
+TEST(PipelineParallelEngine, StagesRunTheirScheduleAndEveryStageAnswersTheLastOnesResult) {
+  auto base = deep_model(4, 29);
+  const layout l{1, 1, 4, 6};
+  runtime::group_options go;
+  go.name = "pp-schedule";
+  auto world = runtime::make_local_groups(l.size(), go);
+  ASSERT_TRUE(world);
+  auto ranks = mesh_engines(*world, base, l);
+  auto batch = rl_batch(12, 40);
+  auto one = train::train_engine::make(copy_of(base, models::head_kind::lm), optim());
+  ASSERT_TRUE(one);
+  auto want = (*one)->log_probs(batch, 0.9, true);
+  ASSERT_TRUE(want) << describe(want.error());
+  struct result {
+    std::vector<runtime::pipe_action> trained, forward;
+    expected<runtime::tensor_batch> log_probs = runtime::tensor_batch{};
+  };
+  auto results = on_every_rank<result>(world->groups, [&](runtime::process_group& g) {
+    auto& e = *ranks[static_cast<size_t>(g.rank())].engine;
+    result r;
+    EXPECT_TRUE(e.sft_step(batch));
+    r.trained = e.last_pipeline_pass().actions;
+    r.log_probs = e.log_probs(batch, 0.9, true);
+    r.forward = e.last_pipeline_pass().actions;
+    return r;
+  });
+  auto grid = runtime::one_f_one_b(4, 6);
+  auto forwards = runtime::forward_only(4, 6);
+  ASSERT_TRUE(grid && forwards);
+  // The log-probs after one step: one engine steps too.
+  ASSERT_TRUE((*one)->sft_step(batch));
+  want = (*one)->log_probs(batch, 0.9, true);
+  for (int s = 0; s < 4; ++s) {
+    const auto& r = results[static_cast<size_t>(s)];
+    EXPECT_EQ(r.trained, (*grid)[static_cast<size_t>(s)]) << "stage " << s;
+    EXPECT_EQ(r.forward, (*forwards)[static_cast<size_t>(s)]) << "stage " << s;
+    EXPECT_LE(runtime::peak_in_flight(r.trained), 4 - s);
+    ASSERT_TRUE(r.log_probs) << describe(r.log_probs.error());
+    for (const char* key : {"log_probs", "entropy"}) {
+      auto a = *want->get(key), b = *r.log_probs->get(key);
+      ASSERT_EQ(a.sizes(), b.sizes()) << key;
+      EXPECT_LT((a - b).abs().max().item<double>(), tolerance) << key << " on stage " << s;
+    }
+  }
+}
+
+TEST(PipelineParallelEngine, StagesSplitTheLayersEvenlyOrAsListed) {
+  auto even = models::split_layers(7, 3);
+  ASSERT_TRUE(even);
+  EXPECT_EQ(*even, (std::vector<int64_t>{3, 2, 2}));
+  auto listed = models::split_layers(7, 3, {1, 2, 4});
+  ASSERT_TRUE(listed);
+  EXPECT_EQ(*listed, (std::vector<int64_t>{1, 2, 4}));
+  auto too_many = models::split_layers(2, 3);
+  ASSERT_FALSE(too_many);
+  EXPECT_NE(describe(too_many.error()).find("more stages than layers"), std::string::npos);
+  auto wrong_sum = models::split_layers(7, 3, {1, 2, 3});
+  ASSERT_FALSE(wrong_sum);
+  EXPECT_NE(describe(wrong_sum.error()).find("pp_layers sum to 6"), std::string::npos);
+  auto empty_stage = models::split_layers(7, 3, {0, 3, 4});
+  ASSERT_FALSE(empty_stage);
+  EXPECT_NE(describe(empty_stage.error()).find("pp_layers[0] is 0"), std::string::npos);
+  auto c = tiny_config();
+  c.tie_word_embeddings = true;
+  auto tied = models::stage_of(c, 0, 2);
+  ASSERT_FALSE(tied);
+  EXPECT_NE(describe(tied.error()).find("tie_word_embeddings"), std::string::npos);
+  // A stage holds its layers under their own numbers, the embedding on the
+  // first stage and the norm and head on the last.
+  auto s1 = models::stage_of(tiny_config(), 1, 2);
+  ASSERT_TRUE(s1);
+  EXPECT_EQ(s1->layer0, 1);
+  EXPECT_EQ(s1->layers, 1);
+  EXPECT_TRUE(models::on_stage("layers.1.attention.wq.weight", *s1, tiny_config()));
+  EXPECT_FALSE(models::on_stage("layers.0.attention.wq.weight", *s1, tiny_config()));
+  EXPECT_FALSE(models::on_stage("tok_embeddings.weight", *s1, tiny_config()));
+  EXPECT_TRUE(models::on_stage("output.weight", *s1, tiny_config()));
+}
+
+TEST(PipelineParallelEngine, Zero3UnderPpIsRefusedWithAReason) {
+  auto base = tiny_model(30);
+  runtime::group_options go;
+  go.name = "pp-zero3";
+  auto world = runtime::make_local_groups(4, go);
+  ASSERT_TRUE(world);
+  auto errors = on_every_rank<std::string>(world->groups, [&](runtime::process_group& g) {
+    auto lines = runtime::make_mesh_groups(g, runtime::rank_mesh{{2, 2}}, {"dp", "pp"});
+    auto d = std::make_shared<train::data_parallel_group>();
+    d->pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+    auto stage = models::stage_of(base->config(), *d->pp);
+    auto model = models::make_llama(base->config(), models::head_kind::lm, {}, *stage);
+    auto e = train::train_engine::make(*model, optim());
+    d->group = std::move((*lines)[0]);
+    auto ok = (*e)->join_data_parallel(d, {train::dp_strategy::zero3, 25});
+    return ok ? std::string{} : describe(ok.error());
+  });
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("zero3 under pipeline parallelism"), std::string::npos) << e;
+}
+
+} // namespace
