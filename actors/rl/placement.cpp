@@ -116,6 +116,39 @@ void on_pipeline_stage(const models::llama_config& m, bool lm, int64_t tp, int64
   }
 }
 
+// NOTE [communication volume] of a rank of trained role `t`.
+comm_volume communication(const job_config& cfg, const models::llama_config& m,
+                          const role_traits& t) {
+  comm_volume out;
+  const auto placed = placement_keys(cfg, t.name);
+  int64_t rows = 0;
+  for (const auto& st : all_stages())
+    if (t.trains_in(st.id) && has_stage(cfg, st.name) && in_cast(st.id, t.id, cfg))
+      rows = std::max(rows, st.dp_rows(cfg).second * (st.id == stage_id::rm ? 2 : 1));
+  if (rows == 0)
+    return out;
+  const auto dp = std::max<int64_t>(placed.dp, 1), tp = std::max<int64_t>(placed.tp, 1),
+             pp = std::max<int64_t>(placed.pp, 1);
+  const bool lm = t.head == models::head_kind::lm;
+  const double w = train::bytes_per_element(placed.compute);
+  auto params = split_parameters(m, lm, tp);
+  auto activations = train::activation_bytes(m, lm, 1, 1, placed.compute);
+  if (pp > 1) // the first stage's parameters and layers
+    on_pipeline_stage(m, lm, tp, 0, pp, pp, placed.pp_layers, params, activations);
+  const double phi = w * static_cast<double>(params.total());
+  if (dp > 1)
+    out.dp = (placed.strategy == dp_strategy::zero3 ? 3.0 : 2.0) * static_cast<double>(dp - 1) /
+             static_cast<double>(dp) * phi;
+  const double tokens = static_cast<double>(rows / dp * pass_tokens(cfg, m));
+  const double H = static_cast<double>(m.hidden_size);
+  if (tp > 1)
+    out.tp = 2.0 * static_cast<double>(tp - 1) / static_cast<double>(tp) *
+             (4.0 * static_cast<double>(params.layers) + 2) * tokens * H * w;
+  if (pp > 1)
+    out.pp = (pp > 2 ? 2.0 : 1.0) * tokens * H * w;
+  return out;
+}
+
 // NOTE [rank memory] for rank `rank` of `role` training in stage `st`:
 // rank 0 exports the weights (the stage's output, the policy's weight
 // syncs; a zero3 peer only gathers a unit alongside, less than its
@@ -603,6 +636,26 @@ int64_t placement_plan::device_of(const std::string& role, int64_t rank) const {
 
 namespace {
 
+// "dp 1.2 MB, tp 3.4 MB" (the dimensions that move anything).
+std::string comm_text(const comm_volume& c) {
+  std::string out;
+  for (auto [name, bytes] : {std::pair{"dp", c.dp}, {"tp", c.tp}, {"pp", c.pp}}) {
+    if (bytes <= 0)
+      continue;
+    char mb[48];
+    std::snprintf(mb, sizeof mb, "%s %.2f MB", name, bytes / 1e6);
+    out += (out.empty() ? "" : ", ") + std::string{mb};
+  }
+  return out.empty() ? "nothing" : out;
+}
+
+// What a rank of a trained role receives a step (NOTE [communication volume]).
+std::string render_comm(const comm_volume& c) {
+  if (c.total() <= 0)
+    return {};
+  return "    a rank receives a step: " + comm_text(c) + " (NOTE [communication volume])\n";
+}
+
 // A pipelined role's stages and its 1F1B grid (NOTE [1F1B]).
 std::string render_pipeline(const role_assignment& r) {
   if (r.layout.pp <= 1 || r.stage_layers.empty())
@@ -667,7 +720,7 @@ std::string placement_plan::render() const {
     const auto tp = r.layout.tp > 1 ? ", tp " + std::to_string(r.layout.tp) : std::string{};
     const auto pp = r.layout.pp > 1 ? ", pp " + std::to_string(r.layout.pp) : std::string{};
     out += "  " + r.role + ": pool " + r.pool + ", dp " + std::to_string(r.layout.dp) + tp + pp +
-           how + ", devices [" + devs + "]\n" + render_pipeline(r);
+           how + ", devices [" + devs + "]\n" + render_pipeline(r) + render_comm(r.comm);
   }
   if (weight_transport)
     out += "weights: policy → rollout by " + transport + "\n";
@@ -757,6 +810,8 @@ expected<placement_plan> make_plan(const job_config& cfg) {
       a.stage_layers = *counts;
       a.micro_batches = rp.pp_micro_batches > 0 ? rp.pp_micro_batches : layout.pp;
     }
+    if (t.trains())
+      a.comm = communication(cfg, *shape, t);
     for (int64_t r = 0; r < layout.ranks(); ++r)
       a.devices.push_back(first.at(rp.pool) + r);
     plan.roles.push_back(a);
@@ -855,6 +910,94 @@ std::vector<strategy_fit> suggest_strategies(const job_config& cfg) {
       return a.rank_bytes < b.rank_bytes;
     });
     out.insert(out.end(), mine.begin(), mine.end());
+  }
+  return out;
+}
+
+namespace {
+
+// The layout `l` of placement.roles[i] judged (NOTE [layout suggestions]).
+layout_fit judge_layout(const job_config& cfg, size_t i, const parallel_layout& l) {
+  auto changed = cfg;
+  auto& r = changed.placement.roles[i];
+  layout_fit f{r.role, "placement.roles[" + std::to_string(i) + "]", l};
+  r.dp = l.dp;
+  r.tp = l.tp;
+  r.pp = l.pp;
+  if (static_cast<int64_t>(r.pp_layers.size()) != r.pp)
+    r.pp_layers.clear();
+  if (r.pp_micro_batches > 0 && r.pp_micro_batches < r.pp)
+    r.pp_micro_batches = 0;
+  runtime::config_errors errors;
+  runtime::location_map locations;
+  runtime::config_checks checks{errors, locations, "suggestion"};
+  check_placement(changed, checks);
+  if (!errors.empty()) {
+    f.refusal = errors.lines().front();
+    return f;
+  }
+  auto plan = make_plan(changed);
+  if (!plan) {
+    f.refusal = describe(plan.error());
+    return f;
+  }
+  const auto* placed = plan->find(r.role);
+  for (auto d : placed->devices)
+    f.peak_bytes = std::max(f.peak_bytes, plan->devices[static_cast<size_t>(d)].peak_bytes);
+  f.comm = placed->comm;
+  f.fits = plan->device_memory_bytes <= 0 || f.peak_bytes <= 0.9 * plan->device_memory_bytes;
+  if (!f.fits)
+    f.refusal = "its devices peak at " + gib(f.peak_bytes) + ", above 90% of a device's " +
+                gib(plan->device_memory_bytes);
+  return f;
+}
+
+} // namespace
+
+std::vector<layout_fit> suggest_layouts(const job_config& cfg) {
+  std::vector<layout_fit> out;
+  for (size_t i = 0; i < cfg.placement.roles.size(); ++i) {
+    const auto& rp = cfg.placement.roles[i];
+    const auto* t = find_role(rp.role);
+    const auto ranks = rp.dp * rp.tp * rp.pp;
+    if (!t || !t->trains() || t->id == role_id::rollout || ranks < 2)
+      continue;
+    std::vector<layout_fit> mine;
+    for (int tp : {1, 2, 4, 8})
+      for (int pp : {1, 2, 4, 8, 16})
+        if (ranks % (tp * pp) == 0)
+          mine.push_back(judge_layout(
+              cfg, i, parallel_layout{static_cast<int32_t>(ranks / (tp * pp)), tp, pp}));
+    std::stable_sort(mine.begin(), mine.end(), [](const layout_fit& a, const layout_fit& b) {
+      if (a.fits != b.fits)
+        return a.fits;
+      if (a.comm.total() != b.comm.total())
+        return a.comm.total() < b.comm.total();
+      return a.peak_bytes < b.peak_bytes;
+    });
+    out.insert(out.end(), mine.begin(), mine.end());
+  }
+  return out;
+}
+
+std::string render_layouts(const std::vector<layout_fit>& fits) {
+  if (fits.empty())
+    return "layouts: no trained role with 2 ranks or more in placement.roles\n";
+  std::string out = "layouts (fitting first, least communication first; NOTE [layout "
+                    "suggestions]):\n";
+  std::string role;
+  for (const auto& f : fits) {
+    if (f.role != role) {
+      role = f.role;
+      out += "  " + role + " (" + f.yaml_path + ", " + std::to_string(f.layout.ranks()) +
+             " ranks):\n";
+    }
+    out += "    dp " + std::to_string(f.layout.dp) + ", tp " + std::to_string(f.layout.tp) +
+           ", pp " + std::to_string(f.layout.pp) + ": " +
+           (f.fits ? "fits, its devices peak at " + gib(f.peak_bytes) + ", a rank receives " +
+                         comm_text(f.comm) + " a step"
+                   : "does not fit: " + f.refusal) +
+           "\n";
   }
   return out;
 }

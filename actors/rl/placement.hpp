@@ -43,6 +43,20 @@ class config_checks;
 
 namespace troupe::actors::rl {
 
+/// NOTE [communication volume]: the bytes one rank of a trained role
+/// receives per optimizer step along each dimension of its layout — the DP
+/// gradient reduction (2 (DP − 1) / DP of its parameters' bytes, 3× that
+/// under zero3), TP's all-reduces of the activations (2 (TP − 1) / TP of
+/// (4 a block + 2) × tokens × hidden, forward and backward: Megatron's
+/// count), and PP's activations and their gradients between stages (a
+/// middle stage receives both, tokens × hidden each) — for the rows of
+/// the largest optimizer step it takes. An estimate, not a measurement
+/// (bench/bench_strategies measures them).
+struct comm_volume {
+  double dp = 0, tp = 0, pp = 0;
+  double total() const { return dp + tp + pp; }
+};
+
 struct role_assignment {
   std::string role;
   std::string pool;
@@ -58,6 +72,8 @@ struct role_assignment {
   /// a batch is cut into (NOTE [pipeline parallelism]).
   std::vector<int64_t> stage_layers;
   int64_t micro_batches = 0;
+  /// A trained role's traffic a rank, a step (NOTE [communication volume]).
+  comm_volume comm;
 };
 
 /// One rank's estimate in a stage, by term, largest first (NOTE [memory
@@ -159,6 +175,27 @@ struct strategy_fit {
   std::string refusal;       // why not, when it does not fit
 };
 std::vector<strategy_fit> suggest_strategies(const job_config& cfg);
+
+/// NOTE [layout suggestions]: the seed's calculator over a trained role's
+/// G = dp · tp · pp ranks: every TP in {1, 2, 4, 8} and PP in {1, 2, 4, 8,
+/// 16} with TP · PP dividing G and DP = G / (TP · PP), under the role's
+/// strategy; a layout fits when the config checks and the plan accept it
+/// (a TP group within a node, heads and layers divisible) and the role's
+/// devices peak under 90 % of a device. Fitting ones first, then the least
+/// communication (NOTE [communication volume]), then the smallest peak.
+struct layout_fit {
+  std::string role;
+  std::string yaml_path; // placement.roles[i]
+  parallel_layout layout;
+  bool fits = false;
+  double peak_bytes = 0; // the largest peak of the role's devices
+  comm_volume comm;
+  std::string refusal; // why not, when it does not fit
+};
+std::vector<layout_fit> suggest_layouts(const job_config& cfg);
+
+/// The layouts as `troupe plan --suggest` prints them.
+std::string render_layouts(const std::vector<layout_fit>& fits);
 
 /// The suggestions as `troupe plan --suggest` prints them.
 std::string render_suggestions(const std::vector<strategy_fit>& fits);

@@ -462,11 +462,13 @@ struct train_engine::impl {
   bool pipelined() const { return model->pp().active(); }
 
   // NOTE [pipeline export]: the first stage exports the whole model — its
-  // own parameters, then each later stage's in stage order, received from
-  // that stage's first TP rank (which gathers them whole over its TP group)
-  // one tensor at a time (tag export_tag + index), so the exporter holds
-  // one received tensor beyond its own. The layout every stage exports is
-  // exchanged once, when joining.
+  // own parameters, then each later stage's in stage order, received over
+  // its PP line (from the rank of the same TP rank, which gathers them
+  // whole over its TP group) one tensor at a time (tag export_tag + index),
+  // so the exporter holds one received tensor beyond its own; every TP
+  // rank of the first stage can export, as without PP (each line carries
+  // the whole model: tp times the bytes a single line would). The layout
+  // every stage exports is exchanged once, when joining.
   static constexpr int export_tag = 1 << 22;
 
   // This stage's exported tensors (HF name, dtype, whole shape).
@@ -516,8 +518,6 @@ struct train_engine::impl {
   // this later stage's sent there (by its first TP rank).
   void pipeline_export(const runtime::tensor_sink& put, size_t k) const {
     const auto& pp = model->pp();
-    if (model->tp().rank != 0)
-      return;
     if (pp.first()) {
       for (size_t s = 1; s < stage_layouts.size(); ++s)
         for (size_t j = 0; j < stage_layouts[s].size(); ++j) {
@@ -1329,7 +1329,7 @@ expected<int64_t> train_engine::gather_weights() const {
       if (gathers || impl_->model->tp().active())
         bytes += t.numel() * static_cast<int64_t>(t.element_size());
       // NOTE [pipeline export]: a later stage's tensors go to the first.
-      if (pp.active() && !pp.first() && impl_->model->tp().rank == 0)
+      if (pp.active() && !pp.first())
         value_or_throw(pp.group->send(t.contiguous(), 0,
                                       impl::export_tag + static_cast<int>(j)));
       ++j;

@@ -247,8 +247,21 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
            {"{role: policy, pool: a, tp: 4}", // tiny_job: 2 heads
             "job.yaml:18:39: placement.roles[0].tp: tensor parallelism: tp 4 does not divide the "
             "attention heads (2)"},
-           {"{role: policy, pool: a, pp: 2}", "job.yaml:18:39: placement.roles[0].pp: pipeline "
-                                              "parallelism is not available yet: pp must be 1"},
+           {"{role: policy, pool: a, pp: 3}", // tiny_job: 2 layers
+            "job.yaml:18:39: placement.roles[0].pp: pipeline parallelism: pp 3 over 2 layers: "
+            "more stages than layers"},
+           {"{role: policy, pool: a, pp: 2, pp_micro_batches: 1}",
+            "placement.roles[0].pp_micro_batches: 1 micro-batches are fewer than the 2 stages"},
+           {"{role: policy, pool: a, pp: 2, pp_layers: [1, 2]}",
+            "placement.roles[0].pp_layers: pipeline parallelism: pp 2 over 2 layers: pp_layers "
+            "sum to 3"},
+           {"{role: policy, pool: a, pp_layers: [2]}",
+            "placement.roles[0].pp_layers: lists the layers of each pipeline stage: give pp > 1"},
+           {"{role: rollout, pool: a, pp: 2}",
+            "placement.roles[0].pp: pipeline parallelism is for trained roles (policy, critic, "
+            "reward); rollout's is not available yet"},
+           {"{role: policy, pool: a, dp: 2, tp: 2, strategy: zero3}",
+            "placement.roles[0].strategy: zero3 under tensor parallelism is not supported yet"},
            {"{role: reference, pool: a, strategy: zero1}",
             "job.yaml:18:48: placement.roles[0].strategy: zero1 shards training state, and "
             "reference "
@@ -315,6 +328,36 @@ TEST(Placement, TensorParallelRanksHoldTheirPartOnOneNode) {
                       "stays on one node"),
             std::string::npos)
       << describe(split.error());
+}
+
+// NOTE [pipeline memory]: a stage holds its layers (the first also the
+// embedding, the last the norm and the head), its ranks are named by their
+// stage, and troupe plan prints the stages and the 1F1B grid.
+TEST(Placement, PipelineStagesHoldTheirLayersAndThePlanPrintsTheGrid) {
+  std::string p = troupe::actors::rl::testing::disaggregated_placement;
+  p.replace(p.find("{role: policy, pool: train, dp: 2}"), 34,
+            "{role: policy, pool: train, pp: 2, pp_micro_batches: 4}");
+  auto pp = plan_of(p, {});
+  ASSERT_TRUE(pp) << describe(pp.error());
+  EXPECT_EQ(pp->layout_of("rl", "policy"), (parallel_layout{1, 1, 2}));
+  auto weights = [&](const std::string& rank) {
+    for (const auto& d : pp->devices)
+      for (const auto& r : d.peak_ranks)
+        if (r.rank == rank)
+          for (const auto& t : r.terms)
+            if (t.name == "weights")
+              return t.bytes;
+    return -1.0;
+  };
+  // tiny_job: H 32, I 64, 2 layers, 2 heads of 16, 1 kv head, vocab 259.
+  const double layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64 + 2 * 32;
+  EXPECT_DOUBLE_EQ(weights("policy[dp 0, pp 0]"), 4 * (layer + 259 * 32));
+  EXPECT_DOUBLE_EQ(weights("policy[dp 0, pp 1]"), 4 * (layer + 259 * 32 + 32));
+  const auto text = pp->render();
+  EXPECT_NE(text.find("policy: pool train, dp 1, pp 2, devices [0, 1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("stages: layers 1 + 1; 4 micro-batches, 1F1B:"), std::string::npos) << text;
+  EXPECT_NE(text.find("stage 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3"), std::string::npos) << text;
+  EXPECT_NE(text.find("bubble 20.0% of 10 slots"), std::string::npos) << text;
 }
 
 // NOTE [rank memory]: over 2 ranks a policy rank's states are 4 + 4 + 8

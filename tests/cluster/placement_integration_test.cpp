@@ -143,6 +143,37 @@ TEST(Placement, TensorParallelTrainersAcrossWorkersMatchWithin1e5) {
   }
 }
 
+// NOTE [pipeline parallelism]: the same job with the policy and the critic
+// cut into 2 stages (each rank in its worker holding one layer; 1F1B over 2
+// micro-batches; the checkpoints save each stage's shard; the weight sync
+// gathers the whole weights on the first stage), and at tp 2 × pp 2, learns
+// as the in-process run does.
+TEST(Placement, PipelineParallelTrainersAcrossWorkersMatchWithin1e5) {
+  test::temp_dir tmp;
+  auto local = parse_job(tiny_job(tmp.file("local")));
+  ASSERT_TRUE(local) << describe(local.error());
+  auto a = run_placed(*local, tmp);
+  ASSERT_TRUE(a) << describe(a.error());
+  struct layout {
+    std::string name, keys;
+    int devices;
+  };
+  for (const auto& l : {layout{"pp2", "pp: 2, pp_micro_batches: 2", 2},
+                        layout{"tp2-pp2", "tp: 2, pp: 2", 4}}) {
+    SCOPED_TRACE(l.name);
+    std::string placement = disaggregated;
+    for (size_t at; (at = placement.find("dp: 2}")) != std::string::npos;)
+      placement.replace(at, 6, l.keys + "}");
+    placement.replace(placement.find("{name: train, devices: 2}"), 25,
+                      "{name: train, devices: " + std::to_string(l.devices) + "}");
+    auto placed = parse_job(tiny_job(tmp.file(l.name), "") + placement);
+    ASSERT_TRUE(placed) << describe(placed.error());
+    auto b = run_placed(*placed, tmp);
+    ASSERT_TRUE(b) << describe(b.error());
+    test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(placed->run.dir));
+  }
+}
+
 TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
   // The rollout in its own worker: weights cross processes through shared
   // memory (auto) or a gloo broadcast; either way the in-process run.
