@@ -607,8 +607,8 @@ bool print_pipeline(const options& o) {
   std::printf("\npipeline parallelism (gloo, %lld layers, %lld rows x 64 tokens; single engine: "
               "weight-norm sum %.9g)\n",
               static_cast<long long>(c.num_hidden_layers), static_cast<long long>(rows), want);
-  std::printf("%-14s %-12s %8s %9s %9s %9s %7s\n", "", "norm sum", "step ms", "vs dp 2", "bubble",
-              "ideal", "ratio");
+  std::printf("%-14s %-12s %8s %9s %9s %9s %7s %9s %12s\n", "", "norm sum", "step ms", "vs dp 2",
+              "bubble", "ideal", "ratio", "schedule", "stage ms/mb");
   auto dp2 = run(*base, global, 2, dp_strategy::ddp);
   bool ok = true;
   std::vector<double> stage_times; // P = 2, M = 16: each stage's busy time a micro-batch
@@ -619,10 +619,27 @@ bool print_pipeline(const options& o) {
       equal = equal && (n < 0 || std::abs(n - want) <= 1e-5 * std::abs(want));
     ok = ok && equal;
     const double ideal = runtime::ideal_bubble(2, static_cast<int>(m));
-    std::printf("%-14s %-12.9g %8.2f %9.2f %8.1f%% %8.1f%% %7.2f%s\n",
+    // The schedule fed with this run's stage times (a micro-batch's busy
+    // time, the backward taken as twice the forward): the bubble the
+    // stages' imbalance alone leaves.
+    std::vector<double> f, b;
+    std::string per;
+    for (double busy : r.stage_busy_s) {
+      const double t = busy / static_cast<double>(m);
+      f.push_back(t / 3);
+      b.push_back(2 * t / 3);
+      char x[32];
+      std::snprintf(x, sizeof x, "%s%.2f", per.empty() ? "" : " / ", t * 1e3);
+      per += x;
+    }
+    auto grid = runtime::one_f_one_b(2, static_cast<int>(m));
+    auto sim = grid && f.size() == 2 ? runtime::simulate(*grid, f, b)
+                                     : expected<runtime::pipe_timeline>{
+                                           make_error(errc::internal, "no stage times")};
+    std::printf("%-14s %-12.9g %8.2f %9.2f %8.1f%% %8.1f%% %7.2f %8.1f%% %12s%s\n",
                 ("pp 2, M " + std::to_string(m)).c_str(), r.norm_sums[0], r.step_s * 1e3,
                 r.step_s / dp2.step_s, 100 * r.bubble, 100 * ideal, r.bubble / ideal,
-                equal ? "" : "  NORMS DIFFER");
+                sim ? 100 * sim->bubble : 0.0, per.c_str(), equal ? "" : "  NORMS DIFFER");
     if (m == 16)
       for (double busy : r.stage_busy_s)
         stage_times.push_back(busy / static_cast<double>(m));

@@ -175,6 +175,10 @@ public:
   /// each other at once do not wait on each other).
   expected<std::unique_ptr<pending_transfer>> start_send(const at::Tensor& tensor, int dst,
                                                          int tag);
+  /// recv() started and not waited for: `tensor` holds the data once the
+  /// transfer's wait() returns (a pipeline stage posts the receive of its
+  /// next input before computing, so that the transfer overlaps it).
+  expected<std::unique_ptr<pending_transfer>> start_recv(at::Tensor& tensor, int src, int tag);
   /// A sub-group of this group's ranks `ranks` (ascending, distinct, this
   /// rank among them), named `name` (unique per group: the name keys its
   /// rendezvous). Every member calls it; it blocks until all have.

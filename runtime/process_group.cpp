@@ -443,6 +443,17 @@ process_group::start_send(const at::Tensor& tensor, int dst, int tag) {
   return started;
 }
 
+expected<std::unique_ptr<pending_transfer>> process_group::start_recv(at::Tensor& tensor, int src,
+                                                                     int tag) {
+  TROUPE_GROUP_CHECK("start_recv");
+  TROUPE_TRY(check_tensor("start_recv", *impl_, tensor, "tensor"));
+  TROUPE_TRY(check_tag("start_recv", *impl_, src, tag));
+  auto started = impl_->backend->start_recv(tensor, src, tag);
+  if (started)
+    impl_->traffic.bytes_received += static_cast<int64_t>(tensor.nbytes());
+  return started;
+}
+
 expected<void> broadcast_bytes(process_group& group, std::string& bytes, int root) {
   auto length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
   TROUPE_TRY(group.broadcast(length, root));

@@ -421,7 +421,8 @@ struct train_engine::impl {
 
   // ---- NOTE [pipeline execution] --------------------------------------
   // A stage runs its list of the schedule (runtime/pipeline_schedule.hpp)
-  // in order. Forward of micro-batch m: receive the previous stage's
+  // in order, the receive each action waits for posted one action ahead
+  // (receives_ahead). Forward of micro-batch m: receive the previous stage's
   // output [rows, T, hidden] (tag 2m; the first stage embeds the ids), run
   // the stage's layers, and send the result on (started, not waited for:
   // neighbours may be sending to each other at once); the last stage
@@ -549,18 +550,52 @@ struct train_engine::impl {
     }
   };
 
-  // The previous stage's output for micro-batch `m` (undefined on the first
-  // stage), a leaf that collects its gradient when `grad`.
-  at::Tensor receive_input(const runtime::tensor_batch& part, int m, bool grad, pass_clock& clock) {
-    const auto& pp = model->pp();
-    if (pp.first())
-      return {};
-    auto ids = model_inputs(part).first;
-    auto x = at::empty({ids.size(0), ids.size(1), model->config().hidden_size},
-                       model->parameters().front().options().requires_grad(false));
-    clock.wait([&] { value_or_throw(pp.group->recv(x, pp.rank - 1, 2 * m)); });
-    return grad ? x.requires_grad_() : x;
-  }
+  // The receives a stage's actions wait for, each posted one action ahead
+  // so that the transfer overlaps the computing before it: a forward's
+  // input from the previous stage (tag 2m), a backward's gradient from the
+  // next (tag 2m + 1), both [rows, T, hidden] in the model's dtype.
+  class receives_ahead {
+  public:
+    receives_ahead(impl& d, const std::vector<runtime::pipe_action>& actions,
+                   const std::vector<runtime::tensor_batch>& parts, pass_clock& clock)
+        : d_(d), actions_(actions), parts_(parts), clock_(clock) {
+      if (!actions.empty())
+        next_ = post(actions.front());
+    }
+    // What action k receives (undefined when it receives nothing); posts
+    // action k + 1's receive first.
+    at::Tensor take(size_t k) {
+      auto now = std::move(next_);
+      next_ = k + 1 < actions_.size() ? post(actions_[k + 1]) : posted{};
+      if (now.pending)
+        clock_.wait([&] { value_or_throw(now.pending->wait()); });
+      return now.buffer;
+    }
+
+  private:
+    struct posted {
+      at::Tensor buffer;
+      std::unique_ptr<runtime::pending_transfer> pending;
+    };
+    posted post(const runtime::pipe_action& a) {
+      const auto& pp = d_.model->pp();
+      const bool forward = a.op == runtime::pipe_action::forward;
+      if (forward ? pp.first() : pp.last())
+        return {};
+      auto ids = model_inputs(parts_[static_cast<size_t>(a.micro_batch)]).first;
+      posted p;
+      p.buffer = at::empty({ids.size(0), ids.size(1), d_.model->config().hidden_size},
+                           d_.model->parameters().front().options().requires_grad(false));
+      p.pending = value_or_throw(pp.group->start_recv(
+          p.buffer, forward ? pp.rank - 1 : pp.rank + 1, 2 * a.micro_batch + (forward ? 0 : 1)));
+      return p;
+    }
+    impl& d_;
+    const std::vector<runtime::pipe_action>& actions_;
+    const std::vector<runtime::tensor_batch>& parts_;
+    pass_clock& clock_;
+    posted next_;
+  };
 
   // A stage's forward of micro-batch m before the last stage: its output,
   // sent on.
@@ -581,9 +616,12 @@ struct train_engine::impl {
     sends_in_flight sends;
     pass_clock clock{pipe_log};
     const auto schedule = value_or_throw(runtime::forward_only(pp.size, n));
-    for (const auto& a : schedule[static_cast<size_t>(pp.rank)]) {
+    const auto& actions = schedule[static_cast<size_t>(pp.rank)];
+    receives_ahead received{*this, actions, parts, clock};
+    for (size_t k = 0; k < actions.size(); ++k) {
+      const auto& a = actions[k];
       const auto& part = parts[static_cast<size_t>(a.micro_batch)];
-      auto input = receive_input(part, a.micro_batch, false, clock);
+      auto input = received.take(k);
       if (pp.last()) {
         stage_input = input;
         outs.push_back(fn(part));
@@ -611,10 +649,14 @@ struct train_engine::impl {
     sends_in_flight sends;
     pass_clock clock{pipe_log};
     const auto schedule = value_or_throw(runtime::one_f_one_b(pp.size, n));
-    for (const auto& a : schedule[static_cast<size_t>(pp.rank)]) {
+    const auto& actions = schedule[static_cast<size_t>(pp.rank)];
+    receives_ahead received{*this, actions, parts, clock};
+    for (size_t k = 0; k < actions.size(); ++k) {
+      const auto& a = actions[k];
       const auto i = static_cast<size_t>(a.micro_batch);
+      auto got = received.take(k);
       if (a.op == runtime::pipe_action::forward) {
-        inputs[i] = receive_input(parts[i], a.micro_batch, true, clock);
+        inputs[i] = got.defined() ? got.requires_grad_() : got;
         if (pp.last()) {
           stage_input = inputs[i];
           auto part = loss_of(parts[i]);
@@ -625,14 +667,10 @@ struct train_engine::impl {
           outputs[i] = forward_on(parts[i], a.micro_batch, inputs[i], sends);
         }
       } else {
-        if (pp.last()) {
+        if (pp.last())
           outputs[i].backward();
-        } else {
-          auto grad = at::empty_like(outputs[i]).requires_grad_(false);
-          clock.wait(
-              [&] { value_or_throw(pp.group->recv(grad, pp.rank + 1, 2 * a.micro_batch + 1)); });
-          outputs[i].backward(grad);
-        }
+        else
+          outputs[i].backward(got);
         if (in_backward)
           value_or_throw(strategy->backward_done());
         if (!pp.first())
