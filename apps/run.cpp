@@ -42,7 +42,7 @@ int plan_command(const std::string& path, const std::vector<std::string>& overri
   auto plan = actors::rl::make_plan(*cfg);
   if (suggest) // also when the job as given does not fit: what would
     std::cout << actors::rl::render_suggestions(actors::rl::suggest_strategies(*cfg));
-    std::cout << actors::rl::render_layouts(actors::rl::suggest_layouts(*cfg));
+  std::cout << actors::rl::render_layouts(actors::rl::suggest_layouts(*cfg));
   if (!plan) {
     std::fprintf(stderr, "troupe plan: %s\n", describe(plan.error()).c_str());
     return 1;

@@ -153,9 +153,8 @@ engine_of(const models::llama_model& base,
     std::fprintf(stderr, "copying the model failed\n");
     std::exit(1);
   }
-  if ((part || stage) &&
-      !(m = models::make_model_part(*m, part ? *part : models::tp_partition{},
-                                    stage ? *stage : models::pp_stage{}))) {
+  if ((part || stage) && !(m = models::make_model_part(*m, part ? *part : models::tp_partition{},
+                                                       stage ? *stage : models::pp_stage{}))) {
     std::fprintf(stderr, "%s\n", describe(m.error()).c_str());
     std::exit(1);
   }
@@ -633,9 +632,9 @@ bool print_pipeline(const options& o) {
       per += x;
     }
     auto grid = runtime::one_f_one_b(2, static_cast<int>(m));
-    auto sim = grid && f.size() == 2 ? runtime::simulate(*grid, f, b)
-                                     : expected<runtime::pipe_timeline>{
-                                           make_error(errc::internal, "no stage times")};
+    auto sim = grid && f.size() == 2
+                   ? runtime::simulate(*grid, f, b)
+                   : expected<runtime::pipe_timeline>{make_error(errc::internal, "no stage times")};
     std::printf("%-14s %-12.9g %8.2f %9.2f %8.1f%% %8.1f%% %7.2f %8.1f%% %12s%s\n",
                 ("pp 2, M " + std::to_string(m)).c_str(), r.norm_sums[0], r.step_s * 1e3,
                 r.step_s / dp2.step_s, 100 * r.bubble, 100 * ideal, r.bubble / ideal,
@@ -655,8 +654,9 @@ bool print_pipeline(const options& o) {
       b.push_back(2 * per / 3);
     }
     auto grid = runtime::one_f_one_b(4, static_cast<int>(m));
-    auto t = grid && f.size() == 4 ? runtime::simulate(*grid, f, b) : expected<runtime::pipe_timeline>{
-        make_error(errc::internal, "no stage times")};
+    auto t = grid && f.size() == 4
+                 ? runtime::simulate(*grid, f, b)
+                 : expected<runtime::pipe_timeline>{make_error(errc::internal, "no stage times")};
     if (!t)
       continue;
     const double ideal = runtime::ideal_bubble(4, static_cast<int>(m));

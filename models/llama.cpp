@@ -783,8 +783,8 @@ torch::Tensor llama_model_impl::run_layers(torch::Tensor x, const torch::Tensor&
   }
   const auto first = static_cast<size_t>(pp_.active() ? pp_.layer0 : 0);
   const auto end = pp_.active() ? first + static_cast<size_t>(pp_.layers) : layers_->size();
-  auto rope = rotary_tables(positions, layers_[first]->as<block_impl>()->attn->inv_freq,
-                            x.scalar_type());
+  auto rope =
+      rotary_tables(positions, layers_[first]->as<block_impl>()->attn->inv_freq, x.scalar_type());
   TORCH_CHECK(!hooks_ || cache == nullptr,
               "a model with layer hooks (a zero3 training engine) does not run with a KV cache");
   for (size_t i = first; i < end; ++i) {
@@ -885,11 +885,12 @@ expected<llama_model> make_llama(const llama_config& config, head_kind head, tp_
   if (pp.active() && pp.group == nullptr)
     return make_error(errc::invalid_argument,
                       "make_llama: pp " + std::to_string(pp.size) + " without its process group");
-  if (pp.active() && (pp.layer0 < 0 || pp.layers < 1 ||
-                      pp.layer0 + pp.layers > config.num_hidden_layers || config.tie_word_embeddings))
-    return make_error(errc::invalid_argument,
-                      "make_llama: stage " + std::to_string(pp.rank) + " of pp " +
-                          std::to_string(pp.size) + " (make it with stage_of)");
+  if (pp.active() &&
+      (pp.layer0 < 0 || pp.layers < 1 || pp.layer0 + pp.layers > config.num_hidden_layers ||
+       config.tie_word_embeddings))
+    return make_error(errc::invalid_argument, "make_llama: stage " + std::to_string(pp.rank) +
+                                                  " of pp " + std::to_string(pp.size) +
+                                                  " (make it with stage_of)");
   return guarded("building the model", [&] { return llama_model(config, head, tp, pp); });
 }
 

@@ -9,9 +9,9 @@ namespace troupe::models {
 expected<std::vector<int64_t>> split_layers(int64_t layers, int stages,
                                             const std::vector<int64_t>& listed) {
   auto refuse = [&](const std::string& why) {
-    return make_error(errc::invalid_argument, "pipeline parallelism: pp " +
-                                                  std::to_string(stages) + " over " +
-                                                  std::to_string(layers) + " layers: " + why);
+    return make_error(errc::invalid_argument, "pipeline parallelism: pp " + std::to_string(stages) +
+                                                  " over " + std::to_string(layers) +
+                                                  " layers: " + why);
   };
   if (stages < 1)
     return refuse("pp must be >= 1");

@@ -431,8 +431,8 @@ expected<void> process_group::recv(at::Tensor& tensor, int src, int tag) {
   return exchange(*impl_, at::Tensor{}, -1, tensor, src, tag);
 }
 
-expected<std::unique_ptr<pending_transfer>>
-process_group::start_send(const at::Tensor& tensor, int dst, int tag) {
+expected<std::unique_ptr<pending_transfer>> process_group::start_send(const at::Tensor& tensor,
+                                                                      int dst, int tag) {
   TROUPE_GROUP_CHECK("start_send");
   TROUPE_TRY(check_tensor("start_send", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_tag("start_send", *impl_, dst, tag));
@@ -444,7 +444,7 @@ process_group::start_send(const at::Tensor& tensor, int dst, int tag) {
 }
 
 expected<std::unique_ptr<pending_transfer>> process_group::start_recv(at::Tensor& tensor, int src,
-                                                                     int tag) {
+                                                                      int tag) {
   TROUPE_GROUP_CHECK("start_recv");
   TROUPE_TRY(check_tensor("start_recv", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_tag("start_recv", *impl_, src, tag));

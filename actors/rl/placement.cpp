@@ -456,10 +456,11 @@ void check_pipeline_parallel(const job_config& c, const role_placement_config& r
   if (r.pp <= 1 || !t)
     return;
   const bool trained = t->trains() && t->id != role_id::rollout;
-  checks.require(trained, at + ".pp",
-                 "pipeline parallelism is for trained roles (" +
-                     role_names([](const role_traits& x) { return x.trains() && x.id != role_id::rollout; }) +
-                     "); " + r.role + "'s is not available yet");
+  checks.require(
+      trained, at + ".pp",
+      "pipeline parallelism is for trained roles (" +
+          role_names([](const role_traits& x) { return x.trains() && x.id != role_id::rollout; }) +
+          "); " + r.role + "'s is not available yet");
   checks.require(r.pp_micro_batches == 0 || r.pp_micro_batches >= r.pp, at + ".pp_micro_batches",
                  std::to_string(r.pp_micro_batches) + " micro-batches are fewer than the " +
                      std::to_string(r.pp) + " stages");
@@ -989,8 +990,8 @@ std::string render_layouts(const std::vector<layout_fit>& fits) {
   for (const auto& f : fits) {
     if (f.role != role) {
       role = f.role;
-      out += "  " + role + " (" + f.yaml_path + ", " + std::to_string(f.layout.ranks()) +
-             " ranks):\n";
+      out +=
+          "  " + role + " (" + f.yaml_path + ", " + std::to_string(f.layout.ranks()) + " ranks):\n";
     }
     out += "    dp " + std::to_string(f.layout.dp) + ", tp " + std::to_string(f.layout.tp) +
            ", pp " + std::to_string(f.layout.pp) + ": " +

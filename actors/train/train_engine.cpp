@@ -185,7 +185,8 @@ struct train_engine::impl {
     if (ci.size(1) != ri.size(1))
       throw error_exception(make_error(errc::shape_mismatch,
                                        "chosen_ids and rejected_ids must have the same length"));
-    return {torch::cat({ci, ri}, 0), torch::cat({need(b, "chosen_mask"), need(b, "rejected_mask")}, 0)};
+    return {torch::cat({ci, ri}, 0),
+            torch::cat({need(b, "chosen_mask"), need(b, "rejected_mask")}, 0)};
   }
 
   at::Tensor next_tokens(const runtime::tensor_batch& b) {
@@ -477,9 +478,10 @@ struct train_engine::impl {
     auto params = model->parameters();
     std::vector<runtime::tensor_spec> out;
     for (auto i : export_order())
-      out.push_back({value_or_throw(models::to_hf_name(names().at(i), model->head())),
-                     params[i].scalar_type(),
-                     models::tp_full_shape(names().at(i), shapes.at(i), model->config(), model->tp())});
+      out.push_back(
+          {value_or_throw(models::to_hf_name(names().at(i), model->head())),
+           params[i].scalar_type(),
+           models::tp_full_shape(names().at(i), shapes.at(i), model->config(), model->tp())});
     return out;
   }
 
@@ -586,8 +588,8 @@ struct train_engine::impl {
       posted p;
       p.buffer = at::empty({ids.size(0), ids.size(1), d_.model->config().hidden_size},
                            d_.model->parameters().front().options().requires_grad(false));
-      p.pending = value_or_throw(pp.group->start_recv(
-          p.buffer, forward ? pp.rank - 1 : pp.rank + 1, 2 * a.micro_batch + (forward ? 0 : 1)));
+      p.pending = value_or_throw(pp.group->start_recv(p.buffer, forward ? pp.rank - 1 : pp.rank + 1,
+                                                      2 * a.micro_batch + (forward ? 0 : 1)));
       return p;
     }
     impl& d_;
@@ -608,8 +610,8 @@ struct train_engine::impl {
   }
 
   template <class Fn>
-  std::vector<runtime::tensor_batch> pipeline_forward(const std::vector<runtime::tensor_batch>& parts,
-                                                      Fn&& fn) {
+  std::vector<runtime::tensor_batch>
+  pipeline_forward(const std::vector<runtime::tensor_batch>& parts, Fn&& fn) {
     const auto& pp = model->pp();
     const int n = static_cast<int>(parts.size());
     std::vector<runtime::tensor_batch> outs;
@@ -1089,7 +1091,9 @@ expected<void> train_engine::set_pipeline_micro_batches(int64_t n) {
   return {};
 }
 
-train_engine::pipeline_pass train_engine::last_pipeline_pass() const { return impl_->pipe_log; }
+train_engine::pipeline_pass train_engine::last_pipeline_pass() const {
+  return impl_->pipe_log;
+}
 
 int64_t train_engine::optimizer_state_bytes() const {
   return impl_->strategy && impl_->offloaded.empty() ? impl_->strategy->optimizer_bytes() : 0;
@@ -1368,8 +1372,7 @@ expected<int64_t> train_engine::gather_weights() const {
         bytes += t.numel() * static_cast<int64_t>(t.element_size());
       // NOTE [pipeline export]: a later stage's tensors go to the first.
       if (pp.active() && !pp.first())
-        value_or_throw(pp.group->send(t.contiguous(), 0,
-                                      impl::export_tag + static_cast<int>(j)));
+        value_or_throw(pp.group->send(t.contiguous(), 0, impl::export_tag + static_cast<int>(j)));
       ++j;
     });
     if (pp.active() && pp.first())

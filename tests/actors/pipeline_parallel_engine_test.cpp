@@ -11,6 +11,7 @@
 #include "actors/train/train_engine.hpp"
 #include "models/pipeline_parallel.hpp"
 #include "runtime/pipeline_schedule.hpp"
+#include "tests/actors/mesh_group.hpp"
 #include "tests/actors/mesh_training.hpp"
 #include "tests/actors/tiny_engine.hpp"
 #include "tests/support/ranks.hpp"
@@ -121,103 +122,10 @@ TEST(PipelineParallelEngine, StagesRunTheirScheduleAndEveryStageAnswersTheLastOn
   }
 }
 
-template <class R, class... Ts>
-expected<R> ask(caf::actor_system& sys, const train::engine_actor& a, Ts&&... xs) {
-  expected<R> out = make_error(errc::internal, "no reply");
-  caf::scoped_actor self{sys};
-  self->request(a, std::chrono::seconds(60), std::forward<Ts>(xs)...)
-      .receive([&](R& r) { out = std::move(r); }, [&](caf::error& e) { out = e; });
-  return out;
-}
-
-std::vector<train::engine_actor> spawn_ranks(caf::actor_system& sys, const std::string& role,
-                                             std::vector<mesh_rank>& ranks) {
-  std::vector<train::engine_actor> out;
-  for (size_t r = 0; r < ranks.size(); ++r)
-    out.push_back(train::spawn_engine_actor(sys, role + "[" + std::to_string(r) + "]",
-                                            std::move(ranks[r].engine)));
-  return out;
-}
-
-// NOTE [tensor-parallel dispatch] under PP: a DP 2 × PP 2 group answers
-// log-probs, PPO updates and the export as one engine does, and its
+// The engine group serves a DP 2 × PP 2 mesh as one engine, and its
 // checkpoint (each stage's shards) loads bit for bit at DP 1 × PP 2.
-void check_pipeline_group(caf::actor_system& sys, const models::llama_model& base,
-                          std::vector<mesh_rank>& ranks, std::vector<mesh_rank>& fresh) {
-  auto single = train::spawn_engine_actor(
-      sys, "single",
-      std::move(*train::train_engine::make(copy_of(base, models::head_kind::lm), optim())));
-  auto group = train::spawn_engine_group(sys, "policy", spawn_ranks(sys, "policy", ranks),
-                                         train::dp_strategy::ddp, 1, 2);
-  auto restored = train::spawn_engine_group(sys, "restored", spawn_ranks(sys, "restored", fresh),
-                                            train::dp_strategy::ddp, 1, 2);
-  auto batch = rl_batch(6, 310);
-  auto lp_one =
-      ask<train::served_batch>(sys, single, train::log_probs_atom::value, batch, 1.0, true);
-  auto lp_pp = ask<train::served_batch>(sys, group, train::log_probs_atom::value, batch, 1.0, true);
-  ASSERT_TRUE(lp_one && lp_pp) << describe(lp_pp ? lp_one.error() : lp_pp.error());
-  for (const char* key : {"log_probs", "entropy"}) {
-    auto a = *lp_one->value.get(key), b = *lp_pp->value.get(key);
-    ASSERT_EQ(a.sizes(), b.sizes()) << key;
-    EXPECT_LT((a - b).abs().max().item<double>(), tolerance) << key;
-  }
-  train::policy_update_options o;
-  o.minibatches = 2;
-  o.epochs = 2;
-  o.entropy_coef = 0.01;
-  auto big = rl_batch(8, 311);
-  auto m_one = ask<train::served_metrics>(sys, single, train::update_policy_atom::value, big, o);
-  auto m_pp = ask<train::served_metrics>(sys, group, train::update_policy_atom::value, big, o);
-  ASSERT_TRUE(m_one && m_pp) << describe(m_pp ? m_one.error() : m_pp.error());
-  for (const auto& [k, v] : m_one->value)
-    EXPECT_NEAR(m_pp->value.at(k), v, tolerance * std::max(1.0, std::abs(v))) << k;
-  auto w_one = ask<actors::shared_weights>(sys, single, train::export_atom::value);
-  auto w_pp = ask<actors::shared_weights>(sys, group, train::export_atom::value);
-  ASSERT_TRUE(w_one && w_pp) << describe(w_pp ? w_one.error() : w_pp.error());
-  ASSERT_EQ((*w_pp)->size(), (*w_one)->size());
-  for (const auto& [name, t] : **w_one)
-    EXPECT_LT(((*w_pp)->at(name) - t).abs().max().item<double>(), tolerance) << name;
-  auto state = ask<std::string>(sys, group, train::save_state_atom::value);
-  ASSERT_FALSE(state);
-  EXPECT_NE(describe(state.error()).find("model-parallel ranks (tp 1, pp 2)"), std::string::npos);
-  auto shards = ask<train::state_shards>(sys, group, train::save_shards_atom::value);
-  ASSERT_TRUE(shards) << describe(shards.error());
-  EXPECT_EQ(shards->pp, 2);
-  EXPECT_EQ(shards->shards.size(), 4u);
-  auto wrong = *shards;
-  wrong.pp = 1;
-  auto refused = ask<int64_t>(sys, restored, train::load_shards_atom::value, wrong);
-  ASSERT_FALSE(refused);
-  EXPECT_NE(describe(refused.error()).find("saved by tp 1, pp 1 ranks, this role has tp 1, pp 2"),
-            std::string::npos)
-      << describe(refused.error());
-  auto loaded = ask<int64_t>(sys, restored, train::load_shards_atom::value, *shards);
-  ASSERT_TRUE(loaded) << describe(loaded.error());
-  auto w_back = ask<actors::shared_weights>(sys, restored, train::export_atom::value);
-  ASSERT_TRUE(w_back) << describe(w_back.error());
-  for (const auto& [name, t] : **w_pp)
-    EXPECT_TRUE(torch::equal((*w_back)->at(name), t)) << name;
-  caf::anon_send_exit(restored, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(single, caf::exit_reason::user_shutdown);
-}
-
 TEST(PipelineParallelEngine, TheGroupServesAndCheckpointsStagesAsOneEngine) {
-  caf::actor_system_config cfg;
-  actors::configure(cfg);
-  auto system = std::make_unique<caf::actor_system>(cfg);
-  auto base = tiny_model(31);
-  runtime::group_options go;
-  go.name = "pp-group";
-  auto world = runtime::make_local_groups(4, go);
-  ASSERT_TRUE(world);
-  auto ranks = mesh_engines(*world, base, layout{2, 1, 2});
-  go.name = "pp-restored";
-  auto world2 = runtime::make_local_groups(2, go);
-  ASSERT_TRUE(world2);
-  auto fresh = mesh_engines(*world2, tiny_model(32), layout{1, 1, 2});
-  check_pipeline_group(*system, base, ranks, fresh); // the actors' handles end with it
-  system.reset();                                    // the ranks end before their groups do
+  expect_group_like_one_engine(tiny_model(31), layout{2, 1, 2}, layout{1, 1, 2}, 32);
 }
 
 TEST(PipelineParallelEngine, StagesSplitTheLayersEvenlyOrAsListed) {

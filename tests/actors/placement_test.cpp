@@ -12,6 +12,17 @@ using troupe::actors::rl::testing::tiny_job;
 
 namespace {
 
+// The "weights" term of `rank`'s estimate at its device's peak (-1: none).
+double weights(const placement_plan& plan, const std::string& rank) {
+  for (const auto& d : plan.devices)
+    for (const auto& r : d.peak_ranks)
+      if (r.rank == rank)
+        for (const auto& t : r.terms)
+          if (t.name == "weights")
+            return t.bytes;
+  return -1.0;
+}
+
 std::string error_of(const std::string& extra, std::vector<std::string> sets = {}) {
   auto c = parse_job(tiny_job("run", "") + extra, std::move(sets));
   EXPECT_FALSE(c);
@@ -302,15 +313,6 @@ TEST(Placement, TensorParallelRanksHoldTheirPartOnOneNode) {
   ASSERT_TRUE(tp) << describe(tp.error());
   EXPECT_EQ(tp->layout_of("rl", "policy"), (parallel_layout{1, 2, 1}));
   EXPECT_EQ(tp->find("policy")->devices, (std::vector<int64_t>{0, 1}));
-  auto weights = [](const placement_plan& plan, const std::string& rank) {
-    for (const auto& d : plan.devices)
-      for (const auto& r : d.peak_ranks)
-        if (r.rank == rank)
-          for (const auto& t : r.terms)
-            if (t.name == "weights")
-              return t.bytes;
-    return -1.0;
-  };
   // tiny_job: H 32, I 64, 2 layers, 2 heads of 16, 1 kv head, vocab 259.
   const double layer = 32 * 16 + 2 * 32 * 16 + 16 * 32 + 3 * 32 * 32 + 2 * 32;
   const double rest = 130 * 32 * 2 + 32; // embedding and LM head parts (130 of 259 ids), norm
@@ -340,24 +342,67 @@ TEST(Placement, PipelineStagesHoldTheirLayersAndThePlanPrintsTheGrid) {
   auto pp = plan_of(p, {});
   ASSERT_TRUE(pp) << describe(pp.error());
   EXPECT_EQ(pp->layout_of("rl", "policy"), (parallel_layout{1, 1, 2}));
-  auto weights = [&](const std::string& rank) {
-    for (const auto& d : pp->devices)
-      for (const auto& r : d.peak_ranks)
-        if (r.rank == rank)
-          for (const auto& t : r.terms)
-            if (t.name == "weights")
-              return t.bytes;
-    return -1.0;
-  };
   // tiny_job: H 32, I 64, 2 layers, 2 heads of 16, 1 kv head, vocab 259.
   const double layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64 + 2 * 32;
-  EXPECT_DOUBLE_EQ(weights("policy[dp 0, pp 0]"), 4 * (layer + 259 * 32));
-  EXPECT_DOUBLE_EQ(weights("policy[dp 0, pp 1]"), 4 * (layer + 259 * 32 + 32));
+  EXPECT_DOUBLE_EQ(weights(*pp, "policy[dp 0, pp 0]"), 4 * (layer + 259 * 32));
+  EXPECT_DOUBLE_EQ(weights(*pp, "policy[dp 0, pp 1]"), 4 * (layer + 259 * 32 + 32));
   const auto text = pp->render();
   EXPECT_NE(text.find("policy: pool train, dp 1, pp 2, devices [0, 1]"), std::string::npos) << text;
   EXPECT_NE(text.find("stages: layers 1 + 1; 4 micro-batches, 1F1B:"), std::string::npos) << text;
   EXPECT_NE(text.find("stage 0 | F0 F1 .  B0 F2 B1 F3 B2 .  B3"), std::string::npos) << text;
   EXPECT_NE(text.find("bubble 20.0% of 10 slots"), std::string::npos) << text;
+  EXPECT_NE(text.find("a rank receives a step: pp "), std::string::npos) << text;
+}
+
+// NOTE [layout suggestions]: the policy's 2 ranks as dp 2, tp 2 or pp 2,
+// each moving bytes along its own dimension only (NOTE [communication
+// volume]), cheapest first; 4 ranks add layouts the model refuses (tp 4
+// over 2 heads, pp 4 over 2 layers), listed last with the check's words.
+TEST(Placement, LayoutSuggestionsSpanTpAndPpCheapestCommunicationFirst) {
+  std::string p = troupe::actors::rl::testing::disaggregated_placement;
+  auto c = parse_job(tiny_job("run") + p);
+  ASSERT_TRUE(c) << describe(c.error());
+  std::vector<layout_fit> policy;
+  for (const auto& f : suggest_layouts(*c))
+    if (f.role == "policy")
+      policy.push_back(f);
+  ASSERT_EQ(policy.size(), 3u);
+  for (size_t i = 0; i < policy.size(); ++i) {
+    const auto& f = policy[i];
+    EXPECT_TRUE(f.fits) << f.refusal;
+    EXPECT_EQ(f.layout.ranks(), 2);
+    EXPECT_EQ(f.yaml_path, "placement.roles[0]");
+    EXPECT_EQ(f.comm.dp > 0, f.layout.dp == 2);
+    EXPECT_EQ(f.comm.tp > 0, f.layout.tp == 2);
+    EXPECT_EQ(f.comm.pp > 0, f.layout.pp == 2);
+    if (i > 0)
+      EXPECT_LE(policy[i - 1].comm.total(), f.comm.total());
+  }
+  EXPECT_NE(render_layouts(policy).find("dp 1, tp 1, pp 2: fits, its devices peak at "),
+            std::string::npos)
+      << render_layouts(policy);
+  p.replace(p.find("{name: train, devices: 2}"), 25, "{name: train, devices: 4}");
+  p.replace(p.find("{role: policy, pool: train, dp: 2}"), 34, "{role: policy, pool: train, dp: 4}");
+  auto four = parse_job(tiny_job("run") + p, {"rl.prompts_per_iteration=8"});
+  ASSERT_TRUE(four) << describe(four.error());
+  std::vector<layout_fit> all;
+  for (const auto& f : suggest_layouts(*four))
+    if (f.role == "policy")
+      all.push_back(f);
+  ASSERT_EQ(all.size(), 6u); // (tp, pp): (1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)
+  auto refusal_of = [&](int tp, int pp) {
+    for (const auto& f : all)
+      if (f.layout.tp == tp && f.layout.pp == pp)
+        return f.fits ? std::string{"fits"} : f.refusal;
+    return std::string{"absent"};
+  };
+  EXPECT_NE(refusal_of(4, 1).find("tp 4 does not divide the attention heads (2)"),
+            std::string::npos)
+      << refusal_of(4, 1);
+  EXPECT_NE(refusal_of(1, 4).find("pp 4 over 2 layers: more stages than layers"),
+            std::string::npos)
+      << refusal_of(1, 4);
+  EXPECT_FALSE(all.back().fits);
 }
 
 // NOTE [rank memory]: over 2 ranks a policy rank's states are 4 + 4 + 8

@@ -111,24 +111,23 @@ TEST(Placement, ZeroTrainersAcrossWorkersMatchWithin1e5) {
   }
 }
 
-// NOTE [tensor parallelism]: the same job with the policy and the critic at
-// tp 2 (each rank in its worker holding half of every block's heads and MLP
-// rows and half of the vocabulary; the checkpoints save each rank's shard;
-// the weight sync gathers the whole weights on rank 0 with its peer), and
-// at dp 2 × tp 2 under zero1 over the DP dimension, learns as the
-// in-process run does.
-TEST(Placement, TensorParallelTrainersAcrossWorkersMatchWithin1e5) {
+// The job with the policy and the critic placed by each layout's keys (in
+// place of the disaggregated placement's dp 2, on that many train devices)
+// learns as the in-process run does.
+namespace {
+
+struct trainer_layout {
+  std::string name, keys;
+  int devices;
+};
+
+void expect_layouts_learn_as_in_process(const std::vector<trainer_layout>& layouts) {
   test::temp_dir tmp;
   auto local = parse_job(tiny_job(tmp.file("local")));
   ASSERT_TRUE(local) << describe(local.error());
   auto a = run_placed(*local, tmp);
   ASSERT_TRUE(a) << describe(a.error());
-  struct layout {
-    std::string name, keys;
-    int devices;
-  };
-  for (const auto& l :
-       {layout{"tp2", "tp: 2", 2}, layout{"dp2-tp2", "dp: 2, tp: 2, strategy: zero1", 4}}) {
+  for (const auto& l : layouts) {
     SCOPED_TRACE(l.name);
     std::string placement = disaggregated;
     for (size_t at; (at = placement.find("dp: 2}")) != std::string::npos;)
@@ -143,35 +142,25 @@ TEST(Placement, TensorParallelTrainersAcrossWorkersMatchWithin1e5) {
   }
 }
 
-// NOTE [pipeline parallelism]: the same job with the policy and the critic
-// cut into 2 stages (each rank in its worker holding one layer; 1F1B over 2
-// micro-batches; the checkpoints save each stage's shard; the weight sync
-// gathers the whole weights on the first stage), and at tp 2 × pp 2, learns
-// as the in-process run does.
+} // namespace
+
+// NOTE [tensor parallelism]: at tp 2 each rank in its worker holds half of
+// every block's heads and MLP rows and half of the vocabulary; the
+// checkpoints save each rank's shard; the weight sync gathers the whole
+// weights on rank 0 with its peer. Also dp 2 × tp 2 under zero1 over the
+// DP dimension.
+TEST(Placement, TensorParallelTrainersAcrossWorkersMatchWithin1e5) {
+  expect_layouts_learn_as_in_process(
+      {{"tp2", "tp: 2", 2}, {"dp2-tp2", "dp: 2, tp: 2, strategy: zero1", 4}});
+}
+
+// NOTE [pipeline parallelism]: at pp 2 each rank in its worker holds one
+// layer (1F1B over 2 micro-batches); the checkpoints save each stage's
+// shard; the weight sync gathers the whole weights on the first stage.
+// Also tp 2 × pp 2.
 TEST(Placement, PipelineParallelTrainersAcrossWorkersMatchWithin1e5) {
-  test::temp_dir tmp;
-  auto local = parse_job(tiny_job(tmp.file("local")));
-  ASSERT_TRUE(local) << describe(local.error());
-  auto a = run_placed(*local, tmp);
-  ASSERT_TRUE(a) << describe(a.error());
-  struct layout {
-    std::string name, keys;
-    int devices;
-  };
-  for (const auto& l : {layout{"pp2", "pp: 2, pp_micro_batches: 2", 2},
-                        layout{"tp2-pp2", "tp: 2, pp: 2", 4}}) {
-    SCOPED_TRACE(l.name);
-    std::string placement = disaggregated;
-    for (size_t at; (at = placement.find("dp: 2}")) != std::string::npos;)
-      placement.replace(at, 6, l.keys + "}");
-    placement.replace(placement.find("{name: train, devices: 2}"), 25,
-                      "{name: train, devices: " + std::to_string(l.devices) + "}");
-    auto placed = parse_job(tiny_job(tmp.file(l.name), "") + placement);
-    ASSERT_TRUE(placed) << describe(placed.error());
-    auto b = run_placed(*placed, tmp);
-    ASSERT_TRUE(b) << describe(b.error());
-    test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(placed->run.dir));
-  }
+  expect_layouts_learn_as_in_process(
+      {{"pp2", "pp: 2, pp_micro_batches: 2", 2}, {"tp2-pp2", "tp: 2, pp: 2", 4}});
 }
 
 TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
