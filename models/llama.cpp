@@ -425,8 +425,8 @@ std::pair<int64_t, int64_t> int_range(const torch::Tensor& t) {
 
 /// Model-level checks of a paged step (the kernels check the step metadata).
 caf::error check_paged_step(const llama_config& config, head_kind head, size_t layers,
-                            const paged_batch& batch, const paged_kv_cache& cache,
-                            const torch::Tensor& logit_rows) {
+                            int64_t kv_heads, const paged_batch& batch,
+                            const paged_kv_cache& cache, const torch::Tensor& logit_rows) {
   constexpr std::string_view fn = "forward_paged";
   auto fail = [&](errc code, const std::string& what) {
     return make_error(code, std::string{fn} + ": " + what);
@@ -447,7 +447,7 @@ caf::error check_paged_step(const llama_config& config, head_kind head, size_t l
                                             " K and " + std::to_string(cache.v.size()) +
                                             " V pools, the model has " + std::to_string(layers) +
                                             " layers");
-  const std::vector<int64_t> pool{cache.num_blocks, cache.block_size, config.num_key_value_heads,
+  const std::vector<int64_t> pool{cache.num_blocks, cache.block_size, kv_heads,
                                   config.resolved_head_dim()};
   for (size_t i = 0; i < layers; ++i)
     for (const auto* t : {&cache.k[i], &cache.v[i]})
@@ -727,10 +727,19 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   return logits;
 }
 
+// NOTE [tensor-parallel decode]: a TP rank's inference engine runs the same
+// requests as its peers, step for step: its paged forward computes its
+// query heads over the kv heads it holds (its KV pool holds those), the
+// row-parallel products are summed over the group, and the logits are
+// gathered whole, so every rank's sampler sees the same bits and draws the
+// same tokens from the same seeds. A whole checkpoint loads into a rank's
+// part (assign_hf_weights cuts each parameter by tp_slice_of). The fused
+// CPU decode does not run on parts yet: a TP step takes the ATen path.
 torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv_cache& cache,
                                               const torch::Tensor& logit_rows) {
   TORCH_CHECK(!pp_.active(), "a pipeline stage (pp ", pp_.size, ") does not decode");
-  throw_if(check_paged_step(config_, head_, layers_->size(), batch, cache, logit_rows));
+  throw_if(check_paged_step(config_, head_, layers_->size(), cached_kv_heads_, batch, cache,
+                            logit_rows));
   torch::NoGradGuard no_grad;
   if (auto logits = fused_step(batch, cache, logit_rows); logits.defined())
     return logits;
@@ -743,7 +752,10 @@ torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv
   auto rows = logit_rows.defined() ? logit_rows : batch.query_start.slice(0, 1) - 1;
   rows = rows.to(x.device(), torch::kLong);
   auto h = norm_->as<rms_norm_impl>()->forward(x.index_select(0, rows));
-  return apply_head(h, torch::Tensor{});
+  auto logits = apply_head(h, torch::Tensor{});
+  // Under TP the sampler sees the whole vocabulary (NOTE [tensor-parallel
+  // decode]): every rank the same bits, so every rank samples alike.
+  return tp_.active() ? tp_gather_last(logits, config_.vocab_size, tp_) : logits;
 }
 
 torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,
@@ -1026,6 +1038,24 @@ std::string hf_architecture(const llama_config& config, head_kind head) {
   return family + "ForCausalLM";
 }
 
+namespace {
+
+// A tensor-parallel rank's part of `tensor` when it is the whole parameter
+// `name` (a whole checkpoint into a part: NOTE [tensor parallelism]), else
+// `tensor` (already the part, or a shape the caller reports).
+torch::Tensor whole_or_part(const std::string& name, const torch::Tensor& tensor,
+                            const llama_model_impl& model) {
+  const auto& tp = model.tp();
+  const auto s = tp_slice_of(name, model.config(), tp);
+  if (s.replicated() || s.dim >= tensor.dim())
+    return tensor;
+  const auto n = tensor.size(s.dim);
+  return n != s.end - s.begin && n >= s.end ? tensor.narrow(s.dim, s.begin, s.end - s.begin)
+                                            : tensor;
+}
+
+} // namespace
+
 expected<void> assign_hf_weights(llama_model& model,
                                  const std::map<std::string, torch::Tensor>& hf_tensors,
                                  bool allow_missing_head) {
@@ -1042,10 +1072,13 @@ expected<void> assign_hf_weights(llama_model& model,
       // lm_head is redundant when embeddings are tied.
       if (hf == "lm_head.weight" && (head != head_kind::lm || model->config().tie_word_embeddings))
         continue;
+      // A pipeline stage takes its own layers of a whole checkpoint.
+      if (name && model->pp().active() && !on_stage(*name, model->pp(), model->config()))
+        continue;
       unexpected.push_back(hf);
       continue;
     }
-    mapped.emplace(*name, tensor);
+    mapped.emplace(*name, whole_or_part(*name, tensor, *model));
   }
   auto name_list = [](const std::vector<std::string>& names) {
     std::string list;
