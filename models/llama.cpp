@@ -3,6 +3,7 @@
 #include "kernels/cpu/fused_decode.hpp"
 #include "kernels/paged_attention.hpp"
 #include "models/hf_checkpoint.hpp"
+#include "runtime/collectives.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <cmath>
@@ -651,12 +652,20 @@ std::optional<kernels::cpu::decode_model> llama_model_impl::decode_view(paged_kv
   };
   kernels::cpu::decode_model m;
   m.dim = config_.hidden_size;
-  m.hidden = config_.intermediate_size;
-  m.n_heads = config_.num_attention_heads;
-  m.n_kv = config_.num_key_value_heads;
+  m.hidden = tp_.active() ? tp_.intermediate : config_.intermediate_size;
+  m.n_heads = tp_.active() ? tp_.heads : config_.num_attention_heads;
+  m.n_kv = cached_kv_heads_;
   m.head_dim = config_.resolved_head_dim();
-  m.vocab = config_.vocab_size;
+  m.vocab = tp_.active() ? tp_.vocab : config_.vocab_size;
   m.eps = static_cast<float>(config_.rms_norm_eps);
+  if (tp_.active()) { // NOTE [tensor-parallel fused decode]
+    m.vocab0 = tp_.vocab0;
+    auto* group = tp_.group;
+    m.all_reduce = [group](float* data, int64_t n) {
+      auto t = torch::from_blob(data, {n}, torch::kFloat32);
+      throw_if(group->all_reduce_sum(t).error());
+    };
+  }
   m.block_size = cache.block_size;
   for (size_t i = 0; i < layers_->size(); ++i) {
     auto* b = layers_[i]->as<block_impl>();
@@ -690,7 +699,10 @@ void with_panels(kernels::cpu::decode_model& m, const packed_decode_weights& p) 
 
 torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_cache& cache,
                                            const torch::Tensor& logit_rows) {
-  if (decode_path_ == kernels::cpu::decode_path::aten || head_ != head_kind::lm || tp_.active())
+  // Under TP the kernel runs on the rank's part when its kv heads are its
+  // own (split); replicated ones take the ATen path.
+  if (decode_path_ == kernels::cpu::decode_path::aten || head_ != head_kind::lm ||
+      (tp_.active() && !tp_.kv_split))
     return {};
   auto indices = decode_step_indices(batch, cache, logit_rows);
   if (!indices)
@@ -710,7 +722,7 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   auto threads = std::max(1, at::get_num_threads());
   if (!team_ || team_->size() != threads)
     team_ = std::make_shared<kernels::cpu::thread_team>(threads);
-  auto logits = torch::empty({n, config_.vocab_size}, torch::kFloat32);
+  auto logits = torch::empty({n, view->vocab}, torch::kFloat32);
   kernels::cpu::decode_batch b;
   b.size = n;
   b.tokens = indices->tokens.data_ptr<int64_t>();
@@ -724,7 +736,7 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   if (choice.panels && decode_panels_ != kernels::cpu::panels_mode::off)
     with_panels(*view, packed_weights(state));
   kernels::cpu::fused_decode(*view, b, *team_);
-  return logits;
+  return tp_.active() ? tp_gather_last(logits, config_.vocab_size, tp_) : logits;
 }
 
 // NOTE [tensor-parallel decode]: a TP rank's inference engine runs the same
@@ -734,7 +746,9 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
 // gathered whole, so every rank's sampler sees the same bits and draws the
 // same tokens from the same seeds. A whole checkpoint loads into a rank's
 // part (assign_hf_weights cuts each parameter by tp_slice_of). The fused
-// CPU decode does not run on parts yet: a TP step takes the ATen path.
+// CPU decode runs on a rank's part when its kv heads are split (NOTE
+// [tensor-parallel fused decode] in kernels/cpu/fused_decode.hpp); with
+// replicated kv heads a step takes the ATen path.
 torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv_cache& cache,
                                               const torch::Tensor& logit_rows) {
   TORCH_CHECK(!pp_.active(), "a pipeline stage (pp ", pp_.size, ") does not decode");

@@ -84,6 +84,9 @@ int64_t attention_parts(int64_t requests, int members) {
 // panels]).
 struct activations {
   std::vector<float> x, qkv, h;
+  // Under TP (NOTE [tensor-parallel fused decode]): a row-parallel
+  // product [size, dim] before its sum over the group.
+  std::vector<float> partial;
   // The attention parts of each request (NOTE [attention parts]): outputs
   // [size, parts, q_rows], largest scores and sums [size, parts, n_heads].
   int64_t parts;
@@ -102,8 +105,16 @@ struct activations {
         cos(static_cast<size_t>(b.size * m.head_dim / 2)),
         sin(static_cast<size_t>(b.size * m.head_dim / 2)), next(4 * m.layers.size() + 1) {
     const int64_t half = m.head_dim / 2;
+    if (m.all_reduce)
+      partial.resize(x.size());
     for (int64_t t = 0; t < b.size; ++t) {
-      std::copy_n(m.embedding_row(b.tokens[t]), m.dim, x.data() + t * m.dim);
+      // Under TP the rank's vocabulary rows, zeros for the others' ids (the
+      // group's sum is the whole embedding).
+      const int64_t row = b.tokens[t] - m.vocab0;
+      if (row >= 0 && row < m.vocab)
+        std::copy_n(m.embedding_row(row), m.dim, x.data() + t * m.dim);
+      else
+        std::fill_n(x.data() + t * m.dim, m.dim, 0.0f);
       for (int64_t i = 0; i < half; ++i) {
         float angle = static_cast<float>(b.positions[t]) * m.inv_freq[i];
         cos[static_cast<size_t>(t * half + i)] = std::cos(angle);
@@ -203,6 +214,18 @@ public:
   // x += W2 · h (+ b2).
   void project_down(const decode_layer& L) {
     residual(L.w2, L.panels.w2, L.b2, a_.h.data(), m_.hidden);
+  }
+
+  // NOTE [tensor-parallel fused decode]: x += the group's sum of the
+  // partial product (+ bias, once), by member 0 between barriers.
+  void add_partial(const float* bias) {
+    if (me_ != 0)
+      return;
+    m_.all_reduce(a_.partial.data(), B_ * D_);
+    for (int64_t t = 0; t < B_; ++t)
+      for (int64_t d = 0; d < D_; ++d)
+        a_.x[static_cast<size_t>(t * D_ + d)] +=
+            a_.partial[static_cast<size_t>(t * D_ + d)] + (bias ? bias[d] : 0.0f);
   }
 
   void lm_head() {
@@ -316,17 +339,22 @@ private:
     claim(panels, std::max<int64_t>(1, panels / (8 * n_)), fn);
   }
 
-  // The member's rows of x [B, dim] += W · in + bias.
+  // The member's rows of x [B, dim] += W · in + bias; under TP of the
+  // partial product W · in instead (NOTE [tensor-parallel fused decode]).
   void residual(const float* rows, const float* panels, const float* bias, const float* in,
                 int64_t n) {
+    const bool tp = static_cast<bool>(m_.all_reduce);
+    float* out = tp ? a_.partial.data() : a_.x.data();
+    if (tp)
+      bias = nullptr;
     if (packed_) {
       claim_panels(D_, [&](int64_t p0, int64_t p1) {
-        k_.linear_panels(panels, D_, bias, in, B_, a_.x.data(), D_, p0, p1, n, true);
+        k_.linear_panels(panels, D_, bias, in, B_, out, D_, p0, p1, n, !tp);
       });
       return;
     }
     claim_rows(D_, [&](int64_t o0, int64_t o1) {
-      k_.linear_rows(rows, bias, in, B_, a_.x.data(), D_, o0, o1, n, true);
+      k_.linear_rows(rows, bias, in, B_, out, D_, o0, o1, n, !tp);
     });
   }
 
@@ -352,8 +380,23 @@ void fused_decode(const decode_model& m, const decode_batch& b, thread_team& tea
     throw std::invalid_argument("fused_decode: decode_isa " + why);
   const int64_t q_rows = m.n_heads * m.head_dim;
   activations a{m, b, team.size(), q_rows + 2 * m.n_kv * m.head_dim, q_rows};
+  const bool tp = static_cast<bool>(m.all_reduce);
   team.run([&](int me, int members) {
     step s{m, b, me, members, a};
+    // NOTE [tensor-parallel fused decode]: the embedding, the attention
+    // output and the down projection summed over the group, each by member
+    // 0 between barriers.
+    auto sum_partial = [&](const float* bias) {
+      if (!tp)
+        return;
+      s.add_partial(bias);
+      team.barrier();
+    };
+    if (tp) {
+      if (me == 0)
+        m.all_reduce(a.x.data(), b.size * m.dim);
+      team.barrier();
+    }
     for (const auto& L : m.layers) {
       s.normalise(L.attn_norm);
       s.project_qkv(L);
@@ -362,11 +405,13 @@ void fused_decode(const decode_model& m, const decode_batch& b, thread_team& tea
       team.barrier();
       s.project_out(L);
       team.barrier();
+      sum_partial(L.bo);
       s.normalise(L.ffn_norm);
       s.gate_up(L);
       team.barrier();
       s.project_down(L);
       team.barrier();
+      sum_partial(L.b2);
     }
     s.normalise(m.final_norm);
     s.lm_head();

@@ -125,6 +125,12 @@ struct decode_model {
   /// The instruction-set path that runs the step (one this CPU supports;
   /// the panels are packed for its panel_rows()).
   decode_isa isa = decode_isa::automatic;
+  /// NOTE [tensor-parallel fused decode]: a tensor-parallel rank's part —
+  /// its heads (n_heads, n_kv), MLP rows (hidden) and vocabulary rows
+  /// [vocab0, vocab0 + vocab) of the embedding and the LM head — and the
+  /// sum over its group of n floats in place; null: the whole model.
+  std::function<void(float* data, int64_t n)> all_reduce;
+  int64_t vocab0 = 0;
 
   bool packed() const { return lm_head_panels != nullptr; }
 

@@ -38,7 +38,8 @@ std::vector<generate_request> requests(bool sampled) {
 // `dense` (after loading `weights`, whole, when given).
 std::vector<std::vector<request_output>>
 on_tp_ranks(const models::llama_model& dense, int tp, const std::vector<generate_request>& reqs,
-            const std::map<std::string, at::Tensor>* weights = nullptr) {
+            const std::map<std::string, at::Tensor>* weights = nullptr,
+            kernels::cpu::decode_path path = kernels::cpu::decode_path::automatic) {
   runtime::group_options go;
   go.name = "tp-decode";
   auto world = runtime::make_local_groups(tp, go);
@@ -53,6 +54,7 @@ on_tp_ranks(const models::llama_model& dense, int tp, const std::vector<generate
         EXPECT_TRUE(model) << describe(model.error());
         if (!part || !model)
           return {};
+        (*model)->set_decode_path(path);
         auto e = make_engine(*model);
         if (weights)
           if (auto ok = e->load_weights(1, *weights); !ok) {
@@ -80,17 +82,23 @@ void expect_like(const std::vector<request_output>& want, const std::vector<requ
   }
 }
 
+// The fused CPU decode on each rank's part (NOTE [tensor-parallel fused
+// decode]) and the ATen path alike; at tp 4 the kv heads are replicated
+// and every step takes the ATen path.
 TEST(TensorParallelDecode, GreedyTokensEqualOneEngineAtTpTwoAndFour) {
   auto dense = tiny_model(41);
   auto want = make_engine(dense)->generate(requests(false));
   ASSERT_TRUE(want) << describe(want.error());
-  for (int tp : {2, 4}) { // tiny: 4 heads, 2 kv heads: split at 2, replicated at 4
-    auto ranks = on_tp_ranks(dense, tp, requests(false));
-    ASSERT_EQ(ranks.size(), static_cast<size_t>(tp));
-    for (int r = 0; r < tp; ++r)
-      expect_like(*want, ranks[static_cast<size_t>(r)],
-                  "tp " + std::to_string(tp) + " rank " + std::to_string(r));
-  }
+  using kernels::cpu::decode_path;
+  for (int tp : {2, 4}) // tiny: 4 heads, 2 kv heads: split at 2, replicated at 4
+    for (auto path : {decode_path::fused, decode_path::aten}) {
+      auto ranks = on_tp_ranks(dense, tp, requests(false), nullptr, path);
+      ASSERT_EQ(ranks.size(), static_cast<size_t>(tp));
+      for (int r = 0; r < tp; ++r)
+        expect_like(*want, ranks[static_cast<size_t>(r)],
+                    "tp " + std::to_string(tp) + " rank " + std::to_string(r) + " " +
+                        std::string{to_string(path)});
+    }
 }
 
 TEST(TensorParallelDecode, SampledTokensEqualForFixedSeeds) {

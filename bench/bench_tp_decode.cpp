@@ -1,0 +1,167 @@
+// The tensor-parallel rollout engine's decode against the single-rank
+// engine at equal total threads (NOTE [tensor-parallel decode] in
+// models/llama.cpp): the 24M shape with random weights, greedy requests of
+// 64 new tokens at batch 1, 8 and 32; the single engine on 2 threads, TP 2
+// as two in-process gloo ranks of 1 thread each (the fused kernel on each
+// rank's part, NOTE [tensor-parallel fused decode], and the ATen path).
+// Prints tokens/s and the ratio to the single engine, and checks the TP
+// ranks' tokens equal the single engine's.
+//
+//   bench_tp_decode [--quick]
+#include "actors/inference/engine.hpp"
+#include "bench/llama_shapes.hpp"
+#include "models/llama.hpp"
+#include "models/tensor_parallel.hpp"
+#include "runtime/collectives.hpp"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <string>
+#include <vector>
+
+using namespace troupe;
+using actors::inference::engine;
+using actors::inference::engine_config;
+using actors::inference::generate_request;
+using actors::inference::request_output;
+using kernels::cpu::decode_path;
+
+namespace {
+
+std::vector<generate_request> requests(int batch, int tokens, int64_t vocab) {
+  std::vector<generate_request> out;
+  for (int i = 0; i < batch; ++i) {
+    generate_request r;
+    r.id = "r" + std::to_string(i);
+    for (int t = 0; t < 8; ++t)
+      r.prompt.push_back(1 + (97 * i + 31 * t) % (vocab - 1));
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = tokens;
+    r.sampling.ignore_eos = true;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+engine_config config_for(int batch) {
+  engine_config c;
+  c.block_size = 16;
+  c.max_num_seqs = batch;
+  c.expected_sequences = batch;
+  c.expected_tokens = 8 + 64;
+  return c;
+}
+
+struct run_result {
+  double tokens_per_s = 0;
+  std::vector<request_output> outputs;
+};
+
+// Generates on `model` (a whole model or a rank's part); tokens per second
+// of the second of two runs (the first warms the pools and the panels).
+run_result generate_on(models::llama_model model, int batch, int tokens, decode_path path) {
+  model->set_decode_path(path);
+  auto e = engine::make(model, config_for(batch));
+  if (!e) {
+    std::fprintf(stderr, "%s\n", describe(e.error()).c_str());
+    std::exit(1);
+  }
+  run_result r;
+  for (int round = 0; round < 2; ++round) {
+    auto reqs = requests(batch, tokens, model->config().vocab_size);
+    for (auto& q : reqs)
+      q.id += "-" + std::to_string(round);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto outs = (*e)->generate(reqs);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!outs) {
+      std::fprintf(stderr, "%s\n", describe(outs.error()).c_str());
+      std::exit(1);
+    }
+    r.tokens_per_s = static_cast<double>(batch * tokens) / s;
+    r.outputs = std::move(*outs);
+  }
+  return r;
+}
+
+// TP 2: two ranks in this process, one compute thread each.
+run_result generate_tp(const models::llama_model& dense, int tp, int batch, int tokens,
+                       decode_path path) {
+  runtime::group_options go;
+  go.name = "tp-decode-" + std::to_string(batch) + "-" + std::string{to_string(path)};
+  go.timeout_ms = 120000;
+  auto world = runtime::make_local_groups(tp, go);
+  if (!world) {
+    std::fprintf(stderr, "%s\n", describe(world.error()).c_str());
+    std::exit(1);
+  }
+  std::vector<std::future<run_result>> ranks;
+  for (int r = 0; r < tp; ++r)
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      auto& g = world->groups[static_cast<size_t>(r)];
+      auto part = models::partition_llama(dense->config(), g);
+      auto model = part ? models::make_model_part(dense, *part) : expected<models::llama_model>{part.error()};
+      if (!model) {
+        std::fprintf(stderr, "%s\n", describe(model.error()).c_str());
+        std::exit(1);
+      }
+      return generate_on(*model, batch, tokens, path);
+    }));
+  std::vector<run_result> results;
+  for (auto& f : ranks)
+    results.push_back(f.get());
+  double slowest = results.front().tokens_per_s;
+  for (const auto& r : results)
+    slowest = std::min(slowest, r.tokens_per_s);
+  results.front().tokens_per_s = slowest;
+  return results.front();
+}
+
+bool same_tokens(const std::vector<request_output>& a, const std::vector<request_output>& b) {
+  if (a.size() != b.size())
+    return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].samples.front().tokens != b[i].samples.front().tokens)
+      return false;
+  return true;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int tokens = quick ? 8 : 64;
+  torch::manual_seed(5);
+  auto shape = bench::shape_24m();
+  auto dense = models::make_llama(shape, models::head_kind::lm);
+  if (!dense) {
+    std::fprintf(stderr, "%s\n", describe(dense.error()).c_str());
+    return 1;
+  }
+  (*dense)->eval();
+  std::printf("tensor-parallel decode, 24M shape, greedy, %d new tokens a request; single engine "
+              "at 2 threads, tp 2 as 2 ranks of 1 thread\n",
+              tokens);
+  std::printf("%-6s %-22s %10s %10s %8s %s\n", "batch", "path", "single t/s", "tp 2 t/s", "ratio",
+              "tokens");
+  bool ok = true;
+  for (int batch : {1, 8, 32}) {
+    at::set_num_threads(2);
+    auto single = generate_on(*dense, batch, tokens, decode_path::automatic);
+    at::set_num_threads(1);
+    for (auto path : {decode_path::fused, decode_path::aten}) {
+      auto tp = generate_tp(*dense, 2, batch, tokens, path);
+      const bool equal = same_tokens(single.outputs, tp.outputs);
+      ok = ok && equal;
+      std::printf("%-6d %-22s %10.0f %10.0f %8.2f %s\n", batch,
+                  path == decode_path::fused ? "fused on parts" : "aten", single.tokens_per_s,
+                  tp.tokens_per_s, tp.tokens_per_s / single.tokens_per_s,
+                  equal ? "equal" : "DIFFER");
+    }
+  }
+  return ok ? 0 : 1;
+}
