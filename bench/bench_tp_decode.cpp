@@ -13,6 +13,7 @@
 #include "models/llama.hpp"
 #include "models/tensor_parallel.hpp"
 #include "runtime/collectives.hpp"
+#include "runtime/shm_collectives.hpp"
 
 #include <torch/torch.h>
 
@@ -90,9 +91,10 @@ run_result generate_on(models::llama_model model, int batch, int tokens, decode_
 
 // TP 2: two ranks in this process, one compute thread each.
 run_result generate_tp(const models::llama_model& dense, int tp, int batch, int tokens,
-                       decode_path path) {
+                       decode_path path, bool shm) {
   runtime::group_options go;
-  go.name = "tp-decode-" + std::to_string(batch) + "-" + std::string{to_string(path)};
+  go.name = "tp-decode-" + std::to_string(batch) + "-" + std::string{to_string(path)} +
+            (shm ? "-shm" : "");
   go.timeout_ms = 120000;
   auto world = runtime::make_local_groups(tp, go);
   if (!world) {
@@ -102,7 +104,16 @@ run_result generate_tp(const models::llama_model& dense, int tp, int batch, int 
   std::vector<std::future<run_result>> ranks;
   for (int r = 0; r < tp; ++r)
     ranks.push_back(std::async(std::launch::async, [&, r] {
-      auto& g = world->groups[static_cast<size_t>(r)];
+      auto g = std::move(world->groups[static_cast<size_t>(r)]);
+      if (shm) { // NOTE [shm all-reduce]
+        auto wrapped = runtime::with_shm_collectives(std::move(g), world->stores[static_cast<size_t>(r)],
+                                                     go.name, int64_t{4} << 20);
+        if (!wrapped) {
+          std::fprintf(stderr, "%s\n", describe(wrapped.error()).c_str());
+          std::exit(1);
+        }
+        g = std::move(*wrapped);
+      }
       auto part = models::partition_llama(dense->config(), g);
       auto model = part ? models::make_model_part(dense, *part) : expected<models::llama_model>{part.error()};
       if (!model) {
@@ -153,15 +164,17 @@ int main(int argc, char** argv) {
     at::set_num_threads(2);
     auto single = generate_on(*dense, batch, tokens, decode_path::automatic);
     at::set_num_threads(1);
-    for (auto path : {decode_path::fused, decode_path::aten}) {
-      auto tp = generate_tp(*dense, 2, batch, tokens, path);
-      const bool equal = same_tokens(single.outputs, tp.outputs);
-      ok = ok && equal;
-      std::printf("%-6d %-22s %10.0f %10.0f %8.2f %s\n", batch,
-                  path == decode_path::fused ? "fused on parts" : "aten", single.tokens_per_s,
-                  tp.tokens_per_s, tp.tokens_per_s / single.tokens_per_s,
-                  equal ? "equal" : "DIFFER");
-    }
+    for (bool shm : {true, false})
+      for (auto path : {decode_path::fused, decode_path::aten}) {
+        auto tp = generate_tp(*dense, 2, batch, tokens, path, shm);
+        const bool equal = same_tokens(single.outputs, tp.outputs);
+        ok = ok && equal;
+        const std::string how = std::string{path == decode_path::fused ? "fused" : "aten"} +
+                                (shm ? ", shm sums" : ", gloo sums");
+        std::printf("%-6d %-22s %10.0f %10.0f %8.2f %s\n", batch, how.c_str(),
+                    single.tokens_per_s, tp.tokens_per_s, tp.tokens_per_s / single.tokens_per_s,
+                    equal ? "equal" : "DIFFER");
+      }
   }
   return ok ? 0 : 1;
 }

@@ -10,6 +10,7 @@
 #include "actors/rl/stage_table.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "runtime/collectives.hpp"
+#include "runtime/shm_collectives.hpp"
 #include "runtime/compute.hpp"
 #include "runtime/config.hpp"
 
@@ -65,6 +66,11 @@ expected<model_recipe> recipe_of(const job_config& cfg, const role_spec& s) {
   return r;
 }
 
+// A TP rank's shared-memory slot (NOTE [shm all-reduce]): 4 MiB holds the
+// activations of a few thousand tokens of a small model; larger sums go
+// through gloo.
+constexpr int64_t tp_slot_bytes = int64_t{4} << 20;
+
 // The groups of a trainer rank: the store client and the gloo group of its
 // DP line; with tp or pp > 1 the role's group is a {dp, pp, tp} mesh (NOTE
 // [parallel layout]), split into the DP, PP and TP lines (NOTE [tensor
@@ -95,7 +101,18 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
     return with_prefix(lines.error(), "splitting the role's mesh into its DP, PP and TP groups");
   out->group = std::move((*lines)[0]);
   out->pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
-  out->tp = std::make_shared<runtime::process_group>(std::move((*lines)[2]));
+  // A TP group is on one node (the planner's rule): its sums go through
+  // shared memory (NOTE [shm all-reduce]).
+  auto tp = std::move((*lines)[2]);
+  if (s.layout.tp > 1) {
+    auto shm = runtime::with_shm_collectives(std::move(tp), out->store,
+                                             s.group_name + "/tp" + std::to_string(s.rank / s.layout.tp),
+                                             tp_slot_bytes, s.timeout_ms);
+    if (!shm)
+      return with_prefix(shm.error(), "the tensor-parallel group's shared memory");
+    tp = std::move(*shm);
+  }
+  out->tp = std::make_shared<runtime::process_group>(std::move(tp));
   return out;
 }
 

@@ -5,6 +5,7 @@
 // batches as one engine does.
 #include "actors/train/train_engine.hpp"
 #include "models/llama.hpp"
+#include "runtime/shm_collectives.hpp"
 #include "tests/actors/tiny_engine.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -121,7 +122,15 @@ inline std::vector<mesh_rank> mesh_engines(runtime::local_groups& world,
         runtime::make_mesh_groups(g, runtime::rank_mesh{{l.dp, l.pp, l.tp}}, {"dp", "pp", "tp"});
     EXPECT_TRUE(lines) << describe(lines.error());
     out.pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
-    out.tp = std::make_shared<runtime::process_group>(std::move((*lines)[2]));
+    auto tp = std::move((*lines)[2]);
+    if (l.tp > 1) { // as a job's TP group: sums through shared memory (NOTE [shm all-reduce])
+      auto shm = runtime::with_shm_collectives(
+          std::move(tp), world.stores[static_cast<size_t>(g.rank())],
+          "mesh-tp" + std::to_string(g.rank() / l.tp), int64_t{4} << 20);
+      EXPECT_TRUE(shm) << describe(shm.error());
+      tp = std::move(*shm);
+    }
+    out.tp = std::make_shared<runtime::process_group>(std::move(tp));
     auto part = models::partition_llama(base->config(), *out.tp);
     auto stage = models::stage_of(base->config(), *out.pp);
     EXPECT_TRUE(part && stage);

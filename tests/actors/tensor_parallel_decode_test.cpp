@@ -8,6 +8,7 @@
 #include "models/llama.hpp"
 #include "models/tensor_parallel.hpp"
 #include "runtime/collectives.hpp"
+#include "runtime/shm_collectives.hpp"
 #include "tests/actors/tiny_engine.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -47,7 +48,18 @@ on_tp_ranks(const models::llama_model& dense, int tp, const std::vector<generate
   if (!world)
     return {};
   return on_every_rank<std::vector<request_output>>(
-      world->groups, [&](runtime::process_group& g) -> std::vector<request_output> {
+      world->groups, [&](runtime::process_group& gloo) -> std::vector<request_output> {
+        // The fused path sums through shared memory, as a job's TP group
+        // does (NOTE [shm all-reduce]); the ATen path over gloo.
+        auto g = std::move(gloo);
+        const auto rank = static_cast<size_t>(g.rank());
+        if (path == kernels::cpu::decode_path::fused) {
+          auto shm = runtime::with_shm_collectives(std::move(g), world->stores[rank], "tp-decode");
+          EXPECT_TRUE(shm) << describe(shm.error());
+          if (!shm)
+            return {};
+          g = std::move(*shm);
+        }
         auto part = models::partition_llama(dense->config(), g);
         EXPECT_TRUE(part) << describe(part.error());
         auto model = models::make_model_part(dense, *part);

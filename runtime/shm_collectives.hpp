@@ -1,0 +1,37 @@
+#pragma once
+// NOTE [shm all-reduce]: the ranks of a group on one host summing through
+// shared memory instead of sockets. A tensor-parallel decode step runs a
+// few small collectives per layer (NOTE [tensor-parallel decode] in
+// models/llama.cpp), and over gloo each is a round through TCP and I/O
+// threads (about a millisecond on a loaded 2-vCPU host), far more than the
+// work between them. Here each rank writes its tensor into its own slot of
+// a shared segment, publishes the call's sequence number in its flag (its
+// own cache line), spins (then yields) until every rank's flag has reached
+// it, and reads: all_reduce sums the slots in rank order — the same
+// additions in the same order on every rank, so every rank holds the same
+// bits — and all_gather copies them out. The slots alternate between two
+// buffers by the call's parity: a rank can start call k + 2 only after
+// every rank has started call k + 1, that is, finished reading call k, so
+// no slot is overwritten while read. Float32 sums and all-gathers up to
+// the slot size go this way; every other call, and larger ones, go to the
+// wrapped group. The segment is created by rank 0, named through the
+// rendezvous store, and unlinked once every rank has mapped it (a crashed
+// rank leaves nothing behind).
+
+#include "runtime/collectives.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace troupe::runtime {
+
+/// `group` (every rank on this host) with all-reduces (sum, float32) and
+/// flat all-gathers up to `slot_bytes` a rank through shared memory (NOTE
+/// [shm all-reduce]). Every rank calls it at once, with the same `name`
+/// (unique on `rendezvous`); the group's timeout bounds each wait.
+expected<process_group> with_shm_collectives(process_group group, store& rendezvous,
+                                             const std::string& name,
+                                             int64_t slot_bytes = 1 << 20,
+                                             int64_t timeout_ms = 30000);
+
+} // namespace troupe::runtime
