@@ -106,8 +106,8 @@ run_result generate_tp(const models::llama_model& dense, int tp, int batch, int 
     ranks.push_back(std::async(std::launch::async, [&, r] {
       auto g = std::move(world->groups[static_cast<size_t>(r)]);
       if (shm) { // NOTE [shm all-reduce]
-        auto wrapped = runtime::with_shm_collectives(std::move(g), world->stores[static_cast<size_t>(r)],
-                                                     go.name, int64_t{4} << 20);
+        auto wrapped = runtime::with_shm_collectives(
+            std::move(g), world->stores[static_cast<size_t>(r)], go.name, int64_t{4} << 20);
         if (!wrapped) {
           std::fprintf(stderr, "%s\n", describe(wrapped.error()).c_str());
           std::exit(1);
@@ -115,7 +115,8 @@ run_result generate_tp(const models::llama_model& dense, int tp, int batch, int 
         g = std::move(*wrapped);
       }
       auto part = models::partition_llama(dense->config(), g);
-      auto model = part ? models::make_model_part(dense, *part) : expected<models::llama_model>{part.error()};
+      auto model = part ? models::make_model_part(dense, *part)
+                        : expected<models::llama_model>{part.error()};
       if (!model) {
         std::fprintf(stderr, "%s\n", describe(model.error()).c_str());
         std::exit(1);
@@ -171,8 +172,8 @@ int main(int argc, char** argv) {
         ok = ok && equal;
         const std::string how = std::string{path == decode_path::fused ? "fused" : "aten"} +
                                 (shm ? ", shm sums" : ", gloo sums");
-        std::printf("%-6d %-22s %10.0f %10.0f %8.2f %s\n", batch, how.c_str(),
-                    single.tokens_per_s, tp.tokens_per_s, tp.tokens_per_s / single.tokens_per_s,
+        std::printf("%-6d %-22s %10.0f %10.0f %8.2f %s\n", batch, how.c_str(), single.tokens_per_s,
+                    tp.tokens_per_s, tp.tokens_per_s / single.tokens_per_s,
                     equal ? "equal" : "DIFFER");
       }
   }

@@ -103,12 +103,10 @@ public:
   expected<void> reduce_scatter(at::Tensor& in, at::Tensor& out, reduce_op op) override {
     return inner_->reduce_scatter(in, out, op);
   }
-  expected<std::unique_ptr<pending_transfer>> start_send(at::Tensor& t, int dst,
-                                                         int tag) override {
+  expected<std::unique_ptr<pending_transfer>> start_send(at::Tensor& t, int dst, int tag) override {
     return inner_->start_send(t, dst, tag);
   }
-  expected<std::unique_ptr<pending_transfer>> start_recv(at::Tensor& t, int src,
-                                                         int tag) override {
+  expected<std::unique_ptr<pending_transfer>> start_recv(at::Tensor& t, int src, int tag) override {
     return inner_->start_recv(t, src, tag);
   }
   expected<std::unique_ptr<collective_backend>> subgroup(const std::string& name,

@@ -30,8 +30,7 @@ namespace troupe::runtime {
 /// [shm all-reduce]). Every rank calls it at once, with the same `name`
 /// (unique on `rendezvous`); the group's timeout bounds each wait.
 expected<process_group> with_shm_collectives(process_group group, store& rendezvous,
-                                             const std::string& name,
-                                             int64_t slot_bytes = 1 << 20,
+                                             const std::string& name, int64_t slot_bytes = 1 << 20,
                                              int64_t timeout_ms = 30000);
 
 } // namespace troupe::runtime

@@ -10,9 +10,9 @@
 #include "actors/rl/stage_table.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "runtime/collectives.hpp"
-#include "runtime/shm_collectives.hpp"
 #include "runtime/compute.hpp"
 #include "runtime/config.hpp"
+#include "runtime/shm_collectives.hpp"
 
 #include <caf/all.hpp>
 
@@ -105,9 +105,9 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
   // shared memory (NOTE [shm all-reduce]).
   auto tp = std::move((*lines)[2]);
   if (s.layout.tp > 1) {
-    auto shm = runtime::with_shm_collectives(std::move(tp), out->store,
-                                             s.group_name + "/tp" + std::to_string(s.rank / s.layout.tp),
-                                             tp_slot_bytes, s.timeout_ms);
+    auto shm = runtime::with_shm_collectives(
+        std::move(tp), out->store, s.group_name + "/tp" + std::to_string(s.rank / s.layout.tp),
+        tp_slot_bytes, s.timeout_ms);
     if (!shm)
       return with_prefix(shm.error(), "the tensor-parallel group's shared memory");
     tp = std::move(*shm);

@@ -19,7 +19,8 @@ using troupe::testing::on_every_rank;
 namespace {
 
 // `world` ranks, each wrapped (slot of `slot` bytes, `timeout_ms`).
-std::vector<process_group> shm_ranks(local_groups& ranks, int64_t slot, int64_t timeout_ms = 30000) {
+std::vector<process_group> shm_ranks(local_groups& ranks, int64_t slot,
+                                     int64_t timeout_ms = 30000) {
   return on_every_rank<process_group>(ranks.groups, [&](process_group& g) {
     const auto r = static_cast<size_t>(g.rank());
     auto shm = with_shm_collectives(std::move(g), ranks.stores[r], "test", slot, timeout_ms);
@@ -54,7 +55,8 @@ TEST(ShmCollectives, SumsAndGathersLikeGlooWithEqualBitsOnEveryRank) {
   for (int call = 0; call < 500; ++call) {
     auto want = torch::zeros({37 + call % 5});
     for (int r = 0; r < 3; ++r)
-      want += torch::randn({37 + call % 5}, torch::make_generator<at::CPUGeneratorImpl>(call * 10 + r));
+      want +=
+          torch::randn({37 + call % 5}, torch::make_generator<at::CPUGeneratorImpl>(call * 10 + r));
     for (int r = 0; r < 3; ++r) {
       const auto& got = results[static_cast<size_t>(r)];
       ASSERT_TRUE(torch::allclose(got.sums[static_cast<size_t>(call)], want, 1e-6, 1e-5)) << call;
