@@ -183,3 +183,75 @@ TEST(PipelineParallelEngine, Zero3UnderPpIsRefusedWithAReason) {
 }
 
 } // namespace
+
+namespace {
+
+// NOTE [pipeline export] into rollouts of another layout: a TP 2 × PP 2
+// policy's export (its first stage gathers its TP group's parts and
+// receives the later stage's) loads into a TP 1 rollout engine's model and
+// into each rank's part of a TP 2 one (assign_hf_weights cuts it: NOTE
+// [tensor-parallel decode]) bit for bit, and the TP 2 rollout then
+// generates what the TP 1 one does.
+TEST(PipelineParallelEngine, ATpTwoByPpTwoPolicysWeightsReachRolloutsOfTpOneAndTwo) {
+  auto base = tiny_model(33);
+  const layout l{1, 2, 2};
+  runtime::group_options go;
+  go.name = "pp-sync";
+  auto world = runtime::make_local_groups(l.size(), go);
+  ASSERT_TRUE(world);
+  auto ranks = mesh_engines(*world, base, l);
+  step_batches();
+  auto exported = on_every_rank<std::map<std::string, at::Tensor>>(
+      world->groups, [&](runtime::process_group& g) -> std::map<std::string, at::Tensor> {
+        auto& e = *ranks[static_cast<size_t>(g.rank())].engine;
+        for (size_t s = 0; s < 2; ++s)
+          EXPECT_TRUE(e.sft_step(step_batches()[s]));
+        if (g.rank() == 0)
+          return e.export_weights();
+        EXPECT_TRUE(e.gather_weights());
+        return {};
+      });
+  const auto& whole = exported.front();
+  ASSERT_EQ(whole.size(), models::export_hf_weights(base).size());
+  // TP 1: the rollout's model holds the export.
+  auto one = tiny_model(34);
+  auto rollout = actors::inference::testing::make_engine(one);
+  ASSERT_TRUE(rollout->load_weights(1, whole));
+  for (const auto& [name, t] : models::export_hf_weights(one))
+    EXPECT_TRUE(torch::equal(t, whole.at(name))) << name;
+  std::vector<actors::inference::generate_request> reqs{
+      {"a", {3, 1, 4, 1, 5}, actors::inference::testing::greedy(8)},
+      {"b", {2, 7, 1, 8}, actors::inference::testing::greedy(8)}};
+  auto want = rollout->generate(reqs);
+  ASSERT_TRUE(want) << describe(want.error());
+  // TP 2: each rank's part holds its slice of the export.
+  go.name = "pp-sync-tp2";
+  auto tp2 = runtime::make_local_groups(2, go);
+  ASSERT_TRUE(tp2);
+  const auto dense = tiny_model(35);
+  auto outs = on_every_rank<std::vector<actors::inference::request_output>>(
+      tp2->groups, [&](runtime::process_group& g) -> std::vector<actors::inference::request_output> {
+        auto part = models::partition_llama(dense->config(), g);
+        auto model = models::make_model_part(dense, *part);
+        EXPECT_TRUE(part && model);
+        auto e = actors::inference::testing::make_engine(*model);
+        EXPECT_TRUE(e->load_weights(1, whole));
+        for (const auto& [name, t] : (*model)->named_weights()) {
+          const auto hf = *models::to_hf_name(name, models::head_kind::lm);
+          const auto s = models::tp_slice_of(name, dense->config(), *part);
+          const auto& w = whole.at(hf);
+          EXPECT_TRUE(torch::equal(t, s.replicated() ? w : w.narrow(s.dim, s.begin, s.end - s.begin)))
+              << name << " on rank " << g.rank();
+        }
+        auto o = e->generate(reqs);
+        EXPECT_TRUE(o) << describe(o.error());
+        return o ? *o : std::vector<actors::inference::request_output>{};
+      });
+  for (const auto& o : outs) {
+    ASSERT_EQ(o.size(), want->size());
+    for (size_t r = 0; r < o.size(); ++r)
+      EXPECT_EQ(o[r].samples[0].tokens, (*want)[r].samples[0].tokens);
+  }
+}
+
+} // namespace
