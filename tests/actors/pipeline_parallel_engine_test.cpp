@@ -230,7 +230,8 @@ TEST(PipelineParallelEngine, ATpTwoByPpTwoPolicysWeightsReachRolloutsOfTpOneAndT
   ASSERT_TRUE(tp2);
   const auto dense = tiny_model(35);
   auto outs = on_every_rank<std::vector<actors::inference::request_output>>(
-      tp2->groups, [&](runtime::process_group& g) -> std::vector<actors::inference::request_output> {
+      tp2->groups,
+      [&](runtime::process_group& g) -> std::vector<actors::inference::request_output> {
         auto part = models::partition_llama(dense->config(), g);
         auto model = models::make_model_part(dense, *part);
         EXPECT_TRUE(part && model);
@@ -240,7 +241,8 @@ TEST(PipelineParallelEngine, ATpTwoByPpTwoPolicysWeightsReachRolloutsOfTpOneAndT
           const auto hf = *models::to_hf_name(name, models::head_kind::lm);
           const auto s = models::tp_slice_of(name, dense->config(), *part);
           const auto& w = whole.at(hf);
-          EXPECT_TRUE(torch::equal(t, s.replicated() ? w : w.narrow(s.dim, s.begin, s.end - s.begin)))
+          EXPECT_TRUE(
+              torch::equal(t, s.replicated() ? w : w.narrow(s.dim, s.begin, s.end - s.begin)))
               << name << " on rank " << g.rank();
         }
         auto o = e->generate(reqs);
