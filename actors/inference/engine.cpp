@@ -606,7 +606,13 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
   d.vocab = mc.vocab_size;
   d.eos = mc.eos_token_ids;
   d.max_model_len = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
-  auto sized = kv_pool_blocks(config, mc, static_cast<int64_t>((*model->parameters().begin()).element_size()));
+  // A TP rank's pool holds its own kv heads (NOTE [tensor-parallel decode]
+  // in models/llama.cpp): its blocks are that much smaller.
+  auto pool_shape = mc;
+  if (model->tp().active() && model->tp().kv_split)
+    pool_shape.num_key_value_heads = model->tp().kv_heads;
+  auto sized = kv_pool_blocks(config, pool_shape,
+                              static_cast<int64_t>((*model->parameters().begin()).element_size()));
   if (!sized)
     return sized.error();
   auto num_blocks = *sized;

@@ -137,4 +137,29 @@ TEST(TensorParallelDecode, AWholeCheckpointLoadsIntoEachRanksPart) {
   }
 }
 
+// A rank's KV pool holds its own kv heads: under the same memory cap it
+// has twice the blocks of the whole model's at tp 2 (kv heads split).
+TEST(TensorParallelDecode, ARanksKvPoolIsSizedByItsOwnKvHeads) {
+  auto dense = tiny_model(45);
+  engine_config c;
+  c.block_size = 4;
+  c.kv_cache_mb = 0.05; // the cap binds: 64 sequences expected
+  c.expected_sequences = 64;
+  auto whole = engine::make(dense, c);
+  ASSERT_TRUE(whole) << describe(whole.error());
+  runtime::group_options go;
+  go.name = "tp-pool";
+  auto world = runtime::make_local_groups(2, go);
+  ASSERT_TRUE(world);
+  auto blocks = on_every_rank<int64_t>(world->groups, [&](runtime::process_group& g) -> int64_t {
+    auto part = models::partition_llama(dense->config(), g);
+    auto model = models::make_model_part(dense, *part);
+    auto e = engine::make(*model, c);
+    EXPECT_TRUE(e) << describe(e.error());
+    return e ? (*e)->metrics().num_blocks : 0;
+  });
+  for (auto b : blocks)
+    EXPECT_EQ(b, 2 * (*whole)->metrics().num_blocks);
+}
+
 } // namespace
