@@ -732,6 +732,7 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   b.table_width = indices->tables.size(1);
   b.context_lens = indices->context_lens.data_ptr<int64_t>();
   b.logits = logits.data_ptr<float>();
+  b.reverse_head = (fused_steps_++ & 1) != 0; // NOTE [alternating head order]
   view->isa = decode_isa_;
   if (choice.panels && decode_panels_ != kernels::cpu::panels_mode::off)
     with_panels(*view, packed_weights(state));

@@ -237,6 +237,8 @@ private:
   // same time (two engines on one model) takes the ATen path instead.
   std::shared_ptr<kernels::cpu::thread_team> team_;
   std::shared_ptr<std::mutex> team_mu_ = std::make_shared<std::mutex>();
+  /// Fused steps run (under team_mu_): NOTE [alternating head order].
+  uint64_t fused_steps_ = 0;
   layer_hooks* hooks_ = nullptr;
 };
 TORCH_MODULE_IMPL(llama_model, llama_model_impl);

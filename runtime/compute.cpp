@@ -17,6 +17,18 @@ int set_compute_threads(int requested) {
   return at::get_num_threads();
 }
 
+// libgomp's, linked with the OpenMP runtime (no OpenMP flags on this file).
+extern "C" void omp_set_num_threads(int);
+
+int set_thread_compute_threads(int requested) {
+  // ATen sets a thread's count from the process's on the thread's first
+  // parallel call: make that happen first, so it does not undo this.
+  (void)at::get_num_threads();
+  int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
+  omp_set_num_threads(std::max(n, 1)); // the calling thread's setting only
+  return at::get_num_threads();
+}
+
 void return_free_memory() { ::malloc_trim(0); }
 
 resident_memory resident_set() {

@@ -11,6 +11,11 @@ namespace troupe::runtime {
 /// pthread build the two pools contend (see docs/benchmarks.md).
 int set_compute_threads(int requested);
 
+/// The same for the calling thread only: threads that start later, and
+/// the others, keep the process's count (an actor on its own thread that
+/// shares the cores with its peers: NOTE [rollout group]).
+int set_thread_compute_threads(int requested);
+
 /// Hands freed heap memory back to the system (malloc_trim), so releasing
 /// large buffers lowers the resident set.
 void return_free_memory();

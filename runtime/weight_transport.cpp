@@ -69,6 +69,7 @@ transport_traits traits_of(transport_kind kind) noexcept {
     case transport_kind::broadcast:
       t.both_ends_at_once = true;
       t.needs_group = true;
+      t.one_receiver = true;
       break;
     case transport_kind::disk: t.needs_dir = true; break;
   }

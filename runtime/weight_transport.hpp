@@ -61,6 +61,10 @@ struct transport_traits {
   bool needs_dir = false;
   /// Needs CUDA tensors and a build with CUDA.
   bool needs_cuda = false;
+  /// A version reaches one receiver (a two-rank collective); the other
+  /// kinds serve any number of receivers reading the same version (a
+  /// tensor-parallel rollout's ranks: NOTE [rollout group]).
+  bool one_receiver = false;
 };
 
 /// The traits of `kind`.

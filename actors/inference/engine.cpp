@@ -608,9 +608,7 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
   d.max_model_len = config.max_model_len > 0 ? config.max_model_len : mc.max_position_embeddings;
   // A TP rank's pool holds its own kv heads (NOTE [tensor-parallel decode]
   // in models/llama.cpp): its blocks are that much smaller.
-  auto pool_shape = mc;
-  if (model->tp().active() && model->tp().kv_split)
-    pool_shape.num_key_value_heads = model->tp().kv_heads;
+  const auto pool_shape = kv_pool_shape(mc, model->tp());
   auto sized = kv_pool_blocks(config, pool_shape,
                               static_cast<int64_t>((*model->parameters().begin()).element_size()));
   if (!sized)
@@ -633,6 +631,13 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
 int64_t kv_block_bytes(const engine_config& c, const models::llama_config& m, int64_t element_size) {
   return 2 * m.num_hidden_layers * c.block_size * m.num_key_value_heads * m.resolved_head_dim() *
          element_size;
+}
+
+models::llama_config kv_pool_shape(const models::llama_config& model, const models::tp_partition& tp) {
+  auto out = model;
+  if (tp.active() && tp.kv_split)
+    out.num_key_value_heads = tp.kv_heads;
+  return out;
 }
 
 expected<int64_t> kv_pool_blocks(const engine_config& c, const models::llama_config& m,

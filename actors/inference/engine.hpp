@@ -37,6 +37,10 @@ namespace troupe::models {
 class llama_model;
 } // namespace troupe::models
 
+namespace troupe::models {
+struct tp_partition;
+}
+
 namespace troupe::actors::inference {
 
 /// Whether decode steps read a packed copy of the weights (NOTE [decode
@@ -89,6 +93,11 @@ bool packs_decode_panels(const engine_config& c);
 /// of `element_size` bytes.
 int64_t kv_block_bytes(const engine_config& c, const models::llama_config& model,
                        int64_t element_size);
+
+/// The shape whose kv heads a TP rank's KV pool holds: its own when they
+/// are split, all of them when replicated (NOTE [tensor-parallel decode]
+/// in models/llama.cpp).
+models::llama_config kv_pool_shape(const models::llama_config& model, const models::tp_partition& tp);
 
 /// NOTE [kv pool size]: the blocks of the KV pool. num_blocks when given;
 /// else what the work can hold at once — the expected sequences (at most

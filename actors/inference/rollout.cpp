@@ -26,6 +26,8 @@ struct rollout_state {
   std::map<std::string, uint64_t> call_of; ///< request id → call
   uint64_t next_call = 0;
   bool stepping = false;
+  rollout_options options;
+  bool threads_set = false;
   transport_cache transports;
   static inline const char* name = "rollout";
 };
@@ -33,7 +35,7 @@ struct rollout_state {
 using self_ptr = rollout_actor::stateful_pointer<rollout_state>;
 
 void schedule_step(self_ptr self) {
-  if (!self->state.stepping && !self->state.eng->idle()) {
+  if (!self->state.options.driven && !self->state.stepping && !self->state.eng->idle()) {
     self->state.stepping = true;
     self->send(self, step_atom::value);
   }
@@ -46,15 +48,20 @@ void fail_all(self_ptr self, const caf::error& err) {
   self->state.call_of.clear();
 }
 
-void on_step(self_ptr self) {
+// One engine step; answers the calls it finishes. A failing step fails
+// every open call with its error, which it returns.
+expected<void> run_step(self_ptr self) {
   auto& st = self->state;
   st.stepping = false;
+  if (st.options.threads > 0 && !st.threads_set) { // on the actor's own thread
+    runtime::set_thread_compute_threads(st.options.threads);
+    st.threads_set = true;
+  }
   auto outs = st.eng->step();
   if (!outs) {
     auto err = with_prefix(outs.error(), "rollout step");
     fail_all(self, err);
-    self->quit(err);
-    return;
+    return err;
   }
   for (auto& out : *outs) {
     auto it = st.call_of.find(out.id);
@@ -75,11 +82,21 @@ void on_step(self_ptr self) {
       st.calls.erase(call_id);
     }
   }
+  return {};
+}
+
+void on_step(self_ptr self) {
+  if (auto ok = run_step(self); !ok) {
+    self->quit(ok.error());
+    return;
+  }
   schedule_step(self);
 }
 
-rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<engine> eng) {
+rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<engine> eng,
+                                              rollout_options options) {
   self->state.eng = std::move(eng);
+  self->state.options = options;
   // An exception (in a step, say) ends the engine: every open generate call
   // fails with its message (NOTE [escaping exceptions]).
   self->set_exception_handler([self](std::exception_ptr& ep) {
@@ -146,6 +163,13 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
         runtime::return_free_memory();
         return *bytes;
       },
+      [=](drive_atom) -> caf::result<bool> {
+        if (auto ok = run_step(self); !ok) {
+          self->quit(ok.error());
+          return ok.error();
+        }
+        return !self->state.eng->idle();
+      },
       [=](step_atom) { on_step(self); },
   };
 }
@@ -153,12 +177,12 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
 } // namespace
 
 expected<rollout_actor> spawn_rollout(caf::actor_system& sys, models::llama_model model,
-                                      const engine_config& config) {
+                                      const engine_config& config, rollout_options options) {
   auto eng = engine::make(std::move(model), config);
   if (!eng)
     return eng.error();
   std::shared_ptr<engine> shared = std::move(*eng);
-  return sys.spawn<caf::detached>(rollout_behavior, std::move(shared));
+  return sys.spawn<caf::detached>(rollout_behavior, std::move(shared), options);
 }
 
 std::vector<std::pair<std::string, double>> rollout_metrics(const engine_metrics& m) {

@@ -36,6 +36,7 @@ using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using clear_cache_atom = caf::atom_constant<caf::atom("clearcache")>;
 using receive_weights_atom = caf::atom_constant<caf::atom("recvweight")>;
+using drive_atom = caf::atom_constant<caf::atom("drive")>;
 
 /// The answer to a generate request: the outputs in request order, and the
 /// engine's counters when it answered (NOTE [busy on replies]: the driver
@@ -66,13 +67,25 @@ using rollout_actor = caf::typed_actor<
     /// Frees the KV pool until the next generate (co-located offload);
     /// answers the bytes freed.
     caf::replies_to<release_atom>::with<int64_t>,
+    /// Runs one engine step now; answers whether work remains. A driven
+    /// rank (a tensor-parallel rollout group's, NOTE [rollout group]) steps
+    /// only so.
+    caf::replies_to<drive_atom>::with<bool>,
     /// Internal: runs one engine step.
     caf::reacts_to<step_atom>>;
+
+struct rollout_options {
+  /// Steps only when told (drive_atom), never on its own.
+  bool driven = false;
+  /// The actor's compute threads (its fused decode team, its ATen ops);
+  /// 0 = the process's setting.
+  int threads = 0;
+};
 
 /// Builds the engine (validating `config` against the model) and spawns its
 /// detached actor. The actor owns the model from now on.
 expected<rollout_actor> spawn_rollout(caf::actor_system& sys, models::llama_model model,
-                                      const engine_config& config);
+                                      const engine_config& config, rollout_options options = {});
 
 /// The engine's metrics under the job's metric names ("rollout/...").
 std::vector<std::pair<std::string, double>> rollout_metrics(const engine_metrics& m);

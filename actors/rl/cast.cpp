@@ -1,5 +1,6 @@
 #include "actors/rl/cast.hpp"
 
+#include "actors/inference/rollout_group.hpp"
 #include "actors/rl/job_internal.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "actors/train/engine_group.hpp"
@@ -56,9 +57,21 @@ expected<void> cast::spawn(role_id role, const std::string& model_dir) {
   m.ranks = std::move(*ranks);
   if (m.ranks.size() == 1) {
     m.handle = m.ranks.front();
+  } else if (traits.actor_in(stage_) == role_actor::rollout) {
+    // A tensor-parallel rollout (NOTE [rollout group]).
+    std::vector<inference::rollout_actor> typed;
+    for (auto& a : m.ranks)
+      typed.push_back(caf::actor_cast<inference::rollout_actor>(a));
+    auto group = inference::spawn_rollout_group(*env_.sys, std::move(typed));
+    if (!group) {
+      for (auto& a : m.ranks)
+        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      return with_prefix(group.error(), stage_name + ": " + m.spec.role);
+    }
+    m.handle = caf::actor_cast<caf::actor>(*group);
   } else {
-    // Only train engines have several ranks (the plan refuses others): one
-    // group actor (NOTE [tensor-parallel dispatch]).
+    // The other roles with several ranks are train engines (the plan
+    // refuses the rest): one group actor (NOTE [tensor-parallel dispatch]).
     std::vector<train::engine_actor> typed;
     for (auto& a : m.ranks)
       typed.push_back(caf::actor_cast<train::engine_actor>(a));

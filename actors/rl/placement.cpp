@@ -203,18 +203,22 @@ std::vector<train::memory_term> role_terms(const job_config& cfg, const models::
     return {};
   if (t->trains_in(st->id))
     return training_memory(cfg, m, *st, *t, rank).terms();
-  const auto split = split_parameters(m, t->head == models::head_kind::lm);
+  // A tensor-parallel rollout rank holds its part (NOTE [rollout group]).
+  const auto tp = t->id == role_id::rollout ? std::max<int64_t>(placement_keys(cfg, role).tp, 1) : 1;
+  const auto split = split_parameters(m, t->head == models::head_kind::lm, tp);
   const double w = train::bytes_per_element(placement_keys(cfg, role).compute);
   std::vector<train::memory_term> out{{"weights", w * static_cast<double>(split.total())}};
   if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
     auto e = engine_settings(cfg);
-    auto blocks = inference::kv_pool_blocks(e, m, 4);
+    auto part = models::partition_llama(m, 0, static_cast<int>(tp));
+    const auto pool = part ? inference::kv_pool_shape(m, *part) : m;
+    auto blocks = inference::kv_pool_blocks(e, pool, 4);
     out.push_back(
-        {"KV pool", blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, m, 4))
+        {"KV pool", blocks ? static_cast<double>(*blocks * inference::kv_block_bytes(e, pool, 4))
                            : e.kv_cache_mb * 1024.0 * 1024.0});
-    if (inference::packs_decode_panels(e)) // NOTE [decode panels]
+    if (inference::packs_decode_panels(e)) // NOTE [decode panels]; a rank packs its part
       out.push_back({"packed decode weights",
-                     static_cast<double>(models::decode_panels_bytes(m, e.decode_isa))});
+                     static_cast<double>(models::decode_panels_bytes(m, e.decode_isa) / tp)});
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
@@ -323,6 +327,21 @@ expected<runtime::transport_kind> choose_transport(const job_config& cfg, const 
   auto node_of = [&](int64_t d) { return d < 0 ? int64_t{0} : plan.devices[static_cast<size_t>(d)].node; };
   bool one_process = from == to; // both -1 in process
   bool one_node = node_of(from) == node_of(to);
+  // A tensor-parallel rollout's ranks each receive the weights (NOTE
+  // [rollout group]): every rank must be in reach, and a kind that reaches
+  // one receiver does not serve them.
+  const auto* rollout = plan.find("rollout");
+  const bool many = rollout && rollout->layout.tp > 1;
+  for (int64_t r = 1; many && r < rollout->layout.ranks(); ++r) {
+    one_process = one_process && plan.device_of("rollout", r) == from;
+    one_node = one_node && node_of(plan.device_of("rollout", r)) == node_of(from);
+  }
+  if (!w.transport && many && !one_node && w.dir.empty())
+    return make_error(errc::invalid_config,
+                      "weight_sync.dir: the rollout (tp " + std::to_string(rollout->layout.tp) +
+                          ") is on another node than the policy, and its ranks each receive the "
+                          "weights: set weight_sync.dir to a directory both see (the broadcast "
+                          "reaches one receiver)");
   if (!w.transport)
     return one_process ? transport_kind::alias
            : one_node  ? transport_kind::shm
@@ -349,6 +368,12 @@ expected<runtime::transport_kind> choose_transport(const job_config& cfg, const 
                       "weight_sync.transport " + name +
                         ": the policy's weights are CPU tensors, and cuda_ipc carries CUDA "
                         "tensors (use auto, or shm on one host)");
+  if (traits.one_receiver && many)
+    return make_error(errc::invalid_config,
+                      "weight_sync.transport " + name + ": the rollout (tp " +
+                          std::to_string(rollout->layout.tp) +
+                          ") has several ranks that each receive the weights, and " + name +
+                          " reaches one receiver (use auto, alias, shm or disk)");
   if (traits.span == reach::process && !one_process)
     return refuse("are in different processes, and " + name +
                   " hands tensors over inside one (use auto, shm, broadcast or disk)");
@@ -425,12 +450,15 @@ void check_tensor_parallel(const job_config& c, const role_placement_config& r,
   const auto* t = find_role(r.role);
   if (r.tp <= 1 || !t)
     return;
-  const bool trained = t->trains() && t->id != role_id::rollout;
-  checks.require(trained, at + ".tp",
+  const bool rollout = t->id == role_id::rollout; // NOTE [rollout group]
+  const bool trained = t->trains() && !rollout;
+  checks.require(trained || rollout, at + ".tp",
                  "tensor parallelism is for trained roles (" +
-                     role_names([](const role_traits& x) { return x.trains(); }) + "); " + r.role +
-                     "'s is not available yet");
-  if (!trained)
+                     role_names([](const role_traits& x) { return x.trains(); }) +
+                     ") and the rollout; " + r.role + "'s is not available yet");
+  if (!trained && !rollout)
+    return;
+  if (rollout && r.pp > 1) // check_pipeline_parallel says why
     return;
   auto shape = model_shape(c);
   if (!shape) // the model's own check names what is wrong with it
@@ -605,7 +633,9 @@ parallel_layout placement_plan::layout_of(const std::string& stage, const std::s
   const auto* st = find_stage(stage);
   if (!r || !t || !st)
     return {};
-  return t->trains_in(st->id) ? r->layout : parallel_layout{}; // frozen roles have one rank
+  // Frozen roles have one rank; the rollout its TP ranks (NOTE [rollout group]).
+  return t->trains_in(st->id) || t->actor_in(st->id) == role_actor::rollout ? r->layout
+                                                                           : parallel_layout{};
 }
 
 std::vector<std::string> placement_plan::worker_labels() const {

@@ -142,6 +142,32 @@ expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, co
   return out;
 }
 
+// The rollout's engine; under TP (NOTE [rollout group]) one rank's: on its
+// part of the model, driven by the group, with its share of the process's
+// compute threads (the TP ranks of a role run in one process at once).
+expected<caf::actor> build_rollout(caf::actor_system& sys, const job_config& cfg, const role_spec& s,
+                                   models::llama_model model, const train::data_parallel_group* groups) {
+  inference::rollout_options options;
+  if (groups) {
+    auto part = models::partition_llama(model->config(), *groups->tp);
+    if (!part)
+      return with_prefix(part.error(), s.role);
+    auto mine = models::make_model_part(model, *part);
+    if (!mine)
+      return mine.error();
+    model = std::move(*mine);
+    options.driven = true;
+    const int64_t threads = cfg.run.threads > 0
+                                ? cfg.run.threads
+                                : static_cast<int64_t>(std::thread::hardware_concurrency());
+    options.threads = static_cast<int>(std::max<int64_t>(1, threads / s.layout.tp));
+  }
+  auto a = inference::spawn_rollout(sys, std::move(model), engine_settings(cfg), options);
+  if (!a)
+    return a.error();
+  return caf::actor_cast<caf::actor>(*a);
+}
+
 expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const role_spec& s,
                            const role_factories& factories) {
   auto recipe = recipe_of(cfg, s);
@@ -152,12 +178,13 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     return make_error(errc::invalid_argument, "rank " + std::to_string(s.rank) + " of a layout dp " +
                                                 std::to_string(l.dp) + " tp " + std::to_string(l.tp) +
                                                 " pp " + std::to_string(l.pp));
-  if ((l.tp > 1 || l.pp > 1) && recipe->actor != role_actor::trainer)
+  const bool tp_rollout = recipe->actor == role_actor::rollout && l.pp == 1 && l.dp == 1;
+  if ((l.tp > 1 || l.pp > 1) && recipe->actor != role_actor::trainer && !tp_rollout)
     return make_error(errc::unsupported,
                       "model parallelism (tp " + std::to_string(l.tp) + ", pp " +
                           std::to_string(l.pp) +
                           ") is for the roles a train engine runs (policy, critic, reference, a "
-                          "trained reward model); " +
+                          "trained reward model) and tp for the rollout; " +
                           s.role + "'s is not available yet");
   if (l.dp > 1 && !recipe->optim)
     return make_error(errc::invalid_argument,
@@ -178,12 +205,6 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   auto model = detail::load_model(s.model_dir, recipe->head, recipe->allow_missing_head, recipe->seed);
   if (!model)
     return with_prefix(model.error(), "loading " + s.model_dir);
-  if (recipe->actor == role_actor::rollout) {
-    auto a = inference::spawn_rollout(sys, *model, engine_settings(cfg));
-    if (!a)
-      return a.error();
-    return caf::actor_cast<caf::actor>(*a);
-  }
   std::shared_ptr<train::data_parallel_group> groups;
   if (l.ranks() > 1) {
     auto g = join_group(s);
@@ -191,6 +212,8 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
       return g.error();
     groups = std::move(*g);
   }
+  if (recipe->actor == role_actor::rollout)
+    return build_rollout(sys, cfg, s, std::move(*model), groups.get());
   const auto placed = placement_keys(cfg, s.role);
   if (l.tp > 1 || l.pp > 1) { // this rank's part of the model (NOTE [tensor parallelism])
     auto part = models::partition_llama((*model)->config(), *groups->tp);

@@ -1,5 +1,7 @@
 #include "actors/train/engine_group.hpp"
 
+#include "actors/fan_out.hpp"
+
 #include <caf/all.hpp>
 
 #include <algorithm>
@@ -27,45 +29,6 @@ struct group_state {
 };
 
 using self_ptr = engine_actor::stateful_pointer<group_state>;
-
-template <class R>
-struct gathering {
-  std::vector<R> parts;
-  size_t left = 0;
-  bool done = false;
-};
-
-// Sends one request per rank (send(r) → the response handle) and answers
-// combine(replies in rank order), or the first error.
-template <class R, class Out, class Send, class Combine>
-caf::typed_response_promise<Out> fan_out(self_ptr self, size_t n, Send send, Combine combine) {
-  auto rp = self->template make_response_promise<Out>();
-  auto g = std::make_shared<gathering<R>>();
-  g->parts.resize(n);
-  g->left = n;
-  for (size_t r = 0; r < n; ++r)
-    send(r).then(
-        [=](R& x) mutable {
-          if (g->done)
-            return;
-          g->parts[r] = std::move(x);
-          if (--g->left > 0)
-            return;
-          g->done = true;
-          expected<Out> c = combine(g->parts);
-          if (c)
-            rp.deliver(std::move(*c));
-          else
-            rp.deliver(c.error());
-        },
-        [=](caf::error& e) mutable {
-          if (g->done)
-            return;
-          g->done = true;
-          rp.deliver(std::move(e));
-        });
-  return rp;
-}
 
 // Training metrics come back already reduced over the group
 // (train_engine's group_metrics): every rank answers the same values.

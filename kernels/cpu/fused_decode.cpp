@@ -236,8 +236,17 @@ public:
       });
       return;
     }
+    const bool reverse = B_ == 1 && b_.reverse_head; // NOTE [alternating head order]
     claim_rows(m_.vocab, [&](int64_t v0, int64_t v1) {
-      k_.linear_rows(m_.lm_head, nullptr, xn_.data(), B_, b_.logits, m_.vocab, v0, v1, D_, false);
+      if (!reverse) {
+        k_.linear_rows(m_.lm_head, nullptr, xn_.data(), B_, b_.logits, m_.vocab, v0, v1, D_, false);
+        return;
+      }
+      // Blocks from the end; each one read forwards (the prefetchers' way).
+      const int64_t block = 256;
+      for (int64_t hi = v1; hi > v0; hi -= block)
+        k_.linear_rows(m_.lm_head, nullptr, xn_.data(), B_, b_.logits, m_.vocab,
+                       std::max(v0, hi - block), hi, D_, false);
     });
   }
 

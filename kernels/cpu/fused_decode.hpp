@@ -147,6 +147,15 @@ struct decode_batch {
   int64_t table_width = 0;
   const int64_t* context_lens = nullptr; // [size] cached tokens, the new one included
   float* logits = nullptr;               // [size, vocab] out
+  /// NOTE [alternating head order]: a step of one request reads every
+  /// weight once, more bytes than the last-level cache holds (the 24M
+  /// shape: 61 MB, its LM head 37 MB). Read in the same order every step,
+  /// a step's layers evict most of what the last step left behind, and
+  /// what survives — the end of the LM head — is evicted again before the
+  /// head reaches it. Callers alternate this flag from step to step: each
+  /// member then reads its share of the head from the end on every other
+  /// step, starting on the rows the previous step read last.
+  bool reverse_head = false;
 };
 
 /// Runs the step on `team` (NOTE [fused decode]); writes every token's K/V

@@ -252,9 +252,12 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
     std::string expected;
   };
   for (const auto& [role, expected] : std::vector<row>{
-           {"{role: rollout, pool: a, tp: 2}",
-            "job.yaml:18:40: placement.roles[0].tp: tensor parallelism is for trained roles "
-            "(policy, critic, reward); rollout's is not available yet"},
+           {"{role: reference, pool: a, tp: 2}",
+            "job.yaml:18:42: placement.roles[0].tp: tensor parallelism is for trained roles "
+            "(policy, critic, reward) and the rollout; reference's is not available yet"},
+           {"{role: rollout, pool: a, tp: 4}", // NOTE [rollout group]
+            "job.yaml:18:40: placement.roles[0].tp: tensor parallelism: tp 4 does not divide the "
+            "attention heads (2)"},
            {"{role: policy, pool: a, tp: 4}", // tiny_job: 2 heads
             "job.yaml:18:39: placement.roles[0].tp: tensor parallelism: tp 4 does not divide the "
             "attention heads (2)"},
@@ -330,6 +333,44 @@ TEST(Placement, TensorParallelRanksHoldTheirPartOnOneNode) {
                       "stays on one node"),
             std::string::npos)
       << describe(split.error());
+}
+
+// NOTE [rollout group]: a TP rollout rank holds its part of the weights
+// (the policy's parts at tp 2), its ranks are named by TP coordinate, the
+// policy's weights reach it by a channel every rank receives from, and a
+// forced broadcast (one receiver) or a rollout on another node with no
+// shared folder is refused before launch.
+TEST(Placement, ATensorParallelRolloutRankHoldsItsPartAndReceivesByAChannelForMany) {
+  const std::string pools =
+      "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 1}, {name: b, devices: 2}]\n";
+  auto one = plan_of(pools + "  roles: [{role: rollout, pool: b}]\n", {});
+  auto two = plan_of(pools + "  roles: [{role: rollout, pool: b, tp: 2}]\n", {});
+  ASSERT_TRUE(one) << describe(one.error());
+  ASSERT_TRUE(two) << describe(two.error());
+  EXPECT_EQ(two->layout_of("rl", "rollout"), (parallel_layout{1, 2, 1}));
+  EXPECT_EQ(two->find("rollout")->devices, (std::vector<int64_t>{1, 2}));
+  const double layer = 32 * 16 + 2 * 32 * 16 + 16 * 32 + 3 * 32 * 32 + 2 * 32;
+  const double rest = 130 * 32 * 2 + 32; // as the policy's rank 1 at tp 2
+  EXPECT_DOUBLE_EQ(weights(*two, "rollout[dp 0, tp 1]"), 4 * (2 * layer + rest));
+  EXPECT_LT(weights(*two, "rollout[dp 0, tp 0]"), weights(*one, "rollout"));
+  EXPECT_NE(two->render().find("weights: policy → rollout by shm"), std::string::npos)
+      << two->render();
+  auto refusal = [](expected<placement_plan> p) {
+    EXPECT_FALSE(p);
+    return p ? std::string{} : describe(p.error());
+  };
+  auto forced = refusal(plan_of(pools + "  roles: [{role: rollout, pool: b, tp: 2}]\n",
+                                {"weight_sync.transport=broadcast"}));
+  EXPECT_NE(forced.find("weight_sync.transport broadcast: the rollout (tp 2) has several ranks "
+                        "that each receive the weights, and broadcast reaches one receiver"),
+            std::string::npos)
+      << forced;
+  auto far = refusal(plan_of("placement:\n  mode: hybrid\n  pools: [{name: a, devices: 2}, "
+                             "{name: b, devices: 2}]\n  roles: [{role: rollout, pool: b, tp: 2}]\n",
+                             {"resources.nodes=2", "resources.devices_per_node=2"}));
+  EXPECT_NE(far.find("weight_sync.dir: the rollout (tp 2) is on another node than the policy"),
+            std::string::npos)
+      << far;
 }
 
 // NOTE [pipeline memory]: a stage holds its layers (the first also the

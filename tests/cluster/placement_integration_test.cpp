@@ -186,6 +186,33 @@ TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
   }
 }
 
+// NOTE [rollout group]: the rollout at tp 2 — in the driver's process, and
+// with each rank in its own worker (a pool of 2 devices), the ranks summing
+// through shared memory across the processes and each receiving the
+// policy's weights by shm — learns as one rollout does (the model's one kv
+// head is replicated on both ranks, its two query heads split).
+TEST(Placement, ATensorParallelRolloutLearnsAsOneRolloutDoes) {
+  test::temp_dir tmp;
+  auto local = parse_job(tiny_job(tmp.file("local")));
+  ASSERT_TRUE(local) << describe(local.error());
+  ASSERT_TRUE(run_placed(*local, tmp));
+  const std::string in_process = "placement:\n  roles: [{role: rollout, tp: 2}]\n";
+  const std::string apart =
+      "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 1}, {name: b, devices: 2}]\n"
+      "  roles: [{role: rollout, pool: b, tp: 2}]\n";
+  for (const auto& [name, placement] :
+       std::vector<std::pair<std::string, std::string>>{{"in-process", in_process}, {"apart", apart}}) {
+    SCOPED_TRACE(name);
+    auto cfg = parse_job(tiny_job(tmp.file(name), "") + placement);
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto plan = make_plan(*cfg);
+    ASSERT_TRUE(plan) << describe(plan.error());
+    auto r = run_placed(*cfg, tmp);
+    ASSERT_TRUE(r) << describe(r.error());
+    test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(cfg->run.dir));
+  }
+}
+
 TEST(Placement, KillingAWorkerFailsTheJobNamingTheRoleWithin10s) {
   test::temp_dir tmp;
   // The rollout alone in worker 1; everything else in worker 0.

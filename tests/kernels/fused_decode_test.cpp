@@ -86,7 +86,8 @@ TEST(FusedDecode, ANestedRunGetsOneMemberAndDoesAllTheWork) {
 
 // A two-layer GQA decoder with biases, written op by op in LibTorch.
 struct reference_model {
-  int64_t dim = 32, hidden = 48, n_heads = 4, n_kv = 2, head_dim = 8, vocab = 40;
+  int64_t dim = 32, hidden = 48, n_heads = 4, n_kv = 2, head_dim = 8,
+          vocab = 600; // more rows than a block of the alternating head order
   int64_t block_size = 4, num_blocks = 32;
   float eps = 1e-5f;
   struct layer {
@@ -287,6 +288,7 @@ TEST(FusedDecode, BatchedStepsMatchAPerOpReferenceAndWriteTheSameKv) {
               b.table_width = width;
               b.context_lens = ctx.data();
               b.logits = logits.data();
+              b.reverse_head = step % 2 == 1; // NOTE [alternating head order]
               cpu::fused_decode(m, b, team);
               for (int64_t r = 0; r < batch; ++r) {
                 std::vector<int32_t> table(tables.begin() + r * width,
