@@ -150,6 +150,10 @@ int run_generate(const generate_options& o) {
                                                        (*model)->parameters().begin()->element_size())) /
                      (1 << 20),
                  static_cast<double>(runtime::resident_set().peak) / (1 << 20));
+    if (m.aten_decode_steps > 0) // NOTE [decode path report]
+      std::fprintf(stderr, "decode steps: %lld fused, %lld on the ATen path (latest: %s)\n",
+                   static_cast<long long>(m.fused_decode_steps),
+                   static_cast<long long>(m.aten_decode_steps), m.aten_decode_reason.c_str());
   }
   return 0;
 }

@@ -699,26 +699,36 @@ void with_panels(kernels::cpu::decode_model& m, const packed_decode_weights& p) 
 
 torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_cache& cache,
                                            const torch::Tensor& logit_rows) {
-  // Under TP the kernel runs on the rank's part when its kv heads are its
-  // own (split); replicated ones take the ATen path.
-  if (decode_path_ == kernels::cpu::decode_path::aten || head_ != head_kind::lm ||
-      (tp_.active() && !tp_.kv_split))
-    return {};
+  // NOTE [decode path report]: each way out says why.
+  last_decode_ = {};
   auto indices = decode_step_indices(batch, cache, logit_rows);
   if (!indices)
-    return {};
+    return {}; // not a decode step
+  auto aten = [&](const char* why) {
+    last_decode_ = {true, false, why};
+    return torch::Tensor{};
+  };
+  if (decode_path_ == kernels::cpu::decode_path::aten)
+    return aten("the ATen path was asked for");
+  if (head_ != head_kind::lm)
+    return aten("a value or reward head");
+  // Under TP the kernel runs on the rank's part when its kv heads are its
+  // own (split); replicated ones take the ATen path.
+  if (tp_.active() && !tp_.kv_split)
+    return aten("kv heads replicated across the tensor-parallel ranks");
   weight_state state;
   auto view = decode_view(cache, state);
   if (!view)
-    return {};
+    return aten("weights that are not fp32 dense tensors on the CPU");
   std::unique_lock<std::mutex> lock{*team_mu_, std::try_to_lock};
   if (!lock.owns_lock())
-    return {};
+    return aten("the decode team busy with another caller");
   auto n = indices->tokens.numel();
   // (Under the lock: set_decode_isa takes it too.)
   const auto choice = kernels::cpu::choose_decode(decode_isa_, n, decode_path_, decode_panels_);
   if (!choice.fused)
-    return {};
+    return aten("the crossover table's choice at this batch size");
+  last_decode_ = {true, true, ""};
   auto threads = std::max(1, at::get_num_threads());
   if (!team_ || team_->size() != threads)
     team_ = std::make_shared<kernels::cpu::thread_team>(threads);

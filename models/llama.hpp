@@ -192,6 +192,16 @@ public:
   /// see it, or its memory is wanted); the next batched step makes it again.
   void drop_decode_panels();
 
+  /// NOTE [decode path report]: how the last forward_paged ran, for the
+  /// engine's metrics: whether it was a decode step (one new token per
+  /// request), whether the fused kernel ran it, and when not, why.
+  struct decode_report {
+    bool decode = false;
+    bool fused = false;
+    const char* why = ""; // static text
+  };
+  decode_report last_decode() const { return last_decode_; }
+
 private:
   /// Embedding rows of `ids` (vocab-parallel under TP).
   torch::Tensor embed(const torch::Tensor& ids);
@@ -239,6 +249,7 @@ private:
   std::shared_ptr<std::mutex> team_mu_ = std::make_shared<std::mutex>();
   /// Fused steps run (under team_mu_): NOTE [alternating head order].
   uint64_t fused_steps_ = 0;
+  decode_report last_decode_;
   layer_hooks* hooks_ = nullptr;
 };
 TORCH_MODULE_IMPL(llama_model, llama_model_impl);

@@ -468,6 +468,11 @@ struct engine::impl {
     auto logits = models::run_forward_paged(model, built.batch, kv, rows);
     if (!logits)
       return with_prefix(logits.error(), "engine step");
+    if (const auto path = model->last_decode(); path.decode) { // NOTE [decode path report]
+      ++(path.fused ? m.fused_decode_steps : m.aten_decode_steps);
+      if (!path.fused)
+        m.aten_decode_reason = path.why;
+    }
     for (size_t i = 0; i < plan.scheduled.size(); ++i)
       plan.scheduled[i]->num_computed += plan.counts[i];
     return logits->to(torch::kFloat32).contiguous();

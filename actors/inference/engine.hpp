@@ -192,6 +192,11 @@ struct engine_metrics {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t num_blocks = 0;
+  /// Decode steps (one new token per request) by path (NOTE [decode path
+  /// report] in models/llama.hpp), and why the latest ATen one was.
+  int64_t fused_decode_steps = 0;
+  int64_t aten_decode_steps = 0;
+  std::string aten_decode_reason;
   /// Generated tokens per busy second.
   double tokens_per_second() const;
   double mean_ttft_ms() const;
@@ -203,7 +208,8 @@ typename Inspector::result_type inspect(Inspector& f, engine_metrics& x) {
   return f(caf::meta::type_name("engine_metrics"), x.steps, x.prompt_tokens,
            x.prefill_tokens_computed, x.generated_tokens, x.preemptions, x.finished_requests,
            x.busy_seconds, x.ttft_ms_sum, x.itl_ms_sum, x.itl_count, x.prefix_hit_rate,
-           x.kv_utilization, x.kv_peak_utilization, x.running, x.waiting, x.num_blocks);
+           x.kv_utilization, x.kv_peak_utilization, x.running, x.waiting, x.num_blocks,
+           x.fused_decode_steps, x.aten_decode_steps, x.aten_decode_reason);
 }
 
 class engine {

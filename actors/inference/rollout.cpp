@@ -196,6 +196,8 @@ std::vector<std::pair<std::string, double>> rollout_metrics(const engine_metrics
       {"rollout/generated_tokens", static_cast<double>(m.generated_tokens)},
       {"rollout/prefill_tokens", static_cast<double>(m.prefill_tokens_computed)},
       {"rollout/steps", static_cast<double>(m.steps)},
+      {"rollout/fused_decode_steps", static_cast<double>(m.fused_decode_steps)},
+      {"rollout/aten_decode_steps", static_cast<double>(m.aten_decode_steps)},
   };
 }
 

@@ -92,6 +92,8 @@ void add_rollout_metrics(train::metric_map& m, const inference::engine_metrics& 
   m["rollout/prefix_hit_rate"] =
     per(prompt - static_cast<double>(b.prefill_tokens_computed - a.prefill_tokens_computed), prompt);
   m["rollout/preemptions"] = static_cast<double>(b.preemptions - a.preemptions);
+  // NOTE [decode path report]: decode steps the fused CPU kernel did not run.
+  m["rollout/aten_decode_steps"] = static_cast<double>(b.aten_decode_steps - a.aten_decode_steps);
 }
 
 // The latest rl checkpoint, when resuming from one.

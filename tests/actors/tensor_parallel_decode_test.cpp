@@ -5,6 +5,7 @@
 // (kv heads replicated), sampled tokens equal for fixed seeds — and a whole
 // checkpoint loads into each rank's part (a weight sync into a TP rollout).
 #include "actors/inference/engine.hpp"
+#include "actors/inference/rollout.hpp"
 #include "models/llama.hpp"
 #include "models/tensor_parallel.hpp"
 #include "runtime/collectives.hpp"
@@ -12,6 +13,7 @@
 #include "tests/actors/tiny_engine.hpp"
 #include "tests/support/ranks.hpp"
 
+#include <algorithm>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -40,7 +42,10 @@ std::vector<generate_request> requests(bool sampled) {
 std::vector<std::vector<request_output>>
 on_tp_ranks(const models::llama_model& dense, int tp, const std::vector<generate_request>& reqs,
             const std::map<std::string, at::Tensor>* weights = nullptr,
-            kernels::cpu::decode_path path = kernels::cpu::decode_path::automatic) {
+            kernels::cpu::decode_path path = kernels::cpu::decode_path::automatic,
+            std::vector<engine_metrics>* metrics = nullptr) {
+  if (metrics)
+    metrics->assign(static_cast<size_t>(tp), engine_metrics{});
   runtime::group_options go;
   go.name = "tp-decode";
   auto world = runtime::make_local_groups(tp, go);
@@ -75,6 +80,8 @@ on_tp_ranks(const models::llama_model& dense, int tp, const std::vector<generate
           }
         auto outs = e->generate(reqs);
         EXPECT_TRUE(outs) << describe(outs.error());
+        if (metrics)
+          (*metrics)[rank] = e->metrics();
         return outs ? *outs : std::vector<request_output>{};
       });
 }
@@ -111,6 +118,40 @@ TEST(TensorParallelDecode, GreedyTokensEqualOneEngineAtTpTwoAndFour) {
                     "tp " + std::to_string(tp) + " rank " + std::to_string(r) + " " +
                         std::string{to_string(path)});
     }
+}
+
+// NOTE [decode path report]: the engine counts its decode steps by path
+// and says why the ATen path ran — at tp 2 (kv heads split) every decode
+// step is fused; at tp 4 the replicated kv heads take ATen, and say so; on
+// one rank the forced ATen path says it was asked for.
+TEST(TensorParallelDecode, TheEngineReportsWhichPathEachDecodeStepTook) {
+  auto dense = tiny_model(45);
+  std::vector<engine_metrics> m;
+  using kernels::cpu::decode_path;
+  on_tp_ranks(dense, 2, requests(false), nullptr, decode_path::automatic, &m);
+  ASSERT_EQ(m.size(), 2u);
+  for (const auto& r : m) {
+    EXPECT_GT(r.fused_decode_steps, 0);
+    EXPECT_EQ(r.aten_decode_steps, 0) << r.aten_decode_reason;
+  }
+  on_tp_ranks(dense, 4, requests(false), nullptr, decode_path::automatic, &m);
+  ASSERT_EQ(m.size(), 4u);
+  for (const auto& r : m) {
+    EXPECT_EQ(r.fused_decode_steps, 0);
+    EXPECT_GT(r.aten_decode_steps, 0);
+    EXPECT_EQ(r.aten_decode_reason, "kv heads replicated across the tensor-parallel ranks");
+  }
+  auto model = copy_of(dense, models::head_kind::lm);
+  model->set_decode_path(decode_path::aten);
+  auto e = make_engine(model);
+  ASSERT_TRUE(e->generate(requests(false)));
+  EXPECT_EQ(e->metrics().fused_decode_steps, 0);
+  EXPECT_GT(e->metrics().aten_decode_steps, 0);
+  EXPECT_EQ(e->metrics().aten_decode_reason, "the ATen path was asked for");
+  const auto named = rollout_metrics(e->metrics());
+  EXPECT_NE(std::find_if(named.begin(), named.end(),
+                         [](const auto& kv) { return kv.first == "rollout/aten_decode_steps"; }),
+            named.end());
 }
 
 TEST(TensorParallelDecode, SampledTokensEqualForFixedSeeds) {
