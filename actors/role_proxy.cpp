@@ -82,6 +82,7 @@ caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, s
                     [relay](inference::engine_metrics& x) { relay(x); },
                     [relay](std::string& x) { relay(x); },
                     [relay](int64_t& x) { relay(x); },
+                    [relay](bool& x) { relay(x); }, // a rollout rank's drive
                     [relay](caf::error& x) { relay(x); },
                 });
     return caf::delegated<caf::message>{};

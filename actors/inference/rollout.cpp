@@ -21,12 +21,12 @@ struct open_call {
 };
 
 struct rollout_state {
+  rollout_options options; // first: what the model refers to goes last
   std::shared_ptr<engine> eng;
   std::map<uint64_t, open_call> calls;
   std::map<std::string, uint64_t> call_of; ///< request id → call
   uint64_t next_call = 0;
   bool stepping = false;
-  rollout_options options;
   bool threads_set = false;
   transport_cache transports;
   static inline const char* name = "rollout";

@@ -80,6 +80,9 @@ struct rollout_options {
   /// The actor's compute threads (its fused decode team, its ATen ops);
   /// 0 = the process's setting.
   int threads = 0;
+  /// Held while the actor lives: what its model refers to and does not
+  /// own (a TP rank's process groups).
+  std::shared_ptr<const void> keep_alive;
 };
 
 /// Builds the engine (validating `config` against the model) and spawns its

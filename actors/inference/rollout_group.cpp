@@ -13,6 +13,9 @@ namespace {
 struct group_state {
   std::vector<rollout_actor> ranks;
   bool driving = false;
+  // Requests forwarded since the current drive round went out: the ranks
+  // may answer "no work" from before them, and must be driven again.
+  bool added = false;
   // The callers' open generate calls, failed with the reason when the
   // group ends before answering them.
   std::map<uint64_t, caf::typed_response_promise<generation>> open;
@@ -60,6 +63,7 @@ expected<generation> same_tokens(std::vector<generation>& parts) {
 // group]).
 void drive(self_ptr self) {
   self->state.driving = true;
+  self->state.added = false;
   auto ranks = self->state.ranks;
   gather_replies<bool>(
       ranks.size(), [=](size_t r) { return self->request(ranks[r], caf::infinite, drive_atom::value); },
@@ -71,7 +75,7 @@ void drive(self_ptr self) {
             return end_group(self, make_error(errc::internal,
                                               "tensor-parallel rollout: rank " + std::to_string(r) +
                                                   " and rank 0 disagree on whether work remains"));
-        if (more->front())
+        if (more->front() || self->state.added)
           drive(self);
         else
           self->state.driving = false;
@@ -124,7 +128,11 @@ rollout_actor::behavior_type group_behavior(self_ptr self, std::vector<rollout_a
               else
                 promise.deliver(g.error());
             });
-        if (!self->state.driving && !requests.empty())
+        if (requests.empty())
+          return caller;
+        if (self->state.driving)
+          self->state.added = true;
+        else
           drive(self);
         return caller;
       },

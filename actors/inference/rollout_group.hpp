@@ -8,7 +8,9 @@
 // therefore driven (rollout_options::driven: they never step on their own)
 // and the group is their only caller: it forwards each message to every
 // rank in the order it arrives and steps them together — drive to all, all
-// answers, drive again while work remains. CAF keeps one sender's messages
+// answers, drive again while work remains (or while requests were
+// forwarded after the round went out: its "no work" answers may predate
+// them). CAF keeps one sender's messages
 // to one receiver in order, so every rank sees the same requests between
 // the same steps, and its scheduler (deterministic given that sequence:
 // the same admissions, KV blocks, preemptions) forms the same batches.

@@ -146,7 +146,8 @@ expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, co
 // part of the model, driven by the group, with its share of the process's
 // compute threads (the TP ranks of a role run in one process at once).
 expected<caf::actor> build_rollout(caf::actor_system& sys, const job_config& cfg, const role_spec& s,
-                                   models::llama_model model, const train::data_parallel_group* groups) {
+                                   models::llama_model model,
+                                   std::shared_ptr<train::data_parallel_group> groups) {
   inference::rollout_options options;
   if (groups) {
     auto part = models::partition_llama(model->config(), *groups->tp);
@@ -161,6 +162,7 @@ expected<caf::actor> build_rollout(caf::actor_system& sys, const job_config& cfg
                                 ? cfg.run.threads
                                 : static_cast<int64_t>(std::thread::hardware_concurrency());
     options.threads = static_cast<int>(std::max<int64_t>(1, threads / s.layout.tp));
+    options.keep_alive = std::move(groups); // the model sums over its TP group
   }
   auto a = inference::spawn_rollout(sys, std::move(model), engine_settings(cfg), options);
   if (!a)
@@ -213,7 +215,7 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     groups = std::move(*g);
   }
   if (recipe->actor == role_actor::rollout)
-    return build_rollout(sys, cfg, s, std::move(*model), groups.get());
+    return build_rollout(sys, cfg, s, std::move(*model), std::move(groups));
   const auto placed = placement_keys(cfg, s.role);
   if (l.tp > 1 || l.pp > 1) { // this rank's part of the model (NOTE [tensor parallelism])
     auto part = models::partition_llama((*model)->config(), *groups->tp);

@@ -7,6 +7,7 @@
 // rank's end ending the group.
 #include "actors/actor_system.hpp"
 #include "actors/inference/rollout_group.hpp"
+#include "actors/role_proxy.hpp"
 #include "models/llama.hpp"
 #include "models/tensor_parallel.hpp"
 #include "runtime/collectives.hpp"
@@ -81,7 +82,7 @@ struct RolloutGroup : ::testing::Test {
   // A group of `size` driven ranks, each on its part of `dense` (once a
   // test).
 
-  rollout_actor spawn_group(const models::llama_model& dense, int size) {
+  rollout_actor spawn_group(const models::llama_model& dense, int size, bool proxied = false) {
     runtime::group_options go;
     go.name = "rollout-group-test";
     go.timeout_ms = 10000; // a rank left alone in a sum gives up soon
@@ -111,7 +112,12 @@ struct RolloutGroup : ::testing::Test {
       EXPECT_TRUE(r) << describe(r.error());
       ranks.push_back(*r);
     }
-    auto g = spawn_rollout_group(sys, ranks);
+    auto members = ranks;
+    if (proxied) // as a job's remote ranks are reached (NOTE [role proxy])
+      for (auto& r : members)
+        r = caf::actor_cast<rollout_actor>(
+            actors::spawn_role_proxy(sys, caf::actor_cast<caf::actor>(r), "rollout rank"));
+    auto g = spawn_rollout_group(sys, members);
     EXPECT_TRUE(g) << describe(g.error());
     return *g;
   }
@@ -164,6 +170,24 @@ TEST_F(RolloutGroup, TwoRanksGenerateWhatOneEngineDoesForConcurrentCallers) {
     ASSERT_TRUE(m) << describe(m.error());
     EXPECT_GT(m->steps, 0);
     EXPECT_GT(m->generated_tokens, 0);
+  }
+  caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
+}
+
+// A caller that asks again as soon as it is answered: its requests reach
+// the ranks while the group may still be waiting for the ranks' "no work"
+// answers to the round before (which predate them); the group drives
+// again, so no call is left waiting. Through role proxies, as in a job.
+TEST_F(RolloutGroup, BackToBackCallsThroughProxiesAreAllAnswered) {
+  auto dense = tiny_model(56);
+  auto group = spawn_group(dense, 2, /*proxied=*/true);
+  auto engine = make_engine(dense, small_engine());
+  for (int i = 0; i < 30; ++i) {
+    std::vector<generate_request> one{{"q" + std::to_string(i), {1 + i % 40, 2, 3}, greedy(1 + i % 3)}};
+    auto want = engine->generate(one);
+    auto got = generate(group, one);
+    ASSERT_TRUE(want && got) << "call " << i << ": " << (got ? "" : describe(got.error()));
+    expect_like(*want, *got, "call " + std::to_string(i));
   }
   caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
 }

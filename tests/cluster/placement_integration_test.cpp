@@ -186,30 +186,45 @@ TEST(Placement, ARolloutApartGetsItsWeightsByShmOrBroadcastAlike) {
   }
 }
 
-// NOTE [rollout group]: the rollout at tp 2 — in the driver's process, and
-// with each rank in its own worker (a pool of 2 devices), the ranks summing
-// through shared memory across the processes and each receiving the
-// policy's weights by shm — learns as one rollout does (the model's one kv
-// head is replicated on both ranks, its two query heads split).
+// NOTE [rollout group]: the rollout at tp 2 — co-located (its rank 0 in
+// the policy's worker, rank 1 in the other) and apart (each rank in its
+// own worker of a pool of 2 devices), the ranks summing through shared
+// memory across the processes and each receiving the policy's weights by
+// shm — learns as one rollout does (the model's one kv head is replicated
+// on both ranks, its two query heads split).
 TEST(Placement, ATensorParallelRolloutLearnsAsOneRolloutDoes) {
   test::temp_dir tmp;
   auto local = parse_job(tiny_job(tmp.file("local")));
   ASSERT_TRUE(local) << describe(local.error());
   ASSERT_TRUE(run_placed(*local, tmp));
-  const std::string in_process = "placement:\n  roles: [{role: rollout, tp: 2}]\n";
+  const std::string colocated = "placement:\n  mode: colocated\n  pools: [{name: a, devices: 2}]\n"
+                                "  roles: [{role: rollout, pool: a, tp: 2}]\n";
   const std::string apart =
       "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 1}, {name: b, devices: 2}]\n"
       "  roles: [{role: rollout, pool: b, tp: 2}]\n";
   for (const auto& [name, placement] :
-       std::vector<std::pair<std::string, std::string>>{{"in-process", in_process}, {"apart", apart}}) {
+       std::vector<std::pair<std::string, std::string>>{{"colocated", colocated}, {"apart", apart}}) {
     SCOPED_TRACE(name);
     auto cfg = parse_job(tiny_job(tmp.file(name), "") + placement);
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto plan = make_plan(*cfg);
     ASSERT_TRUE(plan) << describe(plan.error());
+    EXPECT_NE(plan->render().find("weights: policy → rollout by shm"), std::string::npos)
+        << plan->render();
     auto r = run_placed(*cfg, tmp);
     ASSERT_TRUE(r) << describe(r.error());
-    test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(cfg->run.dir));
+    // NOTE [decode path report]: the replicated kv head takes the ATen
+    // path on each rank, and the job's metrics say so.
+    auto want = test::metrics_of(local->run.dir), got = test::metrics_of(cfg->run.dir);
+    double aten = 0;
+    for (auto* lines : {&want, &got})
+      for (auto& line : *lines) {
+        if (lines == &got && line.contains("rollout/aten_decode_steps"))
+          aten += line["rollout/aten_decode_steps"].get<double>();
+        line.erase("rollout/aten_decode_steps");
+      }
+    EXPECT_GT(aten, 0);
+    test::expect_same_learning(want, got);
   }
 }
 
