@@ -638,7 +638,8 @@ int64_t kv_block_bytes(const engine_config& c, const models::llama_config& m, in
          element_size;
 }
 
-models::llama_config kv_pool_shape(const models::llama_config& model, const models::tp_partition& tp) {
+models::llama_config kv_pool_shape(const models::llama_config& model,
+                                   const models::tp_partition& tp) {
   auto out = model;
   if (tp.active() && tp.kv_split)
     out.num_key_value_heads = tp.kv_heads;

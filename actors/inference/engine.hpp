@@ -97,7 +97,8 @@ int64_t kv_block_bytes(const engine_config& c, const models::llama_config& model
 /// The shape whose kv heads a TP rank's KV pool holds: its own when they
 /// are split, all of them when replicated (NOTE [tensor-parallel decode]
 /// in models/llama.cpp).
-models::llama_config kv_pool_shape(const models::llama_config& model, const models::tp_partition& tp);
+models::llama_config kv_pool_shape(const models::llama_config& model,
+                                   const models::tp_partition& tp);
 
 /// NOTE [kv pool size]: the blocks of the KV pool. num_blocks when given;
 /// else what the work can hold at once — the expected sequences (at most

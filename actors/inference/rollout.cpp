@@ -105,8 +105,7 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
     return err;
   });
   return {
-      [=](generate_atom, std::vector<generate_request>& requests)
-          -> caf::result<generation> {
+      [=](generate_atom, std::vector<generate_request>& requests) -> caf::result<generation> {
         auto& st = self->state;
         if (requests.empty())
           return generation{{}, st.eng->metrics()};
@@ -126,16 +125,15 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
         schedule_step(self);
         return promise;
       },
-      [=](load_weights_atom, int64_t version, const shared_weights& weights)
-          -> caf::result<int64_t> {
+      [=](load_weights_atom, int64_t version,
+          const shared_weights& weights) -> caf::result<int64_t> {
         if (!weights)
           return make_error(errc::invalid_argument, "rollout load_weights: no tensors");
         if (auto ok = self->state.eng->load_weights(version, *weights); !ok)
           return ok.error();
         return version;
       },
-      [=](receive_weights_atom, int64_t version, const weight_channel& c)
-          -> caf::result<int64_t> {
+      [=](receive_weights_atom, int64_t version, const weight_channel& c) -> caf::result<int64_t> {
         auto t = open_channel(self->state.transports, c, channel_side::receiver);
         if (!t)
           return with_prefix(t.error(), "rollout receive_weights");

@@ -30,8 +30,8 @@ template <class R, class Out = R, class Combine, class... Ts>
 caf::typed_response_promise<Out> to_all(self_ptr self, Combine combine, const Ts&... xs) {
   auto ranks = self->state.ranks;
   return fan_out<R, Out>(
-      self, ranks.size(),
-      [=](size_t r) { return self->request(ranks[r], caf::infinite, xs...); }, combine);
+      self, ranks.size(), [=](size_t r) { return self->request(ranks[r], caf::infinite, xs...); },
+      combine);
 }
 
 void end_group(self_ptr self, const caf::error& reason) {
@@ -66,7 +66,8 @@ void drive(self_ptr self) {
   self->state.added = false;
   auto ranks = self->state.ranks;
   gather_replies<bool>(
-      ranks.size(), [=](size_t r) { return self->request(ranks[r], caf::infinite, drive_atom::value); },
+      ranks.size(),
+      [=](size_t r) { return self->request(ranks[r], caf::infinite, drive_atom::value); },
       [=](expected<std::vector<bool>> more) {
         if (!more)
           return end_group(self, with_prefix(more.error(), "tensor-parallel rollout step"));
@@ -115,7 +116,9 @@ rollout_actor::behavior_type group_behavior(self_ptr self, std::vector<rollout_a
         auto ranks = self->state.ranks;
         gather_replies<generation>(
             ranks.size(),
-            [=](size_t r) { return self->request(ranks[r], caf::infinite, generate_atom::value, requests); },
+            [=](size_t r) {
+              return self->request(ranks[r], caf::infinite, generate_atom::value, requests);
+            },
             [=](expected<std::vector<generation>> parts) {
               auto it = self->state.open.find(id);
               if (it == self->state.open.end())
@@ -160,7 +163,10 @@ rollout_actor::behavior_type group_behavior(self_ptr self, std::vector<rollout_a
       [=](metrics_atom) -> caf::result<engine_metrics> {
         auto ranks = self->state.ranks;
         return fan_out<engine_metrics, engine_metrics>(
-            self, 1, [=](size_t) { return self->request(ranks.front(), caf::infinite, metrics_atom::value); },
+            self, 1,
+            [=](size_t) {
+              return self->request(ranks.front(), caf::infinite, metrics_atom::value);
+            },
             [](std::vector<engine_metrics>& m) -> expected<engine_metrics> { return m.front(); });
       },
       [=](clear_cache_atom) -> caf::result<int64_t> {
@@ -184,7 +190,8 @@ rollout_actor::behavior_type group_behavior(self_ptr self, std::vector<rollout_a
 
 } // namespace
 
-expected<rollout_actor> spawn_rollout_group(caf::actor_system& sys, std::vector<rollout_actor> ranks) {
+expected<rollout_actor> spawn_rollout_group(caf::actor_system& sys,
+                                            std::vector<rollout_actor> ranks) {
   if (ranks.empty())
     return make_error(errc::invalid_argument, "a rollout group needs at least one rank");
   return sys.spawn(group_behavior, std::move(ranks));

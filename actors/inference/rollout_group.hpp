@@ -34,6 +34,7 @@ namespace troupe::actors::inference {
 
 /// The group of `ranks` (TP rank order; each spawned driven). Needs at
 /// least one rank.
-expected<rollout_actor> spawn_rollout_group(caf::actor_system& sys, std::vector<rollout_actor> ranks);
+expected<rollout_actor> spawn_rollout_group(caf::actor_system& sys,
+                                            std::vector<rollout_actor> ranks);
 
 } // namespace troupe::actors::inference

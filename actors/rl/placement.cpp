@@ -204,7 +204,8 @@ std::vector<train::memory_term> role_terms(const job_config& cfg, const models::
   if (t->trains_in(st->id))
     return training_memory(cfg, m, *st, *t, rank).terms();
   // A tensor-parallel rollout rank holds its part (NOTE [rollout group]).
-  const auto tp = t->id == role_id::rollout ? std::max<int64_t>(placement_keys(cfg, role).tp, 1) : 1;
+  const auto tp =
+      t->id == role_id::rollout ? std::max<int64_t>(placement_keys(cfg, role).tp, 1) : 1;
   const auto split = split_parameters(m, t->head == models::head_kind::lm, tp);
   const double w = train::bytes_per_element(placement_keys(cfg, role).compute);
   std::vector<train::memory_term> out{{"weights", w * static_cast<double>(split.total())}};
@@ -635,7 +636,7 @@ parallel_layout placement_plan::layout_of(const std::string& stage, const std::s
     return {};
   // Frozen roles have one rank; the rollout its TP ranks (NOTE [rollout group]).
   return t->trains_in(st->id) || t->actor_in(st->id) == role_actor::rollout ? r->layout
-                                                                           : parallel_layout{};
+                                                                            : parallel_layout{};
 }
 
 std::vector<std::string> placement_plan::worker_labels() const {

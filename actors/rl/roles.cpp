@@ -145,8 +145,8 @@ expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, co
 // The rollout's engine; under TP (NOTE [rollout group]) one rank's: on its
 // part of the model, driven by the group, with its share of the process's
 // compute threads (the TP ranks of a role run in one process at once).
-expected<caf::actor> build_rollout(caf::actor_system& sys, const job_config& cfg, const role_spec& s,
-                                   models::llama_model model,
+expected<caf::actor> build_rollout(caf::actor_system& sys, const job_config& cfg,
+                                   const role_spec& s, models::llama_model model,
                                    std::shared_ptr<train::data_parallel_group> groups) {
   inference::rollout_options options;
   if (groups) {

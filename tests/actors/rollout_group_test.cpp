@@ -40,14 +40,16 @@ engine_config small_engine() {
   return c;
 }
 
-std::vector<generate_request> batch(const std::string& prefix, int count, uint64_t seed, bool sampled) {
+std::vector<generate_request> batch(const std::string& prefix, int count, uint64_t seed,
+                                    bool sampled) {
   std::vector<generate_request> out;
   for (int i = 0; i < count; ++i) {
     std::vector<int64_t> prompt;
     for (int t = 0; t < 3 + 2 * i; ++t)
       prompt.push_back((7 * t + 3 * i + static_cast<int>(seed)) % 50);
-    out.push_back({prefix + std::to_string(i), prompt,
-                   sampled ? random_sampling(8 + i, seed + static_cast<uint64_t>(i)) : greedy(8 + i)});
+    out.push_back(
+        {prefix + std::to_string(i), prompt,
+         sampled ? random_sampling(8 + i, seed + static_cast<uint64_t>(i)) : greedy(8 + i)});
   }
   out[1].sampling.n = 2; // forked samples share the prompt's blocks on every rank
   return out;
@@ -93,8 +95,8 @@ struct RolloutGroup : ::testing::Test {
     auto parts = troupe::testing::on_every_rank<models::llama_model>(
         world->groups, [&](runtime::process_group& gloo) -> models::llama_model {
           const auto rank = static_cast<size_t>(gloo.rank());
-          auto shm = runtime::with_shm_collectives(std::move(gloo), world->stores[rank], "rollout-group",
-                                                  1 << 20, go.timeout_ms);
+          auto shm = runtime::with_shm_collectives(std::move(gloo), world->stores[rank],
+                                                   "rollout-group", 1 << 20, go.timeout_ms);
           EXPECT_TRUE(shm) << describe(shm.error());
           tp[rank] = std::make_unique<runtime::process_group>(std::move(*shm));
           auto part = models::partition_llama(dense->config(), *tp[rank]);
@@ -136,8 +138,8 @@ struct RolloutGroup : ::testing::Test {
   expected<R> ask(const rollout_actor& r, Ts... xs) {
     caf::scoped_actor self{sys};
     expected<R> out = make_error(errc::timeout, "no answer");
-    self->request(r, kTimeout, xs...).receive([&](R& x) { out = std::move(x); },
-                                             [&](caf::error& e) { out = std::move(e); });
+    self->request(r, kTimeout, xs...)
+        .receive([&](R& x) { out = std::move(x); }, [&](caf::error& e) { out = std::move(e); });
     return out;
   }
 };
@@ -183,7 +185,8 @@ TEST_F(RolloutGroup, BackToBackCallsThroughProxiesAreAllAnswered) {
   auto group = spawn_group(dense, 2, /*proxied=*/true);
   auto engine = make_engine(dense, small_engine());
   for (int i = 0; i < 30; ++i) {
-    std::vector<generate_request> one{{"q" + std::to_string(i), {1 + i % 40, 2, 3}, greedy(1 + i % 3)}};
+    std::vector<generate_request> one{
+        {"q" + std::to_string(i), {1 + i % 40, 2, 3}, greedy(1 + i % 3)}};
     auto want = engine->generate(one);
     auto got = generate(group, one);
     ASSERT_TRUE(want && got) << "call " << i << ": " << (got ? "" : describe(got.error()));
@@ -201,8 +204,10 @@ TEST_F(RolloutGroup, WeightVersionsReachEveryRanksPart) {
   auto group = spawn_group(dense, 2);
   auto reqs = batch("r", 3, 7, false);
 
-  auto w1 = std::make_shared<const std::map<std::string, at::Tensor>>(models::export_hf_weights(v1));
-  auto loaded = ask<int64_t>(group, load_weights_atom::value, int64_t{1}, actors::shared_weights{w1});
+  auto w1 =
+      std::make_shared<const std::map<std::string, at::Tensor>>(models::export_hf_weights(v1));
+  auto loaded =
+      ask<int64_t>(group, load_weights_atom::value, int64_t{1}, actors::shared_weights{w1});
   ASSERT_TRUE(loaded) << describe(loaded.error());
   EXPECT_EQ(*loaded, 1);
   auto want1 = make_engine(v1, small_engine())->generate(reqs);

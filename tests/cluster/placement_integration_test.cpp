@@ -202,8 +202,8 @@ TEST(Placement, ATensorParallelRolloutLearnsAsOneRolloutDoes) {
   const std::string apart =
       "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 1}, {name: b, devices: 2}]\n"
       "  roles: [{role: rollout, pool: b, tp: 2}]\n";
-  for (const auto& [name, placement] :
-       std::vector<std::pair<std::string, std::string>>{{"colocated", colocated}, {"apart", apart}}) {
+  for (const auto& [name, placement] : std::vector<std::pair<std::string, std::string>>{
+           {"colocated", colocated}, {"apart", apart}}) {
     SCOPED_TRACE(name);
     auto cfg = parse_job(tiny_job(tmp.file(name), "") + placement);
     ASSERT_TRUE(cfg) << describe(cfg.error());
