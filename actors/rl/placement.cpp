@@ -193,7 +193,8 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
 // model. Read off the role-traits table.
 std::vector<train::memory_term> role_terms(const job_config& cfg, const models::llama_config& m,
                                            const std::string& stage, const std::string& role,
-                                           int64_t rank) {
+                                           int64_t rank,
+                                           std::optional<runtime::transport_kind> transport) {
   const auto* t = find_role(role);
   const auto* st = find_stage(stage);
   if (!t || !st)
@@ -220,6 +221,13 @@ std::vector<train::memory_term> role_terms(const job_config& cfg, const models::
     if (inference::packs_decode_panels(e)) // NOTE [decode panels]; a rank packs its part
       out.push_back({"packed decode weights",
                      static_cast<double>(models::decode_panels_bytes(m, e.decode_isa) / tp)});
+    // A weight version arrives whole (as the policy exports it) and stays
+    // mapped or read while the engine copies its part in; alias hands over
+    // the publisher's own tensors (NOTE [rollout group]).
+    if (transport && *transport != runtime::transport_kind::alias)
+      out.push_back({"received weights (while loading)",
+                     train::bytes_per_element(placement_keys(cfg, "policy").compute) *
+                         static_cast<double>(split_parameters(m, true).total())});
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
@@ -249,7 +257,7 @@ std::vector<rank_estimate> ranks_in_stage(const job_config& cfg, const models::l
         continue;
       rank_estimate e;
       e.rank = rank_name(role, layout, r);
-      e.terms = role_terms(cfg, m, stage, role, r);
+      e.terms = role_terms(cfg, m, stage, role, r, plan.weight_transport);
       for (const auto& t : e.terms)
         e.bytes += t.bytes;
       out.push_back(std::move(e));
@@ -851,6 +859,11 @@ expected<placement_plan> make_plan(const job_config& cfg) {
   assign_nodes(cfg, plan);
   if (auto ok = check_tp_nodes(plan); !ok)
     return ok.error();
+  // Before the estimates: the rollout's receive buffer depends on it.
+  auto with = with_transport(cfg, std::move(plan));
+  if (!with)
+    return with.error();
+  plan = std::move(*with);
   for (auto& d : plan.devices) {
     for (const auto& a : plan.roles)
       for (size_t r = 0; r < a.devices.size(); ++r)
@@ -880,7 +893,7 @@ expected<placement_plan> make_plan(const job_config& cfg) {
                             " (resources.device_memory_gb)" + largest_term(d.peak_ranks) +
                             "; or spread the roles over more devices");
     }
-  return with_transport(cfg, std::move(plan));
+  return plan;
 }
 
 namespace {

@@ -12,15 +12,19 @@ using troupe::actors::rl::testing::tiny_job;
 
 namespace {
 
-// The "weights" term of `rank`'s estimate at its device's peak (-1: none).
-double weights(const placement_plan& plan, const std::string& rank) {
+// The term `name` of `rank`'s estimate at its device's peak (-1: none).
+double term(const placement_plan& plan, const std::string& rank, const std::string& name) {
   for (const auto& d : plan.devices)
     for (const auto& r : d.peak_ranks)
       if (r.rank == rank)
         for (const auto& t : r.terms)
-          if (t.name == "weights")
+          if (t.name == name)
             return t.bytes;
   return -1.0;
+}
+
+double weights(const placement_plan& plan, const std::string& rank) {
+  return term(plan, rank, "weights");
 }
 
 std::string error_of(const std::string& extra, std::vector<std::string> sets = {}) {
@@ -353,6 +357,10 @@ TEST(Placement, ATensorParallelRolloutRankHoldsItsPartAndReceivesByAChannelForMa
   const double rest = 130 * 32 * 2 + 32; // as the policy's rank 1 at tp 2
   EXPECT_DOUBLE_EQ(weights(*two, "rollout[dp 0, tp 1]"), 4 * (2 * layer + rest));
   EXPECT_LT(weights(*two, "rollout[dp 0, tp 0]"), weights(*one, "rollout"));
+  // Each rank maps the whole version while it copies its part in (shm).
+  const double whole = 4 * (2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64 + 2 * 32) +
+                            2 * 259 * 32 + 32);
+  EXPECT_DOUBLE_EQ(term(*two, "rollout[dp 0, tp 1]", "received weights (while loading)"), whole);
   EXPECT_NE(two->render().find("weights: policy → rollout by shm"), std::string::npos)
       << two->render();
   auto refusal = [](expected<placement_plan> p) {
