@@ -31,6 +31,29 @@ expected<std::unique_ptr<models::tokenizer>> model_tokenizer(const std::string& 
   return std::unique_ptr<models::tokenizer>(std::make_unique<models::byte_tokenizer>());
 }
 
+// The engine's counters on stderr after a run.
+void print_metrics(const actors::inference::engine_metrics& m,
+                   const actors::inference::engine_config& engine_config,
+                   const models::llama_config& model, int64_t element_size) {
+  std::fprintf(stderr,
+               "generated %lld tokens for %lld requests in %.3f s: %.1f tokens/s, TTFT %.1f ms, "
+               "ITL %.2f ms, prefill tokens %lld of %lld (prefix hit rate %.2f), "
+               "preemptions %lld, KV blocks %lld (%.1f MiB), peak RSS %.1f MiB\n",
+               static_cast<long long>(m.generated_tokens),
+               static_cast<long long>(m.finished_requests), m.busy_seconds, m.tokens_per_second(),
+               m.mean_ttft_ms(), m.mean_itl_ms(), static_cast<long long>(m.prefill_tokens_computed),
+               static_cast<long long>(m.prompt_tokens), m.prefix_hit_rate,
+               static_cast<long long>(m.preemptions), static_cast<long long>(m.num_blocks),
+               static_cast<double>(m.num_blocks * actors::inference::kv_block_bytes(
+                                                      engine_config, model, element_size)) /
+                   (1 << 20),
+               static_cast<double>(runtime::resident_set().peak) / (1 << 20));
+  if (m.aten_decode_steps > 0) // NOTE [decode path report]
+    std::fprintf(stderr, "decode steps: %lld fused, %lld on the ATen path (latest: %s)\n",
+                 static_cast<long long>(m.fused_decode_steps),
+                 static_cast<long long>(m.aten_decode_steps), m.aten_decode_reason.c_str());
+}
+
 } // namespace
 
 int run_generate(const generate_options& o) {
@@ -134,27 +157,9 @@ int run_generate(const generate_options& o) {
   } else if (auto ok = runtime::write_file_atomic(o.output_path, text); !ok) {
     return fail(ok.error());
   }
-  if (o.print_metrics) {
-    auto m = (*eng)->metrics();
-    std::fprintf(stderr,
-                 "generated %lld tokens for %lld requests in %.3f s: %.1f tokens/s, TTFT %.1f ms, "
-                 "ITL %.2f ms, prefill tokens %lld of %lld (prefix hit rate %.2f), "
-                 "preemptions %lld, KV blocks %lld (%.1f MiB), peak RSS %.1f MiB\n",
-                 static_cast<long long>(m.generated_tokens),
-                 static_cast<long long>(m.finished_requests), m.busy_seconds, m.tokens_per_second(),
-                 m.mean_ttft_ms(), m.mean_itl_ms(), static_cast<long long>(m.prefill_tokens_computed),
-                 static_cast<long long>(m.prompt_tokens), m.prefix_hit_rate,
-                 static_cast<long long>(m.preemptions), static_cast<long long>(m.num_blocks),
-                 static_cast<double>(m.num_blocks * actors::inference::kv_block_bytes(
-                                                       engine_config, (*model)->config(),
-                                                       (*model)->parameters().begin()->element_size())) /
-                     (1 << 20),
-                 static_cast<double>(runtime::resident_set().peak) / (1 << 20));
-    if (m.aten_decode_steps > 0) // NOTE [decode path report]
-      std::fprintf(stderr, "decode steps: %lld fused, %lld on the ATen path (latest: %s)\n",
-                   static_cast<long long>(m.fused_decode_steps),
-                   static_cast<long long>(m.aten_decode_steps), m.aten_decode_reason.c_str());
-  }
+  if (o.print_metrics)
+    print_metrics((*eng)->metrics(), engine_config, (*model)->config(),
+                  (*model)->parameters().begin()->element_size());
   return 0;
 }
 

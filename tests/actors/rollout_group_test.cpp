@@ -13,6 +13,7 @@
 #include "runtime/collectives.hpp"
 #include "runtime/shm_collectives.hpp"
 #include "runtime/weight_transport.hpp"
+#include "tests/actors/rollout_calls.hpp"
 #include "tests/actors/tiny_engine.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -126,12 +127,7 @@ struct RolloutGroup : ::testing::Test {
 
   expected<std::vector<request_output>> generate(const rollout_actor& r,
                                                  std::vector<generate_request> reqs) {
-    caf::scoped_actor self{sys};
-    expected<std::vector<request_output>> out = make_error(errc::timeout, "no answer");
-    self->request(r, kTimeout, generate_atom::value, std::move(reqs))
-        .receive([&](generation& g) { out = std::move(g.outputs); },
-                 [&](caf::error& e) { out = std::move(e); });
-    return out;
+    return generate_on(sys, r, std::move(reqs), kTimeout);
   }
 
   template <class R, class... Ts>

@@ -1,6 +1,7 @@
 #include "actors/actor_system.hpp"
 #include "actors/inference/rollout.hpp"
 #include "models/llama.hpp"
+#include "tests/actors/rollout_calls.hpp"
 #include "tests/actors/tiny_engine.hpp"
 
 #include <caf/all.hpp>
@@ -39,12 +40,7 @@ struct rollout_fixture : ::testing::Test {
 
   expected<std::vector<request_output>> generate(const rollout_actor& r,
                                                  std::vector<generate_request> reqs) {
-    caf::scoped_actor self{sys};
-    expected<std::vector<request_output>> out = make_error(errc::timeout, "no answer");
-    self->request(r, kTimeout, generate_atom::value, std::move(reqs))
-        .receive([&](generation& g) { out = std::move(g.outputs); },
-                 [&](caf::error& e) { out = std::move(e); });
-    return out;
+    return generate_on(sys, r, std::move(reqs), kTimeout);
   }
 };
 
