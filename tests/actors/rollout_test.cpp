@@ -68,6 +68,10 @@ std::vector<std::vector<int64_t>> tokens_of(const std::vector<request_output>& o
 TEST_F(rollout_fixture, concurrent_callers_share_steps_and_get_their_own_outputs) {
   auto m = tiny_model();
   auto a = batch("a", 3, 100), b = batch("b", 4, 200);
+  // The first call runs long enough (some 50 steps) that the second joins
+  // it even when the test's thread is slow to send it (a busy machine).
+  for (auto& r : a)
+    r.sampling.max_tokens += 40;
   // References: each call alone on a plain engine, and its step count.
   auto alone_a = make_engine(m, small_engine());
   auto ref_a = alone_a->generate(a);
