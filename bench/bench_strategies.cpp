@@ -27,8 +27,9 @@
 //    the LM head input's, and the vocab-parallel log-probs' row sums), each
 //    a ring moving 2(TP−1)/TP of it.
 //
-//   bench_strategies [--quick] [--steps N]
+//   bench_strategies [--quick] [--steps N] [--pipeline]   (--pipeline: that table alone)
 #include "actors/rl/data.hpp"
+#include "actors/rl/roles.hpp"
 #include "actors/train/dp_strategy.hpp"
 #include "actors/train/strategy_memory.hpp"
 #include "actors/train/train_engine.hpp"
@@ -36,6 +37,7 @@
 #include "models/tensor_parallel.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/counting_allocator.hpp"
+#include "runtime/shm_collectives.hpp"
 #include "runtime/weight_transport.hpp"
 
 #include <torch/torch.h>
@@ -64,6 +66,7 @@ namespace {
 struct options {
   bool quick = false;
   int steps = 5;
+  bool pipeline_only = false; // --pipeline: the pipeline table alone
 };
 
 options parse(int argc, char** argv) {
@@ -74,8 +77,10 @@ options parse(int argc, char** argv) {
       o.quick = true;
     else if (a == "--steps" && i + 1 < argc)
       o.steps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--pipeline")
+      o.pipeline_only = true;
     else {
-      std::fprintf(stderr, "usage: bench_strategies [--quick] [--steps N]\n");
+      std::fprintf(stderr, "usage: bench_strategies [--quick] [--steps N] [--pipeline]\n");
       std::exit(2);
     }
   }
@@ -185,7 +190,7 @@ struct result {
 result run(const models::llama_model& base, const std::vector<runtime::tensor_batch>& global,
            int world, dp_strategy strategy,
            actors::train::precision precision = actors::train::precision::fp32, int tp = 1,
-           int pp = 1, int64_t micro = 0) {
+           int pp = 1, int64_t micro = 0, bool shm_hand_offs = false) {
   const int dp = world / (tp * pp);
   runtime::group_options go;
   go.name = "bench-" + std::string{to_string(strategy)} + "-" + std::to_string(world) + "-tp" +
@@ -219,7 +224,17 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
     if (!lines)
       return lines.error();
     g->group = std::move((*lines)[0]);
-    g->pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+    auto pp_line = std::move((*lines)[1]);
+    if (shm_hand_offs && pp > 1) { // as a job's line on one node (NOTE [shm point-to-point])
+      auto shm = runtime::with_shm_point_to_point(
+          std::move(pp_line), g->store,
+          go.name + "-pp" + std::to_string(r / (tp * pp) * tp + r % tp), actors::rl::pp_slot_bytes,
+          actors::rl::pp_slots(pp), go.timeout_ms);
+      if (!shm)
+        return shm.error();
+      pp_line = std::move(*shm);
+    }
+    g->pp = std::make_shared<runtime::process_group>(std::move(pp_line));
     g->tp = std::make_shared<runtime::process_group>(std::move((*lines)[2]));
     auto part = models::partition_llama(base->config(), *g->tp);
     auto stage = models::stage_of(base->config(), *g->pp);
@@ -580,10 +595,60 @@ bool print_tensor_parallel(const models::llama_model& base,
   return ok;
 }
 
+// A pipeline hand-off's round trip between two ranks in this process:
+// rank 0 sends `bytes` to rank 1, which sends them back, `trips` times;
+// the median round trip in microseconds, over gloo or through shared memory
+// (NOTE [shm point-to-point]).
+double hand_off_round_trip_us(bool shm, int64_t bytes, int trips) {
+  runtime::group_options go;
+  go.name = std::string{"bench-hand-off-"} + (shm ? "shm" : "gloo");
+  auto groups = runtime::make_local_groups(2, go);
+  if (!groups)
+    return -1;
+  std::vector<double> rtts;
+  auto rank = [&](int r) -> expected<void> {
+    auto g = std::move(groups->groups[static_cast<size_t>(r)]);
+    if (shm) {
+      auto wrapped =
+          runtime::with_shm_point_to_point(std::move(g), groups->stores[static_cast<size_t>(r)],
+                                           go.name, actors::rl::pp_slot_bytes, 3);
+      if (!wrapped)
+        return wrapped.error();
+      g = std::move(*wrapped);
+    }
+    auto t = torch::ones({bytes / 4});
+    for (int i = 0; i < trips; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (r == 0) {
+        if (auto ok = g.send(t, 1, 0); !ok)
+          return ok;
+        if (auto ok = g.recv(t, 1, 1); !ok)
+          return ok;
+        rtts.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6);
+      } else {
+        if (auto ok = g.recv(t, 0, 0); !ok)
+          return ok;
+        if (auto ok = g.send(t, 0, 1); !ok)
+          return ok;
+      }
+    }
+    return {};
+  };
+  auto other = std::async(std::launch::async, rank, 1);
+  auto mine = rank(0);
+  auto theirs = other.get();
+  if (!mine || !theirs || rtts.empty())
+    return -1;
+  std::sort(rtts.begin(), rtts.end());
+  return rtts[rtts.size() / 2];
+}
+
 // NOTE [pipeline execution]: PP 2 against the single engine and DP 2 on a
 // model of balanced stages (8 layers, a small vocabulary: the head adds
 // little to the last stage), the measured bubble against (P − 1) / (M + P
-// − 1) for M = 4, 8, 16, one compute thread a stage; P = 4 on 2 cores would
+// − 1) for M = 4, 8, 16, one compute thread a stage, the hand-offs over
+// gloo and through shared memory (NOTE [shm point-to-point]); P = 4 on 2 cores would
 // be oversubscribed, so its bubble comes from the schedule fed with the
 // stage times measured at P = 2 (each stage's halved: half the layers).
 bool print_pipeline(const options& o) {
@@ -603,47 +668,58 @@ bool print_pipeline(const options& o) {
     if (!single->sft_step(b))
       return false;
   const double want = weight_norm_sum(single->export_weights());
-  std::printf("\npipeline parallelism (gloo, %lld layers, %lld rows x 64 tokens; single engine: "
+  std::printf("\npipeline parallelism (hand-offs over gloo or shared memory, %lld layers, %lld "
+              "rows x 64 tokens; single engine: "
               "weight-norm sum %.9g)\n",
               static_cast<long long>(c.num_hidden_layers), static_cast<long long>(rows), want);
-  std::printf("%-14s %-12s %8s %9s %9s %9s %7s %9s %12s\n", "", "norm sum", "step ms", "vs dp 2",
+  std::printf("%-20s %-12s %8s %9s %9s %9s %7s %9s %12s\n", "", "norm sum", "step ms", "vs dp 2",
               "bubble", "ideal", "ratio", "schedule", "stage ms/mb");
   auto dp2 = run(*base, global, 2, dp_strategy::ddp);
   bool ok = true;
   std::vector<double> stage_times; // P = 2, M = 16: each stage's busy time a micro-batch
-  for (int64_t m : {4, 8, 16}) {
-    auto r = run(*base, global, 2, dp_strategy::ddp, actors::train::precision::fp32, 1, 2, m);
-    bool equal = true;
-    for (double n : r.norm_sums)
-      equal = equal && (n < 0 || std::abs(n - want) <= 1e-5 * std::abs(want));
-    ok = ok && equal;
-    const double ideal = runtime::ideal_bubble(2, static_cast<int>(m));
-    // The schedule fed with this run's stage times (a micro-batch's busy
-    // time, the backward taken as twice the forward): the bubble the
-    // stages' imbalance alone leaves.
-    std::vector<double> f, b;
-    std::string per;
-    for (double busy : r.stage_busy_s) {
-      const double t = busy / static_cast<double>(m);
-      f.push_back(t / 3);
-      b.push_back(2 * t / 3);
-      char x[32];
-      std::snprintf(x, sizeof x, "%s%.2f", per.empty() ? "" : " / ", t * 1e3);
-      per += x;
+  for (int64_t m : {4, 8, 16})
+    for (bool shm : {false, true}) { // hand-offs over gloo, then through shared memory
+      auto r =
+          run(*base, global, 2, dp_strategy::ddp, actors::train::precision::fp32, 1, 2, m, shm);
+      bool equal = true;
+      for (double n : r.norm_sums)
+        equal = equal && (n < 0 || std::abs(n - want) <= 1e-5 * std::abs(want));
+      ok = ok && equal;
+      const double ideal = runtime::ideal_bubble(2, static_cast<int>(m));
+      // The schedule fed with this run's stage times (a micro-batch's busy
+      // time, the backward taken as twice the forward): the bubble the
+      // stages' imbalance alone leaves.
+      std::vector<double> f, b;
+      std::string per;
+      for (double busy : r.stage_busy_s) {
+        const double t = busy / static_cast<double>(m);
+        f.push_back(t / 3);
+        b.push_back(2 * t / 3);
+        char x[32];
+        std::snprintf(x, sizeof x, "%s%.2f", per.empty() ? "" : " / ", t * 1e3);
+        per += x;
+      }
+      auto grid = runtime::one_f_one_b(2, static_cast<int>(m));
+      auto sim =
+          grid && f.size() == 2
+              ? runtime::simulate(*grid, f, b)
+              : expected<runtime::pipe_timeline>{make_error(errc::internal, "no stage times")};
+      std::printf("%-20s %-12.9g %8.2f %9.2f %8.1f%% %8.1f%% %7.2f %8.1f%% %12s%s\n",
+                  ("pp 2, M " + std::to_string(m) + (shm ? ", shm" : ", gloo")).c_str(),
+                  r.norm_sums[0], r.step_s * 1e3, r.step_s / dp2.step_s, 100 * r.bubble,
+                  100 * ideal, r.bubble / ideal, sim ? 100 * sim->bubble : 0.0, per.c_str(),
+                  equal ? "" : "  NORMS DIFFER");
+      if (m == 16 && shm)
+        for (double busy : r.stage_busy_s)
+          stage_times.push_back(busy / static_cast<double>(m));
     }
-    auto grid = runtime::one_f_one_b(2, static_cast<int>(m));
-    auto sim = grid && f.size() == 2
-                   ? runtime::simulate(*grid, f, b)
-                   : expected<runtime::pipe_timeline>{make_error(errc::internal, "no stage times")};
-    std::printf("%-14s %-12.9g %8.2f %9.2f %8.1f%% %8.1f%% %7.2f %8.1f%% %12s%s\n",
-                ("pp 2, M " + std::to_string(m)).c_str(), r.norm_sums[0], r.step_s * 1e3,
-                r.step_s / dp2.step_s, 100 * r.bubble, 100 * ideal, r.bubble / ideal,
-                sim ? 100 * sim->bubble : 0.0, per.c_str(), equal ? "" : "  NORMS DIFFER");
-    if (m == 16)
-      for (double busy : r.stage_busy_s)
-        stage_times.push_back(busy / static_cast<double>(m));
-  }
-  std::printf("dp 2 (ddp)     %-12.9g %8.2f\n", dp2.norm_sums[0], dp2.step_s * 1e3);
+  std::printf("%-20s %-12.9g %8.2f\n", "dp 2 (ddp)", dp2.norm_sums[0], dp2.step_s * 1e3);
+  // The hand-off itself: an M = 8 micro-batch's hidden states (2 rows x 64
+  // tokens x hidden), there and back.
+  const int64_t hand_off = 2 * 64 * c.hidden_size * 4;
+  std::printf("hand-off round trip (%lld KB, median of 200): gloo %.0f us, shared memory %.0f us\n",
+              static_cast<long long>(hand_off / 1024), hand_off_round_trip_us(false, hand_off, 200),
+              hand_off_round_trip_us(true, hand_off, 200));
   // P = 4 from the schedule: stage s of 4 is half of stage s / 2 of 2 (the
   // backward taken as twice the forward).
   for (int64_t m : {4, 8, 16}) {
@@ -660,7 +736,7 @@ bool print_pipeline(const options& o) {
     if (!t)
       continue;
     const double ideal = runtime::ideal_bubble(4, static_cast<int>(m));
-    std::printf("%-14s %-12s %8s %9s %8.1f%% %8.1f%% %7.2f  (simulated from measured stage "
+    std::printf("%-20s %-12s %8s %9s %8.1f%% %8.1f%% %7.2f  (simulated from measured stage "
                 "times)\n",
                 ("pp 4, M " + std::to_string(m)).c_str(), "", "", "", 100 * t->bubble, 100 * ideal,
                 t->bubble / ideal);
@@ -671,6 +747,8 @@ bool print_pipeline(const options& o) {
 int main(int argc, char** argv) {
   const auto o = parse(argc, argv);
   at::set_num_threads(1);
+  if (o.pipeline_only)
+    return print_pipeline(o) ? 0 : 1;
   torch::manual_seed(11);
   auto base = models::make_llama(shape(o.quick), models::head_kind::lm);
   if (!base) {

@@ -318,7 +318,9 @@ llama_model_impl::llama_model_impl(const llama_config& config, head_kind head, t
                                    pp_stage pp)
     : config_(config), head_(head), tp_(tp), pp_(pp) {
   const int64_t vocab = tp_.active() ? tp_.vocab : config.vocab_size;
-  if (pp_.first())
+  // NOTE [tied embedding under PP]: the last stage's LM head is the
+  // embedding, so that stage holds a copy of it too.
+  if (pp_.first() || (pp_.last() && head == head_kind::lm && config.tie_word_embeddings))
     tok_embeddings_ = register_module(
         "tok_embeddings", nn::Embedding(nn::EmbeddingOptions(vocab, config.hidden_size)));
   // NOTE [pipeline parallelism]: another stage's layer is an empty module,
@@ -840,6 +842,27 @@ torch::Tensor llama_model_impl::run_layers(torch::Tensor x, const torch::Tensor&
   return x;
 }
 
+namespace {
+
+// NOTE [layer hooks]: a pass begins with begin_forward and, without a
+// backward to come, ends with end_forward (also when it throws).
+template <class Fn>
+torch::Tensor hooked_pass(layer_hooks* hooks, Fn&& pass) {
+  if (!hooks)
+    return pass();
+  hooks->begin_forward();
+  struct end_guard {
+    layer_hooks* hooks;
+    ~end_guard() {
+      if (!torch::GradMode::is_enabled())
+        hooks->end_forward();
+    }
+  } end{hooks};
+  return pass();
+}
+
+} // namespace
+
 torch::Tensor llama_model_impl::forward_stage(const torch::Tensor& input_ids,
                                               const torch::Tensor& attention_mask,
                                               const torch::Tensor& input) {
@@ -854,10 +877,12 @@ torch::Tensor llama_model_impl::forward_stage(const torch::Tensor& input_ids,
                     input.size(1) == input_ids.size(1) && input.size(2) == config_.hidden_size,
                 "pipeline stage ", pp_.rank, ": input ", input.sizes(), " for input_ids ",
                 input_ids.sizes(), " and hidden size ", config_.hidden_size);
-  auto x = run_layers(pp_.first() ? embed(input_ids) : input, input_ids, attention_mask, nullptr);
-  if (!pp_.last())
-    return x;
-  return apply_head(norm_->as<rms_norm_impl>()->forward(x), attention_mask);
+  return hooked_pass(hooks_, [&] {
+    auto x = run_layers(pp_.first() ? embed(input_ids) : input, input_ids, attention_mask, nullptr);
+    if (!pp_.last())
+      return x;
+    return apply_head(norm_->as<rms_norm_impl>()->forward(x), attention_mask);
+  });
 }
 
 torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
@@ -890,19 +915,9 @@ torch::Tensor llama_model_impl::apply_head(const torch::Tensor& hidden,
 
 torch::Tensor llama_model_impl::forward(const torch::Tensor& input_ids,
                                         const torch::Tensor& attention_mask, kv_cache* cache) {
-  if (!hooks_)
+  return hooked_pass(hooks_, [&] {
     return apply_head(hidden_states(input_ids, attention_mask, cache), attention_mask);
-  // NOTE [layer hooks]: without a backward to come, the pass ends here
-  // (also when it throws).
-  hooks_->begin_forward();
-  struct end_guard {
-    layer_hooks* hooks;
-    ~end_guard() {
-      if (!torch::GradMode::is_enabled())
-        hooks->end_forward();
-    }
-  } end{hooks_};
-  return apply_head(hidden_states(input_ids, attention_mask, cache), attention_mask);
+  });
 }
 
 std::map<std::string, torch::Tensor> llama_model_impl::named_weights() const {
@@ -923,8 +938,7 @@ expected<llama_model> make_llama(const llama_config& config, head_kind head, tp_
     return make_error(errc::invalid_argument,
                       "make_llama: pp " + std::to_string(pp.size) + " without its process group");
   if (pp.active() &&
-      (pp.layer0 < 0 || pp.layers < 1 || pp.layer0 + pp.layers > config.num_hidden_layers ||
-       config.tie_word_embeddings))
+      (pp.layer0 < 0 || pp.layers < 1 || pp.layer0 + pp.layers > config.num_hidden_layers))
     return make_error(errc::invalid_argument, "make_llama: stage " + std::to_string(pp.rank) +
                                                   " of pp " + std::to_string(pp.size) +
                                                   " (make it with stage_of)");
@@ -1097,8 +1111,8 @@ expected<void> assign_hf_weights(llama_model& model,
       // lm_head is redundant when embeddings are tied.
       if (hf == "lm_head.weight" && (head != head_kind::lm || model->config().tie_word_embeddings))
         continue;
-      // A pipeline stage takes its own layers of a whole checkpoint.
-      if (name && model->pp().active() && !on_stage(*name, model->pp(), model->config()))
+      // A pipeline stage takes what it holds of a whole checkpoint.
+      if (name && model->pp().active())
         continue;
       unexpected.push_back(hf);
       continue;

@@ -40,11 +40,6 @@ expected<pp_stage> stage_of(const llama_config& c, int rank, int size,
   if (size < 1 || rank < 0 || rank >= size)
     return make_error(errc::invalid_argument, "pipeline parallelism: rank " + std::to_string(rank) +
                                                   " of pp " + std::to_string(size));
-  if (size > 1 && c.tie_word_embeddings)
-    return make_error(errc::unsupported,
-                      "pipeline parallelism: tie_word_embeddings would put the embedding on the "
-                      "first and the last stage at once (pp " +
-                          std::to_string(size) + "); untie it or use pp 1");
   auto counts = split_layers(c.num_hidden_layers, size, listed);
   if (!counts)
     return counts.error();
@@ -72,8 +67,8 @@ bool on_stage(const std::string& name, const pp_stage& s, const llama_config& c)
     const auto layer = std::stoll(name.substr(7, dot - 7));
     return s.holds_layer(layer, c.num_hidden_layers);
   }
-  if (name.rfind("tok_embeddings.", 0) == 0)
-    return s.first();
+  if (name.rfind("tok_embeddings.", 0) == 0) // NOTE [tied embedding under PP]
+    return s.first() || (s.last() && c.tie_word_embeddings);
   return s.last(); // norm, output, value_head, reward_head
 }
 

@@ -11,8 +11,8 @@
 // masks and positions are computed from it), and micro-batches move
 // through the stages under the 1F1B schedule (NOTE [1F1B] in
 // runtime/pipeline_schedule.hpp; the training engine runs it: NOTE
-// [pipeline execution] in actors/train/train_engine.cpp). A tied
-// embedding would live on the first and the last stage at once: refused.
+// [pipeline execution] in actors/train/train_engine.cpp). A tied embedding
+// lives on the first and the last stage (NOTE [tied embedding under PP]).
 
 #include "models/config.hpp"
 #include "runtime/error.hpp"
@@ -52,7 +52,7 @@ expected<std::vector<int64_t>> split_layers(int64_t layers, int stages,
                                             const std::vector<int64_t>& listed = {});
 
 /// Stage `rank` of `size` of a model of config `c` (split_layers with
-/// `listed`); a tied embedding under size > 1 is refused.
+/// `listed`): its layers, and the rank and size of the pipeline.
 expected<pp_stage> stage_of(const llama_config& c, int rank, int size,
                             const std::vector<int64_t>& listed = {});
 /// The same over `group`'s ranks, keeping the group for the passes.
@@ -60,7 +60,7 @@ expected<pp_stage> stage_of(const llama_config& c, runtime::process_group& group
                             const std::vector<int64_t>& listed = {});
 
 /// Whether the parameter named `name` (troupe name) lives on stage `s` of a
-/// model of config `c`.
+/// model of config `c` with an LM head (a tied embedding on two stages).
 bool on_stage(const std::string& name, const pp_stage& s, const llama_config& c);
 
 } // namespace troupe::models

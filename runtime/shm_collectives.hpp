@@ -33,4 +33,30 @@ expected<process_group> with_shm_collectives(process_group group, store& rendezv
                                              const std::string& name, int64_t slot_bytes = 1 << 20,
                                              int64_t timeout_ms = 30000);
 
+/// Bytes of the shared segment such a group of `ranks` maps (each rank's
+/// flag line and two slots: the calls alternate between them).
+int64_t shm_collectives_bytes(int ranks, int64_t slot_bytes);
+
+/// NOTE [shm point-to-point]: `group` (every rank on this host) with its
+/// sends and receives of up to `slot_bytes` through shared memory, for a
+/// pipeline's hand-offs, which are on the 1F1B critical path: over gloo
+/// each goes through a socket and an I/O thread (a 128 KB round trip 165
+/// us here, 44 us this way: bench/bench_strategies --pipeline). Each ordered pair of neighbouring
+/// ranks (r, r ± 1: a pipeline's stages) has a mailbox of `slots` slots, each a header line (the
+/// sender's sequence number, 0 when free; the tag; the bytes) and its payload. A send copies the
+/// tensor into a free slot of its mailbox and publishes it (it waits only while every slot is full:
+/// give more slots than messages a pair has in flight); a receive takes the matching tag's oldest
+/// message, copies it out and frees the slot, spinning, then yielding, then sleeping briefly while
+/// it waits. Larger tensors, other pairs and every collective go to the wrapped group; both ends
+/// pick the path by the pair and the tensor's size, which they agree on. Set up as
+/// with_shm_collectives (rank 0 creates and names the segment, every rank
+/// maps it, the name is unlinked).
+expected<process_group> with_shm_point_to_point(process_group group, store& rendezvous,
+                                                const std::string& name,
+                                                int64_t slot_bytes = 1 << 20, int slots = 4,
+                                                int64_t timeout_ms = 30000);
+
+/// Bytes of the segment such a group of `ranks` maps.
+int64_t shm_point_to_point_bytes(int ranks, int64_t slot_bytes, int slots);
+
 } // namespace troupe::runtime

@@ -10,6 +10,7 @@
 #include "models/tensor_parallel.hpp"
 #include "runtime/config.hpp"
 #include "runtime/pipeline_schedule.hpp"
+#include "runtime/shm_collectives.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -91,7 +92,8 @@ int64_t pass_tokens(const job_config& cfg, const models::llama_config& m) {
 }
 
 // NOTE [pipeline memory]: stage s of P holds its layers' parameters (the
-// first also the embedding, the last the final norm and the head) and,
+// first also the embedding, the last the final norm and the head — a copy
+// of the embedding when it is tied) and,
 // under 1F1B, the activations of up to P − s micro-batches of its layers
 // at once (NOTE [1F1B]); the head's activations are the last stage's, one
 // micro-batch at a time.
@@ -105,7 +107,10 @@ void on_pipeline_stage(const models::llama_config& m, bool lm, int64_t tp, int64
   const auto whole_rest = params.rest;
   const auto embedding = ((m.vocab_size + tp - 1) / tp) * m.hidden_size;
   params.layers = layers;
-  params.rest = (stage == 0 ? embedding : 0) + (stage == stages - 1 ? whole_rest - embedding : 0);
+  // A tied embedding (rest = embedding + norm) is on the last stage too.
+  const bool tied = lm && m.tie_word_embeddings;
+  params.rest = (stage == 0 ? embedding : 0) +
+                (stage == stages - 1 ? whole_rest - (tied ? 0 : embedding) : 0);
   const double in_flight = static_cast<double>(std::min(stages - stage, micro));
   activations.layers = layers;
   activations.layer *= in_flight;
@@ -182,35 +187,18 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
                                      static_cast<double>(split_parameters(m, lm).total()));
 }
 
-// Estimated bytes of one rank of `role` in `stage`, by term (NOTE [memory
-// estimate]), largest first.
-// NOTE [memory estimate]: weights cost 4 bytes a parameter (2 at
-// precision bf16); a role
-// that trains in the stage holds NOTE [rank memory]'s terms instead (its
-// states under its strategy, one micro-batch's activations, the strategy's
-// transients); lm-headed roles count the vocabulary head; the rollout adds
-// its KV pool and its packed decode weights; a rule-only reward holds no
-// model. Read off the role-traits table.
-std::vector<train::memory_term> role_terms(const job_config& cfg, const models::llama_config& m,
-                                           const std::string& stage, const std::string& role,
-                                           int64_t rank,
-                                           std::optional<runtime::transport_kind> transport) {
-  const auto* t = find_role(role);
-  const auto* st = find_stage(stage);
-  if (!t || !st)
-    return {};
-  // A rule-only judge holds no model.
-  if (t->actor_in(st->id) == role_actor::judge && !uses_reward_model(cfg.rl.reward))
-    return {};
-  if (t->trains_in(st->id))
-    return training_memory(cfg, m, *st, *t, rank).terms();
-  // A tensor-parallel rollout rank holds its part (NOTE [rollout group]).
-  const auto tp =
-      t->id == role_id::rollout ? std::max<int64_t>(placement_keys(cfg, role).tp, 1) : 1;
-  const auto split = split_parameters(m, t->head == models::head_kind::lm, tp);
+// A role that does not train in the stage: its weights (a rollout rank's
+// part at `tp`), and a rollout's KV pool, packed decode weights and the
+// weight version it receives.
+std::vector<train::memory_term> untrained_terms(const job_config& cfg,
+                                                const models::llama_config& m, const role_traits& t,
+                                                int64_t tp,
+                                                std::optional<runtime::transport_kind> transport) {
+  const auto& role = t.name;
+  const auto split = split_parameters(m, t.head == models::head_kind::lm, tp);
   const double w = train::bytes_per_element(placement_keys(cfg, role).compute);
   std::vector<train::memory_term> out{{"weights", w * static_cast<double>(split.total())}};
-  if (t->id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
+  if (t.id == role_id::rollout) { // the engine's own rule (NOTE [kv pool size])
     auto e = engine_settings(cfg);
     auto part = models::partition_llama(m, 0, static_cast<int>(tp));
     const auto pool = part ? inference::kv_pool_shape(m, *part) : m;
@@ -229,6 +217,51 @@ std::vector<train::memory_term> role_terms(const job_config& cfg, const models::
                      train::bytes_per_element(placement_keys(cfg, "policy").compute) *
                          static_cast<double>(split_parameters(m, true).total())});
   }
+  return out;
+}
+
+// Estimated bytes of one rank of `role` in `stage`, by term (NOTE [memory
+// estimate]), largest first.
+// NOTE [memory estimate]: weights cost 4 bytes a parameter (2 at
+// precision bf16); a role
+// that trains in the stage holds NOTE [rank memory]'s terms instead (its
+// states under its strategy, one micro-batch's activations, the strategy's
+// transients); lm-headed roles count the vocabulary head; the rollout adds
+// its KV pool and its packed decode weights; a rule-only reward holds no
+// model. A tensor-parallel rank counts its part of the split widths and
+// its share of its group's shared segment. Read off the role-traits table.
+std::vector<train::memory_term> role_terms(const job_config& cfg, const models::llama_config& m,
+                                           const std::string& stage, const std::string& role,
+                                           int64_t rank,
+                                           std::optional<runtime::transport_kind> transport) {
+  const auto* t = find_role(role);
+  const auto* st = find_stage(stage);
+  if (!t || !st)
+    return {};
+  // A rule-only judge holds no model.
+  if (t->actor_in(st->id) == role_actor::judge && !uses_reward_model(cfg.rl.reward))
+    return {};
+  const bool trains = t->trains_in(st->id);
+  // A tensor-parallel rank holds its part (a rollout's: NOTE [rollout group]).
+  const auto tp = trains || t->id == role_id::rollout
+                      ? std::max<int64_t>(placement_keys(cfg, role).tp, 1)
+                      : int64_t{1};
+  auto out = trains ? training_memory(cfg, m, *st, *t, rank).terms()
+                    : untrained_terms(cfg, m, *t, tp, transport);
+  // Its TP group's sums and its pipeline line's hand-offs go through
+  // shared segments that each of their ranks maps (NOTE [shm all-reduce],
+  // NOTE [shm point-to-point]; a line across nodes uses none): a rank
+  // counts its share.
+  if (tp > 1)
+    out.push_back({"TP shared-memory sums (its share)",
+                   static_cast<double>(
+                       runtime::shm_collectives_bytes(static_cast<int>(tp), tp_slot_bytes) / tp)});
+  if (const auto pp = std::max<int64_t>(placement_keys(cfg, role).pp, 1); trains && pp > 1)
+    out.push_back(
+        {"PP shared-memory hand-offs (its share)",
+         static_cast<double>(runtime::shm_point_to_point_bytes(static_cast<int>(pp), pp_slot_bytes,
+                                                               pp_slots(static_cast<int>(pp))) /
+                             pp)});
   std::stable_sort(out.begin(), out.end(),
                    [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
   return out;
@@ -477,19 +510,16 @@ void check_tensor_parallel(const job_config& c, const role_placement_config& r,
 }
 
 // NOTE [pipeline parallelism] (models/pipeline_parallel.hpp): for trained
-// roles, at most a stage a layer, the listed split adding up, no tied
-// embedding, and at least as many micro-batches as stages (fewer leave a
-// stage idle the whole step); zero3 runs under neither TP nor PP yet.
+// roles, at most a stage a layer, the listed split adding up, at least as
+// many micro-batches as stages (fewer leave a stage idle the whole step),
+// and a tied embedding's two copies under ddp or zero1 (NOTE [tied
+// embedding under PP] in actors/train/train_engine.cpp).
 void check_pipeline_parallel(const job_config& c, const role_placement_config& r,
                              const std::string& at, runtime::config_checks& checks) {
   const auto* t = find_role(r.role);
   checks.require(r.pp_micro_batches >= 0, at + ".pp_micro_batches", "must be >= 0 (0 = pp)");
   checks.require(r.pp_layers.empty() || r.pp > 1, at + ".pp_layers",
                  "lists the layers of each pipeline stage: give pp > 1");
-  if ((r.tp > 1 || r.pp > 1) && r.strategy == dp_strategy::zero3)
-    checks.require(false, at + ".strategy",
-                   std::string{"zero3 under "} + (r.tp > 1 ? "tensor" : "pipeline") +
-                       " parallelism is not supported yet (use zero1 or zero2)");
   if (r.pp <= 1 || !t)
     return;
   const bool trained = t->trains() && t->id != role_id::rollout;
@@ -507,6 +537,15 @@ void check_pipeline_parallel(const job_config& c, const role_placement_config& r
   auto stage = models::stage_of(*shape, 0, static_cast<int>(r.pp), r.pp_layers);
   checks.require(stage.engaged(), at + (r.pp_layers.empty() ? ".pp" : ".pp_layers"),
                  stage ? "" : context_of(stage.error()));
+  const bool sums_in_backward =
+      r.strategy == dp_strategy::zero2 || r.strategy == dp_strategy::zero3;
+  checks.require(
+      !(shape->tie_word_embeddings && t->head == models::head_kind::lm && sums_in_backward),
+      at + ".strategy",
+      std::string{"a tied embedding under pipeline parallelism takes ddp or zero1 ("} +
+          std::string{to_string(r.strategy)} +
+          " reduces the gradients during backward, before the first and the last "
+          "stage can add their copies' gradients)");
 }
 
 // One role's layout (NOTE [parallel layout]): sizes, what is available

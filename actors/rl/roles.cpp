@@ -66,10 +66,19 @@ expected<model_recipe> recipe_of(const job_config& cfg, const role_spec& s) {
   return r;
 }
 
-// A TP rank's shared-memory slot (NOTE [shm all-reduce]): 4 MiB holds the
-// activations of a few thousand tokens of a small model; larger sums go
-// through gloo.
-constexpr int64_t tp_slot_bytes = int64_t{4} << 20;
+// Whether every rank of `line` binds the same host as this one (`host`):
+// then they share a node. Each rank's host is broadcast in turn; every
+// rank reaches the same answer.
+expected<bool> on_one_host(runtime::process_group& line, const std::string& host) {
+  bool same = true;
+  for (int r = 0; r < line.size(); ++r) {
+    std::string theirs = host;
+    if (auto ok = runtime::broadcast_bytes(line, theirs, r); !ok)
+      return ok.error();
+    same = same && theirs == host;
+  }
+  return same;
+}
 
 // The groups of a trainer rank: the store client and the gloo group of its
 // DP line; with tp or pp > 1 the role's group is a {dp, pp, tp} mesh (NOTE
@@ -100,7 +109,22 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
   if (!lines)
     return with_prefix(lines.error(), "splitting the role's mesh into its DP, PP and TP groups");
   out->group = std::move((*lines)[0]);
-  out->pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+  auto pp = std::move((*lines)[1]);
+  if (s.layout.pp > 1) {
+    auto local = on_one_host(pp, s.host);
+    if (!local)
+      return with_prefix(local.error(), "the pipeline line's hosts");
+    if (*local) { // its hand-offs through shared memory (NOTE [shm point-to-point])
+      const auto line = s.rank / (s.layout.pp * s.layout.tp) * s.layout.tp + s.rank % s.layout.tp;
+      auto shm = runtime::with_shm_point_to_point(
+          std::move(pp), out->store, s.group_name + "/pp" + std::to_string(line), pp_slot_bytes,
+          pp_slots(s.layout.pp), s.timeout_ms);
+      if (!shm)
+        return with_prefix(shm.error(), "the pipeline line's shared memory");
+      pp = std::move(*shm);
+    }
+  }
+  out->pp = std::make_shared<runtime::process_group>(std::move(pp));
   // A TP group is on one node (the planner's rule): its sums go through
   // shared memory (NOTE [shm all-reduce]).
   auto tp = std::move((*lines)[2]);

@@ -31,8 +31,8 @@ namespace troupe::actors::rl {
 /// pipeline stages (rank = (d · pp + p) · tp + t, runtime::rank_mesh{{dp,
 /// pp, tp}}); one process group per dimension. For the rollout, dp counts
 /// independent engines and tp a tensor-parallel engine. The job file sets
-/// it per role (placement.roles[].dp, .tp, .pp); until tensor and pipeline
-/// parallelism land, tp and pp are 1 and only trained roles have dp > 1.
+/// it per role (placement.roles[].dp, .tp, .pp); the planner checks which
+/// role takes which (the rollout tp only: NOTE [rollout group]).
 struct parallel_layout {
   int32_t dp = 1;
   int32_t tp = 1;
@@ -46,6 +46,23 @@ struct parallel_layout {
 /// A rank's name in logs, plans and actor names: "policy" (one rank),
 /// "policy[dp 1]", "policy[dp 0, tp 1]" (rank = d · tp + t).
 std::string rank_name(const std::string& role, const parallel_layout& layout, int64_t rank);
+
+/// A TP group's shared-memory slot a rank (NOTE [shm all-reduce] in
+/// runtime/shm_collectives.hpp): 4 MiB holds the activations of a few
+/// thousand tokens of a small model; larger sums go through gloo. Each rank
+/// maps the group's segment; the planner counts its share.
+inline constexpr int64_t tp_slot_bytes = int64_t{4} << 20;
+
+/// A pipeline line's shared-memory mailboxes when its stages share a node
+/// (NOTE [shm point-to-point] in runtime/shm_collectives.hpp): hand-offs up
+/// to 1 MiB (a micro-batch's hidden states: 256 K floats) go through them,
+/// larger ones through gloo; pp + 1 slots a neighbour pair, as 1F1B keeps
+/// at most pp hand-offs in flight on one. The planner counts each rank's
+/// share of the segment.
+inline constexpr int64_t pp_slot_bytes = int64_t{1} << 20;
+inline constexpr int pp_slots(int pp) {
+  return pp + 1;
+}
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, parallel_layout& x) {

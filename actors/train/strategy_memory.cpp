@@ -4,13 +4,34 @@
 
 namespace troupe::actors::train {
 
-parameter_split split_parameters(const models::llama_config& c, bool lm_head, int64_t tp) {
+namespace {
+
+// A TP rank's widths (NOTE [tensor parallelism] in models/tensor_parallel.hpp):
+// heads, kv heads (split when TP divides them, else replicated), the MLP's
+// intermediate and the vocabulary are split; the hidden size is whole.
+struct rank_dims {
+  int64_t H, V, I, hd, heads, q, kv;
+};
+
+rank_dims dims_of(const models::llama_config& c, int64_t tp) {
   tp = std::max<int64_t>(tp, 1);
-  auto H = c.hidden_size, V = (c.vocab_size + tp - 1) / tp, I = c.intermediate_size / tp;
-  auto hd = c.resolved_head_dim();
-  auto q = c.num_attention_heads / tp * hd;
-  auto kv =
-      (c.num_key_value_heads % tp == 0 ? c.num_key_value_heads / tp : c.num_key_value_heads) * hd;
+  rank_dims d{};
+  d.H = c.hidden_size;
+  d.V = (c.vocab_size + tp - 1) / tp;
+  d.I = c.intermediate_size / tp;
+  d.hd = c.resolved_head_dim();
+  d.heads = c.num_attention_heads / tp;
+  d.q = d.heads * d.hd;
+  d.kv =
+      (c.num_key_value_heads % tp == 0 ? c.num_key_value_heads / tp : c.num_key_value_heads) * d.hd;
+  return d;
+}
+
+} // namespace
+
+parameter_split split_parameters(const models::llama_config& c, bool lm_head, int64_t tp) {
+  const auto d = dims_of(c, tp);
+  const auto H = d.H, V = d.V, I = d.I, q = d.q, kv = d.kv;
   parameter_split s;
   s.layer = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
   if (c.qkv_bias)

@@ -124,26 +124,31 @@ expected<flat_adam::whole_state> flat_adam::read_state(torch::serialize::InputAr
 
 expected<double> clip_by_global_norm(at::Tensor& grads, runtime::process_group* group,
                                      double max_norm, const tp_norm& tp) {
-  // [all, replicated] (NOTE [tensor-parallel norm]).
+  // [all, replicated, counted elsewhere] (NOTE [tensor-parallel norm]).
   auto sq = guarded("the gradient norm", [&] {
-    double replicated = 0;
-    for (auto [begin, end] : tp.replicated)
-      replicated += squared_norm(grads.narrow(0, begin, end - begin));
-    return torch::tensor({squared_norm(grads), replicated}, torch::kDouble);
+    auto of = [&](const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+      double sum = 0;
+      for (auto [begin, end] : ranges)
+        sum += squared_norm(grads.narrow(0, begin, end - begin));
+      return sum;
+    };
+    return torch::tensor({squared_norm(grads), of(tp.replicated), of(tp.elsewhere)},
+                         torch::kDouble);
   });
   if (!sq)
     return sq.error();
   if (group)
     if (auto ok = group->all_reduce_sum(*sq); !ok)
       return with_prefix(ok.error(), "summing the gradient norm over the group");
-  if (tp.group) {
-    auto split = (*sq)[0] - (*sq)[1];
+  if (tp.group) { // the split parts (and what another stage counts) over TP
+    auto split = torch::stack({(*sq)[0] - (*sq)[1], (*sq)[2]});
     if (auto ok = tp.group->all_reduce_sum(split); !ok)
       return with_prefix(ok.error(), "summing the gradient norm over the tensor-parallel group");
-    (*sq)[0] = split + (*sq)[1];
+    (*sq)[0] = split[0] + (*sq)[1];
+    (*sq)[2] = split[1];
   }
   if (tp.pp) {
-    auto whole = sq->narrow(0, 0, 1).clone();
+    auto whole = ((*sq)[0] - (*sq)[2]).reshape({1});
     if (auto ok = tp.pp->all_reduce_sum(whole); !ok)
       return with_prefix(ok.error(), "summing the gradient norm over the pipeline stages");
     (*sq)[0] = whole[0];

@@ -93,12 +93,26 @@ inline at::ScalarType optimizer_dtype(at::ScalarType weights) {
 /// replicated ones (equal on every TP rank). The global norm sums the split
 /// parts' squares over the TP group and counts the replicated ones once.
 /// Under pipeline parallelism each stage holds other parameters: the
-/// stages' squares add up over the PP group.
+/// stages' squares add up over the PP group, less what a stage holds that
+/// another counts (the last stage's copy of a tied embedding).
 struct tp_norm {
   runtime::process_group* group = nullptr; // null: no TP
   /// [begin, end) of `grads`' elements that belong to replicated parameters.
   std::vector<std::pair<int64_t, int64_t>> replicated;
   runtime::process_group* pp = nullptr; // null: no PP
+  /// [begin, end) of `grads`' elements another stage counts (split over TP
+  /// like the rest, never replicated).
+  std::vector<std::pair<int64_t, int64_t>> elsewhere;
+
+  /// Adds the part of a parameter at [offset, offset + n) of a layout that
+  /// lies in this rank's [lo, hi) of it, which starts at `at` in `grads`,
+  /// to `ranges`.
+  static void add(std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t at, int64_t lo,
+                  int64_t hi, int64_t offset, int64_t n) {
+    const int64_t b = std::max(lo, offset), e = std::min(hi, offset + n);
+    if (b < e)
+      ranges.emplace_back(at + b - lo, at + e - lo);
+  }
 };
 
 /// The norm of the whole gradient of which `grads` is this rank's part
@@ -116,6 +130,7 @@ double squared_norm(const at::Tensor& g);
 /// indices into `params` of each layer's parameters (NOTE [layer hooks]).
 expected<std::unique_ptr<training_strategy>>
 make_zero3_strategy(std::vector<at::Tensor> params, std::vector<std::vector<size_t>> layers,
-                    const optimizer_options& optim, runtime::process_group& group);
+                    const optimizer_options& optim, runtime::process_group& group,
+                    model_lines lines = {});
 
 } // namespace troupe::actors::train::detail

@@ -210,18 +210,95 @@ struct train_engine::impl {
     return {value_or_throw(kernels::token_log_probs(logits, tokens, lo)), {}};
   }
 
-  // `o` with the model's tensor-parallel layout (NOTE [tensor-parallel
-  // norm] in strategy_parts.hpp) and pipeline group.
-  strategy_options with_tp(strategy_options o) const {
-    o.pp_group = model->pp().group;
+  // `o` with the model's lines (NOTE [tensor-parallel norm] in
+  // strategy_parts.hpp): its TP group and replicated parameters, its PP
+  // group and the tied embedding's copy another stage counts.
+  strategy_options with_lines(strategy_options o) const {
+    auto& l = o.lines;
+    l.pp = model->pp().group;
+    l.pp_elsewhere.clear();
+    if (tied_copy())
+      for (const auto& p : model->named_parameters())
+        l.pp_elsewhere.push_back(p.key() == tied_name);
     const auto& tp = model->tp();
-    if (!tp.active())
-      return o;
-    o.tp_group = tp.group;
-    o.tp_replicated.clear();
-    for (const auto& p : model->named_parameters())
-      o.tp_replicated.push_back(models::tp_slice_of(p.key(), model->config(), tp).replicated());
+    l.tp = tp.active() ? tp.group : nullptr;
+    l.tp_replicated.clear();
+    if (tp.active())
+      for (const auto& p : model->named_parameters())
+        l.tp_replicated.push_back(models::tp_slice_of(p.key(), model->config(), tp).replicated());
     return o;
+  }
+
+  // ---- NOTE [tied embedding under PP] ----------------------------------
+  // A tied embedding is the first stage's token embedding and the last
+  // stage's LM head: both stages hold a copy (models/llama.cpp), equal
+  // after joining (the first sends its copy to the last). Each copy gets
+  // the gradient of its own use, so after a step's backward passes the
+  // two stages add each other's (an all-reduce when they are the only two,
+  // else a send and a receive each way: equal bits on both) before the
+  // strategy syncs over DP, and both step the same sum with the same
+  // AdamW state, so the copies stay equal. The global norm counts it once
+  // (the last stage's copy is "elsewhere"); the export takes the first
+  // stage's. The gradients must still be whole on each rank when the
+  // stages add them: ddp and zero1, not zero2 / zero3 (which reduce during
+  // backward).
+  static constexpr const char* tied_name = "tok_embeddings.weight";
+  static constexpr int tied_tag = 1 << 21;
+
+  // Whether this stage holds a copy of an embedding tied across stages.
+  bool tied_across_stages() const {
+    const auto& pp = model->pp();
+    return pp.active() && model->config().tie_word_embeddings &&
+           model->head() == models::head_kind::lm && (pp.first() || pp.last());
+  }
+  // Whether it is the last stage's copy (the one the first stage counts).
+  bool tied_copy() const { return tied_across_stages() && !model->pp().first(); }
+
+  at::Tensor tied_parameter() const {
+    for (const auto& p : model->named_parameters())
+      if (p.key() == tied_name)
+        return p.value();
+    throw error_exception(make_error(errc::internal, "the tied embedding is missing"));
+  }
+
+  // x on the first and last stage becomes their sum (or, `replace`, the
+  // first stage's) on both.
+  void exchange_tied(at::Tensor x, bool replace) const {
+    const auto& pp = model->pp();
+    auto& g = *pp.group;
+    const int peer = pp.first() ? pp.size - 1 : 0;
+    if (!replace && pp.size == 2) {
+      value_or_throw(g.all_reduce_sum(x));
+      return;
+    }
+    auto mine = x.contiguous().clone();
+    auto theirs = at::empty_like(mine);
+    if (replace) { // the first stage's, to the last
+      if (pp.first())
+        value_or_throw(g.send(mine, peer, tied_tag));
+      else
+        value_or_throw(g.recv(theirs, peer, tied_tag));
+    } else {
+      auto sent = value_or_throw(g.start_send(mine, peer, tied_tag));
+      value_or_throw(g.recv(theirs, peer, tied_tag));
+      value_or_throw(sent->wait());
+    }
+    torch::NoGradGuard no_grad;
+    if (replace)
+      x.copy_(pp.first() ? mine : theirs);
+    else if (pp.first()) // the same order of the sum on both stages
+      x.copy_(mine + theirs);
+    else
+      x.copy_(theirs + mine);
+  }
+
+  void sum_tied_gradients() const {
+    if (!tied_across_stages())
+      return;
+    auto p = tied_parameter();
+    if (!p.grad().defined())
+      p.mutable_grad() = at::zeros_like(p);
+    exchange_tied(p.grad(), false);
   }
 
   // Parameter i whole: under TP gathered from every rank's part (each rank
@@ -404,15 +481,18 @@ struct train_engine::impl {
     return pipelined() ? from_last_stage(std::move(all)) : all;
   }
 
+  // A strategy that gathers during the passes (zero3) needs as many on
+  // every rank, agreed before any: the last again, its answer dropped.
+  size_t forward_rounds(size_t parts) {
+    return dp && strategy && strategy->layer_hooks() ? most_micro_batches(parts) : parts;
+  }
+
   // fn of each part in turn.
   template <class Fn>
   std::vector<runtime::tensor_batch> each_part(const std::vector<runtime::tensor_batch>& parts,
                                                Fn&& fn) {
     std::vector<runtime::tensor_batch> outs;
-    // A strategy that gathers during the passes (zero3) needs as many on
-    // every rank, agreed before any: the last again, its answer dropped.
-    const size_t rounds =
-        dp && strategy && strategy->layer_hooks() ? most_micro_batches(parts.size()) : parts.size();
+    const size_t rounds = forward_rounds(parts.size());
     for (const auto& part : parts)
       outs.push_back(fn(part));
     for (auto i = parts.size(); i < rounds; ++i)
@@ -473,15 +553,20 @@ struct train_engine::impl {
   // every stage exports is exchanged once, when joining.
   static constexpr int export_tag = 1 << 22;
 
+  // Whether parameter i is in this stage's export (the last stage's copy
+  // of a tied embedding is not: NOTE [tied embedding under PP]).
+  bool exported(size_t i) const { return !tied_copy() || names().at(i) != tied_name; }
+
   // This stage's exported tensors (HF name, dtype, whole shape).
   std::vector<runtime::tensor_spec> own_layout() const {
     auto params = model->parameters();
     std::vector<runtime::tensor_spec> out;
     for (auto i : export_order())
-      out.push_back(
-          {value_or_throw(models::to_hf_name(names().at(i), model->head())),
-           params[i].scalar_type(),
-           models::tp_full_shape(names().at(i), shapes.at(i), model->config(), model->tp())});
+      if (exported(i))
+        out.push_back(
+            {value_or_throw(models::to_hf_name(names().at(i), model->head())),
+             params[i].scalar_type(),
+             models::tp_full_shape(names().at(i), shapes.at(i), model->config(), model->tp())});
     return out;
   }
 
@@ -610,9 +695,14 @@ struct train_engine::impl {
   }
 
   template <class Fn>
-  std::vector<runtime::tensor_batch>
-  pipeline_forward(const std::vector<runtime::tensor_batch>& parts, Fn&& fn) {
+  std::vector<runtime::tensor_batch> pipeline_forward(std::vector<runtime::tensor_batch> parts,
+                                                      Fn&& fn) {
     const auto& pp = model->pp();
+    const auto own = parts.size();
+    if (!parts.empty()) { // zero3: as many passes on every rank
+      const auto last = parts.back();
+      parts.resize(forward_rounds(own), last);
+    }
     const int n = static_cast<int>(parts.size());
     std::vector<runtime::tensor_batch> outs;
     sends_in_flight sends;
@@ -635,6 +725,8 @@ struct train_engine::impl {
     }
     clock.wait([&] { sends.wait_all(); });
     clock.done();
+    if (outs.size() > own)
+      outs.resize(own);
     return outs;
   }
 
@@ -795,6 +887,7 @@ struct train_engine::impl {
         value_or_throw(strategy->backward_done());
       }
     }
+    sum_tied_gradients(); // NOTE [tied embedding under PP]
     value_or_throw(strategy->sync_gradients());
     const double norm = value_or_throw(strategy->clip_gradients(opts->grad_clip));
     const double lr = next_lr();
@@ -927,7 +1020,7 @@ expected<std::unique_ptr<train_engine>> train_engine::make(models::llama_model m
     if (optim) {
       e->impl_->model->train();
       e->impl_->strategy = value_or_throw(training_strategy::make(
-          e->impl_->model->parameters(), *optim, nullptr, e->impl_->with_tp({})));
+          e->impl_->model->parameters(), *optim, nullptr, e->impl_->with_lines({})));
     } else {
       e->impl_->model->eval();
       for (auto& p : e->impl_->model->parameters())
@@ -962,12 +1055,22 @@ expected<void> train_engine::join_data_parallel(std::shared_ptr<data_parallel_gr
     return make_error(errc::invalid_argument,
                       "join_data_parallel: the model's pipeline stage is not of the group's PP "
                       "line (make it with stage_of over group->pp)");
+  if (d.tied_across_stages() &&
+      (options.kind == dp_strategy::zero2 || options.kind == dp_strategy::zero3))
+    return make_error(errc::unsupported,
+                      "join_data_parallel: a tied embedding under pipeline parallelism takes ddp "
+                      "or zero1 (" +
+                          std::string{to_string(options.kind)} +
+                          " reduces the gradients during backward, before the first and the last "
+                          "stage can add their copies' gradients)");
   return guarded("join_data_parallel", [&]() -> expected<void> {
+    if (d.tied_across_stages()) // NOTE [tied embedding under PP]: equal copies
+      d.exchange_tied(d.tied_parameter(), true);
     auto params = d.model->parameters();
     if (auto ok = runtime::broadcast_parameters(params, group->group, 0); !ok)
       return with_prefix(ok.error(), "broadcasting the parameters from rank 0");
     if (d.strategy) {
-      auto s = training_strategy::make(params, *d.opts, &group->group, d.with_tp(options),
+      auto s = training_strategy::make(params, *d.opts, &group->group, d.with_lines(options),
                                        layer_parameters(d.model));
       if (!s)
         return s.error();
@@ -1065,7 +1168,7 @@ expected<void> train_engine::set_precision(precision p) {
     d.model->drop_decode_panels();
     if (d.opts)
       d.strategy = value_or_throw(
-          training_strategy::make(d.model->parameters(), *d.opts, nullptr, d.with_tp({})));
+          training_strategy::make(d.model->parameters(), *d.opts, nullptr, d.with_lines({})));
   });
 }
 
@@ -1367,6 +1470,8 @@ expected<int64_t> train_engine::gather_weights() const {
     const auto& pp = impl_->model->pp();
     size_t j = 0;
     impl_->by_export_units([&](size_t i) {
+      if (!impl_->exported(i))
+        return;
       auto t = impl_->whole(i, params[i]); // the TP group's gather (NOTE [tensor parallelism])
       if (gathers || impl_->model->tp().active())
         bytes += t.numel() * static_cast<int64_t>(t.element_size());

@@ -80,14 +80,8 @@ public:
     return detail::clip_by_global_norm(shard_grad(), group_, max_norm, tp_norm());
   }
 
-  // Under TP, the tensor-parallel group and the replicated parameters'
-  // ranges within shard_grad() (NOTE [tensor-parallel norm]).
-  void set_tp(runtime::process_group* group, std::vector<bool> replicated,
-              runtime::process_group* pp) {
-    tp_group_ = group;
-    tp_replicated_ = std::move(replicated);
-    pp_group_ = pp;
-  }
+  // Under TP / PP, the model's lines (NOTE [tensor-parallel norm]).
+  void set_lines(model_lines lines) { lines_ = std::move(lines); }
 
   int64_t optimizer_bytes() const override { return adam_.bytes(); }
 
@@ -170,17 +164,14 @@ protected:
   virtual int64_t shard_offset() const = 0;
 
   detail::tp_norm tp_norm() {
-    detail::tp_norm out{tp_group_, {}, pp_group_};
-    if (!tp_group_)
-      return out;
+    detail::tp_norm out{lines_.tp, {}, lines_.pp, {}};
     const int64_t lo = shard_offset(), hi = lo + shard_grad().numel();
-    for (size_t i = 0; i < tp_replicated_.size() && i < f_.params.size(); ++i) {
-      if (!tp_replicated_[i])
-        continue;
-      const int64_t b = std::max(lo, f_.offsets[i]),
-                    e = std::min(hi, f_.offsets[i] + f_.params[i].numel());
-      if (b < e)
-        out.replicated.emplace_back(b - lo, e - lo);
+    for (size_t i = 0; i < f_.params.size(); ++i) {
+      const auto n = f_.params[i].numel();
+      if (lines_.tp && i < lines_.tp_replicated.size() && lines_.tp_replicated[i])
+        detail::tp_norm::add(out.replicated, 0, lo, hi, f_.offsets[i], n);
+      if (lines_.pp && i < lines_.pp_elsewhere.size() && lines_.pp_elsewhere[i])
+        detail::tp_norm::add(out.elsewhere, 0, lo, hi, f_.offsets[i], n);
     }
     return out;
   }
@@ -209,9 +200,7 @@ protected:
   flat_shards f_;
   runtime::process_group* group_;
   flat_adam adam_;
-  runtime::process_group* tp_group_ = nullptr;
-  std::vector<bool> tp_replicated_;
-  runtime::process_group* pp_group_ = nullptr;
+  model_lines lines_;
 };
 
 // ---- ddp ---------------------------------------------------------------------------
@@ -518,21 +507,17 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
       return make_error(errc::unsupported,
                         "training_strategy: the parameters must share one floating dtype and "
                         "one device");
-  if (options.tp_group && options.tp_replicated.size() != params.size())
+  const auto& lines = options.lines;
+  if ((lines.tp && lines.tp_replicated.size() != params.size()) ||
+      (!lines.pp_elsewhere.empty() && lines.pp_elsewhere.size() != params.size()))
     return make_error(errc::invalid_argument,
-                      "training_strategy: " + std::to_string(options.tp_replicated.size()) +
-                          " tensor-parallel flags for " + std::to_string(params.size()) +
-                          " parameters");
+                      "training_strategy: " + std::to_string(lines.tp_replicated.size()) +
+                          " tensor-parallel and " + std::to_string(lines.pp_elsewhere.size()) +
+                          " pipeline flags for " + std::to_string(params.size()) + " parameters");
   if (options.kind == dp_strategy::zero3) {
     if (!group)
       return make_error(errc::invalid_argument, "training_strategy: zero3 needs a DP group");
-    if (options.tp_group || options.pp_group)
-      return make_error(errc::unsupported,
-                        std::string{"training_strategy: zero3 under "} +
-                            (options.tp_group ? "tensor" : "pipeline") +
-                            " parallelism is not supported yet (use zero1 or zero2 over the DP "
-                            "dimension)");
-    return detail::make_zero3_strategy(std::move(params), std::move(layers), optim, *group);
+    return detail::make_zero3_strategy(std::move(params), std::move(layers), optim, *group, lines);
   }
   if (options.kind != dp_strategy::ddp && !group)
     return make_error(errc::invalid_argument,
@@ -551,7 +536,7 @@ training_strategy::make(std::vector<at::Tensor> params, const optimizer_options&
                                  optim, *group, bucket));
     else
       return make_error(errc::unsupported, "training_strategy: unknown strategy");
-    s->set_tp(options.tp_group, options.tp_replicated, options.pp_group);
+    s->set_lines(lines);
     return std::unique_ptr<training_strategy>(std::move(s));
   });
 }

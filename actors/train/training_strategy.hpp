@@ -63,20 +63,30 @@ class layer_hooks;
 
 namespace troupe::actors::train {
 
+/// The model-parallel lines a strategy over the DP group needs for the
+/// global gradient norm (NOTE [tensor-parallel norm] in strategy_parts.hpp).
+struct model_lines {
+  /// Tensor parallelism: the TP group, and per parameter whether it is
+  /// replicated over it (empty: none is). The DP group is one line of the
+  /// mesh, the TP group another (zero3 shards each TP rank's part over its
+  /// DP line).
+  runtime::process_group* tp = nullptr;
+  std::vector<bool> tp_replicated;
+  /// Pipeline parallelism: the PP group, over which the stages' gradient
+  /// norms add up (NOTE [pipeline parallelism] in
+  /// models/pipeline_parallel.hpp), and per parameter whether another stage
+  /// counts it (empty: none; the last stage's copy of a tied embedding:
+  /// NOTE [tied embedding under PP] in train_engine.cpp). zero3 shards a
+  /// stage's layers and its rest over its DP line.
+  runtime::process_group* pp = nullptr;
+  std::vector<bool> pp_elsewhere;
+};
+
 struct strategy_options {
   dp_strategy kind = dp_strategy::ddp;
   /// ddp's all-reduce bucket (NOTE [gradient buckets]).
   double bucket_mb = 25;
-  /// Tensor parallelism (NOTE [tensor-parallel norm] in strategy_parts.hpp):
-  /// the TP group, and per parameter whether it is replicated over it
-  /// (empty: none is). The DP group is one line of the mesh, the TP group
-  /// another; zero3 does not run under TP yet.
-  runtime::process_group* tp_group = nullptr;
-  std::vector<bool> tp_replicated;
-  /// Pipeline parallelism: the PP group, over which the stages' gradient
-  /// norms add up (NOTE [pipeline parallelism] in
-  /// models/pipeline_parallel.hpp); zero3 does not run under PP yet.
-  runtime::process_group* pp_group = nullptr;
+  model_lines lines;
 };
 
 class training_strategy {

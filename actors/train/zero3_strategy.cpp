@@ -78,8 +78,9 @@ struct layer_function : torch::autograd::Function<layer_function> {
 class zero3_strategy final : public training_strategy, public models::layer_hooks {
 public:
   zero3_strategy(std::vector<at::Tensor> params, std::vector<std::vector<size_t>> layers,
-                 const optimizer_options& o, runtime::process_group& group)
-      : params_(std::move(params)), group_(group), world_(group.size()), rank_(group.rank()) {
+                 const optimizer_options& o, runtime::process_group& group, model_lines lines)
+      : params_(std::move(params)), group_(group), world_(group.size()), rank_(group.rank()),
+        lines_(std::move(lines)) {
     adam_.o = o;
     for (const auto& p : params_)
       shapes_.push_back(p.sizes().vec());
@@ -145,7 +146,7 @@ public:
   expected<void> sync_gradients() override { return {}; }
 
   expected<double> clip_gradients(double max_norm) override {
-    return clip_by_global_norm(grads_, &group_, max_norm);
+    return clip_by_global_norm(grads_, &group_, max_norm, tp_norm());
   }
 
   expected<void> step(double lr) override {
@@ -227,6 +228,8 @@ public:
         continue;
       auto whole = at::empty({total_}, part.options());
       for (const auto& u : units_) {
+        if (u.params.empty()) // another pipeline stage's layer
+          continue;
         auto gathered = at::empty({u.shard * world_}, part.options());
         if (auto ok = group_.all_gather(part.narrow(0, u.at, u.shard), gathered); !ok)
           return with_prefix(ok.error(), std::string{"zero3: gathering "} + name);
@@ -307,6 +310,8 @@ public:
   // The unit's gradients (undefined: none) summed over the group into this
   // rank's shard of them.
   expected<void> reduce_into_shard(unit& u, const std::vector<at::Tensor>& g) {
+    if (u.params.empty()) // another pipeline stage's layer, or a middle stage's rest
+      return {};
     torch::NoGradGuard no_grad;
     auto padded = at::zeros({u.shard * world_}, flat_.options());
     for (size_t k = 0; k < u.params.size(); ++k)
@@ -320,6 +325,25 @@ public:
   }
 
 private:
+  // NOTE [tensor-parallel norm]: the replicated parameters' elements in
+  // this rank's shards (each unit's shard is [rank · shard, + shard) of its
+  // padded layout, at u.at in grads_).
+  detail::tp_norm tp_norm() const {
+    detail::tp_norm out{lines_.tp, {}, lines_.pp, {}};
+    for (const auto& u : units_) {
+      const int64_t lo = rank_ * u.shard, hi = lo + u.shard;
+      for (size_t k = 0; k < u.params.size(); ++k) {
+        const auto i = u.params[k];
+        const auto n = params_numel(i);
+        if (lines_.tp && i < lines_.tp_replicated.size() && lines_.tp_replicated[i])
+          detail::tp_norm::add(out.replicated, u.at, lo, hi, u.offsets[k], n);
+        if (lines_.pp && i < lines_.pp_elsewhere.size() && lines_.pp_elsewhere[i])
+          detail::tp_norm::add(out.elsewhere, u.at, lo, hi, u.offsets[k], n);
+      }
+    }
+    return out;
+  }
+
   void make_units(std::vector<std::vector<size_t>> layers) {
     std::vector<bool> in_layer(params_.size(), false);
     for (auto& l : layers) {
@@ -401,6 +425,7 @@ private:
   std::vector<unit> units_; // the layers', then the rest
   runtime::process_group& group_;
   const int world_, rank_;
+  model_lines lines_;
   at::Tensor flat_;  // this rank's shards of every unit
   at::Tensor grads_; // their summed gradients
   at::Tensor empty_; // what a freed parameter holds
@@ -446,10 +471,11 @@ torch::autograd::variable_list layer_function::backward(torch::autograd::Autogra
 
 expected<std::unique_ptr<training_strategy>>
 make_zero3_strategy(std::vector<at::Tensor> params, std::vector<std::vector<size_t>> layers,
-                    const optimizer_options& optim, runtime::process_group& group) {
+                    const optimizer_options& optim, runtime::process_group& group,
+                    model_lines lines) {
   return guarded("zero3", [&]() -> expected<std::unique_ptr<training_strategy>> {
     return std::unique_ptr<training_strategy>(
-        new zero3_strategy(std::move(params), std::move(layers), optim, group));
+        new zero3_strategy(std::move(params), std::move(layers), optim, group, std::move(lines)));
   });
 }
 

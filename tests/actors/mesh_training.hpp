@@ -3,6 +3,7 @@
 // gloo groups), for the model-parallel engine tests: each rank builds its
 // part of a dense model, joins its lines and trains on the same global
 // batches as one engine does.
+#include "actors/rl/roles.hpp"
 #include "actors/train/train_engine.hpp"
 #include "models/llama.hpp"
 #include "runtime/shm_collectives.hpp"
@@ -121,7 +122,16 @@ inline std::vector<mesh_rank> mesh_engines(runtime::local_groups& world,
     auto lines =
         runtime::make_mesh_groups(g, runtime::rank_mesh{{l.dp, l.pp, l.tp}}, {"dp", "pp", "tp"});
     EXPECT_TRUE(lines) << describe(lines.error());
-    out.pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+    auto pp = std::move((*lines)[1]);
+    if (l.pp > 1) { // as a job's line on one node: hand-offs through shared memory
+      const int line = g.rank() / (l.pp * l.tp) * l.tp + g.rank() % l.tp;
+      auto shm = runtime::with_shm_point_to_point(
+          std::move(pp), world.stores[static_cast<size_t>(g.rank())],
+          "mesh-pp" + std::to_string(line), actors::rl::pp_slot_bytes, actors::rl::pp_slots(l.pp));
+      EXPECT_TRUE(shm) << describe(shm.error());
+      pp = std::move(*shm);
+    }
+    out.pp = std::make_shared<runtime::process_group>(std::move(pp));
     auto tp = std::move((*lines)[2]);
     if (l.tp > 1) { // as a job's TP group: sums through shared memory (NOTE [shm all-reduce])
       auto shm = runtime::with_shm_collectives(

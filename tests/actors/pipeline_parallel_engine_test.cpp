@@ -1,5 +1,5 @@
 // Training under pipeline parallelism (NOTE [pipeline execution] in
-// actors/train/train_engine.cpp): PP 2, PP 4, DP 2 × PP 2 (zero1 over DP),
+// actors/train/train_engine.cpp): PP 2, PP 4, DP 2 × PP 2 (zero1, zero2 and zero3 over DP),
 // TP 2 × PP 2 and DP 2 × TP 2 × PP 2 train the same model on the same
 // global batches to within 1e-5 of one engine after 5 Adam steps (gloo
 // ranks in this process, one thread a rank), for SFT, PPO updates and a
@@ -29,10 +29,12 @@ using namespace troupe::testing::mesh;
 
 namespace {
 
-// The tiny model with `layers` layers (seeded).
-models::llama_model deep_model(int64_t layers, uint64_t seed) {
+// The tiny model with `layers` layers (seeded), its embedding `tied` to
+// the LM head or not.
+models::llama_model deep_model(int64_t layers, uint64_t seed, bool tied = false) {
   auto c = tiny_config();
   c.num_hidden_layers = layers;
+  c.tie_word_embeddings = tied;
   torch::manual_seed(seed);
   auto m = models::make_llama(c, models::head_kind::lm);
   EXPECT_TRUE(m);
@@ -144,11 +146,16 @@ TEST(PipelineParallelEngine, StagesSplitTheLayersEvenlyOrAsListed) {
   auto empty_stage = models::split_layers(7, 3, {0, 3, 4});
   ASSERT_FALSE(empty_stage);
   EXPECT_NE(describe(empty_stage.error()).find("pp_layers[0] is 0"), std::string::npos);
+  // A tied embedding lives on the first and the last stage.
   auto c = tiny_config();
   c.tie_word_embeddings = true;
-  auto tied = models::stage_of(c, 0, 2);
-  ASSERT_FALSE(tied);
-  EXPECT_NE(describe(tied.error()).find("tie_word_embeddings"), std::string::npos);
+  auto last = models::stage_of(c, 2, 3, {1, 0, 1});
+  EXPECT_FALSE(last); // an empty stage: refused as above
+  for (int rank : {0, 1}) {
+    auto tied = models::stage_of(c, rank, 2);
+    ASSERT_TRUE(tied) << describe(tied.error());
+    EXPECT_TRUE(models::on_stage("tok_embeddings.weight", *tied, c)) << "stage " << rank;
+  }
   // A stage holds its layers under their own numbers, the embedding on the
   // first stage and the norm and head on the last.
   auto s1 = models::stage_of(tiny_config(), 1, 2);
@@ -161,10 +168,71 @@ TEST(PipelineParallelEngine, StagesSplitTheLayersEvenlyOrAsListed) {
   EXPECT_TRUE(models::on_stage("output.weight", *s1, tiny_config()));
 }
 
-TEST(PipelineParallelEngine, Zero3UnderPpIsRefusedWithAReason) {
-  auto base = tiny_model(30);
+// NOTE [tied embedding under PP]: the tied model (no output matrix: the
+// head is the embedding) trains on two stages, on four stages (the first
+// and last not neighbours) with zero1 over DP 2, and under TP 2 × PP 2, as
+// one engine does.
+models::llama_model tied_model(int64_t layers, uint64_t seed) {
+  return deep_model(layers, seed, true);
+}
+
+TEST(PipelineParallelEngine, ATiedEmbeddingOnTwoStagesRunsPpoLikeOneEngine) {
+  expect_like_one(tied_model(2, 36), models::head_kind::lm, ppo(), layout{1, 1, 2, 4});
+}
+
+TEST(PipelineParallelEngine, ATiedEmbeddingOnFourStagesWithZero1OverDpTwoTrainsLikeOneEngine) {
+  expect_like_one(tied_model(4, 37), models::head_kind::lm, sft(), layout{2, 1, 4, 4},
+                  train::dp_strategy::zero1);
+}
+
+TEST(PipelineParallelEngine, ATiedEmbeddingUnderTpTwoByPpTwoTrainsLikeOneEngine) {
+  expect_like_one(tied_model(2, 38), models::head_kind::lm, sft(), layout{1, 2, 2});
+}
+
+// Both copies are equal bit for bit after the steps (the stages add the
+// same two gradients in the same order and step them with the same state),
+// also when the last stage's copy started out different: joining makes it
+// the first stage's.
+TEST(PipelineParallelEngine, TheTiedEmbeddingsTwoCopiesStayEqual) {
+  auto base = tied_model(2, 39);
+  const layout l{1, 1, 2, 2};
   runtime::group_options go;
-  go.name = "pp-zero3";
+  go.name = "pp-tied-copies";
+  auto world = runtime::make_local_groups(l.size(), go);
+  ASSERT_TRUE(world);
+  const auto dense = copy_of(base, models::head_kind::lm);
+  auto copies = on_every_rank<at::Tensor>(world->groups, [&](runtime::process_group& g) {
+    auto lines = runtime::make_mesh_groups(g, runtime::rank_mesh{{1, 2}}, {"dp", "pp"});
+    auto pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
+    auto stage = models::stage_of(base->config(), *pp);
+    auto model = models::make_model_part(dense, {}, *stage);
+    EXPECT_TRUE(model) << describe(model.error());
+    if (pp->rank() == 1) { // a copy that differs before joining
+      torch::NoGradGuard no_grad;
+      (*model)->named_parameters()["tok_embeddings.weight"].add_(0.5);
+    }
+    auto e = train::train_engine::make(*model, optim());
+    auto d = std::make_shared<train::data_parallel_group>();
+    d->group = std::move((*lines)[0]);
+    d->pp = pp;
+    EXPECT_TRUE((*e)->join_data_parallel(d, {train::dp_strategy::ddp, 25}));
+    EXPECT_TRUE((*e)->set_pipeline_micro_batches(2));
+    for (size_t s = 0; s < 3; ++s)
+      EXPECT_TRUE((*e)->sft_step(step_batches()[s]));
+    return (*model)->named_parameters()["tok_embeddings.weight"].detach().clone();
+  });
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_TRUE(torch::equal(copies[0], copies[1]));
+  // And they moved: the step changed the embedding.
+  EXPECT_FALSE(torch::equal(copies[0], dense->named_parameters()["tok_embeddings.weight"]));
+}
+
+// zero2 and zero3 reduce over DP during backward, before the two stages
+// could add their copies' gradients: refused with the reason.
+TEST(PipelineParallelEngine, ATiedEmbeddingUnderPpRefusesZero2WithAReason) {
+  auto base = tied_model(2, 40);
+  runtime::group_options go;
+  go.name = "pp-tied-zero2";
   auto world = runtime::make_local_groups(4, go);
   ASSERT_TRUE(world);
   auto errors = on_every_rank<std::string>(world->groups, [&](runtime::process_group& g) {
@@ -172,14 +240,66 @@ TEST(PipelineParallelEngine, Zero3UnderPpIsRefusedWithAReason) {
     auto d = std::make_shared<train::data_parallel_group>();
     d->pp = std::make_shared<runtime::process_group>(std::move((*lines)[1]));
     auto stage = models::stage_of(base->config(), *d->pp);
-    auto model = models::make_llama(base->config(), models::head_kind::lm, {}, *stage);
+    auto model = models::make_model_part(base, {}, *stage);
     auto e = train::train_engine::make(*model, optim());
     d->group = std::move((*lines)[0]);
-    auto ok = (*e)->join_data_parallel(d, {train::dp_strategy::zero3, 25});
+    auto ok = (*e)->join_data_parallel(d, {train::dp_strategy::zero2, 25});
     return ok ? std::string{} : describe(ok.error());
   });
   for (const auto& e : errors)
-    EXPECT_NE(e.find("zero3 under pipeline parallelism"), std::string::npos) << e;
+    EXPECT_NE(e.find("a tied embedding under pipeline parallelism takes ddp or zero1"),
+              std::string::npos)
+        << e;
+}
+
+// zero3 over the DP line of each stage: a stage's layers and its rest
+// (the embedding on the first, norm and head on the last) sharded over DP;
+// under 1F1B each layer is gathered again in its backward.
+TEST(PipelineParallelEngine, Zero3OverDpTwoWithTwoStagesRunsPpoLikeOneEngine) {
+  expect_like_one(tiny_model(30), models::head_kind::lm, ppo(), layout{2, 1, 2, 2},
+                  train::dp_strategy::zero3);
+}
+
+TEST(PipelineParallelEngine, Zero3OverDpTwoByTpTwoByPpTwoTrainsLikeOneEngine) {
+  expect_like_one(tiny_model(33), models::head_kind::lm, sft(), layout{2, 2, 2},
+                  train::dp_strategy::zero3);
+}
+
+// A forward-only pass under zero3 gathers a layer at a time on every DP
+// rank at once, so ranks with fewer micro-batches (3 rows against 4, cut
+// into up to 4) run their last again: each rank's log-probs are still one
+// engine's for its rows.
+TEST(PipelineParallelEngine, Zero3StagesAnswerLogProbsForUnevenDpShares) {
+  auto base = tiny_model(34);
+  const layout l{2, 1, 2, 4};
+  runtime::group_options go;
+  go.name = "pp-zero3-forward";
+  auto world = runtime::make_local_groups(l.size(), go);
+  ASSERT_TRUE(world);
+  auto ranks = mesh_engines(*world, base, l, models::head_kind::lm, train::dp_strategy::zero3);
+  auto batch = rl_batch(7, 41);
+  auto one = train::train_engine::make(copy_of(base, models::head_kind::lm), optim());
+  ASSERT_TRUE(one);
+  auto results = on_every_rank<expected<runtime::tensor_batch>>(
+      world->groups, [&](runtime::process_group& g) -> expected<runtime::tensor_batch> {
+        auto share = l.dp_rank(g.rank()) == 0 ? batch.slice(0, 4) : batch.slice(4, 7);
+        if (!share)
+          return share.error();
+        return ranks[static_cast<size_t>(g.rank())].engine->log_probs(*share, 1.0, true);
+      });
+  for (int r = 0; r < l.size(); ++r) {
+    auto share = l.dp_rank(r) == 0 ? batch.slice(0, 4) : batch.slice(4, 7);
+    ASSERT_TRUE(share);
+    auto want = (*one)->log_probs(*share, 1.0, true);
+    ASSERT_TRUE(want) << describe(want.error());
+    const auto& got = results[static_cast<size_t>(r)];
+    ASSERT_TRUE(got) << "rank " << r << ": " << describe(got.error());
+    for (const char* key : {"log_probs", "entropy"}) {
+      auto a = *want->get(key), b = *got->get(key);
+      ASSERT_EQ(a.sizes(), b.sizes()) << key;
+      EXPECT_LT((a - b).abs().max().item<double>(), tolerance) << key << " on rank " << r;
+    }
+  }
 }
 
 } // namespace

@@ -278,8 +278,6 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
            {"{role: rollout, pool: a, pp: 2}",
             "placement.roles[0].pp: pipeline parallelism is for trained roles (policy, critic, "
             "reward); rollout's is not available yet"},
-           {"{role: policy, pool: a, dp: 2, tp: 2, strategy: zero3}",
-            "placement.roles[0].strategy: zero3 under tensor parallelism is not supported yet"},
            {"{role: reference, pool: a, strategy: zero1}",
             "job.yaml:18:48: placement.roles[0].strategy: zero1 shards training state, and "
             "reference "

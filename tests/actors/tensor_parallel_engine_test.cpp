@@ -1,5 +1,5 @@
 // Training under tensor parallelism (NOTE [tensor parallelism]): TP 2, and
-// DP 2 × TP 2 under ddp, zero1 and zero2 over the DP dimension, train the same
+// DP 2 × TP 2 under ddp, zero1, zero2 and zero3 over the DP dimension, train the same
 // model on the same global batches to within 1e-5 of one engine after 5
 // Adam steps (gloo ranks in this process, one thread a rank), with the
 // gradient clip active (NOTE [tensor-parallel norm]), for SFT, PPO updates
@@ -13,7 +13,6 @@
 #include "tests/actors/mesh_group.hpp"
 #include "tests/actors/mesh_training.hpp"
 #include "tests/actors/tiny_engine.hpp"
-#include "tests/support/ranks.hpp"
 
 #include <caf/all.hpp>
 #include <gtest/gtest.h>
@@ -24,7 +23,6 @@ using namespace troupe::actors;
 using troupe::actors::inference::testing::copy_of;
 using troupe::actors::inference::testing::rl_batch;
 using troupe::actors::inference::testing::tiny_model;
-using troupe::testing::on_every_rank;
 
 using namespace troupe::testing::mesh;
 
@@ -66,24 +64,11 @@ TEST(TensorParallelEngine, TheGroupGivesEachReplicasRowsToItsTpRanks) {
   expect_group_like_one_engine(tiny_model(17), layout{2, 2}, layout{1, 2}, 18);
 }
 
-TEST(TensorParallelEngine, Zero3UnderTpIsRefusedWithAReason) {
-  auto base = tiny_model(16);
-  runtime::group_options go;
-  go.name = "tp-zero3";
-  auto world = runtime::make_local_groups(4, go);
-  ASSERT_TRUE(world);
-  auto errors = on_every_rank<std::string>(world->groups, [&](runtime::process_group& g) {
-    auto lines = runtime::make_mesh_groups(g, runtime::rank_mesh{{2, 2}}, {"dp", "tp"});
-    auto part = models::partition_llama(base->config(), (*lines)[1]);
-    auto model = models::make_llama(base->config(), models::head_kind::lm, *part);
-    auto e = train::train_engine::make(*model, optim());
-    auto d = std::make_shared<train::data_parallel_group>();
-    d->group = std::move((*lines)[0]);
-    auto ok = (*e)->join_data_parallel(d, {train::dp_strategy::zero3, 25});
-    return ok ? std::string{} : describe(ok.error());
-  });
-  for (const auto& e : errors)
-    EXPECT_NE(e.find("zero3 under tensor parallelism"), std::string::npos) << e;
+// zero3 over the DP line of each TP rank's part: a layer's shards gathered
+// over DP, its TP sums inside it (run twice: forward, then again in
+// backward), the replicated parameters counted once in the norm.
+TEST(TensorParallelEngine, Zero3OverDpWithTpTwoRunsPpoLikeOneEngine) {
+  expect_like_one(16, models::head_kind::lm, ppo(), 2, 2, train::dp_strategy::zero3);
 }
 
 } // namespace
