@@ -503,23 +503,20 @@ struct decode_indices {
   torch::Tensor tables;                                 // [N, W] int32
 };
 
-/// The step's indices when it is a decode step the fused kernel can run
-/// with every read in bounds: one new token per request, logits of each
-/// (logit_rows absent or 0..N-1), CPU indices, slots and the tables' used
-/// blocks inside the pools, positions and lengths within the tables.
-std::optional<decode_indices> decode_step_indices(const paged_batch& batch,
-                                                  const paged_kv_cache& cache,
-                                                  const torch::Tensor& logit_rows) {
+/// Whether a paged step is a decode step: one new token per request, the
+/// logits of each (logit_rows absent or 0..N-1), its indices on the CPU.
+/// Cheap: it copies nothing (NOTE [decode path report] asks it first).
+bool one_token_each(const paged_batch& batch, const torch::Tensor& logit_rows) {
   auto n = batch.input_ids.numel();
   const auto& qs = batch.query_start;
   if (n == 0 || !qs.defined() || qs.numel() != n + 1 || !batch.block_tables.defined() ||
       batch.block_tables.dim() != 2 || batch.block_tables.size(0) != n ||
       !batch.context_lens.defined() || batch.context_lens.numel() != n)
-    return std::nullopt;
+    return false;
   for (const auto* t : {&batch.input_ids, &batch.positions, &batch.slot_mapping,
                         &batch.block_tables, &batch.context_lens, &qs})
     if (!t->device().is_cpu())
-      return std::nullopt;
+      return false;
   // 0, 1, ..., len - 1: one token per request, and the logits of each.
   auto is_iota = [](const torch::Tensor& t, int64_t len) {
     if (t.numel() != len)
@@ -531,8 +528,18 @@ std::optional<decode_indices> decode_step_indices(const paged_batch& batch,
         return false;
     return true;
   };
-  if (!is_iota(qs, n + 1) || (logit_rows.defined() && !is_iota(logit_rows, n)))
+  return is_iota(qs, n + 1) && (!logit_rows.defined() || is_iota(logit_rows, n));
+}
+
+/// The indices of a decode step (one_token_each) as the fused kernel reads
+/// them, when every read is in bounds: slots and the tables' used blocks
+/// inside the pools, positions and lengths within the tables.
+std::optional<decode_indices> decode_step_indices(const paged_batch& batch,
+                                                  const paged_kv_cache& cache,
+                                                  const torch::Tensor& logit_rows) {
+  if (!one_token_each(batch, logit_rows))
     return std::nullopt;
+  const auto n = batch.input_ids.numel();
   auto i64 = [](const torch::Tensor& t) { return t.to(torch::kLong).contiguous(); };
   decode_indices d{i64(batch.input_ids), i64(batch.positions), i64(batch.slot_mapping),
                    i64(batch.context_lens), batch.block_tables.to(torch::kInt32).contiguous()};
@@ -703,8 +710,7 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
                                            const torch::Tensor& logit_rows) {
   // NOTE [decode path report]: each way out says why.
   last_decode_ = {};
-  auto indices = decode_step_indices(batch, cache, logit_rows);
-  if (!indices)
+  if (!one_token_each(batch, logit_rows))
     return {}; // not a decode step
   auto aten = [&](const char* why) {
     last_decode_ = {true, false, why};
@@ -722,6 +728,10 @@ torch::Tensor llama_model_impl::fused_step(const paged_batch& batch, paged_kv_ca
   auto view = decode_view(cache, state);
   if (!view)
     return aten("weights that are not fp32 dense tensors on the CPU");
+  // The indices are copied only for a step the kernel may take.
+  auto indices = decode_step_indices(batch, cache, logit_rows);
+  if (!indices)
+    return aten("indices outside the KV pool or its block tables");
   std::unique_lock<std::mutex> lock{*team_mu_, std::try_to_lock};
   if (!lock.owns_lock())
     return aten("the decode team busy with another caller");
