@@ -5,6 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
 using namespace troupe;
 using namespace troupe::actors::rl;
 using troupe::actors::rl::testing::parse_job;
@@ -324,6 +329,11 @@ TEST(Placement, TensorParallelRanksHoldTheirPartOnOneNode) {
   EXPECT_DOUBLE_EQ(weights(*tp, "policy[dp 0, tp 1]"), 4 * (2 * layer + rest));
   EXPECT_LT(weights(*tp, "policy[dp 0, tp 0]"), weights(*dp, "policy[dp 0]"));
   EXPECT_NE(tp->render().find("policy[dp 0, tp 1]"), std::string::npos) << tp->render();
+  // Each rank's share of the TP group's shared segment (NOTE [shm
+  // all-reduce]: a flag line and two 4 MiB slots a rank); none at DP.
+  EXPECT_DOUBLE_EQ(term(*tp, "policy[dp 0, tp 1]", "TP shared-memory sums (its share)"),
+                   64 + 2 * 4 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(term(*dp, "policy[dp 0]", "TP shared-memory sums (its share)"), -1);
   // Two nodes of two devices, policy at tp 2 on devices 1 and 2: refused.
   std::string apart = "placement:\n  mode: hybrid\n  pools: [{name: a, devices: 1}, {name: b, "
                       "devices: 2}, {name: c, devices: 1}]\n"
@@ -393,6 +403,37 @@ TEST(Placement, PipelineStagesHoldTheirLayersAndThePlanPrintsTheGrid) {
   const double layer = 32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64 + 2 * 32;
   EXPECT_DOUBLE_EQ(weights(*pp, "policy[dp 0, pp 0]"), 4 * (layer + 259 * 32));
   EXPECT_DOUBLE_EQ(weights(*pp, "policy[dp 0, pp 1]"), 4 * (layer + 259 * 32 + 32));
+  // Each stage's share of the pipeline's mailboxes (NOTE [shm
+  // point-to-point]: one a direction, pp + 1 slots of a header line and
+  // 1 MiB).
+  EXPECT_DOUBLE_EQ(term(*pp, "policy[dp 0, pp 0]", "PP shared-memory hand-offs (its share)"),
+                   2.0 * 3 * (64 + 1024 * 1024) / 2);
+  // A tied embedding (NOTE [tied embedding under PP]): the last stage holds
+  // a copy of it as its head, and zero2 / zero3 are refused.
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("troupe-tied-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir / "config.json");
+    f << R"({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 259,
+             "max_position_embeddings": 128, "tie_word_embeddings": true})";
+  }
+  const std::string path = "model.path=" + dir.string();
+  auto tied = plan_of(p, {path});
+  ASSERT_TRUE(tied) << describe(tied.error());
+  EXPECT_DOUBLE_EQ(weights(*tied, "policy[dp 0, pp 1]"), 4 * (layer + 259 * 32 + 32));
+  EXPECT_DOUBLE_EQ(weights(*tied, "policy[dp 0, pp 0]"), 4 * (layer + 259 * 32));
+  std::string zero2 = p;
+  zero2.replace(zero2.find("pp_micro_batches: 4}"), 20, "pp_micro_batches: 4, strategy: zero2}");
+  auto refused = plan_of(zero2, {path});
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error())
+                .find(".strategy: a tied embedding under pipeline parallelism takes ddp or zero1 "
+                      "(zero2 reduces the gradients during backward"),
+            std::string::npos)
+      << describe(refused.error());
   const auto text = pp->render();
   EXPECT_NE(text.find("policy: pool train, dp 1, pp 2, devices [0, 1]"), std::string::npos) << text;
   EXPECT_NE(text.find("stages: layers 1 + 1; 4 micro-batches, 1F1B:"), std::string::npos) << text;
