@@ -234,8 +234,8 @@ struct train_engine::impl {
   // stage's LM head: both stages hold a copy (models/llama.cpp), equal
   // after joining (the first sends its copy to the last). Each copy gets
   // the gradient of its own use, so after a step's backward passes the
-  // two stages add each other's (an all-reduce when they are the only two,
-  // else a send and a receive each way: equal bits on both) before the
+  // two stages add each other's (a send and a receive each way, the sum
+  // taken in the same order: equal bits on both) before the
   // strategy syncs over DP, and both step the same sum with the same
   // AdamW state, so the copies stay equal. The global norm counts it once
   // (the last stage's copy is "elsewhere"); the export takes the first
@@ -262,15 +262,12 @@ struct train_engine::impl {
   }
 
   // x on the first and last stage becomes their sum (or, `replace`, the
-  // first stage's) on both.
+  // first stage's) on both: point to point, so any dtype (bf16 too) and
+  // any number of stages between them.
   void exchange_tied(at::Tensor x, bool replace) const {
     const auto& pp = model->pp();
     auto& g = *pp.group;
     const int peer = pp.first() ? pp.size - 1 : 0;
-    if (!replace && pp.size == 2) {
-      value_or_throw(g.all_reduce_sum(x));
-      return;
-    }
     auto mine = x.contiguous().clone();
     auto theirs = at::empty_like(mine);
     if (replace) { // the first stage's, to the last
