@@ -104,14 +104,23 @@ struct tp_norm {
   /// like the rest, never replicated).
   std::vector<std::pair<int64_t, int64_t>> elsewhere;
 
-  /// Adds the part of a parameter at [offset, offset + n) of a layout that
-  /// lies in this rank's [lo, hi) of it, which starts at `at` in `grads`,
-  /// to `ranges`.
-  static void add(std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t at, int64_t lo,
-                  int64_t hi, int64_t offset, int64_t n) {
-    const int64_t b = std::max(lo, offset), e = std::min(hi, offset + n);
-    if (b < e)
-      ranges.emplace_back(at + b - lo, at + e - lo);
+  /// The lines' groups, no ranges yet.
+  static tp_norm of(const model_lines& lines) { return {lines.tp, {}, lines.pp, {}}; }
+
+  /// Parameter i at [offset, offset + n) of a layout, of which this rank's
+  /// [lo, hi) starts at `at` in `grads`: its part there joins `replicated`
+  /// or `elsewhere` as `lines` flags it.
+  void add(const model_lines& lines, size_t i, int64_t at, int64_t lo, int64_t hi, int64_t offset,
+           int64_t n) {
+    auto put = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
+      const int64_t b = std::max(lo, offset), e = std::min(hi, offset + n);
+      if (b < e)
+        ranges.emplace_back(at + b - lo, at + e - lo);
+    };
+    if (lines.tp && i < lines.tp_replicated.size() && lines.tp_replicated[i])
+      put(replicated);
+    if (lines.pp && i < lines.pp_elsewhere.size() && lines.pp_elsewhere[i])
+      put(elsewhere);
   }
 };
 

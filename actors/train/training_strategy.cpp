@@ -164,15 +164,10 @@ protected:
   virtual int64_t shard_offset() const = 0;
 
   detail::tp_norm tp_norm() {
-    detail::tp_norm out{lines_.tp, {}, lines_.pp, {}};
+    auto out = detail::tp_norm::of(lines_);
     const int64_t lo = shard_offset(), hi = lo + shard_grad().numel();
-    for (size_t i = 0; i < f_.params.size(); ++i) {
-      const auto n = f_.params[i].numel();
-      if (lines_.tp && i < lines_.tp_replicated.size() && lines_.tp_replicated[i])
-        detail::tp_norm::add(out.replicated, 0, lo, hi, f_.offsets[i], n);
-      if (lines_.pp && i < lines_.pp_elsewhere.size() && lines_.pp_elsewhere[i])
-        detail::tp_norm::add(out.elsewhere, 0, lo, hi, f_.offsets[i], n);
-    }
+    for (size_t i = 0; i < f_.params.size(); ++i)
+      out.add(lines_, i, 0, lo, hi, f_.offsets[i], f_.params[i].numel());
     return out;
   }
 

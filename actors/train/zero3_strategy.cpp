@@ -325,21 +325,16 @@ public:
   }
 
 private:
-  // NOTE [tensor-parallel norm]: the replicated parameters' elements in
-  // this rank's shards (each unit's shard is [rank · shard, + shard) of its
-  // padded layout, at u.at in grads_).
+  // NOTE [tensor-parallel norm]: the replicated (and counted-elsewhere)
+  // parameters' elements in this rank's shards (each unit's shard is
+  // [rank · shard, + shard) of its padded layout, at u.at in grads_).
   detail::tp_norm tp_norm() const {
-    detail::tp_norm out{lines_.tp, {}, lines_.pp, {}};
+    auto out = detail::tp_norm::of(lines_);
     for (const auto& u : units_) {
-      const int64_t lo = rank_ * u.shard, hi = lo + u.shard;
-      for (size_t k = 0; k < u.params.size(); ++k) {
-        const auto i = u.params[k];
-        const auto n = params_numel(i);
-        if (lines_.tp && i < lines_.tp_replicated.size() && lines_.tp_replicated[i])
-          detail::tp_norm::add(out.replicated, u.at, lo, hi, u.offsets[k], n);
-        if (lines_.pp && i < lines_.pp_elsewhere.size() && lines_.pp_elsewhere[i])
-          detail::tp_norm::add(out.elsewhere, u.at, lo, hi, u.offsets[k], n);
-      }
+      const int64_t lo = rank_ * u.shard;
+      for (size_t k = 0; k < u.params.size(); ++k)
+        out.add(lines_, u.params[k], u.at, lo, lo + u.shard, u.offsets[k],
+                params_numel(u.params[k]));
     }
     return out;
   }
