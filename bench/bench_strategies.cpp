@@ -183,6 +183,63 @@ struct result {
   std::vector<double> norm_sums; // a rank each
 };
 
+// Rank r's groups of a {dp, pp, tp} mesh over `groups` (made with `go`):
+// its store, the mesh, its DP, PP and TP lines, the PP line's hand-offs
+// through shared memory when `shm_hand_offs` (NOTE [shm point-to-point]).
+struct mesh_shape {
+  int dp, tp, pp;
+};
+expected<std::shared_ptr<actors::train::data_parallel_group>>
+rank_groups(runtime::local_groups& groups, int r, mesh_shape m, bool shm_hand_offs,
+            const runtime::group_options& go) {
+  auto g = std::make_shared<actors::train::data_parallel_group>();
+  g->store = std::move(groups.stores[static_cast<size_t>(r)]);
+  g->mesh =
+      std::make_shared<runtime::process_group>(std::move(groups.groups[static_cast<size_t>(r)]));
+  auto lines = runtime::make_mesh_groups(*g->mesh, runtime::rank_mesh{{m.dp, m.pp, m.tp}},
+                                         {"dp", "pp", "tp"});
+  if (!lines)
+    return lines.error();
+  g->group = std::move((*lines)[0]);
+  auto pp_line = std::move((*lines)[1]);
+  if (shm_hand_offs && m.pp > 1) { // as a job's line on one node
+    auto shm = runtime::with_shm_point_to_point(
+        std::move(pp_line), g->store,
+        go.name + "-pp" + std::to_string(r / (m.tp * m.pp) * m.tp + r % m.tp),
+        actors::rl::pp_slot_bytes, actors::rl::pp_slots(m.pp), go.timeout_ms);
+    if (!shm)
+      return shm.error();
+    pp_line = std::move(*shm);
+  }
+  g->pp = std::make_shared<runtime::process_group>(std::move(pp_line));
+  g->tp = std::make_shared<runtime::process_group>(std::move((*lines)[2]));
+  return g;
+}
+
+// NOTE [1F1B]: a step's bubble is 1 − Σ busy / (stages × the longest
+// pass), over one replica's stages; `out` takes the median step's, and
+// that step's busy seconds a stage. passes[step][rank] = (wall, busy).
+void median_bubble(const std::vector<std::vector<std::pair<double, double>>>& passes, int pp,
+                   int tp, result& out) {
+  std::vector<std::pair<double, size_t>> bubbles; // (bubble, step)
+  for (size_t s = 1; pp > 1 && s < passes.size(); ++s) {
+    double longest = 0, busy = 0;
+    for (int p = 0; p < pp; ++p) {
+      const auto& [wall, computing] = passes[s][static_cast<size_t>(p * tp)];
+      longest = std::max(longest, wall);
+      busy += computing;
+    }
+    bubbles.emplace_back(1 - busy / (pp * longest), s);
+  }
+  if (bubbles.empty())
+    return;
+  std::sort(bubbles.begin(), bubbles.end());
+  const auto [bubble, step] = bubbles[bubbles.size() / 2];
+  out.bubble = bubble;
+  for (int p = 0; p < pp; ++p)
+    out.stage_busy_s.push_back(passes[step][static_cast<size_t>(p * tp)].second);
+}
+
 // `world` ranks as a {world / (pp · tp), pp, tp} mesh: DP over the
 // replicas under `strategy`, each replica's pp · tp ranks one model (NOTE
 // [tensor parallelism], NOTE [pipeline parallelism]), a batch cut into
@@ -214,34 +271,16 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
     runtime::counting_allocator::set_thread_tag(r);
     counter.reset_peak(r);
     const auto at_start = counter.counts(r).current;
-    auto g = std::make_shared<actors::train::data_parallel_group>();
-    g->store = std::move(groups->stores[static_cast<size_t>(r)]);
-    g->mesh =
-        std::make_shared<runtime::process_group>(std::move(groups->groups[static_cast<size_t>(r)]));
-    auto& group = *g->mesh;
-    auto lines =
-        runtime::make_mesh_groups(group, runtime::rank_mesh{{dp, pp, tp}}, {"dp", "pp", "tp"});
-    if (!lines)
-      return lines.error();
-    g->group = std::move((*lines)[0]);
-    auto pp_line = std::move((*lines)[1]);
-    if (shm_hand_offs && pp > 1) { // as a job's line on one node (NOTE [shm point-to-point])
-      auto shm = runtime::with_shm_point_to_point(
-          std::move(pp_line), g->store,
-          go.name + "-pp" + std::to_string(r / (tp * pp) * tp + r % tp), actors::rl::pp_slot_bytes,
-          actors::rl::pp_slots(pp), go.timeout_ms);
-      if (!shm)
-        return shm.error();
-      pp_line = std::move(*shm);
-    }
-    g->pp = std::make_shared<runtime::process_group>(std::move(pp_line));
-    g->tp = std::make_shared<runtime::process_group>(std::move((*lines)[2]));
-    auto part = models::partition_llama(base->config(), *g->tp);
-    auto stage = models::stage_of(base->config(), *g->pp);
+    auto g = rank_groups(*groups, r, {dp, tp, pp}, shm_hand_offs, go);
+    if (!g)
+      return g.error();
+    auto& group = *(*g)->mesh;
+    auto part = models::partition_llama(base->config(), *(*g)->tp);
+    auto stage = models::stage_of(base->config(), *(*g)->pp);
     if (!part || !stage)
       return part ? stage.error() : part.error();
     auto e = engine_of(base, precision, &*part, &*stage);
-    if (auto ok = e->join_data_parallel(g, {strategy, 25}); !ok)
+    if (auto ok = e->join_data_parallel(*g, {strategy, 25}); !ok)
       return ok.error();
     if (auto ok = e->set_pipeline_micro_batches(micro); !ok)
       return ok.error();
@@ -287,25 +326,7 @@ result run(const models::llama_model& base, const std::vector<runtime::tensor_ba
                    describe(ok.error()).c_str());
       std::exit(1);
     }
-  // NOTE [1F1B]: a step's bubble is 1 − Σ busy / (stages × the longest
-  // pass), over one replica's stages.
-  std::vector<std::pair<double, size_t>> bubbles; // (bubble, step)
-  for (size_t s = 1; pp > 1 && s < passes.size(); ++s) {
-    double longest = 0, busy = 0;
-    for (int p = 0; p < pp; ++p) {
-      const auto& [wall, computing] = passes[s][static_cast<size_t>(p * tp)];
-      longest = std::max(longest, wall);
-      busy += computing;
-    }
-    bubbles.emplace_back(1 - busy / (pp * longest), s);
-  }
-  if (!bubbles.empty()) {
-    std::sort(bubbles.begin(), bubbles.end());
-    const auto [bubble, step] = bubbles[bubbles.size() / 2];
-    out.bubble = bubble;
-    for (int p = 0; p < pp; ++p)
-      out.stage_busy_s.push_back(passes[step][static_cast<size_t>(p * tp)].second);
-  }
+  median_bubble(passes, pp, tp, out);
   std::sort(times.begin(), times.end());
   out.step_s = times.empty() ? 0 : times[times.size() / 2];
   out.peak_bytes = *std::max_element(peaks.begin(), peaks.end());
