@@ -53,6 +53,8 @@ void configure(caf::actor_system_config& cfg) {
   cfg.add_message_type<train::served_batch>("served<tensor_batch>");
   cfg.add_message_type<train::served_metrics>("served<metric_map>");
   cfg.add_message_type<train::served_bytes>("served<int64_t>");
+  cfg.add_message_type<actors::sync_bytes>("sync_bytes");
+  cfg.add_message_type<train::served_sync>("served<sync_bytes>");
   cfg.add_message_type<train::state_shards>("state_shards");
   cfg.add_message_type<job::event>("job_event");
   cfg.add_message_type<job::job_status>("job_status");

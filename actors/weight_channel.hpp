@@ -46,6 +46,23 @@ typename Inspector::result_type inspect(Inspector& f, weight_channel& x) {
            x.store, x.publisher_host, x.receiver_host);
 }
 
+/// NOTE [sync staging]: what each end of a weight sync answers — the
+/// version's bytes and the temporary bytes it held for them at most, beyond
+/// its own state (a group: its largest rank's). The publisher: the copy its
+/// transport stages, its export's gathers (a zero3 unit whole, the largest
+/// tensor a TP gather or a later pipeline stage hands it); the receiver:
+/// the version it holds while loading, where its transport stages one
+/// (runtime::transport_traits::receiver_stages).
+struct sync_bytes {
+  int64_t bytes = 0;
+  int64_t temporary = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sync_bytes& x) {
+  return f(caf::meta::type_name("sync_bytes"), x.bytes, x.temporary);
+}
+
 /// The transport options of `c` (runtime/weight_transport.hpp).
 runtime::transport_options transport_options_of(const weight_channel& c);
 

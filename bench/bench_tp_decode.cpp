@@ -7,7 +7,9 @@
 // Prints tokens/s and the ratio to the single engine, and checks the TP
 // ranks' tokens equal the single engine's.
 //
-//   bench_tp_decode [--quick]
+//   bench_tp_decode [--quick] [--only BATCH] [--reps N]
+//   (--only: that batch, fused with shm sums; --reps: pairs of runs behind the
+//   fused-with-shm ratio, its median printed, default 3)
 #include "actors/inference/engine.hpp"
 #include "bench/llama_shapes.hpp"
 #include "models/llama.hpp"
@@ -17,8 +19,10 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <string>
@@ -145,7 +149,17 @@ bool same_tokens(const std::vector<request_output>& a, const std::vector<request
 } // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  int only = 0; // a profiling run: one batch size, the fused path with shm sums
+  int reps = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+      only = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
+  }
   const int tokens = quick ? 8 : 64;
   torch::manual_seed(5);
   auto shape = bench::shape_24m();
@@ -161,21 +175,50 @@ int main(int argc, char** argv) {
   std::printf("%-6s %-22s %10s %10s %8s %s\n", "batch", "path", "single t/s", "tp 2 t/s", "ratio",
               "tokens");
   bool ok = true;
-  for (int batch : {1, 8, 32}) {
+  auto row = [&](int batch, const std::string& how, const run_result& single, const run_result& tp,
+                 const std::string& note) {
+    const bool equal = same_tokens(single.outputs, tp.outputs);
+    ok = ok && equal;
+    std::printf("%-6d %-22s %10.0f %10.0f %8.2f %s%s\n", batch, how.c_str(), single.tokens_per_s,
+                tp.tokens_per_s, tp.tokens_per_s / single.tokens_per_s, equal ? "equal" : "DIFFER",
+                note.c_str());
+  };
+  auto single_on = [&](int batch) {
     at::set_num_threads(2);
-    auto single = generate_on(*dense, batch, tokens, decode_path::automatic);
+    auto r = generate_on(*dense, batch, tokens, decode_path::automatic);
     at::set_num_threads(1);
+    return r;
+  };
+  for (int batch : {1, 8, 32}) {
+    if (only > 0 && batch != only)
+      continue;
+    // The figure, fused with shm sums: `reps` pairs of runs, each
+    // TP run right after its single-engine baseline; the median ratio.
+    std::vector<double> ratios;
+    run_result single, tp;
+    std::string each;
+    for (int rep = 0; rep < reps; ++rep) {
+      single = single_on(batch);
+      tp = generate_tp(*dense, 2, batch, tokens, decode_path::fused, true);
+      ratios.push_back(tp.tokens_per_s / single.tokens_per_s);
+      char x[16];
+      std::snprintf(x, sizeof x, "%s%.2f", each.empty() ? "" : " / ", ratios.back());
+      each += x;
+      ok = ok && same_tokens(single.outputs, tp.outputs);
+    }
+    std::sort(ratios.begin(), ratios.end());
+    row(batch, "fused, shm sums", single, tp,
+        "  median of " + std::to_string(reps) + " pairs " +
+            std::to_string(ratios[ratios.size() / 2]).substr(0, 4) + " (" + each + ")");
+    if (only > 0)
+      continue;
     for (bool shm : {true, false})
-      for (auto path : {decode_path::fused, decode_path::aten}) {
-        auto tp = generate_tp(*dense, 2, batch, tokens, path, shm);
-        const bool equal = same_tokens(single.outputs, tp.outputs);
-        ok = ok && equal;
-        const std::string how = std::string{path == decode_path::fused ? "fused" : "aten"} +
-                                (shm ? ", shm sums" : ", gloo sums");
-        std::printf("%-6d %-22s %10.0f %10.0f %8.2f %s\n", batch, how.c_str(), single.tokens_per_s,
-                    tp.tokens_per_s, tp.tokens_per_s / single.tokens_per_s,
-                    equal ? "equal" : "DIFFER");
-      }
+      for (auto path : {decode_path::fused, decode_path::aten})
+        if (shm != true || path != decode_path::fused)
+          row(batch,
+              std::string{path == decode_path::fused ? "fused" : "aten"} +
+                  (shm ? ", shm sums" : ", gloo sums"),
+              single, generate_tp(*dense, 2, batch, tokens, path, shm), "");
   }
   return ok ? 0 : 1;
 }

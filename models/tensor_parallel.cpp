@@ -134,24 +134,41 @@ tp_shard_weights(const std::map<std::string, at::Tensor>& full, const llama_conf
 namespace {
 
 // The ranks' `part`s (equal but for `dim`, whose sizes are `sizes`) joined
-// along `dim` in rank order: padded to the largest, gathered flat, trimmed.
+// along `dim` in rank order. Each rank's part goes out as it lies (padded
+// along `dim` to the widest only when the sizes differ), so the gathered
+// buffer is [ranks, part...]: joined along the first dimension it already
+// is the whole tensor (a view, nothing copied); along another, one copy
+// moves the ranks' axis next to `dim`. What it holds at once: the whole
+// gathered and, joining along another dimension or unequal parts, the
+// whole joined (NOTE [sync staging]: the export's spike).
 at::Tensor gather_along(const at::Tensor& part, int64_t dim, const std::vector<int64_t>& sizes,
                         runtime::process_group& group) {
   const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
-  auto front = part.movedim(dim, 0);
-  auto shape = front.sizes().vec();
-  shape[0] = widest;
-  auto padded = torch::zeros(shape, part.options());
-  padded.narrow(0, 0, front.size(0)).copy_(front);
-  auto all = torch::empty({static_cast<int64_t>(sizes.size()) * padded.numel()}, part.options());
-  value_or_throw(group.all_gather(padded.reshape({-1}), all));
-  auto ranks = all.view({static_cast<int64_t>(sizes.size()), padded.numel()});
-  std::vector<at::Tensor> pieces;
-  for (size_t r = 0; r < sizes.size(); ++r) {
-    shape[0] = widest;
-    pieces.push_back(ranks[static_cast<int64_t>(r)].view(shape).narrow(0, 0, sizes[r]));
+  const bool equal =
+      std::all_of(sizes.begin(), sizes.end(), [&](int64_t n) { return n == widest; });
+  auto send = part.contiguous();
+  if (!equal) {
+    auto shape = send.sizes().vec();
+    shape[static_cast<size_t>(dim)] = widest;
+    auto padded = torch::zeros(shape, part.options());
+    padded.narrow(dim, 0, send.size(dim)).copy_(send);
+    send = std::move(padded);
   }
-  return torch::cat(pieces, 0).movedim(0, dim).contiguous();
+  const auto ranks = static_cast<int64_t>(sizes.size());
+  auto all = torch::empty({ranks * send.numel()}, part.options());
+  value_or_throw(group.all_gather(send.reshape({-1}), all));
+  auto shape = send.sizes().vec();
+  shape.insert(shape.begin(), ranks);
+  auto stacked = all.view(shape); // [ranks, part...]
+  if (equal) {
+    auto whole = send.sizes().vec();
+    whole[static_cast<size_t>(dim)] *= ranks;
+    return stacked.movedim(0, dim).reshape(whole); // a view when dim is 0
+  }
+  std::vector<at::Tensor> pieces;
+  for (int64_t r = 0; r < ranks; ++r)
+    pieces.push_back(stacked[r].narrow(dim, 0, sizes[static_cast<size_t>(r)]));
+  return torch::cat(pieces, dim);
 }
 
 } // namespace
@@ -172,6 +189,23 @@ expected<at::Tensor> tp_gather_weight(const at::Tensor& part, const std::string&
     torch::NoGradGuard no_grad;
     return gather_along(part.detach().contiguous(), s.dim, sizes, *p.group);
   });
+}
+
+int64_t tp_gather_peak_bytes(const std::string& name, const llama_config& c, const tp_partition& p,
+                             int64_t whole_bytes) {
+  if (tp_slice_of(name, c, p).replicated())
+    return 0;
+  // As gather_along holds them.
+  const auto sizes = part_sizes(name, c, p.size);
+  const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
+  int64_t along = 0;
+  for (auto n : sizes)
+    along += n;
+  const bool equal = widest * static_cast<int64_t>(sizes.size()) == along;
+  if (equal)
+    return tp_slice_of(name, c, p).dim == 0 ? whole_bytes : 2 * whole_bytes;
+  const int64_t per = whole_bytes / along; // bytes a slice along the joined dimension
+  return per * widest + per * widest * static_cast<int64_t>(sizes.size()) + whole_bytes;
 }
 
 // ---- f, g and the gather (autograd nodes) --------------------------------------

@@ -101,6 +101,14 @@ tp_shard_weights(const std::map<std::string, at::Tensor>& full, const llama_conf
 expected<at::Tensor> tp_gather_weight(const at::Tensor& part, const std::string& name,
                                       const llama_config& c, const tp_partition& p);
 
+/// The most bytes tp_gather_weight holds at once for the parameter named
+/// `name`, `whole_bytes` when whole (NOTE [sync staging]): the ranks' parts
+/// gathered and, where they join along another dimension than the first or
+/// differ in size, the whole joined again (and the padded part); 0 when
+/// replicated (nothing is made).
+int64_t tp_gather_peak_bytes(const std::string& name, const llama_config& c, const tp_partition& p,
+                             int64_t whole_bytes);
+
 /// Megatron's f: identity forward, gradient all-reduced over the group.
 at::Tensor tp_copy(const at::Tensor& x, const tp_partition& p);
 /// Megatron's g: all-reduce (sum) forward, identity backward.

@@ -65,6 +65,12 @@ struct transport_traits {
   /// kinds serve any number of receivers reading the same version (a
   /// tensor-parallel rollout's ranks: NOTE [rollout group]).
   bool one_receiver = false;
+  /// NOTE [sync staging]: the receiver holds a version's bytes of its own
+  /// while it loads them (the mapped shm slot, the file read, the buffer
+  /// received); alias and CUDA IPC hand it the publisher's memory. The
+  /// publisher of every kind stages one whole copy (the clone a publish
+  /// takes, the broadcast's send buffer).
+  bool receiver_stages = true;
 };
 
 /// The traits of `kind`.

@@ -133,11 +133,12 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
           return ok.error();
         return version;
       },
-      [=](receive_weights_atom, int64_t version, const weight_channel& c) -> caf::result<int64_t> {
+      [=](receive_weights_atom, int64_t version,
+          const weight_channel& c) -> caf::result<sync_bytes> {
         auto t = open_channel(self->state.transports, c, channel_side::receiver);
         if (!t)
           return with_prefix(t.error(), "rollout receive_weights");
-        int64_t bytes = 0;
+        sync_bytes out;
         {
           // Dropped before answering: an shm slot is free again at once.
           auto got = (*t)->receive(version);
@@ -145,9 +146,11 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
             return with_prefix(got.error(), "rollout receive_weights");
           if (auto ok = self->state.eng->load_weights(version, got->tensors); !ok)
             return ok.error();
-          bytes = static_cast<int64_t>(got->bytes);
+          out.bytes = static_cast<int64_t>(got->bytes);
         }
-        return bytes;
+        // NOTE [sync staging]: held while loading, where the transport stages it.
+        out.temporary = runtime::traits_of(c.kind).receiver_stages ? out.bytes : 0;
+        return out;
       },
       [=](metrics_atom) { return self->state.eng->metrics(); },
       [=](clear_cache_atom) {

@@ -58,8 +58,8 @@ using rollout_actor = caf::typed_actor<
     caf::replies_to<load_weights_atom, int64_t, shared_weights>::with<int64_t>,
     /// Receives version v from the channel (opened on first use and kept),
     /// loads it between steps and lets go of the received buffers; answers
-    /// the bytes received.
-    caf::replies_to<receive_weights_atom, int64_t, weight_channel>::with<int64_t>,
+    /// the bytes received and the temporary bytes held (NOTE [sync staging]).
+    caf::replies_to<receive_weights_atom, int64_t, weight_channel>::with<sync_bytes>,
     caf::replies_to<metrics_atom>::with<engine_metrics>,
     /// Drops the prefix cache (e.g. after an evaluation, so the next batch
     /// computes exactly as it would have without it); answers free blocks.

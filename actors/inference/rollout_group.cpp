@@ -142,21 +142,26 @@ rollout_actor::behavior_type group_behavior(self_ptr self, std::vector<rollout_a
       [=](load_weights_atom, int64_t version, const shared_weights& w) -> caf::result<int64_t> {
         return to_all<int64_t>(self, rank0, load_weights_atom::value, version, w);
       },
-      [=](receive_weights_atom, int64_t version, const weight_channel& c) -> caf::result<int64_t> {
+      [=](receive_weights_atom, int64_t version,
+          const weight_channel& c) -> caf::result<sync_bytes> {
         if (runtime::traits_of(c.kind).one_receiver)
           return make_error(errc::unsupported,
                             "tensor-parallel rollout: weight_sync.transport " +
                                 std::string{to_string(c.kind)} +
                                 " reaches one receiver; the group's ranks each receive the "
                                 "weights (use alias, shm or disk)");
-        return to_all<int64_t>(
+        // Each rank receives the whole version: a rank's temporary bytes.
+        return to_all<sync_bytes>(
             self,
-            [](std::vector<int64_t>& bytes) -> expected<int64_t> {
-              for (auto b : bytes)
-                if (b != bytes.front())
+            [](std::vector<sync_bytes>& got) -> expected<sync_bytes> {
+              auto out = got.front();
+              for (const auto& b : got) {
+                if (b.bytes != out.bytes)
                   return make_error(errc::corrupted, "tensor-parallel rollout: the ranks "
                                                      "received different byte counts");
-              return bytes.front();
+                out.temporary = std::max(out.temporary, b.temporary);
+              }
+              return out;
             },
             receive_weights_atom::value, version, c);
       },

@@ -17,7 +17,7 @@
 //   phase_finished  ... and ended (seconds)
 //   metrics         one step's metrics (stage, step, total, map)
 //   weight_sync     weights from one role to another (version, transport,
-//                   bytes, s, from, to)
+//                   bytes, s, from, to, each end's temporary bytes)
 //   checkpoint      a checkpoint was committed (stage, step, path, bytes, s)
 //   role            a role rank started / became ready / failed
 //                   (role, rank, process, pid, status, reason, signal, phase)
@@ -162,11 +162,17 @@ struct weight_synced {
   /// the fields existed, which were always policy → rollout.
   std::string from;
   std::string to;
+  /// The temporary bytes each end held for the version at most (a group:
+  /// its largest rank's; NOTE [sync staging]); 0 in older journals.
+  int64_t publisher_temporary_bytes = 0;
+  int64_t receiver_temporary_bytes = 0;
 };
 template <class F>
 void fields(F& f, weight_synced& x) {
   f("stage", x.stage), f("version", x.version), f("transport", x.transport), f("bytes", x.bytes),
-      f("seconds", x.seconds), f("from", added(x.from)), f("to", added(x.to));
+      f("seconds", x.seconds), f("from", added(x.from)), f("to", added(x.to)),
+      f("publisher_temporary_bytes", added(x.publisher_temporary_bytes)),
+      f("receiver_temporary_bytes", added(x.receiver_temporary_bytes));
 }
 
 struct checkpoint_saved {

@@ -201,36 +201,45 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
   if (!ch)
     return ch.error();
   const auto& channel = *ch;
-  expected<int64_t> sent = make_error(errc::internal, "no reply"), got = sent;
+  expected<actors::sync_bytes> sent = make_error(errc::internal, "no reply"), got = sent;
   if (runtime::traits_of(channel.kind).both_ends_at_once) {
     // A collective: both ends must be in it at once (NOTE [transport traits]).
     auto p = self->request(trainer, ctx.timeout_of(request_kind::weights), train::publish_atom::value, version, channel);
     auto r = self->request(rollout, ctx.timeout_of(request_kind::weights), inference::receive_weights_atom::value, version, channel);
-    p.receive([&](train::served_bytes& b) {
-                ctx.roles_busy_s += b.busy_s;
-                sent = b.value;
-              },
-              [&](caf::error& e) { sent = request_error(e, "policy: publish weights", ctx.timeout_of(request_kind::weights)); });
-    r.receive([&](int64_t b) { got = b; },
-              [&](caf::error& e) { got = request_error(e, "rollout: receive weights", ctx.timeout_of(request_kind::weights)); });
+    p.receive(
+        [&](train::served_sync& b) {
+          ctx.roles_busy_s += b.busy_s;
+          sent = b.value;
+        },
+        [&](caf::error& e) {
+          sent = request_error(e, "policy: publish weights", ctx.timeout_of(request_kind::weights));
+        });
+    r.receive([&](actors::sync_bytes& b) { got = b; },
+              [&](caf::error& e) {
+                got = request_error(e, "rollout: receive weights",
+                                    ctx.timeout_of(request_kind::weights));
+              });
   } else {
-    sent = ask_served<int64_t>(ctx, trainer, request_kind::weights, "policy: publish weights",
-                               train::publish_atom::value, version, channel);
+    sent = ask_served<actors::sync_bytes>(ctx, trainer, request_kind::weights,
+                                          "policy: publish weights", train::publish_atom::value,
+                                          version, channel);
     if (sent)
-      got = ask<int64_t>(self, rollout, ctx.timeout_of(request_kind::weights), "rollout: receive weights",
-                         inference::receive_weights_atom::value, version, channel);
+      got = ask<actors::sync_bytes>(self, rollout, ctx.timeout_of(request_kind::weights),
+                                    "rollout: receive weights",
+                                    inference::receive_weights_atom::value, version, channel);
   }
   if (!sent)
     return sent.error();
   if (!got)
     return got.error();
-  if (*got != *sent)
+  if (got->bytes != sent->bytes)
     return make_error(errc::corrupted, "weight sync " + std::to_string(version) + ": " +
-                                           std::to_string(*sent) + " bytes published, " +
-                                           std::to_string(*got) + " received");
-  ctx.emit(job::weight_synced{stage, version, std::string{to_string(channel.kind)}, *got,
+                                           std::to_string(sent->bytes) + " bytes published, " +
+                                           std::to_string(got->bytes) + " received");
+  ctx.emit(job::weight_synced{stage, version, std::string{to_string(channel.kind)}, got->bytes,
                               clock.seconds(), std::string{to_string(role_id::policy)},
-                              std::string{to_string(role_id::rollout)}});
+                              std::string{to_string(role_id::rollout)}, sent->temporary,
+                              got->temporary});
   return {};
 }
 

@@ -211,8 +211,8 @@ std::vector<train::memory_term> untrained_terms(const job_config& cfg,
                      static_cast<double>(models::decode_panels_bytes(m, e.decode_isa) / tp)});
     // A weight version arrives whole (as the policy exports it) and stays
     // mapped or read while the engine copies its part in; alias hands over
-    // the publisher's own tensors (NOTE [rollout group]).
-    if (transport && *transport != runtime::transport_kind::alias)
+    // the publisher's own tensors (NOTE [rollout group], NOTE [sync staging]).
+    if (transport && runtime::traits_of(*transport).receiver_stages)
       out.push_back({"received weights (while loading)",
                      train::bytes_per_element(placement_keys(cfg, "policy").compute) *
                          static_cast<double>(split_parameters(m, true).total())});

@@ -107,25 +107,29 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
             });
       },
       [=](publish_atom, int64_t version, const actors::weight_channel& c) {
-        return serve_timed<int64_t>(self, "publish_weights", [&](train_engine& e) -> expected<int64_t> {
-          auto t = actors::open_channel(self->state.transports, c, actors::channel_side::publisher);
-          if (!t)
-            return t.error();
-          // NOTE [streamed publish]: the transport takes each tensor as
-          // the export makes it (a zero3 unit at a time).
-          auto layout = guarded("export_weights", [&] { return e.export_layout(); });
-          if (!layout)
-            return layout.error();
-          if (auto ok = (*t)->publish_streamed(
-                  version, *layout,
-                  [&](const runtime::tensor_sink& put) { return e.export_weights_to(put); });
-              !ok)
-            return ok.error();
-          int64_t bytes = 0;
-          for (const auto& spec : *layout)
-            bytes += spec.bytes();
-          return bytes;
-        });
+        return serve_timed<actors::sync_bytes>(
+            self, "publish_weights", [&](train_engine& e) -> expected<actors::sync_bytes> {
+              auto t =
+                  actors::open_channel(self->state.transports, c, actors::channel_side::publisher);
+              if (!t)
+                return t.error();
+              // NOTE [streamed publish]: the transport takes each tensor as
+              // the export makes it (a zero3 unit at a time).
+              auto layout = guarded("export_weights", [&] { return e.export_layout(); });
+              if (!layout)
+                return layout.error();
+              if (auto ok = (*t)->publish_streamed(
+                      version, *layout,
+                      [&](const runtime::tensor_sink& put) { return e.export_weights_to(put); });
+                  !ok)
+                return ok.error();
+              actors::sync_bytes out;
+              for (const auto& spec : *layout)
+                out.bytes += spec.bytes();
+              // NOTE [sync staging]: the transport's copy and the export's gathers.
+              out.temporary = out.bytes + e.export_spike_bytes();
+              return out;
+            });
       },
       [=](gather_weights_atom) {
         return serve<int64_t>(self, "gather_weights",

@@ -59,6 +59,7 @@ typename Inspector::result_type inspect(Inspector& f, state_shards& x) {
 using served_batch = served<runtime::tensor_batch>;
 using served_metrics = served<metric_map>;
 using served_bytes = served<int64_t>;
+using served_sync = served<actors::sync_bytes>;
 
 using engine_actor = caf::typed_actor<
     caf::replies_to<log_probs_atom, runtime::tensor_batch, double, bool>::with<served_batch>,
@@ -74,8 +75,9 @@ using engine_actor = caf::typed_actor<
     /// The weights under HF names (for the rollout's load_weights).
     caf::replies_to<export_atom>::with<actors::shared_weights>,
     /// Publishes the model's weights (HF names) as version v on the channel
-    /// (opened on first use and kept); answers the bytes published.
-    caf::replies_to<publish_atom, int64_t, actors::weight_channel>::with<served_bytes>,
+    /// (opened on first use and kept); answers the bytes published and the
+    /// temporary bytes it took (NOTE [sync staging]).
+    caf::replies_to<publish_atom, int64_t, actors::weight_channel>::with<served_sync>,
     /// Writes the model as a HF directory; answers the directory.
     caf::replies_to<save_model_atom, std::string>::with<std::string>,
     /// Makes the weights whole and frees them again, exporting nothing: a

@@ -376,8 +376,8 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](export_atom a) -> caf::result<actors::shared_weights> {
         return from_rank0<actors::shared_weights>(self, peers_do::gather, a);
       },
-      [=](publish_atom a, int64_t v, const actors::weight_channel& c) -> caf::result<served_bytes> {
-        return from_rank0<served_bytes>(self, peers_do::gather, a, v, c);
+      [=](publish_atom a, int64_t v, const actors::weight_channel& c) -> caf::result<served_sync> {
+        return from_rank0<served_sync>(self, peers_do::gather, a, v, c);
       },
       [=](save_model_atom a, const std::string& dir) -> caf::result<std::string> {
         return from_rank0<std::string>(self, peers_do::gather, a, dir);

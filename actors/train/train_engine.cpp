@@ -368,7 +368,8 @@ struct train_engine::impl {
     }
     return largest;
   }
-  /// The last export's spike (by_export_units).
+  /// The last export's spike: a zero3 unit whole (by_export_units) and the
+  /// largest tensor it made (export_weights_to).
   int64_t export_spike = 0;
   /// Each parameter's shape, recorded whole (a zero3 rank frees them at rest).
   std::vector<std::vector<int64_t>> shapes;
@@ -1427,10 +1428,28 @@ expected<void> train_engine::export_weights_to(const runtime::tensor_sink& put) 
   return guarded("export_weights", [&] {
     auto params = impl_->model->parameters();
     size_t k = 0;
-    impl_->export_spike =
-        impl_->by_export_units([&](size_t i) { put(k++, impl_->whole(i, params[i])); });
+    // NOTE [sync staging]: what the export makes — a TP gather's working
+    // set, a later stage's tensor received — is held while the transport
+    // copies it; the largest is the spike beyond the copy.
+    int64_t made = 0;
+    const auto& tp = impl_->model->tp();
+    const auto& names = impl_->names();
+    const auto& config = impl_->model->config();
+    const auto unit = impl_->by_export_units([&](size_t i) {
+      auto t = impl_->whole(i, params[i]);
+      if (tp.active())
+        made = std::max(
+            made, models::tp_gather_peak_bytes(names.at(i), config, tp,
+                                               t.numel() * static_cast<int64_t>(t.element_size())));
+      put(k++, t);
+    });
+    auto received = [&](size_t at, const at::Tensor& t) {
+      made = std::max(made, t.numel() * static_cast<int64_t>(t.element_size()));
+      put(at, t);
+    };
     if (pp.active())
-      impl_->pipeline_export(put, k);
+      impl_->pipeline_export(received, k);
+    impl_->export_spike = unit + made;
   });
 }
 

@@ -160,7 +160,8 @@ public:
   /// [export units] in training_strategy.hpp).
   std::map<std::string, at::Tensor> export_weights() const;
   /// What the last export held beyond its copy: the largest unit gathered
-  /// (zero3), else 0.
+  /// (zero3) and the largest tensor it made (a TP gather, a later pipeline
+  /// stage's part); 0 when it made none (NOTE [sync staging]).
   int64_t export_spike_bytes() const;
   /// The exported tensors — HF name, dtype, shape — in the order
   /// export_weights_to hands them over (NOTE [export units]).

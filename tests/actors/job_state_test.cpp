@@ -27,7 +27,7 @@ std::vector<event> one_of_each() {
       phase_started{"rl", 4, "gen"},
       phase_finished{"rl", 4, "gen", 0.25, false},
       metrics_reported{"rl", 4, 10, {{"critic/score/mean", 0.5}, {"actor/ppo_kl", -1e-9}}},
-      weight_synced{"rl", 4, "shm", 123456, 0.01, "policy", "rollout"},
+      weight_synced{"rl", 4, "shm", 123456, 0.01, "policy", "rollout", 140000, 123456},
       checkpoint_saved{"rl", 4, "/x/rl/checkpoints/iter_00000004", 999, 0.2},
       role_changed{"rl", "critic", 1, "worker 2", 4242, "failed", "critic: values: boom", 9,
                    "values"},
@@ -74,6 +74,8 @@ TEST(JobEvents, WeightSyncsNameTheirRolesAndOlderLinesWithoutThemStillRead) {
       R"({"seq":4,"time_us":5,"kind":"weight_sync","stage":"rl","version":7,"transport":"shm","bytes":1,"seconds":0.1})");
   ASSERT_TRUE(old) << describe(old.error());
   EXPECT_EQ(std::get<weight_synced>(old->body).from, "");
+  EXPECT_EQ(std::get<weight_synced>(old->body).publisher_temporary_bytes, 0);
+  EXPECT_EQ(std::get<weight_synced>(old->body).receiver_temporary_bytes, 0);
   job_status st2;
   track(st2, old->body);
   EXPECT_EQ(st2.weight_versions, (std::map<std::string, int64_t>{{"policy", 7}, {"rollout", 7}}));

@@ -3,9 +3,13 @@
 // overrides, and a tiny job, for the job tests.
 
 #include "actors/rl/job_config.hpp"
+#include "runtime/weight_transport.hpp"
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -65,5 +69,39 @@ inline const char* disaggregated_placement =
     "    - {role: rollout, pool: gen}\n"
     "    - {role: reward, pool: judge}\n"
     "    - {role: reference, pool: judge}\n";
+
+/// The journal's events of `kind` (<run dir>/events.jsonl), in order.
+inline std::vector<nlohmann::json> events_of(const std::string& run_dir, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(std::filesystem::path{run_dir} / "events.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (auto j = nlohmann::json::parse(line); j.value("kind", "") == kind)
+      out.push_back(std::move(j));
+  return out;
+}
+
+/// NOTE [sync staging]: every weight sync of the run reports its temporary
+/// bytes — the publisher its staged copy, and more when its export makes
+/// tensors (`makes`: a TP gather, a later stage's part; one at a time, so
+/// less than a second copy); the receiver the version where the transport
+/// stages it, else nothing.
+inline void expect_sync_staging(const std::string& run_dir, bool makes) {
+  const auto syncs = events_of(run_dir, "weight_sync");
+  ASSERT_FALSE(syncs.empty()) << run_dir;
+  for (const auto& e : syncs) {
+    const auto bytes = e.at("bytes").get<int64_t>();
+    const auto published = e.at("publisher_temporary_bytes").get<int64_t>();
+    if (makes) {
+      EXPECT_GT(published, bytes) << e.dump();
+      EXPECT_LT(published, 2 * bytes) << e.dump();
+    } else {
+      EXPECT_EQ(published, bytes) << e.dump();
+    }
+    const auto kind = enum_from_name<runtime::transport_kind>(e.at("transport").get<std::string>());
+    ASSERT_TRUE(kind) << e.dump();
+    const bool staged = runtime::traits_of(*kind).receiver_stages;
+    EXPECT_EQ(e.at("receiver_temporary_bytes").get<int64_t>(), staged ? bytes : 0) << e.dump();
+  }
+}
 
 } // namespace troupe::actors::rl::testing

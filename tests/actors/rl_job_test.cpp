@@ -227,6 +227,7 @@ TEST(RlJob, EveryWeightTransportGivesTheSameRun) {
     runs.push_back(std::move(lines));
     EXPECT_FALSE(std::filesystem::exists(tmp.path() / kind / "rl" / "weights"))
         << kind << ": versions left on disk";
+    troupe::actors::rl::testing::expect_sync_staging(cfg->run.dir, false);
   }
   for (size_t k = 1; k < runs.size(); ++k)
     EXPECT_EQ(runs[0], runs[k]) << "transport " << k << " gives another run";

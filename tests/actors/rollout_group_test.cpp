@@ -24,6 +24,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 using namespace troupe;
@@ -221,20 +222,36 @@ TEST_F(RolloutGroup, WeightVersionsReachEveryRanksPart) {
   actors::weight_channel ch;
   ch.kind = runtime::transport_kind::alias;
   ch.channel = to.channel;
-  auto bytes = ask<int64_t>(group, receive_weights_atom::value, int64_t{2}, ch);
+  auto bytes = ask<actors::sync_bytes>(group, receive_weights_atom::value, int64_t{2}, ch);
   ASSERT_TRUE(bytes) << describe(bytes.error());
   int64_t whole = 0;
   for (const auto& [name, t] : models::export_hf_weights(v2))
     whole += static_cast<int64_t>(t.numel() * t.element_size());
-  EXPECT_EQ(*bytes, whole); // each rank received the whole version
+  EXPECT_EQ(bytes->bytes, whole); // each rank received the whole version
+  EXPECT_EQ(bytes->temporary, 0); // NOTE [sync staging]: the publisher's tensors
   auto want2 = make_engine(v2, small_engine())->generate(reqs);
   auto got2 = generate(group, reqs);
   ASSERT_TRUE(want2 && got2) << (got2 ? "" : describe(got2.error()));
   expect_like(*want2, *got2, "version 2");
 
+  // Through shared memory each rank maps the whole version while it loads
+  // its part: that is its temporary memory.
+  to.kind = ch.kind = runtime::transport_kind::shm;
+  to.channel = ch.channel = "rollout-group-test-shm-" + std::to_string(::getpid());
+  auto shm = runtime::make_weight_transport(to);
+  ASSERT_TRUE(shm) << describe(shm.error());
+  ASSERT_TRUE((*shm)->publish(3, models::export_hf_weights(v1)));
+  auto mapped = ask<actors::sync_bytes>(group, receive_weights_atom::value, int64_t{3}, ch);
+  ASSERT_TRUE(mapped) << describe(mapped.error());
+  EXPECT_EQ(mapped->bytes, whole);
+  EXPECT_EQ(mapped->temporary, whole);
+  auto got3 = generate(group, reqs);
+  ASSERT_TRUE(got3) << describe(got3.error());
+  expect_like(*want1, *got3, "version 3 (version 1's weights)");
+
   actors::weight_channel bc;
   bc.kind = runtime::transport_kind::broadcast;
-  auto refused = ask<int64_t>(group, receive_weights_atom::value, int64_t{3}, bc);
+  auto refused = ask<actors::sync_bytes>(group, receive_weights_atom::value, int64_t{4}, bc);
   ASSERT_FALSE(refused);
   EXPECT_NE(describe(refused.error()).find("reaches one receiver"), std::string::npos)
       << describe(refused.error());

@@ -237,3 +237,25 @@ TEST(StrategyMemory, AZero3ExportHoldsOneUnitBeyondItsCopy) {
   EXPECT_NEAR(static_cast<double>(ranks[1].export_peak) / unit, 1.0, 0.05)
       << "measured " << ranks[1].export_peak << " planned " << unit;
 }
+
+// NOTE [sync staging]: a TP 2 replica's export gathers each split tensor
+// whole on rank 0 and copies it; what that rank holds beyond its states is
+// the copy and the gather in hand, the largest gather's working set its
+// engine reports (here the vocabulary's [V, H], joined along its first
+// dimension: the gathered buffer is the whole tensor) — what a weight
+// sync's publisher adds to the copy its transport stages.
+TEST(StrategyMemory, ATensorParallelExportReportsTheGatheredTensorItHolds) {
+  const auto split = actors::train::split_parameters(shape(), true);
+  const double copy = 4.0 * static_cast<double>(split.total());
+  const auto ranks = run_ranks(1, dp_strategy::ddp, 0, actors::train::precision::fp32, 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  // The largest split tensor whole: the vocabulary's [V, H].
+  const auto c = shape();
+  const double largest = 4.0 * static_cast<double>(c.vocab_size * c.hidden_size);
+  EXPECT_EQ(static_cast<double>(ranks[0].export_spike), largest);
+  const double reported = copy + static_cast<double>(ranks[0].export_spike);
+  EXPECT_LE(static_cast<double>(ranks[0].export_peak), reported * 1.01)
+      << "measured " << ranks[0].export_peak << " reported " << reported;
+  EXPECT_GT(static_cast<double>(ranks[0].export_peak), 0.95 * reported)
+      << "measured " << ranks[0].export_peak << " reported " << reported;
+}
