@@ -77,6 +77,8 @@ caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, s
                     [relay](train::served_batch& x) { relay(x); },
                     [relay](train::served_metrics& x) { relay(x); },
                     [relay](train::served_bytes& x) { relay(x); },
+                    [relay](train::served_sync& x) { relay(x); },
+                    [relay](actors::sync_bytes& x) { relay(x); },
                     [relay](train::state_shards& x) { relay(x); },
                     [relay](inference::generation& x) { relay(x); },
                     [relay](inference::engine_metrics& x) { relay(x); },
