@@ -131,7 +131,7 @@ std::vector<j::event_body> one_of_each_kind() {
           j::phase_started{"rl", 3, "generate"},
           j::phase_finished{"rl", 3, "generate", 0.25, false},
           j::metrics_reported{"rl", 3, 10, {{"actor/pg_loss", -0.5}, {"critic/score/mean", 0.75}}},
-          j::weight_synced{"rl", 4, "alias", 1234, 0.01, "policy", "rollout"},
+          j::weight_synced{"rl", 4, "alias", 1234, 0.01, "policy", "rollout", 2345, 1234},
           j::checkpoint_saved{"rl", 4, "/tmp/x", 99, 0.2},
           j::role_changed{"rl", "critic", 1, "worker 2", 4242, "failed", "died", 9, "update_critic"},
           samples,
