@@ -177,6 +177,7 @@ engine_of(const models::llama_model& base,
 struct result {
   double step_s = 0;      // median over the timed steps
   double bubble = 0;      // pipelined: the median step's idle share of the stages' pass
+  double critical = 0;    // ... and the busiest stage's own idle share in that step
   std::vector<double> stage_busy_s; // pipelined: each stage's computing per step (median step)
   int64_t peak_bytes = 0; // the largest rank's
   double received_per_step = 0;
@@ -196,16 +197,15 @@ rank_groups(runtime::local_groups& groups, int r, mesh_shape m, bool shm_hand_of
   g->store = std::move(groups.stores[static_cast<size_t>(r)]);
   g->mesh =
       std::make_shared<runtime::process_group>(std::move(groups.groups[static_cast<size_t>(r)]));
-  auto lines = runtime::make_mesh_groups(*g->mesh, runtime::rank_mesh{{m.dp, m.pp, m.tp}},
-                                         {"dp", "pp", "tp"});
+  const runtime::rank_mesh mesh{{m.dp, m.pp, m.tp}};
+  auto lines = runtime::make_mesh_groups(*g->mesh, mesh, {"dp", "pp", "tp"});
   if (!lines)
     return lines.error();
   g->group = std::move((*lines)[0]);
   auto pp_line = std::move((*lines)[1]);
   if (shm_hand_offs && m.pp > 1) { // as a job's line on one node
     auto shm = runtime::with_shm_point_to_point(
-        std::move(pp_line), g->store,
-        go.name + "-pp" + std::to_string(r / (m.tp * m.pp) * m.tp + r % m.tp),
+        std::move(pp_line), g->store, go.name + "-pp" + std::to_string(mesh.line_index(r, 1)),
         actors::rl::pp_slot_bytes, actors::rl::pp_slots(m.pp), go.timeout_ms);
     if (!shm)
       return shm.error();
@@ -217,8 +217,11 @@ rank_groups(runtime::local_groups& groups, int r, mesh_shape m, bool shm_hand_of
 }
 
 // NOTE [1F1B]: a step's bubble is 1 − Σ busy / (stages × the longest
-// pass), over one replica's stages; `out` takes the median step's, and
-// that step's busy seconds a stage. passes[step][rank] = (wall, busy).
+// pass), over one replica's stages; `out` takes the median step's, that
+// step's busy seconds a stage and its busiest stage's idle share, 1 −
+// busiest / longest (the schedule's bubble on the critical stage, without
+// the idle that a slower neighbour adds to a faster stage).
+// passes[step][rank] = (wall, busy).
 void median_bubble(const std::vector<std::vector<std::pair<double, double>>>& passes, int pp,
                    int tp, result& out) {
   std::vector<std::pair<double, size_t>> bubbles; // (bubble, step)
@@ -236,8 +239,14 @@ void median_bubble(const std::vector<std::vector<std::pair<double, double>>>& pa
   std::sort(bubbles.begin(), bubbles.end());
   const auto [bubble, step] = bubbles[bubbles.size() / 2];
   out.bubble = bubble;
-  for (int p = 0; p < pp; ++p)
-    out.stage_busy_s.push_back(passes[step][static_cast<size_t>(p * tp)].second);
+  double longest = 0, busiest = 0;
+  for (int p = 0; p < pp; ++p) {
+    const auto& [wall, computing] = passes[step][static_cast<size_t>(p * tp)];
+    out.stage_busy_s.push_back(computing);
+    longest = std::max(longest, wall);
+    busiest = std::max(busiest, computing);
+  }
+  out.critical = 1 - busiest / longest;
 }
 
 // `world` ranks as a {world / (pp · tp), pp, tp} mesh: DP over the
@@ -693,8 +702,8 @@ bool print_pipeline(const options& o) {
               "rows x 64 tokens; single engine: "
               "weight-norm sum %.9g)\n",
               static_cast<long long>(c.num_hidden_layers), static_cast<long long>(rows), want);
-  std::printf("%-20s %-12s %8s %9s %9s %9s %7s %9s %12s\n", "", "norm sum", "step ms", "vs dp 2",
-              "bubble", "ideal", "ratio", "schedule", "stage ms/mb");
+  std::printf("%-20s %-12s %8s %9s %9s %9s %7s %9s %9s %12s\n", "", "norm sum", "step ms",
+              "vs dp 2", "bubble", "ideal", "ratio", "critical", "schedule", "stage ms/mb");
   auto dp2 = run(*base, global, 2, dp_strategy::ddp);
   bool ok = true;
   std::vector<double> stage_times; // P = 2, M = 16: each stage's busy time a micro-batch
@@ -725,11 +734,11 @@ bool print_pipeline(const options& o) {
           grid && f.size() == 2
               ? runtime::simulate(*grid, f, b)
               : expected<runtime::pipe_timeline>{make_error(errc::internal, "no stage times")};
-      std::printf("%-20s %-12.9g %8.2f %9.2f %8.1f%% %8.1f%% %7.2f %8.1f%% %12s%s\n",
+      std::printf("%-20s %-12.9g %8.2f %9.2f %8.1f%% %8.1f%% %7.2f %8.1f%% %8.1f%% %12s%s\n",
                   ("pp 2, M " + std::to_string(m) + (shm ? ", shm" : ", gloo")).c_str(),
                   r.norm_sums[0], r.step_s * 1e3, r.step_s / dp2.step_s, 100 * r.bubble,
-                  100 * ideal, r.bubble / ideal, sim ? 100 * sim->bubble : 0.0, per.c_str(),
-                  equal ? "" : "  NORMS DIFFER");
+                  100 * ideal, r.bubble / ideal, 100 * r.critical, sim ? 100 * sim->bubble : 0.0,
+                  per.c_str(), equal ? "" : "  NORMS DIFFER");
       if (m == 16 && shm)
         for (double busy : r.stage_busy_s)
           stage_times.push_back(busy / static_cast<double>(m));

@@ -4,6 +4,7 @@
 #include <google/protobuf/reflection.h>
 
 #include <cctype>
+#include <stdexcept>
 #include <utility>
 
 namespace troupe::cluster {
@@ -27,8 +28,15 @@ expected<ctl_state> from_proto(v1::JobState s) {
 
 namespace {
 
+// A field every payload struct's member has in its message: one missing
+// is a .proto behind its struct (JobProto.EveryEventKindRoundTripsFieldForField
+// finds it), named here rather than dereferenced as null.
 const pb::FieldDescriptor* field_of(const pb::Message& m, const char* name) {
-  return m.GetDescriptor()->FindFieldByName(name);
+  const auto* f = m.GetDescriptor()->FindFieldByName(name);
+  if (!f)
+    throw std::logic_error("job_proto: " + m.GetDescriptor()->full_name() + " has no field '" +
+                           name + "'");
+  return f;
 }
 
 // Writes the fields of a payload struct into its message (by name).

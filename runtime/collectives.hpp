@@ -207,6 +207,10 @@ struct rank_mesh {
   /// The ranks that share every coordinate of `rank` but dimension `dim`,
   /// ascending (the members of rank's group along `dim`).
   std::vector<int> line(int rank, size_t dim) const;
+  /// Which of the lines along `dim` holds `rank`: its other coordinates in
+  /// mesh order, 0 .. size() / shape[dim] - 1 (names a line's shared
+  /// segment: every rank of the line gets the same index).
+  int line_index(int rank, size_t dim) const;
 };
 
 /// This rank's group along each dimension of `mesh` (result[d] joins

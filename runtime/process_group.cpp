@@ -520,6 +520,15 @@ std::vector<int> rank_mesh::line(int rank, size_t dim) const {
   return out;
 }
 
+int rank_mesh::line_index(int rank, size_t dim) const {
+  const auto at = coords(rank);
+  int index = 0;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (d != dim)
+      index = index * shape[d] + at[d];
+  return index;
+}
+
 expected<std::vector<process_group>> make_mesh_groups(process_group& world, const rank_mesh& mesh,
                                                       const std::vector<std::string>& names) {
   bool positive = std::all_of(mesh.shape.begin(), mesh.shape.end(), [](int d) { return d >= 1; });

@@ -104,8 +104,8 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
     return out;
   }
   out->mesh = std::make_shared<runtime::process_group>(std::move(*g));
-  auto lines = runtime::make_mesh_groups(
-      *out->mesh, runtime::rank_mesh{{s.layout.dp, s.layout.pp, s.layout.tp}}, {"dp", "pp", "tp"});
+  const runtime::rank_mesh mesh{{s.layout.dp, s.layout.pp, s.layout.tp}};
+  auto lines = runtime::make_mesh_groups(*out->mesh, mesh, {"dp", "pp", "tp"});
   if (!lines)
     return with_prefix(lines.error(), "splitting the role's mesh into its DP, PP and TP groups");
   out->group = std::move((*lines)[0]);
@@ -115,7 +115,7 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
     if (!local)
       return with_prefix(local.error(), "the pipeline line's hosts");
     if (*local) { // its hand-offs through shared memory (NOTE [shm point-to-point])
-      const auto line = s.rank / (s.layout.pp * s.layout.tp) * s.layout.tp + s.rank % s.layout.tp;
+      const auto line = mesh.line_index(s.rank, 1);
       auto shm = runtime::with_shm_point_to_point(
           std::move(pp), out->store, s.group_name + "/pp" + std::to_string(line), pp_slot_bytes,
           pp_slots(s.layout.pp), s.timeout_ms);

@@ -119,12 +119,12 @@ inline std::vector<mesh_rank> mesh_engines(runtime::local_groups& world,
   const auto dense = copy_of(base, head);
   return on_every_rank<mesh_rank>(world.groups, [&](runtime::process_group& g) {
     mesh_rank out;
-    auto lines =
-        runtime::make_mesh_groups(g, runtime::rank_mesh{{l.dp, l.pp, l.tp}}, {"dp", "pp", "tp"});
+    const runtime::rank_mesh mesh{{l.dp, l.pp, l.tp}};
+    auto lines = runtime::make_mesh_groups(g, mesh, {"dp", "pp", "tp"});
     EXPECT_TRUE(lines) << describe(lines.error());
     auto pp = std::move((*lines)[1]);
     if (l.pp > 1) { // as a job's line on one node: hand-offs through shared memory
-      const int line = g.rank() / (l.pp * l.tp) * l.tp + g.rank() % l.tp;
+      const int line = mesh.line_index(g.rank(), 1);
       auto shm = runtime::with_shm_point_to_point(
           std::move(pp), world.stores[static_cast<size_t>(g.rank())],
           "mesh-pp" + std::to_string(line), actors::rl::pp_slot_bytes, actors::rl::pp_slots(l.pp));

@@ -265,6 +265,22 @@ TEST(RankMesh, CoordinatesAndLines) {
           ++seen[x];
     EXPECT_EQ(seen, std::vector<int>(12, 1)) << d;
   }
+  // A line's index: the same for its ranks, distinct across lines, 0 .. lines − 1.
+  EXPECT_EQ(m.line_index(7, 1), 1 * 2 + 1); // {dp 1, tp 1} of 2 × 2 lines along pp
+  EXPECT_EQ(m.line_index(7, 0), 0 * 2 + 1);
+  EXPECT_EQ(m.line_index(7, 2), 1 * 3 + 0);
+  for (size_t d = 0; d < 3; ++d) {
+    std::vector<int> first_of(static_cast<size_t>(12 / m.shape[d]), -1);
+    for (int r = 0; r < 12; ++r) {
+      const auto i = m.line_index(r, d);
+      ASSERT_GE(i, 0);
+      ASSERT_LT(i, 12 / m.shape[d]);
+      auto& f = first_of[static_cast<size_t>(i)];
+      if (f < 0)
+        f = m.line(r, d).front();
+      EXPECT_EQ(f, m.line(r, d).front()) << "rank " << r << " along " << d;
+    }
+  }
 }
 
 TEST(SubGroups, MeshGroupsReduceAlongTheirDimensionOnly) {
