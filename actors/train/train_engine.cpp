@@ -369,7 +369,8 @@ struct train_engine::impl {
     return largest;
   }
   /// The last export's spike: a zero3 unit whole (by_export_units) and the
-  /// largest tensor it made (export_weights_to).
+  /// largest thing it made — a TP gather's working set, a later stage's
+  /// tensor (export_weights_to).
   int64_t export_spike = 0;
   /// Each parameter's shape, recorded whole (a zero3 rank frees them at rest).
   std::vector<std::vector<int64_t>> shapes;
