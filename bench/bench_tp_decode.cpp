@@ -207,14 +207,15 @@ int main(int argc, char** argv) {
       ok = ok && same_tokens(single.outputs, tp.outputs);
     }
     std::sort(ratios.begin(), ratios.end());
-    row(batch, "fused, shm sums", single, tp,
-        "  median of " + std::to_string(reps) + " pairs " +
-            std::to_string(ratios[ratios.size() / 2]).substr(0, 4) + " (" + each + ")");
+    char median[64];
+    std::snprintf(median, sizeof median, "  median of %d pairs %.2f (", reps,
+                  ratios[ratios.size() / 2]);
+    row(batch, "fused, shm sums", single, tp, median + each + ")");
     if (only > 0)
       continue;
     for (bool shm : {true, false})
       for (auto path : {decode_path::fused, decode_path::aten})
-        if (shm != true || path != decode_path::fused)
+        if (!shm || path != decode_path::fused) // the pairs above ran fused with shm
           row(batch,
               std::string{path == decode_path::fused ? "fused" : "aten"} +
                   (shm ? ", shm sums" : ", gloo sums"),

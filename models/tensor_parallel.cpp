@@ -193,7 +193,8 @@ expected<at::Tensor> tp_gather_weight(const at::Tensor& part, const std::string&
 
 int64_t tp_gather_peak_bytes(const std::string& name, const llama_config& c, const tp_partition& p,
                              int64_t whole_bytes) {
-  if (tp_slice_of(name, c, p).replicated())
+  const auto slice = tp_slice_of(name, c, p);
+  if (slice.replicated())
     return 0;
   // As gather_along holds them.
   const auto sizes = part_sizes(name, c, p.size);
@@ -203,7 +204,7 @@ int64_t tp_gather_peak_bytes(const std::string& name, const llama_config& c, con
     along += n;
   const bool equal = widest * static_cast<int64_t>(sizes.size()) == along;
   if (equal)
-    return tp_slice_of(name, c, p).dim == 0 ? whole_bytes : 2 * whole_bytes;
+    return slice.dim == 0 ? whole_bytes : 2 * whole_bytes;
   const int64_t per = whole_bytes / along; // bytes a slice along the joined dimension
   return per * widest + per * widest * static_cast<int64_t>(sizes.size()) + whole_bytes;
 }

@@ -139,8 +139,8 @@ void expect_layouts_learn_as_in_process(const std::vector<trainer_layout>& layou
     auto b = run_placed(*placed, tmp);
     ASSERT_TRUE(b) << describe(b.error());
     test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(placed->run.dir));
-    // The first stage's rank 0 gathers its TP group's parts and receives
-    // the later stage's: its syncs report the largest of them beyond the copy.
+    // Rank 0 gathers its TP group's parts or receives a later stage's
+    // tensors: its syncs report the largest of them beyond the copy.
     actors::rl::testing::expect_sync_staging(placed->run.dir, true);
   }
 }
