@@ -1,62 +1,17 @@
 #include "models/tokenizer_pattern.hpp"
 
+#include "models/regex.hpp"
 #include "models/tokenizer_unicode.hpp"
 
-#include <oniguruma.h>
-
 #include <algorithm>
-#include <mutex>
-#include <optional>
 
 namespace troupe::models::tok {
 
 struct pattern::compiled {
-  regex_t* re = nullptr;
-  ~compiled() {
-    if (re != nullptr)
-      onig_free(re);
-  }
+  models::regex re;
 };
 
 namespace {
-
-void initialise_oniguruma() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
-    onig_initialize(encodings, 1);
-  });
-}
-
-// The reference's match iteration over Oniguruma (the Rust onig crate's
-// find_iter): search from the end of the previous match; an empty match
-// right at the end of the previous match is skipped by advancing one
-// character.
-std::vector<std::pair<size_t, size_t>> onig_find_all(regex_t* re, std::string_view text) {
-  std::vector<std::pair<size_t, size_t>> out;
-  auto* begin = reinterpret_cast<const OnigUChar*>(text.data());
-  auto* end = begin + text.size();
-  OnigRegion* region = onig_region_new();
-  size_t from = 0;
-  std::optional<size_t> last_match_end;
-  while (from <= text.size()) {
-    onig_region_clear(region);
-    auto r = onig_search(re, begin, end, begin + from, end, region, ONIG_OPTION_NONE);
-    if (r < 0)
-      break; // ONIG_MISMATCH, or an engine error (treated as no more matches)
-    auto s = static_cast<size_t>(region->beg[0]);
-    auto e = static_cast<size_t>(region->end[0]);
-    if (s == e && last_match_end && *last_match_end == e) {
-      from += from < text.size() ? unicode::decode_one(text, from).length : 1;
-      continue;
-    }
-    from = e;
-    last_match_end = e;
-    out.emplace_back(s, e);
-  }
-  onig_region_free(region, 1);
-  return out;
-}
 
 // Pieces covering `text` from its match ranges (the reference's find_matches).
 std::vector<cut> cover(std::string_view text, const std::vector<std::pair<size_t, size_t>>& ms) {
@@ -95,20 +50,12 @@ pattern pattern::regex(const std::string& regex, const json_at& where) {
 }
 
 pattern pattern::oniguruma(const std::string& regex, const json_at& where) {
+  auto re = models::regex::compile(regex, {});
+  if (!re)
+    where.fail(context_of(re.error()));
   pattern p;
-  initialise_oniguruma();
-  auto c = std::make_shared<compiled>();
-  OnigErrorInfo info{};
-  auto* b = reinterpret_cast<const OnigUChar*>(regex.data());
-  int r = onig_new(&c->re, b, b + regex.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8,
-                   ONIG_SYNTAX_DEFAULT, &info);
-  if (r != ONIG_NORMAL) {
-    OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
-    onig_error_code_to_str(message, r, &info);
-    where.fail("invalid regex '" + regex + "': " + reinterpret_cast<const char*>(message));
-  }
   p.kind_ = kind::regex;
-  p.regex_ = std::move(c);
+  p.regex_ = std::make_shared<const compiled>(compiled{std::move(*re)});
   return p;
 }
 
@@ -132,7 +79,7 @@ std::vector<cut> pattern::find_matches(std::string_view text) const {
     return cover(text, ms);
   }
   case kind::regex:
-    return cover(text, onig_find_all(regex_->re, text));
+    return cover(text, regex_->re.find_all(text));
   case kind::literal:
     break;
   }

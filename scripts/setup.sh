@@ -12,7 +12,7 @@ packages=(
   libyaml-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
-  libsqlite3-dev python3-grpcio python3-grpc-tools libonig-dev
+  libsqlite3-dev python3-grpcio python3-grpc-tools python3-jinja2 libonig-dev
   chromium chromium-driver python3-selenium
   iproute2 openssl
   slurm-wlm munge

@@ -292,20 +292,21 @@ expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& r
       responses.push_back(std::move(s.tokens));
       answers.push_back(eval[i].answer);
     }
-  auto scores = rule_scores(*ctx.tok, ctx.cfg->rl.reward.rule, responses, answers);
-  if (!scores)
-    return scores.error();
-  auto exact = rule_scores(*ctx.tok, rule_kind::exact, responses, answers);
-  if (!exact)
-    return exact.error();
+  auto rules = rule_set::make(reward_rules(ctx.cfg->rl.reward), ctx.cfg->rl.generation.max_tokens);
+  if (!rules)
+    return with_prefix(rules.error(), "rl.reward");
+  auto outcome = apply_rules(*ctx.tok, *rules, responses, answers);
+  if (!outcome)
+    return outcome.error();
+  const auto& scores = outcome->scores;
   double sum = 0, hits = 0;
-  for (size_t i = 0; i < scores->size(); ++i) {
-    sum += (*scores)[i];
-    hits += (*exact)[i];
+  for (size_t i = 0; i < scores.size(); ++i) {
+    sum += scores[i];
+    hits += outcome->correct[i];
   }
-  auto n = static_cast<double>(std::max<size_t>(1, scores->size()));
+  auto n = static_cast<double>(std::max<size_t>(1, scores.size()));
   if (prefix == "val/")
-    emit_samples(ctx, stage, step, responses, *scores, samples);
+    emit_samples(ctx, stage, step, responses, scores, samples);
   m[prefix + "score/mean"] = sum / n;
   m[prefix + "accuracy"] = hits / n;
   m[prefix + "response_length/mean"] = length / n;

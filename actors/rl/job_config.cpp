@@ -68,6 +68,14 @@ bool uses_critic(const rl_config& c) {
 
 bool uses_reward_model(const reward_config& c) { return c.kind != reward_kind::rule; }
 
+std::vector<rule_config> reward_rules(const reward_config& c) {
+  if (!c.rules.empty())
+    return c.rules;
+  rule_config only;
+  only.kind = c.rule;
+  return {only};
+}
+
 int64_t max_task_prompt_tokens(const data_config& c) {
   task_options o;
   o.name = c.task;
@@ -236,6 +244,12 @@ void check_rl_loss_and_roles(const job_config& c, runtime::config_checks& checks
     }
   }
   checks.require(r.reward.rule_weight >= 0, "rl.reward.rule_weight", "must be >= 0");
+  checks.require(r.reward.rules.empty() || r.reward.rule == reward_config{}.rule, "rl.reward.rule",
+                 "set either rule (the built-in tasks') or rules, not both");
+  for (size_t i = 0; i < r.reward.rules.size(); ++i)
+    for (auto& v : rule_violations(r.reward.rules[i], "rl.reward.rules[" + std::to_string(i) + "]",
+                                   r.generation.max_tokens))
+      checks.require(false, v.path, v.message);
   checks.require(r.reward.model_weight >= 0, "rl.reward.model_weight", "must be >= 0");
   if (has_stage(c, "rl") && uses_reward_model(r.reward))
     checks.require(!r.reward.model_path.empty() || has_stage(c, "rm"), "rl.reward.kind",

@@ -13,6 +13,7 @@
 #include "actors/inference/engine.hpp"
 #include "actors/rl/job_choices.hpp"
 #include "actors/rl/tasks.hpp"
+#include "actors/rl/verifiers.hpp"
 #include "actors/train/optimizer_options.hpp"
 #include "kernels/advantages.hpp"
 #include "kernels/kl.hpp"
@@ -212,7 +213,10 @@ void visit(V& v, kl_config& c) {
 struct reward_config {
   /// rule | model | mixed (rule_weight·rule + model_weight·model).
   reward_kind kind = reward_kind::rule;
+  /// The built-in tasks' rule; `rules` replaces it.
   rule_kind rule = rule_kind::positional;
+  /// Verifiable rules with weights (NOTE [verifiable rewards]); empty = `rule`.
+  std::vector<rule_config> rules;
   double rule_weight = 1.0;
   double model_weight = 1.0;
   /// Reward model: the rm stage's output, or a HF directory.
@@ -221,7 +225,11 @@ struct reward_config {
 template <class V>
 void visit(V& v, reward_config& c) {
   v.choice("kind", c.kind, "rule, a reward model, or mixed = rule_weight·rule + model_weight·model");
-  v.choice("rule", c.rule, "positional: partial credit per correct character; exact: 1 or 0");
+  v.choice("rule", c.rule, {rule_kind::positional, rule_kind::exact},
+           "positional: partial credit per correct character; exact: 1 or 0");
+  v.list("rules", c.rules,
+         "Verifiable rules summed with their weights (replaces rule): exact, positional, math, "
+         "regex, format, overlong");
   v.field("rule_weight", c.rule_weight);
   v.field("model_weight", c.model_weight);
   v.field("model_path", c.model_path, "Reward model directory; \"\" = the rm stage's output");
@@ -510,6 +518,8 @@ bool kl_in_loss(const rl_config& c);
 bool uses_critic(const rl_config& c);
 /// Whether the reward needs a reward model.
 bool uses_reward_model(const reward_config& c);
+/// The rules the reward's rule part sums: `rules`, or `rule` alone.
+std::vector<rule_config> reward_rules(const reward_config& c);
 
 /// Tokens of the built-in task's longest prompt with the byte tokenizer
 /// (its characters + BOS); 0 when the task settings are invalid.

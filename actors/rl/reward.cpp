@@ -9,40 +9,56 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
 namespace troupe::actors::rl {
 
-expected<std::string> response_text(const models::tokenizer& tok,
-                                    const std::vector<int64_t>& tokens) {
-  std::vector<int64_t> cut;
-  cut.reserve(tokens.size());
+namespace {
+
+// The tokens before the first EOS.
+std::vector<int64_t> cut_at_eos(const models::tokenizer& tok, const std::vector<int64_t>& tokens) {
   auto eos = tok.eos_id();
-  for (auto t : tokens) {
-    if (eos && t == *eos)
-      break;
-    cut.push_back(t);
-  }
+  auto end = eos ? std::find(tokens.begin(), tokens.end(), *eos) : tokens.end();
+  return {tokens.begin(), end};
+}
+
+expected<std::string> decode_text(const models::tokenizer& tok, const std::vector<int64_t>& cut) {
   models::decode_options opts;
   opts.skip_special_tokens = true;
   return tok.decode(cut, opts);
 }
 
-expected<std::vector<double>> rule_scores(const models::tokenizer& tok, rule_kind rule,
-                                          const std::vector<std::vector<int64_t>>& responses,
-                                          const std::vector<std::string>& answers) {
+} // namespace
+
+expected<std::string> response_text(const models::tokenizer& tok,
+                                    const std::vector<int64_t>& tokens) {
+  return decode_text(tok, cut_at_eos(tok, tokens));
+}
+
+expected<rule_outcome> apply_rules(const models::tokenizer& tok, const rule_set& rules,
+                                   const std::vector<std::vector<int64_t>>& responses,
+                                   const std::vector<std::string>& answers) {
   if (responses.size() != answers.size())
-    return make_error(errc::invalid_argument, "rule_scores: " + std::to_string(responses.size()) +
+    return make_error(errc::invalid_argument, "apply_rules: " + std::to_string(responses.size()) +
                                                   " responses for " +
                                                   std::to_string(answers.size()) + " answers");
-  std::vector<double> out;
-  out.reserve(responses.size());
+  rule_outcome out;
+  out.scores.reserve(responses.size());
+  out.correct.reserve(responses.size());
   for (size_t i = 0; i < responses.size(); ++i) {
-    auto text = response_text(tok, responses[i]);
+    auto cut = cut_at_eos(tok, responses[i]);
+    auto text = decode_text(tok, cut);
     if (!text)
       return with_prefix(text.error(), "response " + std::to_string(i));
-    out.push_back(rule_score(rule, answers[i], *text));
+    scored_response r{*text, static_cast<int64_t>(cut.size()), answers[i]};
+    auto score = rules.score(r);
+    auto correct = score ? rules.correct(r) : expected<bool>{score.error()};
+    if (!correct)
+      return with_prefix(correct.error(), "response " + std::to_string(i));
+    out.scores.push_back(*score);
+    out.correct.push_back(*correct ? 1.0 : 0.0);
   }
   return out;
 }

@@ -4,6 +4,7 @@
 
 #include "actors/rl/reward_backend.hpp"
 #include "actors/rl/tasks.hpp"
+#include "actors/rl/verifiers.hpp"
 #include "actors/train/engine_actor.hpp"
 
 #include <memory>
@@ -35,10 +36,18 @@ using reward_actor = caf::typed_actor<
 expected<std::string> response_text(const models::tokenizer& tok,
                                     const std::vector<int64_t>& tokens);
 
-/// Rule scores of responses against answers (sizes must match).
-expected<std::vector<double>> rule_scores(const models::tokenizer& tok, rule_kind rule,
-                                          const std::vector<std::vector<int64_t>>& responses,
-                                          const std::vector<std::string>& answers);
+/// What a rule set says of each response: its weighted score and whether
+/// its answer is right (1 or 0).
+struct rule_outcome {
+  std::vector<double> scores;
+  std::vector<double> correct;
+};
+
+/// The rules applied to responses (their tokens, cut at EOS) against
+/// answers (sizes must match).
+expected<rule_outcome> apply_rules(const models::tokenizer& tok, const rule_set& rules,
+                                   const std::vector<std::vector<int64_t>>& responses,
+                                   const std::vector<std::string>& answers);
 
 /// Spawns the reward role over `backends` (at least one, distinct keys).
 expected<reward_actor> spawn_reward(caf::actor_system& sys, std::vector<weighted_backend> backends);

@@ -13,21 +13,21 @@ namespace {
 
 class rule_backend final : public reward_backend {
 public:
-  rule_backend(std::shared_ptr<const models::tokenizer> tok, rule_kind rule)
-      : tok_(std::move(tok)), rule_(rule) {}
+  rule_backend(std::shared_ptr<const models::tokenizer> tok, rule_set rules)
+      : tok_(std::move(tok)), rules_(std::move(rules)) {}
 
   std::string_view key() const override { return "rule_scores"; }
 
   expected<at::Tensor> score(const reward_request& req) override {
-    auto rs = rule_scores(*tok_, rule_, req.responses, req.answers);
+    auto rs = apply_rules(*tok_, rules_, req.responses, req.answers);
     if (!rs)
       return rs.error();
-    return torch::tensor(std::vector<float>(rs->begin(), rs->end()), torch::kFloat);
+    return torch::tensor(std::vector<float>(rs->scores.begin(), rs->scores.end()), torch::kFloat);
   }
 
 private:
   std::shared_ptr<const models::tokenizer> tok_;
-  rule_kind rule_;
+  rule_set rules_;
 };
 
 class model_backend final : public reward_backend {
@@ -57,8 +57,8 @@ private:
 } // namespace
 
 std::unique_ptr<reward_backend> make_rule_backend(std::shared_ptr<const models::tokenizer> tok,
-                                                  rule_kind rule) {
-  return std::make_unique<rule_backend>(std::move(tok), rule);
+                                                  rule_set rules) {
+  return std::make_unique<rule_backend>(std::move(tok), std::move(rules));
 }
 
 std::unique_ptr<reward_backend> make_model_backend(std::unique_ptr<train::train_engine> model) {

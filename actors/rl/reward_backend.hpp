@@ -8,10 +8,12 @@
 // (role_factories in roles.hpp: run_options for the driver's process, the
 // role host for workers), so actors/ never includes gRPC. The built-in
 // factory reads rl.reward: kind rule (the rule at rule_weight), model (the
-// model at model_weight) or mixed (both, the rule first). Each backend's
+// model at model_weight) or mixed (both, the rule first); the rule part is
+// rl.reward.rules (NOTE [verifiable rewards]), or the built-in tasks' rule. Each backend's
 // scores appear in the reply under its key ("rule_scores", "model_scores").
 
 #include "actors/rl/tasks.hpp"
+#include "actors/rl/verifiers.hpp"
 #include "runtime/error.hpp"
 #include "runtime/tensor_batch.hpp"
 
@@ -67,9 +69,9 @@ struct weighted_backend {
   double weight = 1.0;
 };
 
-/// The rule on the decoded response against the answer.
+/// The rules on the decoded response against the answer.
 std::unique_ptr<reward_backend> make_rule_backend(std::shared_ptr<const models::tokenizer> tok,
-                                                  rule_kind rule);
+                                                  rule_set rules);
 /// A scalar reward model (a train engine with a reward head).
 std::unique_ptr<reward_backend> make_model_backend(std::unique_ptr<train::train_engine> model);
 

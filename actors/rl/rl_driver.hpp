@@ -31,7 +31,6 @@ struct rl_algorithm {
   bool reward_model = false;
   /// Old log-probs from the policy's forward (else the rollout engine's).
   bool policy_old_logprobs = true;
-  rule_kind rule = rule_kind::positional;
 
   static expected<rl_algorithm> from(const rl_config& r);
 };

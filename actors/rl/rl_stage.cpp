@@ -70,7 +70,6 @@ expected<rl_algorithm> rl_algorithm::from(const rl_config& r) {
   a.critic = uses_critic(r);
   a.reward_model = uses_reward_model(r.reward);
   a.policy_old_logprobs = r.old_logprobs == logprob_source::policy;
-  a.rule = r.reward.rule;
   return a;
 }
 

@@ -150,7 +150,10 @@ expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, co
     auto tok = detail::job_tokenizer(cfg.model);
     if (!tok)
       return tok.error();
-    out.push_back({make_rule_backend(tok->tok, r.rule), r.rule_weight});
+    auto rules = rule_set::make(reward_rules(r), cfg.rl.generation.max_tokens);
+    if (!rules)
+      return with_prefix(rules.error(), "rl.reward");
+    out.push_back({make_rule_backend(tok->tok, std::move(*rules)), r.rule_weight});
   }
   if (r.kind != reward_kind::rule) {
     auto m = detail::load_model(s.model_dir, recipe.head, false, recipe.seed);

@@ -221,8 +221,8 @@ public:
 expected<rule_kind> parse_rule_kind(std::string_view name) {
   if (auto k = enum_from_name<rule_kind>(name))
     return *k;
-  return make_error(errc::invalid_argument, "rule: expected \"exact\" or \"positional\", got \"" +
-                                                std::string{name} + "\"");
+  return make_error(errc::invalid_argument, "rule: expected one of " + enum_name_list<rule_kind>() +
+                                                ", got \"" + std::string{name} + "\"");
 }
 
 double rule_score(rule_kind kind, std::string_view answer, std::string_view response) {
@@ -239,6 +239,8 @@ double rule_score(rule_kind kind, std::string_view answer, std::string_view resp
       equal += answer[i] == response[i] ? 1 : 0;
     return static_cast<double>(equal) / static_cast<double>(longest);
   }
+  default:
+    break;
   }
   return 0.0;
 }

@@ -51,17 +51,25 @@ enum class rule_kind : uint8_t {
   /// Characters equal at the same position / max(answer length, response
   /// length): 1 for an exact answer, partial credit otherwise, 0 for empty.
   positional,
+  /// Verifiable rules (NOTE [verifiable rewards] in verifiers.hpp): the
+  /// extracted answer is numerically equivalent; it matches the row's answer
+  /// read as a regex; the response has a format; DAPO's overlong penalty.
+  math,
+  regex,
+  format,
+  overlong,
 };
-TROUPE_ENUM_NAMES(rule_kind, "exact", "positional")
+TROUPE_ENUM_NAMES(rule_kind, "exact", "positional", "math", "regex", "format", "overlong")
 
-/// Parses "exact" | "positional"; invalid_argument listing both otherwise.
+/// Parses a rule_kind name; invalid_argument listing them all otherwise.
 expected<rule_kind> parse_rule_kind(std::string_view name);
 
 /// The built-in tasks.
 enum class task_kind : uint8_t { sort, add };
 TROUPE_ENUM_NAMES(task_kind, "sort", "add")
 
-/// The rule's score of `response` against `answer`, in [0, 1].
+/// The score of `response` against `answer` by exact or positional, in
+/// [0, 1] (the other kinds: rule_set in verifiers.hpp).
 double rule_score(rule_kind kind, std::string_view answer, std::string_view response);
 
 /// Options of the built-in tasks.

@@ -126,7 +126,9 @@ TEST(RewardBackends, BadBackendListsAndWrongSizesAreRefused) {
 
 TEST(RewardBackends, TheRuleBackendScoresDecodedResponses) {
   auto tok = std::make_shared<models::byte_tokenizer>();
-  auto rule = make_rule_backend(tok, rule_kind::exact);
+  rule_config exact;
+  exact.kind = rule_kind::exact;
+  auto rule = make_rule_backend(tok, *rule_set::make({exact}, 16));
   EXPECT_EQ(rule->key(), "rule_scores");
   reward_request req;
   req.answers = {"12", "12"};
@@ -135,6 +137,39 @@ TEST(RewardBackends, TheRuleBackendScoresDecodedResponses) {
   ASSERT_TRUE(s) << describe(s.error());
   EXPECT_EQ(values(*s), (std::vector<float>{1, 0}));
   EXPECT_EQ(*rule->release("offload"), 0) << "a rule holds nothing";
+}
+
+TEST(RewardBackends, VerifiableRulesSumWithTheirWeightsOnTheTextBeforeEos) {
+  auto tok = std::make_shared<models::byte_tokenizer>();
+  rule_config math, format, overlong;
+  math.kind = rule_kind::math;
+  math.extract = answer_extract::strict;
+  format.kind = rule_kind::format;
+  format.pattern = R"(.*#### -?\d+)";
+  format.weight = 0.5;
+  overlong.kind = rule_kind::overlong;
+  overlong.buffer = 4; // max_tokens 12: soft from 8 tokens, -1 at 12
+  auto rule = make_rule_backend(tok, *rule_set::make({math, format, overlong}, 12));
+  reward_request req;
+  req.answers = {"Tom has 7. #### 7", "7", "7"};
+  auto eos = *tok->eos_id();
+  auto with_eos = [&](const std::string& text) {
+    auto ids = tok->encode(text);
+    ids.push_back(eos);
+    ids.push_back(tok->encode("9").front()); // after EOS: never read
+    return ids;
+  };
+  req.responses = {with_eos("#### 7"), with_eos("so #### 7.0"), tok->encode("so... #### 8")};
+  auto s = rule->score(req);
+  ASSERT_TRUE(s) << describe(s.error());
+  // 6 tokens: right and formatted; 11 tokens: right, formatted? no ("7.0"
+  // is not -?\d+), 3/4 into the soft zone; 12 tokens, no EOS: wrong,
+  // formatted, the whole penalty.
+  auto v = values(*s);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_FLOAT_EQ(v[0], 1.5f);
+  EXPECT_FLOAT_EQ(v[1], 1.0f - 0.75f);
+  EXPECT_FLOAT_EQ(v[2], 0.5f - 1.0f);
 }
 
 // A job whose reward role is built by a factory from run_options: every

@@ -70,6 +70,17 @@ TEST(RlJobConfig, BadSpecsNameTheLineAndPath) {
       {"rl:\n  iteratons: 5\n", "job.yaml:2:3: rl.iteratons: unknown key 'iteratons'"},
       {"run:\n  seed: one\n", "job.yaml:2:9: run.seed: expected an integer"},
       {"debug: {fail_role: critc}\n", "debug.fail_role: expected one of policy"},
+      {"rl:\n  reward:\n    rules:\n      - {kind: format}\n",
+       "rl.reward.rules[0].pattern: a format rule needs the regex its responses must match"},
+      {"rl:\n  reward:\n    rules:\n      - {kind: math}\n      - {kind: format, pattern: '(x'}\n",
+       "job.yaml:5:33: rl.reward.rules[1].pattern: invalid regex '(x'"},
+      {"rl:\n  reward:\n    rules:\n      - {kind: overlong, buffer: 100}\n",
+       "job.yaml:4:34: rl.reward.rules[0].buffer: expected an integer in [1, 16]"},
+      {"rl:\n  reward:\n    rules:\n      - {kind: math, extract: boxd}\n",
+       "rl.reward.rules[0].extract: expected one of none, strict, flexible, boxed"},
+      {"rl:\n  reward:\n    rule: exact\n    rules: [{kind: math}]\n",
+       "rl.reward.rule: set either rule (the built-in tasks') or rules, not both"},
+      {"rl:\n  reward:\n    rule: math\n", "rl.reward.rule: expected one of positional, exact"},
   };
   for (const auto& r : table) {
     auto c = parse(r.yaml);

@@ -97,7 +97,8 @@ std::string read_text(const std::string& path) {
 // ---- rules ----------------------------------------------------------------------
 
 TEST(RlTasks, ParsesRuleKindsAndRejectsOthers) {
-  for (auto kind : {rule_kind::exact, rule_kind::positional}) {
+  for (auto kind : {rule_kind::exact, rule_kind::positional, rule_kind::math, rule_kind::regex,
+                    rule_kind::format, rule_kind::overlong}) {
     auto parsed = parse_rule_kind(to_string(kind));
     ASSERT_TRUE(parsed) << describe(parsed.error());
     EXPECT_EQ(*parsed, kind);
@@ -107,7 +108,9 @@ TEST(RlTasks, ParsesRuleKindsAndRejectsOthers) {
   auto bad = parse_rule_kind("Exact");
   ASSERT_FALSE(bad);
   EXPECT_EQ(code_of(bad.error()), errc::invalid_argument);
-  EXPECT_EQ(context_of(bad.error()), "rule: expected \"exact\" or \"positional\", got \"Exact\"");
+  EXPECT_EQ(
+      context_of(bad.error()),
+      "rule: expected one of exact, positional, math, regex, format, overlong, got \"Exact\"");
 }
 
 TEST(RlTasks, RuleScoreTable) {
