@@ -1,14 +1,17 @@
 #pragma once
-// The data of a job: the built-in task's splits or JSONL files, the order in
+// The data of a job: the built-in task's splits or dataset files, the order in
 // which batches draw from them, and collation of token sequences into the
 // tensor batches of NOTE [sequence batches] (actors/train/train_engine.hpp).
 
+#include "actors/rl/datasets.hpp"
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/tasks.hpp"
 #include "runtime/seeded_random.hpp"
 #include "runtime/tensor_batch.hpp"
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace troupe::models {
@@ -18,16 +21,46 @@ class tokenizer;
 namespace troupe::actors::rl {
 
 struct job_data {
-  std::vector<example> train;
+  row_table<example> train;
   std::vector<example> eval;
-  std::vector<demonstration> sft;
-  std::vector<preference_pair> preferences;
+  row_table<demonstration> sft;
+  row_table<preference_pair> preferences;
   /// Held-out pairs (from the eval examples) for the reward model's accuracy.
   std::vector<preference_pair> eval_preferences;
+  /// What loading dropped, for the job's log ("data.train_file: 3 of 100
+  /// prompts dropped: ...").
+  std::vector<std::string> notes;
 };
 
-/// Builds every split the job's stages need from `c` (files win over the task).
-expected<job_data> load_job_data(const data_config& c);
+/// What the length filter measures rows with: the tokens of a row's prompt
+/// (its text, or its conversation's JSON) and of a response (EOS included).
+/// Rows that cannot fit the context are dropped and counted: prompts when
+/// prompt + max_new_tokens > context, demonstrations and preference pairs
+/// when prompt + response does. `context` 0 = no filter.
+struct data_limits {
+  std::function<expected<int64_t>(const std::string& prompt, const std::string& messages)>
+      prompt_tokens;
+  std::function<int64_t(const std::string& response)> response_tokens;
+  int64_t context = 0;
+  int64_t max_new_tokens = 0;
+};
+
+/// Which derived splits a job needs: without an sft_file / preference_file,
+/// the sft / rm stage's rows come from the train rows.
+struct data_needs {
+  bool sft = true;
+  bool rm = true;
+};
+
+/// Builds every split the job's stages need from `c` (files win over the
+/// task; NOTE [dataset files]).
+expected<job_data> load_job_data(const data_config& c, const data_limits& limits = {},
+                                 data_needs needs = {});
+
+/// Checks every file `c` names (each row, as the job reads it) without
+/// holding them: a line per file ("data.train_file: <path>: 1000 rows"), or
+/// the first malformed row's error.
+expected<std::vector<std::string>> check_data_files(const data_config& c);
 
 /// Rows start .. start+count-1 of an endless stream over [0, n): epoch e is a
 /// permutation of [0, n) drawn from (seed, e). A pure function, so a data

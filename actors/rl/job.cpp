@@ -6,6 +6,7 @@
 #include "actors/rl/role_traits.hpp"
 #include "actors/rl/settings.hpp"
 #include "actors/train/engine_group.hpp"
+#include "models/config.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/compute.hpp"
@@ -518,22 +519,22 @@ expected<runtime::tensor_batch> supervised_batch(job_context& ctx, const supervi
   bool is_sft = st.id == stage_id::sft;
   auto seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), is_sft ? 11u : 12u});
   if (is_sft) {
-    const auto& rows = ctx.data.sft;
-    auto idx = batch_indices(static_cast<int64_t>(rows.size()), seed, step * st.batch_size, st.batch_size);
+    auto rows = ctx.data.sft.rows(
+        batch_indices(ctx.data.sft.size(), seed, step * st.batch_size, st.batch_size));
+    if (!rows)
+      return rows.error();
     std::vector<std::vector<int64_t>> prompts, responses;
-    for (auto i : idx) {
-      prompts.push_back(encode_prompt(*ctx.tok, rows[static_cast<size_t>(i)].prompt));
-      responses.push_back(encode_response(*ctx.tok, rows[static_cast<size_t>(i)].response));
+    for (const auto& row : *rows) {
+      prompts.push_back(encode_prompt(*ctx.tok, row.prompt));
+      responses.push_back(encode_response(*ctx.tok, row.response));
     }
     return collate_sequences(prompts, responses, ctx.pad);
   }
-  const auto& rows = ctx.data.preferences;
-  auto idx = batch_indices(static_cast<int64_t>(rows.size()), seed, step * st.batch_size, st.batch_size);
-  std::vector<preference_pair> picked;
-  picked.reserve(idx.size());
-  for (auto i : idx)
-    picked.push_back(rows[static_cast<size_t>(i)]);
-  return pair_batch(ctx, picked);
+  auto picked = ctx.data.preferences.rows(
+      batch_indices(ctx.data.preferences.size(), seed, step * st.batch_size, st.batch_size));
+  if (!picked)
+    return picked.error();
+  return pair_batch(ctx, *picked);
 }
 
 expected<runtime::tensor_batch> rm_eval_batch(job_context& ctx) {
@@ -703,6 +704,35 @@ supervised_stage supervised_of(const job_context& ctx, stage_id stage) {
   return st;
 }
 
+// The job's rows (NOTE [dataset files]), measured with its tokenizer: rows
+// that cannot fit the context are dropped, and the log says how many.
+expected<void> prepare_data(job_context& ctx) {
+  const auto& cfg = *ctx.cfg;
+  data_limits limits;
+  auto tok = ctx.tok;
+  limits.prompt_tokens = [tok](const std::string& prompt,
+                               const std::string& messages) -> expected<int64_t> {
+    if (!messages.empty())
+      return make_error(errc::unsupported, "a conversation row needs the model's chat template");
+    return static_cast<int64_t>(encode_prompt(*tok, prompt).size());
+  };
+  limits.response_tokens = [tok](const std::string& response) {
+    return static_cast<int64_t>(encode_response(*tok, response).size());
+  };
+  auto shape = models::load_hf_config(ctx.base_dir + "/config.json");
+  if (!shape)
+    return shape.error();
+  limits.context = shape->max_position_embeddings;
+  limits.max_new_tokens = cfg.rl.generation.max_tokens;
+  auto data = load_job_data(cfg.data, limits, {has_stage(cfg, "sft"), has_stage(cfg, "rm")});
+  if (!data)
+    return data.error();
+  ctx.data = std::move(*data);
+  for (const auto& note : ctx.data.notes)
+    ctx.log->warn(note);
+  return {};
+}
+
 // The run directory, threads, data, base model and config.yaml.
 expected<void> prepare(job_context& ctx) {
   const auto& cfg = *ctx.cfg;
@@ -720,11 +750,9 @@ expected<void> prepare(job_context& ctx) {
   for (const auto& w : ctx.plan.warnings)
     ctx.log->warn(w);
   runtime::set_compute_threads(static_cast<int>(cfg.run.threads));
-  auto data = load_job_data(cfg.data);
-  if (!data)
-    return data.error();
-  ctx.data = std::move(*data);
   if (auto ok = prepare_base(ctx); !ok)
+    return ok;
+  if (auto ok = prepare_data(ctx); !ok)
     return ok;
   if (auto ok = runtime::write_file_atomic((ctx.run_dir / "config.yaml").string(), ctx.job_yaml);
       !ok)

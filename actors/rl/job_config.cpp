@@ -43,11 +43,11 @@ void check_optim(const optim_config& o, const std::string& at, runtime::config_c
   checks.require(o.warmup_steps >= 0, at + ".warmup_steps", "must be >= 0");
 }
 
-bool has_stage(const job_config& c, const std::string& name) {
+} // namespace
+
+bool has_stage(const job_config& c, std::string_view name) {
   return std::find(c.stages.begin(), c.stages.end(), name) != c.stages.end();
 }
-
-} // namespace
 
 kernels::advantage_estimator resolved_advantage(const rl_config& c) {
   using kernels::advantage_estimator;
@@ -133,6 +133,18 @@ void check_data_and_model(const job_config& c, runtime::config_checks& checks) {
                  "must be in [min_digits, 32]");
   checks.require(d.train_size >= 1, "data.train_size", "must be >= 1");
   checks.require(d.eval_size >= 1, "data.eval_size", "must be >= 1");
+  checks.require(d.eval_split >= 0 && d.eval_split < 1, "data.eval_split", "must be in [0, 1)");
+  checks.require(d.eval_split == 0 || (!d.train_file.empty() && d.eval_file.empty()),
+                 "data.eval_split",
+                 "holds rows of train_file out: needs train_file and no eval_file");
+  for (const auto& [key, value] : {std::pair{"prompt", &d.fields.prompt},
+                                   {"messages", &d.fields.messages},
+                                   {"answer", &d.fields.answer},
+                                   {"response", &d.fields.response},
+                                   {"chosen", &d.fields.chosen},
+                                   {"rejected", &d.fields.rejected},
+                                   {"metadata", &d.fields.metadata}})
+    checks.require(!value->empty(), std::string{"data.fields."} + key, "must name a field");
 
   // model
   const auto& m = c.model;

@@ -11,6 +11,7 @@
 //        rollout) as actors                            → <run>/rl/model
 
 #include "actors/inference/engine.hpp"
+#include "actors/rl/datasets.hpp"
 #include "actors/rl/job_choices.hpp"
 #include "actors/rl/tasks.hpp"
 #include "actors/rl/verifiers.hpp"
@@ -81,7 +82,8 @@ void visit(V& v, run_config& c) {
            "Lowest level written to <run dir>/troupe.log and the job's event stream");
 }
 
-/// Where prompts and data come from: a built-in task, or JSONL files.
+/// Where prompts and data come from: a built-in task, or JSONL / JSON files
+/// (NOTE [dataset files] in datasets.hpp).
 struct data_config {
   /// Built-in task; JSONL files below replace its splits.
   task_kind task = task_kind::sort;
@@ -97,6 +99,11 @@ struct data_config {
   std::string sft_file;
   /// JSONL {prompt, chosen, rejected} ("" = answers vs. wrong answers).
   std::string preference_file;
+  /// Without an eval_file: the share of train_file's rows held out (by
+  /// `seed`) for evaluation; 0 = the task's held-out set.
+  double eval_split = 0.0;
+  /// The files' field names (NOTE [dataset files]).
+  dataset_fields fields;
 };
 template <class V>
 void visit(V& v, data_config& c) {
@@ -111,6 +118,11 @@ void visit(V& v, data_config& c) {
   v.field("sft_file", c.sft_file, "JSONL {prompt, response} for SFT; \"\" = the task's answers");
   v.field("preference_file", c.preference_file,
           "JSONL {prompt, chosen, rejected} for RM; \"\" = answers vs. wrong answers");
+  v.field("eval_split", c.eval_split,
+          "Without eval_file: the share of train_file's rows held out (by seed) for evaluation; "
+          "0 = the task's held-out set");
+  v.section("fields", c.fields,
+            "Field names of the files' rows (a dotted key reads a nested field)");
 }
 
 /// The base model: a fresh random decoder of this shape, or a checkpoint.
@@ -516,6 +528,8 @@ kernels::advantage_estimator resolved_advantage(const rl_config& c);
 bool kl_in_loss(const rl_config& c);
 /// Whether the job uses a critic (gae).
 bool uses_critic(const rl_config& c);
+/// Whether the job runs stage `name` ("sft", "rm", "rl").
+bool has_stage(const job_config& c, std::string_view name);
 /// Whether the reward needs a reward model.
 bool uses_reward_model(const reward_config& c);
 /// The rules the reward's rule part sums: `rules`, or `rule` alone.

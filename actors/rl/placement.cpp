@@ -1,7 +1,7 @@
 #include "actors/rl/placement.hpp"
 
+#include "actors/rl/data.hpp"
 #include "actors/rl/role_traits.hpp"
-
 #include "actors/rl/roles.hpp"
 #include "actors/rl/stage_table.hpp"
 #include "actors/train/strategy_memory.hpp"
@@ -43,10 +43,6 @@ role_placement_config placement_of(const placement_config& p, const std::string&
   out.role = role;
   out.pool = pools.empty() ? std::string{} : pools.front().name;
   return out;
-}
-
-bool has_stage(const job_config& c, std::string_view stage) {
-  return std::find(c.stages.begin(), c.stages.end(), stage) != c.stages.end();
 }
 
 // What each DP rank of `role` splits in the job's stages that train it
@@ -761,6 +757,8 @@ std::string placement_plan::render() const {
     out += "warning: " + w + "\n";
   auto transport = weight_transport ? std::string{to_string(*weight_transport)} : std::string{};
   out += "model: " + std::to_string(parameters) + " parameters (policy)\n";
+  for (const auto& d : data)
+    out += d + "\n";
   if (!uses_workers()) {
     out += "every role runs in the driver's process; estimated peak " + gib(driver_peak_bytes) +
            (driver_peak_stage.empty() ? "" : " in " + driver_peak_stage) +
@@ -828,6 +826,10 @@ expected<placement_plan> make_plan(const job_config& cfg) {
   if (!shape)
     return with_prefix(shape.error(), "planning the placement");
   plan.parameters = parameters(*shape, true);
+  auto data = check_data_files(cfg.data); // every row, before anything starts
+  if (!data)
+    return data.error();
+  plan.data = std::move(*data);
   for (size_t i = 0; i < p.roles.size(); ++i)
     if (const auto& r = p.roles[i]; r.strategy != dp_strategy::ddp && r.dp <= 1)
       plan.warnings.push_back("placement.roles[" + std::to_string(i) + "].strategy: " +

@@ -120,6 +120,9 @@ struct placement_plan {
   /// What the plan accepts but a user may not expect, with the YAML path
   /// (a ZeRO strategy with dp 1: nothing to shard).
   std::vector<std::string> warnings;
+  /// The data files checked, a line each ("data.train_file: <path>: 1000
+  /// rows"; check_data_files).
+  std::vector<std::string> data;
 
   bool uses_workers() const { return !devices.empty(); }
   /// The assignment of `role` (every role of the job has one).

@@ -99,7 +99,7 @@ private:
                                 const std::vector<std::pair<std::string, std::string>>& fresh);
   expected<void> release_after(iteration_state& s, std::string_view phase);
   expected<void> save_checkpoint();
-  std::vector<int64_t> prompts_of(int64_t it) const;
+  std::vector<example> rows_of(int64_t it) const;
   std::vector<inference::generate_request> gen_requests(int64_t it) const;
   void inject(std::string_view phase, int64_t it);
   void role_failed(const iteration_state& s, std::string_view phase, const caf::error& err);

@@ -23,25 +23,26 @@ at::Tensor log_probs_of(const expected<runtime::tensor_batch>& b) {
 
 } // namespace
 
-// The training prompts of iteration `it` (the data position is it × prompts).
-std::vector<int64_t> rl_driver::prompts_of(int64_t it) const {
+// The training rows of iteration `it` (the data position is it × prompts).
+std::vector<example> rl_driver::rows_of(int64_t it) const {
   const auto& r = ctx_.cfg->rl;
   auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
-  return batch_indices(static_cast<int64_t>(ctx_.data.train.size()), mix_seed({seed, 51}),
-                       it * r.prompts_per_iteration, r.prompts_per_iteration);
+  auto idx = batch_indices(ctx_.data.train.size(), mix_seed({seed, 51}),
+                           it * r.prompts_per_iteration, r.prompts_per_iteration);
+  return value_or_throw(ctx_.data.train.rows(idx));
 }
 
 // The requests of iteration `it` (seeds from the run seed, it, prompt).
 std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) const {
   const auto& r = ctx_.cfg->rl;
   auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
-  auto idx = prompts_of(it);
+  auto rows = rows_of(it);
   std::vector<inference::generate_request> reqs;
-  reqs.reserve(idx.size());
-  for (size_t i = 0; i < idx.size(); ++i) {
+  reqs.reserve(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
     inference::generate_request q;
     q.id = std::to_string(i);
-    q.prompt = encode_prompt(*ctx_.tok, ctx_.data.train[static_cast<size_t>(idx[i])].prompt);
+    q.prompt = encode_prompt(*ctx_.tok, rows[i].prompt);
     q.sampling.temperature = r.generation.temperature;
     q.sampling.top_k = r.generation.top_k;
     q.sampling.top_p = r.generation.top_p;
@@ -66,13 +67,13 @@ expected<void> rl_driver::gen(iteration_state& s) {
   }
   if (!outs)
     return outs.error();
-  auto idx = prompts_of(s.it); // for the answers
+  auto rows = rows_of(s.it); // for the answers
   for (size_t i = 0; i < outs->size(); ++i)
     for (auto& smp : (*outs)[i].samples) {
       s.prompts.push_back((*outs)[i].prompt);
       s.responses.push_back(std::move(smp.tokens));
       s.engine_lp.push_back(std::move(smp.logprobs));
-      s.answers.push_back(ctx_.data.train[static_cast<size_t>(idx[i])].answer);
+      s.answers.push_back(rows[i].answer);
     }
   auto b = collate_sequences(s.prompts, s.responses, ctx_.pad);
   if (!b)

@@ -23,9 +23,16 @@
 namespace troupe::actors::rl {
 
 /// A prompt and its reference answer.
+/// (Rows read from files may hold a conversation instead of a plain prompt:
+/// `messages` is then its JSON array, [{"role": ..., "content": ...}, ...],
+/// which the model's chat template renders, and `prompt` its last user
+/// message, for display.)
 struct example {
   std::string prompt;
   std::string answer;
+  std::string messages;
+  /// The row's metadata for the reward, as JSON ("" = none).
+  std::string metadata;
   bool operator==(const example&) const = default;
 };
 
@@ -33,6 +40,7 @@ struct example {
 struct demonstration {
   std::string prompt;
   std::string response;
+  std::string messages;
   bool operator==(const demonstration&) const = default;
 };
 
@@ -41,6 +49,7 @@ struct preference_pair {
   std::string prompt;
   std::string chosen;
   std::string rejected;
+  std::string messages;
   bool operator==(const preference_pair&) const = default;
 };
 

@@ -126,7 +126,8 @@ std::vector<choice_field> job_choices() {
        [=](const job_config& c) { return s(c.rl.critic.init); }},
       {"rl.reward.kind", names_of<reward_kind>(),
        [=](const job_config& c) { return s(c.rl.reward.kind); }},
-      {"rl.reward.rule", names_of<rule_kind>(),
+      {"rl.reward.rule",
+       {"positional", "exact"}, // the built-in tasks' rules only
        [=](const job_config& c) { return s(c.rl.reward.rule); }},
       {"rl.kl.estimator", names_of<kernels::kl_estimator>(),
        [=](const job_config& c) { return s(c.rl.kl.estimator); }},

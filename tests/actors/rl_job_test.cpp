@@ -13,11 +13,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
+#include <sstream>
 
 #include <unistd.h>
 
@@ -413,4 +414,42 @@ TEST(RlJob, AFailingRoleEndsTheJobWithItsNameAndPhase) {
     // Iteration 1 finished and was logged; nothing of iteration 2 was.
     EXPECT_EQ(stage_lines(r.metrics, "rl").size(), 2u) << f.role;
   }
+}
+
+TEST(RlJob, RunsOnADatasetFileWithVerifiableRules) {
+  test::temp_dir tmp;
+  // Custom and nested field names, one prompt too long for the context (24
+  // tokens: 5 new + BOS leave 18 bytes), a quarter held out for evaluation.
+  std::string rows;
+  for (int i = 0; i < 32; ++i)
+    rows += "{\"q\": \"add:" + std::to_string(i) +
+            "+1=\", \"gt\": {\"value\": " + std::to_string(i + 1) + "}}\n";
+  rows += "{\"q\": \"add:this prompt is far too long=\", \"gt\": {\"value\": 0}}\n";
+  auto file = tmp.write("train.jsonl", rows);
+  auto cfg =
+      parse(tiny_job(tmp.file("run"), "  algorithm: grpo\n  samples_per_prompt: 2\n"
+                                      "  reward:\n    rules:\n"
+                                      "      - {kind: math, extract: flexible}\n"
+                                      "      - {kind: format, pattern: '\\d+', weight: 0.5}\n"),
+            {"stages=[sft, rl]", "rl.iterations=2", "data.train_file=" + file,
+             "data.eval_split=0.25", "data.fields.prompt=q", "data.fields.answer=gt.value"});
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto r = run(*cfg);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  auto rl = stage_lines(r.metrics, "rl");
+  ASSERT_FALSE(rl.empty());
+  ASSERT_TRUE(rl.back().contains("val/accuracy")) << rl.back().dump();
+  for (const auto& m : rl) {
+    EXPECT_EQ(m.contains("critic/score/mean"), m.contains("critic/rule_score/mean"));
+    if (!m.contains("val/score/mean"))
+      continue;
+    EXPECT_GE(m["val/score/mean"].get<double>(), 0.0);
+    EXPECT_LE(m["val/score/mean"].get<double>(), 1.5) << "math 1 + format 0.5 at most";
+  }
+  std::ifstream log(tmp.path() / "run" / "troupe.log");
+  std::stringstream text;
+  text << log.rdbuf();
+  EXPECT_NE(text.str().find("data.train_file: 1 of 33 prompts dropped as too long"),
+            std::string::npos)
+      << text.str();
 }
