@@ -4,6 +4,7 @@
 #include "actors/rl/job.hpp"
 #include "actors/rl/placement.hpp"
 #include "cluster/driver_link.hpp"
+#include "cluster/remote_reward.hpp"
 #include "cluster/role_host.hpp"
 
 #include "apps/console.hpp"
@@ -83,6 +84,7 @@ int run_job_command(const run_command_options& o) {
     std::optional<caf::actor> console;
     actors::rl::run_options ro;
     ro.resume = o.resume;
+    ro.factories = cluster::process_factories();
     ro.on_spawn = [&](const actors::job::job_actor& job) {
       auto c = spawn_console(sys, &view, job);
       caf::scoped_actor self{sys};
@@ -186,6 +188,7 @@ int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
       };
     actors::rl::run_options ro;
     ro.resume = resume;
+    ro.factories = cluster::process_factories();
     ro.on_spawn = [&, f = *front](const actors::job::job_actor& job) {
       signals.watch(job);
       caf::anon_send(f, cluster::driver_job_atom::value, caf::actor_cast<caf::actor>(job));

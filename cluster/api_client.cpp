@@ -57,7 +57,7 @@ api_client::~api_client() = default;
 expected<std::shared_ptr<grpc::Channel>> open_channel(const client_options& o) {
   auto addr = parse_listen_address(o.address);
   if (!addr)
-    return with_prefix(addr.error(), "controller address");
+    return with_prefix(addr.error(), o.peer + " address");
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (!o.ca_file.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -78,9 +78,9 @@ expected<std::shared_ptr<grpc::Channel>> open_channel(const client_options& o) {
   } else {
     if (!is_loopback_host(addr->first))
       return make_error(errc::invalid_argument,
-                        "controller address " + o.address +
-                            " is not loopback: give the CA of its TLS certificate (--tls-ca) so "
-                            "that no secret crosses the network in clear text");
+                        o.peer + " address " + o.address +
+                            " is not loopback: give the CA of its TLS certificate (" + o.ca_hint +
+                            ") so that no secret crosses the network in clear text");
     creds = grpc::InsecureChannelCredentials();
   }
   grpc::ChannelArguments args;

@@ -30,9 +30,12 @@ struct client_options {
   double timeout_s = 60;
   /// Sent as x-troupe-user (for the audit log).
   std::string user;
+  /// Who the peer is and how its CA is given, for messages.
+  std::string peer = "controller";
+  std::string ca_hint = "--tls-ca";
 };
 
-/// A channel to the controller at `o.address`: TLS when a CA is given
+/// A channel to the controller (o.peer) at `o.address`: TLS when a CA is given
 /// (with the client's own pair for mutual TLS); clear text only to a
 /// loopback address, so that no secret crosses a network unencrypted.
 expected<std::shared_ptr<grpc::Channel>> open_channel(const client_options& o);

@@ -3,6 +3,7 @@
 #include "actors/actor_system.hpp"
 #include "actors/rl/roles.hpp"
 #include "cluster/local_launcher.hpp"
+#include "cluster/remote_reward.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -127,7 +128,7 @@ int run_worker(const worker_options& o) {
     return {
         [=](worker_ping_atom, int64_t x) { return std::make_tuple(x, rank); },
         [=](spawn_role_atom, const actors::rl::role_spec& spec) -> caf::result<caf::actor> {
-          auto a = actors::rl::spawn_role(self->system(), spec);
+          auto a = actors::rl::spawn_role(self->system(), spec, process_factories());
           if (!a)
             return with_prefix(a.error(), where);
           roles->push_back(*a);

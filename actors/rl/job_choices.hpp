@@ -30,9 +30,10 @@ TROUPE_ENUM_NAMES(kl_control, "fixed", "adaptive")
 enum class kl_place : uint8_t { reward, loss };
 TROUPE_ENUM_NAMES(kl_place, "reward", "loss")
 
-/// rule, a reward model, or rule_weight·rule + model_weight·model.
-enum class reward_kind : uint8_t { rule, model, mixed };
-TROUPE_ENUM_NAMES(reward_kind, "rule", "model", "mixed")
+/// rule, a reward model, rule_weight·rule + model_weight·model, or a remote
+/// RewardService (proto/troupe/v1/reward.proto).
+enum class reward_kind : uint8_t { rule, model, mixed, remote };
+TROUPE_ENUM_NAMES(reward_kind, "rule", "model", "mixed", "remote")
 
 enum class algorithm_kind : uint8_t { ppo, grpo };
 TROUPE_ENUM_NAMES(algorithm_kind, "ppo", "grpo")

@@ -66,7 +66,18 @@ bool uses_critic(const rl_config& c) {
   return resolved_advantage(c) == kernels::advantage_estimator::gae;
 }
 
-bool uses_reward_model(const reward_config& c) { return c.kind != reward_kind::rule; }
+bool uses_reward_model(const reward_config& c) {
+  return c.kind == reward_kind::model || c.kind == reward_kind::mixed;
+}
+
+bool uses_rules(const reward_config& c) {
+  return c.kind == reward_kind::rule || c.kind == reward_kind::mixed;
+}
+
+bool overlaps_scoring(const reward_config& c) {
+  return c.overlap == overlap_mode::on ||
+         (c.overlap == overlap_mode::automatic && c.kind == reward_kind::remote);
+}
 
 std::vector<rule_config> reward_rules(const reward_config& c) {
   if (!c.rules.empty())
@@ -256,6 +267,18 @@ void check_rl_loss_and_roles(const job_config& c, runtime::config_checks& checks
     }
   }
   checks.require(r.reward.rule_weight >= 0, "rl.reward.rule_weight", "must be >= 0");
+  if (r.reward.kind == reward_kind::remote) {
+    const auto& rr = r.reward.remote;
+    checks.require(!rr.address.empty(), "rl.reward.remote.address",
+                   "a remote reward needs the service's host:port");
+    checks.require(rr.timeout_s > 0, "rl.reward.remote.timeout_s", "must be > 0");
+    checks.require(rr.retries >= 0 && rr.retries <= 20, "rl.reward.remote.retries",
+                   "must be in [0, 20]");
+    checks.require(rr.backoff_s >= 0, "rl.reward.remote.backoff_s", "must be >= 0");
+    checks.require(rr.batch_size >= 1, "rl.reward.remote.batch_size", "must be >= 1");
+    checks.require(rr.max_in_flight >= 1 && rr.max_in_flight <= 256,
+                   "rl.reward.remote.max_in_flight", "must be in [1, 256]");
+  }
   checks.require(r.reward.rules.empty() || r.reward.rule == reward_config{}.rule, "rl.reward.rule",
                  "set either rule (the built-in tasks') or rules, not both");
   for (size_t i = 0; i < r.reward.rules.size(); ++i)

@@ -222,8 +222,49 @@ void visit(V& v, kl_config& c) {
            "KL in the reward or as a loss term; auto = reward for ppo, loss for grpo");
 }
 
+/// A remote RewardService (rl.reward.kind: remote; NOTE [remote reward] in
+/// cluster/remote_reward.hpp).
+struct remote_reward_config {
+  /// host:port of the service.
+  std::string address;
+  /// A file holding the bearer token sent with every call ("" = none).
+  std::string token_file;
+  /// TLS: the CA of the server's certificate ("" = plain text, loopback
+  /// only), and a client pair for mutual TLS.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  /// Bound on each call.
+  double timeout_s = 30;
+  /// Attempts after the first failed one (unavailable, timed out,
+  /// overloaded); the wait before attempt k is backoff_s · 2^(k-1).
+  int64_t retries = 3;
+  double backoff_s = 0.5;
+  /// Samples per call, and calls in flight at once.
+  int64_t batch_size = 64;
+  int64_t max_in_flight = 4;
+};
+template <class V>
+void visit(V& v, remote_reward_config& c) {
+  v.field("address", c.address, "host:port of the RewardService");
+  v.field("token_file", c.token_file, "File holding the bearer token; \"\" = none");
+  v.field("ca_file", c.ca_file,
+          "TLS: the server certificate's CA; \"\" = plain text (loopback only)");
+  v.field("cert_file", c.cert_file, "Mutual TLS: this client's certificate");
+  v.field("key_file", c.key_file, "Mutual TLS: this client's key");
+  v.field("timeout_s", c.timeout_s, "Bound on each call");
+  v.field("retries", c.retries, "Attempts after a failed one (unavailable, timed out, overloaded)");
+  v.field("backoff_s", c.backoff_s, "Wait before the first retry, doubled for each next one");
+  v.field("batch_size", c.batch_size, "Samples per call");
+  v.field("max_in_flight", c.max_in_flight, "Calls in flight at once");
+}
+
+/// Whether samples are scored while the rest of the batch generates.
+enum class overlap_mode : uint8_t { automatic, on, off };
+TROUPE_ENUM_NAMES(overlap_mode, "auto", "on", "off")
+
 struct reward_config {
-  /// rule | model | mixed (rule_weight·rule + model_weight·model).
+  /// rule | model | mixed (rule_weight·rule + model_weight·model) | remote.
   reward_kind kind = reward_kind::rule;
   /// The built-in tasks' rule; `rules` replaces it.
   rule_kind rule = rule_kind::positional;
@@ -233,10 +274,16 @@ struct reward_config {
   double model_weight = 1.0;
   /// Reward model: the rm stage's output, or a HF directory.
   std::string model_path;
+  remote_reward_config remote;
+  /// Score samples as their prompts finish generating (NOTE [overlapped
+  /// scoring]); auto = on for a remote reward.
+  overlap_mode overlap = overlap_mode::automatic;
 };
 template <class V>
 void visit(V& v, reward_config& c) {
-  v.choice("kind", c.kind, "rule, a reward model, or mixed = rule_weight·rule + model_weight·model");
+  v.choice("kind", c.kind,
+           "rule, a reward model, mixed = rule_weight·rule + model_weight·model, or a remote "
+           "RewardService");
   v.choice("rule", c.rule, {rule_kind::positional, rule_kind::exact},
            "positional: partial credit per correct character; exact: 1 or 0");
   v.list("rules", c.rules,
@@ -245,6 +292,9 @@ void visit(V& v, reward_config& c) {
   v.field("rule_weight", c.rule_weight);
   v.field("model_weight", c.model_weight);
   v.field("model_path", c.model_path, "Reward model directory; \"\" = the rm stage's output");
+  v.section("remote", c.remote, "kind remote: the RewardService");
+  v.choice("overlap", c.overlap,
+           "Score samples while the rest of the batch generates; auto = on for a remote reward");
 }
 
 struct critic_config {
@@ -532,6 +582,10 @@ bool uses_critic(const rl_config& c);
 bool has_stage(const job_config& c, std::string_view name);
 /// Whether the reward needs a reward model.
 bool uses_reward_model(const reward_config& c);
+/// Whether the reward sums rules (kind rule or mixed).
+bool uses_rules(const reward_config& c);
+/// Whether samples are scored while the batch generates.
+bool overlaps_scoring(const reward_config& c);
 /// The rules the reward's rule part sums: `rules`, or `rule` alone.
 std::vector<rule_config> reward_rules(const reward_config& c);
 

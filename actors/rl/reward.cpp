@@ -90,6 +90,12 @@ expected<runtime::tensor_batch> score(reward_state& st, const reward_request& re
     total = total + weight * scores;
     if (auto ok = out.set(key, scores); !ok)
       return ok.error();
+    auto extras = backend->extras();
+    for (const auto& [name, x] : extras.tensors()) {
+      auto scaled = name == "token_scores" ? x * weight : x;
+      if (auto ok = out.set(name, scaled); !ok)
+        return with_prefix(ok.error(), key);
+    }
   }
   if (auto ok = out.set("scores", total); !ok)
     return ok.error();

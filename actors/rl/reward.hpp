@@ -21,7 +21,8 @@ namespace troupe::actors::rl {
 using reward_atom = caf::atom_constant<caf::atom("reward")>;
 
 /// Answers "scores" [B] (fp32: Σ weight · backend scores), plus each
-/// backend's scores under its key (with the seconds it took: NOTE [busy on
+/// backend's scores under its key and its extras (weighted "token_scores",
+/// "extra/<name>") (with the seconds it took: NOTE [busy on
 /// replies]).
 using reward_actor = caf::typed_actor<
     caf::replies_to<reward_atom, reward_request>::with<train::served_batch>,

@@ -42,11 +42,15 @@ struct reward_request {
   runtime::tensor_batch batch; ///< input_ids, attention_mask [B, L]
   std::vector<std::vector<int64_t>> responses;
   std::vector<std::string> answers;
+  /// Per row: the prompt's tokens, and the row's metadata JSON ("" = none).
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<std::string> metadata;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, reward_request& x) {
-  return f(caf::meta::type_name("reward_request"), x.batch, x.responses, x.answers);
+  return f(caf::meta::type_name("reward_request"), x.batch, x.responses, x.answers, x.prompts,
+           x.metadata);
 }
 
 /// One source of scores. Called from the reward actor only (one call at a
@@ -58,6 +62,10 @@ public:
   virtual std::string_view key() const = 0;
   /// One fp32 score per response of `req` ([B]).
   virtual expected<at::Tensor> score(const reward_request& req) = 0;
+  /// What its last score() found besides the scores, reported in the
+  /// role's reply: per-token scores ("token_scores" [B, Lr], Lr = the
+  /// longest response), named numbers ("extra/<name>" [B]). Empty by default.
+  virtual runtime::tensor_batch extras() { return {}; }
   /// Co-located offload: frees what it holds to files in `dir` until its
   /// next score; answers the bytes freed (0: nothing to free).
   virtual expected<int64_t> release(const std::string& dir) { return int64_t{0}; }

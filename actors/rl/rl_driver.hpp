@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -50,9 +51,15 @@ struct iteration_state {
   int64_t behaviour_version = 0;
   std::vector<std::vector<int64_t>> prompts, responses;
   std::vector<std::vector<float>> engine_lp;
-  std::vector<std::string> answers;
+  std::vector<std::string> answers, metadata;
   runtime::tensor_batch batch;
   at::Tensor mask, eng_lp, old_lp, ref_lp, values, scores;
+  /// A reward's dense per-token scores, in the [B, L-1] layout (undefined
+  /// when it gives none).
+  at::Tensor token_scores;
+  /// Scores requested during gen (NOTE [overlapped scoring]): each waits for
+  /// its part's reply, in sample order.
+  std::vector<std::function<expected<train::served_batch>()>> pending_scores;
   /// Mean per-sequence KL of the batch (the adaptive controller's input).
   double kl_mean = 0;
   /// β after this iteration (the adaptive controller's step; else β).
@@ -101,6 +108,14 @@ private:
   expected<void> save_checkpoint();
   std::vector<example> rows_of(int64_t it) const;
   std::vector<inference::generate_request> gen_requests(int64_t it) const;
+  /// Appends one prompt's samples (output `out` of row `row`) to `s`.
+  void take_samples(iteration_state& s, inference::request_output& out, const example& row) const;
+  /// The reward request of samples [begin, end) of `s`.
+  reward_request reward_request_of(const iteration_state& s, size_t begin, size_t end) const;
+  /// gen, scoring each part as it finishes (NOTE [overlapped scoring]).
+  expected<void> gen_scored(iteration_state& s);
+  /// The reward role's reply applied to `s` (scores, token scores, means).
+  void absorb_scores(iteration_state& s, runtime::tensor_batch& reply) const;
   void inject(std::string_view phase, int64_t it);
   void role_failed(const iteration_state& s, std::string_view phase, const caf::error& err);
   void stop_roles();

@@ -54,27 +54,95 @@ std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) con
   return reqs;
 }
 
+void rl_driver::take_samples(iteration_state& s, inference::request_output& out,
+                             const example& row) const {
+  for (auto& smp : out.samples) {
+    s.prompts.push_back(out.prompt);
+    s.responses.push_back(std::move(smp.tokens));
+    s.engine_lp.push_back(std::move(smp.logprobs));
+    s.answers.push_back(row.answer);
+    s.metadata.push_back(row.metadata);
+  }
+}
+
+// NOTE [overlapped scoring]: with rl.reward.overlap (auto: a remote reward),
+// gen sends the batch's prompts to the rollout in parts (calls that join one
+// running batch: NOTE [rollout actor loop]) and, as each part's samples
+// arrive, asks the reward role to score them, so scoring runs while the rest
+// generates. The gen phase ends when the last part has generated; the reward
+// phase then waits for the scores still outstanding: timing_s/reward and its
+// phase events cover only the part of scoring that generation did not hide,
+// and timing_s/reward_in_gen is the reward role's busy time beyond it (its
+// serving seconds, minus the wait). Parts are answered in order of their
+// requests, so an iteration's batch composition is the same as without
+// overlap; the engine's batch across the parts may differ in step timing.
+constexpr size_t overlap_parts = 8;
+
+expected<void> rl_driver::gen_scored(iteration_state& s) {
+  auto* self = ctx_.self;
+  auto rows = rows_of(s.it);
+  auto reqs = gen_requests(s.it);
+  auto per_part = (reqs.size() + overlap_parts - 1) / overlap_parts;
+  using handle = decltype(self->request(rollout(), ctx_.timeout_of(request_kind::generate),
+                                        inference::generate_atom::value, reqs));
+  std::vector<std::pair<size_t, handle>> parts;
+  for (size_t b = 0; b < reqs.size(); b += per_part) {
+    std::vector<inference::generate_request> part(
+        reqs.begin() + static_cast<long>(b),
+        reqs.begin() + static_cast<long>(std::min(reqs.size(), b + per_part)));
+    parts.emplace_back(b, self->request(rollout(), ctx_.timeout_of(request_kind::generate),
+                                        inference::generate_atom::value, std::move(part)));
+  }
+  auto scorer = cast_.handle_as<reward_actor>(role_id::reward);
+  const auto timeout = ctx_.timeout_of(request_kind::compute);
+  for (auto& [first, h] : parts) {
+    expected<std::vector<inference::request_output>> outs = make_error(errc::internal, "no reply");
+    h.receive([&](inference::generation& g) { outs = take_generation(ctx_, std::move(g)); },
+              [&](caf::error& e) {
+                outs = request_error(e, "rollout: gen", ctx_.timeout_of(request_kind::generate));
+              });
+    if (!outs)
+      return outs.error();
+    auto begin = s.responses.size();
+    for (size_t i = 0; i < outs->size(); ++i)
+      take_samples(s, (*outs)[i], rows[first + i]);
+    auto rh = std::make_shared<decltype(self->request(scorer, timeout, reward_atom::value,
+                                                      reward_request{}))>(
+        self->request(scorer, timeout, reward_atom::value,
+                      reward_request_of(s, begin, s.responses.size())));
+    s.pending_scores.push_back([rh, timeout]() -> expected<train::served_batch> {
+      expected<train::served_batch> out = make_error(errc::internal, "no reply");
+      rh->receive([&](train::served_batch& b) { out = std::move(b); },
+                  [&](caf::error& e) { out = request_error(e, "reward: score", timeout); });
+      return out;
+    });
+  }
+  return {};
+}
+
 expected<void> rl_driver::gen(iteration_state& s) {
   const auto& r = ctx_.cfg->rl;
   auto* self = ctx_.self;
-  expected<std::vector<inference::request_output>> outs = make_error(errc::internal, "no batch");
   if (prefetched_ && prefetched_->first == s.it) {
     s.behaviour_version = s.it - 1;
-    outs = std::move(prefetched_->second);
+    auto outs = std::move(prefetched_->second);
     prefetched_.reset();
+    if (!outs)
+      return outs.error();
+    auto rows = rows_of(s.it); // for the answers
+    for (size_t i = 0; i < outs->size(); ++i)
+      take_samples(s, (*outs)[i], rows[i]);
+  } else if (overlaps_scoring(r.reward)) {
+    if (auto ok = gen_scored(s); !ok)
+      return ok;
   } else {
-    outs = generate(ctx_, rollout(), gen_requests(s.it), "rollout: gen");
+    auto outs = generate(ctx_, rollout(), gen_requests(s.it), "rollout: gen");
+    if (!outs)
+      return outs.error();
+    auto rows = rows_of(s.it);
+    for (size_t i = 0; i < outs->size(); ++i)
+      take_samples(s, (*outs)[i], rows[i]);
   }
-  if (!outs)
-    return outs.error();
-  auto rows = rows_of(s.it); // for the answers
-  for (size_t i = 0; i < outs->size(); ++i)
-    for (auto& smp : (*outs)[i].samples) {
-      s.prompts.push_back((*outs)[i].prompt);
-      s.responses.push_back(std::move(smp.tokens));
-      s.engine_lp.push_back(std::move(smp.logprobs));
-      s.answers.push_back(rows[i].answer);
-    }
   auto b = collate_sequences(s.prompts, s.responses, ctx_.pad);
   if (!b)
     return b.error();
@@ -143,23 +211,97 @@ expected<void> rl_driver::values(iteration_state& s) {
   return {};
 }
 
-expected<void> rl_driver::reward(iteration_state& s) {
+reward_request rl_driver::reward_request_of(const iteration_state& s, size_t begin,
+                                            size_t end) const {
+  auto slice = [&](const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    return V(v.begin() + static_cast<long>(begin), v.begin() + static_cast<long>(end));
+  };
   reward_request req;
-  value_or_throw(req.batch.set("input_ids", value_or_throw(s.batch.get("input_ids"))));
-  value_or_throw(req.batch.set("attention_mask", value_or_throw(s.batch.get("attention_mask"))));
-  req.responses = s.responses;
-  req.answers = s.answers;
-  auto sc = ask_served<runtime::tensor_batch>(ctx_, cast_.handle_as<reward_actor>(role_id::reward), request_kind::compute, "reward: score",
-                                             reward_atom::value, req);
+  req.prompts = slice(s.prompts);
+  req.responses = slice(s.responses);
+  req.answers = slice(s.answers);
+  req.metadata = slice(s.metadata);
+  auto b = value_or_throw(collate_sequences(req.prompts, req.responses, ctx_.pad));
+  value_or_throw(req.batch.set("input_ids", value_or_throw(b.get("input_ids"))));
+  value_or_throw(req.batch.set("attention_mask", value_or_throw(b.get("attention_mask"))));
+  return req;
+}
+
+namespace {
+
+// The replies of the parts, joined along the rows; "token_scores" [b, Lr]
+// are right-padded with zeros to the longest part's Lr first.
+runtime::tensor_batch join_parts(std::vector<runtime::tensor_batch>& parts) {
+  runtime::tensor_batch out;
+  for (const auto& [key, first] : parts.front().tensors()) {
+    std::vector<at::Tensor> xs;
+    int64_t width = 0;
+    for (auto& p : parts)
+      xs.push_back(value_or_throw(p.get(key)));
+    for (auto& x : xs)
+      width = x.dim() == 2 ? std::max(width, x.size(1)) : width;
+    for (auto& x : xs)
+      if (x.dim() == 2 && x.size(1) < width)
+        x = torch::nn::functional::pad(
+            x, torch::nn::functional::PadFuncOptions({0, width - x.size(1)}));
+    value_or_throw(out.set(key, torch::cat(xs, 0)));
+  }
+  return out;
+}
+
+} // namespace
+
+void rl_driver::absorb_scores(iteration_state& s, runtime::tensor_batch& reply) const {
+  s.scores = value_or_throw(reply.get("scores"));
+  // Each backend's own scores (NOTE [reward backends]): "rule_scores" →
+  // critic/rule_score/mean, "model_scores" → critic/model_score/mean; a
+  // backend's extras: "extra/<name>" → reward/extra/<name> (the mean).
+  const std::string suffix = "_scores", extra = "extra/";
+  for (const auto& [key, t] : reply.tensors()) {
+    if (key.size() > suffix.size() && key != "token_scores" &&
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
+      s.m["critic/" + key.substr(0, key.size() - 1) + "/mean"] = t.mean().item<double>();
+    if (key.rfind(extra, 0) == 0)
+      s.m["reward/" + key] = t.to(torch::kDouble).mean().item<double>();
+  }
+  if (auto dense = reply.get("token_scores")) {
+    std::vector<std::vector<float>> rows(s.responses.size());
+    auto d = dense->to(torch::kFloat).contiguous();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      auto n = std::min<int64_t>(static_cast<int64_t>(s.responses[i].size()), d.size(1));
+      auto row = d[static_cast<int64_t>(i)];
+      rows[i].assign(row.data_ptr<float>(), row.data_ptr<float>() + n);
+    }
+    s.token_scores = scatter_response_values(s.prompts, rows, s.mask.size(1) + 1);
+  }
+}
+
+expected<void> rl_driver::reward(iteration_state& s) {
+  if (!s.pending_scores.empty()) {
+    stopwatch wait;
+    std::vector<runtime::tensor_batch> parts;
+    double busy = 0;
+    for (auto& collect : s.pending_scores) {
+      auto part = collect();
+      if (!part)
+        return part.error();
+      busy += part->busy_s;
+      parts.push_back(std::move(part->value));
+    }
+    s.pending_scores.clear();
+    ctx_.roles_busy_s += busy;
+    s.m["timing_s/reward_in_gen"] = std::max(0.0, busy - wait.seconds());
+    auto joined = join_parts(parts);
+    absorb_scores(s, joined);
+    return {};
+  }
+  auto sc = ask_served<runtime::tensor_batch>(
+      ctx_, cast_.handle_as<reward_actor>(role_id::reward), request_kind::compute, "reward: score",
+      reward_atom::value, reward_request_of(s, 0, s.responses.size()));
   if (!sc)
     return sc.error();
-  s.scores = value_or_throw(sc->get("scores"));
-  // Each backend's own scores (NOTE [reward backends]): "rule_scores" →
-  // critic/rule_score/mean, "model_scores" → critic/model_score/mean.
-  const std::string suffix = "_scores";
-  for (const auto& [key, t] : sc->tensors())
-    if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
-      s.m["critic/" + key.substr(0, key.size() - 1) + "/mean"] = t.mean().item<double>();
+  absorb_scores(s, *sc);
   return {};
 }
 
@@ -171,6 +313,8 @@ expected<void> rl_driver::adv(iteration_state& s) {
   double beta_reward = (algo_.use_reference && !algo_.kl_in_loss) ? beta : 0.0;
   auto tr = value_or_throw(kernels::token_level_rewards(s.scores, s.old_lp, s.ref_lp, mask,
                                                         beta_reward, algo_.kl_estimator));
+  if (s.token_scores.defined()) // a reward's dense scores join the token rewards
+    tr.rewards = tr.rewards + s.token_scores * mask;
   auto rows = static_cast<int64_t>(s.responses.size());
   kernels::advantage_inputs in;
   in.scores = s.scores;

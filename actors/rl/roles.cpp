@@ -143,10 +143,25 @@ expected<std::shared_ptr<train::data_parallel_group>> join_group(const role_spec
 // The built-in reward backends (NOTE [reward backends]): the rule and / or
 // a reward model loaded from the spec's directory, by rl.reward.kind.
 expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, const role_spec& s,
-                                                       const model_recipe& recipe) {
+                                                       const model_recipe& recipe,
+                                                       const role_factories& factories) {
   const auto& r = cfg.rl.reward;
   std::vector<weighted_backend> out;
-  if (r.kind != reward_kind::model) {
+  if (r.kind == reward_kind::remote) {
+    if (!factories.remote_reward)
+      return make_error(errc::unsupported,
+                        "rl.reward.kind: remote needs the RewardService client of troupe's "
+                        "processes (a program embedding the actors passes "
+                        "run_options::factories.remote_reward)");
+    auto tok = detail::job_tokenizer(cfg.model);
+    auto b = tok ? factories.remote_reward(cfg, tok->tok)
+                 : expected<std::unique_ptr<reward_backend>>{tok.error()};
+    if (!b)
+      return b.error();
+    out.push_back({std::move(*b), 1.0});
+    return out;
+  }
+  if (uses_rules(r)) {
     auto tok = detail::job_tokenizer(cfg.model);
     if (!tok)
       return tok.error();
@@ -155,7 +170,7 @@ expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, co
       return with_prefix(rules.error(), "rl.reward");
     out.push_back({make_rule_backend(tok->tok, std::move(*rules)), r.rule_weight});
   }
-  if (r.kind != reward_kind::rule) {
+  if (uses_reward_model(r)) {
     auto m = detail::load_model(s.model_dir, recipe.head, false, recipe.seed);
     if (!m)
       return with_prefix(m.error(), "loading " + s.model_dir);
@@ -222,7 +237,8 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   runtime::set_compute_threads(static_cast<int>(cfg.run.threads));
 
   if (recipe->actor == role_actor::judge) {
-    auto backends = factories.reward ? factories.reward(cfg, s) : builtin_reward(cfg, s, *recipe);
+    auto backends =
+        factories.reward ? factories.reward(cfg, s) : builtin_reward(cfg, s, *recipe, factories);
     if (!backends)
       return backends.error();
     auto a = spawn_reward(sys, std::move(*backends));

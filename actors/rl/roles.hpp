@@ -24,6 +24,10 @@
 #include <string>
 #include <vector>
 
+namespace troupe::models {
+class tokenizer;
+} // namespace troupe::models
+
 namespace troupe::actors::rl {
 
 /// NOTE [parallel layout]: a role's ranks form a mesh of dp data-parallel
@@ -99,12 +103,18 @@ typename Inspector::result_type inspect(Inspector& f, role_spec& x) {
 
 struct job_config;
 struct weighted_backend;
+class reward_backend;
 
 /// How roles get parts that are not the built-in ones (NOTE [reward
 /// backends]): unset members mean the built-in parts.
 struct role_factories {
   /// The reward role's backends in the rl stage (the job, the role's spec).
   std::function<expected<std::vector<weighted_backend>>(const job_config&, const role_spec&)> reward;
+  /// rl.reward.kind remote: the RewardService client (cluster/remote_reward.hpp;
+  /// troupe's processes set it), given the job and its tokenizer.
+  std::function<expected<std::unique_ptr<reward_backend>>(const job_config&,
+                                                          std::shared_ptr<const models::tokenizer>)>
+      remote_reward;
 };
 
 /// Builds the role's actor in this process (a train engine actor, the

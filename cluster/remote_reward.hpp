@@ -1,0 +1,44 @@
+#pragma once
+// The reward backend of rl.reward.kind remote: a client of a RewardService
+// (proto/troupe/v1/reward.proto).
+//
+// NOTE [remote reward]
+// score() decodes each sample (the prompt as the model saw it, the response
+// cut at EOS with special tokens skipped), cuts the batch into calls of
+// remote.batch_size samples and keeps up to remote.max_in_flight of them in
+// flight at once, each bounded by remote.timeout_s. A call that fails as
+// unavailable, timed out, overloaded (RESOURCE_EXHAUSTED) or aborted is tried
+// again after remote.backoff_s · 2^(k-1) seconds, up to remote.retries more
+// times; any other failure (UNAUTHENTICATED, INVALID_ARGUMENT, ...) and a
+// malformed answer (a score count or a token-score length that does not match)
+// fail at once. The error names the service, the call and the attempts; the
+// driver adds the phase ("rl iteration 3, phase reward: reward: score: reward
+// service 127.0.0.1:5001: call 2 of 4 (64 samples): UNAVAILABLE: ... after 4
+// attempts"). Nothing waits unbounded: the whole score() ends within
+// (retries + 1) · timeout_s plus the backoffs, per wave of calls.
+// The channel is TLS when remote.ca_file is set and clear text only to a
+// loopback address (open_channel); the bearer token is read from
+// remote.token_file once, when the backend is made.
+
+#include "actors/rl/reward_backend.hpp"
+#include "actors/rl/roles.hpp"
+
+#include <memory>
+#include <string>
+
+namespace troupe::actors::rl {
+struct remote_reward_config;
+} // namespace troupe::actors::rl
+
+namespace troupe::cluster {
+
+/// A RewardService client for the job `job` (its name goes to the server).
+expected<std::unique_ptr<actors::rl::reward_backend>>
+make_remote_reward(const actors::rl::remote_reward_config& c,
+                   std::shared_ptr<const models::tokenizer> tok, std::string job);
+
+/// The role factories troupe's own processes use (the driver's in-process
+/// host, the worker's role host): the built-in parts plus the remote reward.
+actors::rl::role_factories process_factories();
+
+} // namespace troupe::cluster
