@@ -161,6 +161,11 @@ runner add_tokenize(CLI::App& app) {
   tok->add_flag("--add-special", o->add_special,
                 "Add the tokenizer's special tokens (BOS/EOS) as a model's prompt gets them");
   tok->add_flag("--skip-special", o->skip_special, "Leave special tokens out of decoded text");
+  tok->add_option("--chat", o->chat,
+                  "A conversation (JSON: a list of messages, or {messages, tools}) to render "
+                  "through the model's chat template and encode");
+  tok->add_flag("--add-generation-prompt", o->add_generation_prompt,
+                "--chat: end with the assistant's turn opening, as a prompt for generation");
   return [tok, o, text]() -> std::optional<int> {
     if (!tok->parsed())
       return std::nullopt;

@@ -1,7 +1,9 @@
 #include "apps/tokenize.hpp"
 
+#include "models/chat_template.hpp"
 #include "models/tokenizer.hpp"
 #include "runtime/error.hpp"
+#include "runtime/file_io.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -88,12 +90,64 @@ int decode(const models::tokenizer& tok, const tokenize_options& o, const std::s
   return 0;
 }
 
+// The conversation of a --chat file as a render request.
+expected<models::chat_render_request> chat_request(const tokenize_options& o,
+                                                   const models::tokenizer& tok) {
+  auto text = runtime::read_file(o.chat);
+  if (!text)
+    return text.error();
+  auto j = nlohmann::ordered_json::parse(*text, nullptr, false);
+  if (j.is_discarded())
+    return make_error(errc::parse_error, o.chat + ": not valid JSON");
+  models::chat_render_request req;
+  if (j.is_object() && j.contains("messages")) {
+    req.messages = j["messages"];
+    if (j.contains("tools"))
+      req.tools = j["tools"];
+  } else {
+    req.messages = j;
+  }
+  if (!req.messages.is_array())
+    return make_error(errc::parse_error, o.chat + ": expected a list of messages or an object "
+                                                  "with \"messages\"");
+  req.add_generation_prompt = o.add_generation_prompt;
+  req.bos_token = tok.bos_text();
+  req.eos_token = tok.eos_text();
+  return req;
+}
+
+// --chat: the rendered text, then its ids (or both as JSON).
+int chat(const models::tokenizer& tok, const tokenize_options& o) {
+  auto t = tok.chat();
+  if (!t)
+    return fail(context_of(t.error()));
+  auto req = chat_request(o, tok);
+  if (!req)
+    return fail(context_of(req.error()));
+  auto text = models::render_chat(**t, *req);
+  if (!text)
+    return fail(context_of(text.error()));
+  auto ids = tok.encode(*text);
+  if (!o.json) {
+    std::cout << *text << (text->empty() || text->back() != '\n' ? "\n" : "");
+    for (size_t i = 0; i < ids.size(); ++i)
+      std::cout << (i ? " " : "") << ids[i];
+    std::cout << "\n";
+    return 0;
+  }
+  nlohmann::json out{{"text", *text}, {"ids", ids}, {"count", ids.size()}};
+  std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  return 0;
+}
+
 } // namespace
 
 int run_tokenize(const tokenize_options& o) {
   auto tok = models::load_tokenizer(o.model);
   if (!tok)
     return fail(describe(tok.error()));
+  if (!o.chat.empty())
+    return chat(**tok, o);
   std::string input = o.text;
   if (!o.text_given)
     input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());

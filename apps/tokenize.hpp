@@ -14,6 +14,11 @@ struct tokenize_options {
   bool decode = false;       ///< the input is ids; print their text
   bool add_special = false;  ///< encode with the tokenizer's special tokens
   bool skip_special = false; ///< decode without special tokens
+  /// A conversation (a JSON file: a list of messages, or {"messages": [...],
+  /// "tools": [...]}) rendered through the model's chat template, then
+  /// encoded: what the model sees.
+  std::string chat;
+  bool add_generation_prompt = false;
 };
 
 /// Runs the command; returns the process exit status (errors go to stderr).

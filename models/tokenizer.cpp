@@ -7,6 +7,12 @@
 
 namespace troupe::models {
 
+expected<std::shared_ptr<const chat_template>> tokenizer::chat() const {
+  if (!chat_)
+    return make_error(errc::not_found, chat_missing_);
+  return chat_;
+}
+
 expected<void> tokenizer::set_special_ids(const special_token_ids& ids) {
   auto check = [&](const char* role, const std::optional<int64_t>& id) -> expected<void> {
     if (id && (*id < 0 || *id >= vocab_size()))

@@ -18,6 +18,8 @@
 
 namespace troupe::models {
 
+class chat_template;
+
 /// Options of tokenizer::encode.
 struct encode_options {
   /// Add the special tokens the tokenizer puts around a text (its
@@ -85,9 +87,21 @@ public:
   /// valid id, else invalid_argument. Call before sharing the tokenizer.
   expected<void> set_special_ids(const special_token_ids& ids);
 
+  /// The chat template of tokenizer_config.json, parsed (NOTE [chat
+  /// template engine]); an error saying why there is none (no template, or
+  /// one the engine refuses: the file, the line and the construct).
+  expected<std::shared_ptr<const chat_template>> chat() const;
+  /// The texts of the BOS and EOS tokens as tokenizer_config.json names
+  /// them ("" when it names none): what a chat template receives.
+  const std::string& bos_text() const { return bos_text_; }
+  const std::string& eos_text() const { return eos_text_; }
+
 protected:
   special_token_ids special_;
   std::optional<int64_t> model_max_length_;
+  std::shared_ptr<const chat_template> chat_;
+  std::string chat_missing_ = "the tokenizer has no chat template";
+  std::string bos_text_, eos_text_;
 };
 
 /// Raw bytes as tokens: ids 0..255 are the bytes, then 256 = "<pad>",

@@ -2,6 +2,8 @@
 // (NOTE [tokenizer pipeline] in tokenizer_pipeline.hpp).
 
 #include "models/tokenizer.hpp"
+
+#include "models/chat_template.hpp"
 #include "models/tokenizer_pipeline.hpp"
 #include "models/tokenizer_unicode.hpp"
 #include "runtime/file_io.hpp"
@@ -145,7 +147,26 @@ struct tokenizer_config {
   special_token_ids ids;
   std::unique_ptr<tok::post_processor> affix; // set when add_bos / add_eos are given
   std::optional<int64_t> max_length;
+  std::string bos_text, eos_text;
+  std::optional<std::string> chat_source;
 };
+
+// chat_template: a string, or a list of {"name", "template"} (the one named
+// "default").
+std::optional<std::string> read_chat_template(const json_at& top) {
+  auto t = top.get("chat_template", true);
+  if (!t || t->value.is_null())
+    return std::nullopt;
+  if (t->value.is_string())
+    return t->string();
+  if (!t->value.is_array())
+    t->fail("expected a template string or a list of {name, template}", errc::invalid_config);
+  for (const auto& named : t->value)
+    if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+        named["template"].is_string())
+      return named["template"].get<std::string>();
+  return std::nullopt;
+}
 
 // The role tokens, each of which must be a token of `tok`.
 special_token_ids read_roles(const json_at& top, const tokenizer& tok) {
@@ -212,8 +233,22 @@ expected<void> hf_tokenizer::apply_config(const std::string& json_text,
     c.ids = read_roles(top, *this);
     c.affix = read_affix(top, c.ids);
     c.max_length = read_max_length(top);
+    c.bos_text = config_token(top, "bos_token").value_or("");
+    c.eos_text = config_token(top, "eos_token").value_or("");
+    c.chat_source = read_chat_template(top);
   } catch (const tok::json_failure& f) {
     return make_error(f.code, source_name + ": " + f.message);
+  }
+  bos_text_ = c.bos_text;
+  eos_text_ = c.eos_text;
+  if (c.chat_source) {
+    auto t = chat_template::parse(*c.chat_source, source_name + " chat_template");
+    if (t)
+      chat_ = std::make_shared<const chat_template>(std::move(*t));
+    else
+      chat_missing_ = context_of(t.error());
+  } else {
+    chat_missing_ = source_name + " has no chat_template";
   }
   if (auto ok = set_special_ids(c.ids); !ok)
     return with_prefix(ok.error(), source_name);

@@ -1,6 +1,7 @@
 #include "actors/rl/data.hpp"
 
 #include "actors/rl/datasets.hpp"
+#include "models/chat_template.hpp"
 #include "models/tokenizer.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -219,6 +220,42 @@ std::vector<int64_t> encode_prompt(const models::tokenizer& tok, const std::stri
   auto ids = tok.encode(prompt);
   out.insert(out.end(), ids.begin(), ids.end());
   return out;
+}
+
+prompt_encoder::prompt_encoder(std::shared_ptr<const models::tokenizer> tok,
+                               bool template_plain_prompts)
+    : tok_(std::move(tok)), template_plain_(template_plain_prompts) {}
+
+expected<std::string> prompt_encoder::render(const std::string& messages,
+                                             bool add_generation_prompt) const {
+  auto chat = tok_->chat();
+  if (!chat)
+    return with_prefix(chat.error(), "a conversation needs the model's chat template");
+  models::chat_render_request req;
+  req.messages = nlohmann::ordered_json::parse(messages, nullptr, false);
+  if (req.messages.is_discarded())
+    return make_error(errc::parse_error, "a conversation's messages are not valid JSON");
+  req.add_generation_prompt = add_generation_prompt;
+  req.bos_token = tok_->bos_text();
+  req.eos_token = tok_->eos_text();
+  return models::render_chat(**chat, req);
+}
+
+expected<std::vector<int64_t>> prompt_encoder::prompt(const std::string& text,
+                                                      const std::string& messages) const {
+  if (messages.empty() && !template_plain_)
+    return encode_prompt(*tok_, text);
+  std::string conversation = messages;
+  if (conversation.empty())
+    conversation = nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}}).dump();
+  auto rendered = render(conversation, true);
+  if (!rendered)
+    return rendered.error();
+  return tok_->encode(*rendered);
+}
+
+std::vector<int64_t> prompt_encoder::response(const std::string& text) const {
+  return encode_response(*tok_, text);
 }
 
 std::vector<int64_t> encode_response(const models::tokenizer& tok, const std::string& response) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,35 @@ using runtime::mix_seed;
 
 /// BOS (when the tokenizer has one) + the prompt's tokens.
 std::vector<int64_t> encode_prompt(const models::tokenizer& tok, const std::string& prompt);
+
+/// NOTE [prompt encoding]: how a job turns a row's prompt into tokens. A
+/// plain prompt is BOS + its text's tokens; a conversation (a row's
+/// messages), or a plain prompt as one user message when
+/// data.chat_template is set, is rendered by the tokenizer's chat template
+/// (tokenizer_config.json) with add_generation_prompt, exactly as
+/// transformers' apply_chat_template renders it, and the text tokenised as
+/// it is (the template writes any BOS; special-token texts become their
+/// ids). A response is its tokens + EOS.
+class prompt_encoder {
+public:
+  prompt_encoder() = default;
+  prompt_encoder(std::shared_ptr<const models::tokenizer> tok, bool template_plain_prompts);
+
+  /// The tokens of a row's prompt (`messages`: its conversation's JSON, ""
+  /// for a plain prompt); an error when a conversation meets a tokenizer
+  /// without a usable chat template, or the template fails.
+  expected<std::vector<int64_t>> prompt(const std::string& text, const std::string& messages) const;
+  /// The rendered text of a conversation (the JSON of its messages).
+  expected<std::string> render(const std::string& messages, bool add_generation_prompt) const;
+  /// The response's tokens + EOS.
+  std::vector<int64_t> response(const std::string& text) const;
+
+  const models::tokenizer& tokenizer() const { return *tok_; }
+
+private:
+  std::shared_ptr<const models::tokenizer> tok_;
+  bool template_plain_ = false;
+};
 /// The response's tokens + EOS (when the tokenizer has one).
 std::vector<int64_t> encode_response(const models::tokenizer& tok, const std::string& response);
 

@@ -274,7 +274,7 @@ expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& r
   for (size_t i = 0; i < eval.size(); ++i) {
     inference::generate_request r;
     r.id = "eval-" + std::to_string(i);
-    r.prompt = encode_prompt(*ctx.tok, eval[i].prompt);
+    r.prompt = value_or_throw(ctx.enc.prompt(eval[i].prompt, eval[i].messages));
     r.sampling.temperature = temperature;
     r.sampling.n = static_cast<int32_t>(samples);
     r.sampling.max_tokens = ctx.cfg->rl.generation.max_tokens;
@@ -502,9 +502,9 @@ struct supervised_stage {
 expected<runtime::tensor_batch> pair_batch(job_context& ctx, const std::vector<preference_pair>& rows) {
   std::vector<std::vector<int64_t>> chosen, rejected;
   for (const auto& p : rows) {
-    auto prompt = encode_prompt(*ctx.tok, p.prompt);
-    auto c = encode_response(*ctx.tok, p.chosen);
-    auto r = encode_response(*ctx.tok, p.rejected);
+    auto prompt = value_or_throw(ctx.enc.prompt(p.prompt, p.messages));
+    auto c = ctx.enc.response(p.chosen);
+    auto r = ctx.enc.response(p.rejected);
     chosen.push_back(prompt);
     chosen.back().insert(chosen.back().end(), c.begin(), c.end());
     rejected.push_back(prompt);
@@ -525,8 +525,11 @@ expected<runtime::tensor_batch> supervised_batch(job_context& ctx, const supervi
       return rows.error();
     std::vector<std::vector<int64_t>> prompts, responses;
     for (const auto& row : *rows) {
-      prompts.push_back(encode_prompt(*ctx.tok, row.prompt));
-      responses.push_back(encode_response(*ctx.tok, row.response));
+      auto prompt = ctx.enc.prompt(row.prompt, row.messages);
+      if (!prompt)
+        return prompt.error();
+      prompts.push_back(std::move(*prompt));
+      responses.push_back(ctx.enc.response(row.response));
     }
     return collate_sequences(prompts, responses, ctx.pad);
   }
@@ -708,16 +711,17 @@ supervised_stage supervised_of(const job_context& ctx, stage_id stage) {
 // that cannot fit the context are dropped, and the log says how many.
 expected<void> prepare_data(job_context& ctx) {
   const auto& cfg = *ctx.cfg;
+  ctx.enc = prompt_encoder{ctx.tok, cfg.data.chat_template};
   data_limits limits;
-  auto tok = ctx.tok;
-  limits.prompt_tokens = [tok](const std::string& prompt,
-                               const std::string& messages) -> expected<int64_t> {
-    if (!messages.empty())
-      return make_error(errc::unsupported, "a conversation row needs the model's chat template");
-    return static_cast<int64_t>(encode_prompt(*tok, prompt).size());
+  limits.prompt_tokens = [enc = ctx.enc](const std::string& prompt,
+                                         const std::string& messages) -> expected<int64_t> {
+    auto ids = enc.prompt(prompt, messages);
+    if (!ids)
+      return ids.error();
+    return static_cast<int64_t>(ids->size());
   };
-  limits.response_tokens = [tok](const std::string& response) {
-    return static_cast<int64_t>(encode_response(*tok, response).size());
+  limits.response_tokens = [enc = ctx.enc](const std::string& response) {
+    return static_cast<int64_t>(enc.response(response).size());
   };
   auto shape = models::load_hf_config(ctx.base_dir + "/config.json");
   if (!shape)

@@ -104,6 +104,9 @@ struct data_config {
   double eval_split = 0.0;
   /// The files' field names (NOTE [dataset files]).
   dataset_fields fields;
+  /// Plain prompts go through the model's chat template too, as one user
+  /// message (conversations always do; NOTE [prompt encoding]).
+  bool chat_template = false;
 };
 template <class V>
 void visit(V& v, data_config& c) {
@@ -123,6 +126,9 @@ void visit(V& v, data_config& c) {
           "0 = the task's held-out set");
   v.section("fields", c.fields,
             "Field names of the files' rows (a dotted key reads a nested field)");
+  v.field("chat_template", c.chat_template,
+          "Render plain prompts as one user message through the model's chat template "
+          "(conversations always are)");
 }
 
 /// The base model: a fresh random decoder of this shape, or a checkpoint.

@@ -46,6 +46,8 @@ struct job_context {
   std::shared_ptr<runtime::job_logger> log;
   std::shared_ptr<const models::tokenizer> tok;
   int64_t pad = 0;
+  /// Rows' prompts as tokens (NOTE [prompt encoding]).
+  prompt_encoder enc;
   job_data data;
   fs::path run_dir;
   /// HF directory of the base model.

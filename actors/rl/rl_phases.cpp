@@ -42,7 +42,7 @@ std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) con
   for (size_t i = 0; i < rows.size(); ++i) {
     inference::generate_request q;
     q.id = std::to_string(i);
-    q.prompt = encode_prompt(*ctx_.tok, rows[i].prompt);
+    q.prompt = value_or_throw(ctx_.enc.prompt(rows[i].prompt, rows[i].messages));
     q.sampling.temperature = r.generation.temperature;
     q.sampling.top_k = r.generation.top_k;
     q.sampling.top_p = r.generation.top_p;

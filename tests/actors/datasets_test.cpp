@@ -3,6 +3,8 @@
 
 #include "actors/rl/data.hpp"
 #include "actors/rl/datasets.hpp"
+#include "models/tokenizer.hpp"
+#include "tests/models/tokenizer_reference.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -231,6 +233,33 @@ TEST(Datasets, CheckingFilesReportsRowsOrTheFirstBadRow) {
   c.preference_file.clear();
   auto ok = must(check_data_files(c));
   EXPECT_EQ(ok, (std::vector<std::string>{"data.train_file: " + c.train_file + ": 1 rows"}));
+}
+
+} // namespace
+
+namespace {
+
+TEST(PromptEncoder, ConversationsGoThroughTheChatTemplateAndPlainPromptsWhenAsked) {
+  if (auto why = test::reference_missing(); !why.empty())
+    GTEST_SKIP() << why;
+  auto loaded = models::load_tokenizer(test::real_tokenizer_dir("qwen3"));
+  ASSERT_TRUE(loaded) << describe(loaded.error());
+  std::shared_ptr<const models::tokenizer> tok = std::move(*loaded);
+  const std::string messages = R"([{"role":"user","content":"2+3?"}])";
+  prompt_encoder plain{tok, false};
+  auto ids = plain.prompt("2+3?", messages);
+  ASSERT_TRUE(ids) << describe(ids.error());
+  EXPECT_EQ(*ids, tok->encode("<|im_start|>user\n2+3?<|im_end|>\n<|im_start|>assistant\n"));
+  EXPECT_EQ(must(plain.prompt("2+3?", "")), tok->encode("2+3?")) << "a plain prompt as it is";
+  prompt_encoder templated{tok, true};
+  EXPECT_EQ(must(templated.prompt("2+3?", "")), *ids) << "data.chat_template: one user message";
+  // The byte tokenizer has no template: a conversation is refused, saying so.
+  prompt_encoder bytes{std::make_shared<models::byte_tokenizer>(), false};
+  auto refused = bytes.prompt("", messages);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(context_of(refused.error()).find("a conversation needs the model's chat template"),
+            std::string::npos)
+      << context_of(refused.error());
 }
 
 } // namespace

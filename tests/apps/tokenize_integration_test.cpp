@@ -5,6 +5,8 @@
 // decodes them back.
 #include "models/llama.hpp"
 #include "models/tokenizer.hpp"
+#include "runtime/file_io.hpp"
+#include "runtime/jsonl.hpp"
 #include "tests/models/tokenizer_reference.hpp"
 
 #include <gtest/gtest.h>
@@ -113,6 +115,65 @@ TEST_P(TroupeTokenizer, TokenizePrintsIdsAndPiecesAndDecodesThemBack) {
   for (size_t i = 0; i < with.size(); ++i)
     want << (i ? " " : "") << with[i];
   EXPECT_EQ(special, want.str() + "\n");
+}
+
+// --chat: the text transformers' apply_chat_template renders (the jinja2
+// reference, tests/reference/chat_template_reference.py) and the ids Hugging
+// Face tokenizers gives that text.
+TEST_P(TroupeTokenizer, TokenizeChatRendersAsTransformersAndEncodesAsTheReference) {
+  int status = -1;
+  test::run_command("/usr/bin/python3 -c 'import jinja2' > /dev/null 2>&1", status);
+  if (status != 0)
+    GTEST_SKIP() << "/usr/bin/python3 cannot import jinja2 (install python3-jinja2)";
+  auto dir = test::real_tokenizer_dir(GetParam());
+  auto config = json::parse(*runtime::read_file(dir + "/tokenizer_config.json"));
+  if (!config.contains("chat_template"))
+    GTEST_SKIP() << GetParam() << " has no chat template";
+  auto token = [&](const char* key) -> json {
+    if (!config.contains(key) || config[key].is_null())
+      return nullptr;
+    return config[key].is_object() ? config[key]["content"] : config[key];
+  };
+  const json messages = json::parse(R"([
+    {"role": "system", "content": "Answer with a number."},
+    {"role": "user", "content": "What is 12 + 7?"},
+    {"role": "assistant", "content": "19"},
+    {"role": "user", "content": "And 3 × 4, ¿sí?"}])");
+  test::temp_dir tmp;
+  auto conv = tmp.write("conv.json", messages.dump());
+  for (bool gen : {true, false}) {
+    auto out = test::run_command(troupe_cmd() + " tokenize --model " + dir + " --chat " + conv +
+                                     (gen ? " --add-generation-prompt" : "") + " --json 2>&1",
+                                 status);
+    ASSERT_EQ(status, 0) << out;
+    auto j = json::parse(out);
+    json vars{{"messages", messages},
+              {"tools", nullptr},
+              {"documents", nullptr},
+              {"add_generation_prompt", gen}};
+    for (const char* key : {"bos_token", "eos_token"})
+      if (auto t = token(key); !t.is_null())
+        vars[key] = t;
+    json request{
+        {"cases", json::array({{{"template", config["chat_template"]}, {"variables", vars}}})}};
+    auto in = tmp.write("request.json", request.dump());
+    auto ref_out = tmp.file("reference.json");
+    auto log =
+        test::run_command("/usr/bin/python3 " + test::reference_dir() +
+                              "/chat_template_reference.py '" + in + "' '" + ref_out + "' 2>&1",
+                          status);
+    ASSERT_EQ(status, 0) << log;
+    auto ref = json::parse(*runtime::read_file(ref_out));
+    ASSERT_TRUE(ref[0].contains("text")) << ref.dump();
+    EXPECT_EQ(j["text"], ref[0]["text"]) << GetParam() << ", add_generation_prompt " << gen;
+    std::string error;
+    auto ids = test::run_reference(
+        {{"tokenizer", dir + "/tokenizer.json"},
+         {"texts", json::array({runtime::base64(ref[0]["text"].get<std::string>())})}},
+        error);
+    ASSERT_TRUE(error.empty()) << error;
+    EXPECT_EQ(j["ids"], ids["encode"][0]["ids"]) << GetParam();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TroupeTokenizer,
