@@ -181,9 +181,17 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
     if (!lp)
       return lp.error();
     s.old_lp = log_probs_of(lp);
+    // The trainer–generator contract: how far the rollout's log-probs of
+    // its own samples are from the trainer's (and, with staleness, from
+    // the newer weights'); KL(rollout ‖ trainer) by the k1 estimator.
     auto diff = (s.old_lp - s.eng_lp).abs();
-    s.m["rollout/logprob_diff"] = masked_mean_of(diff, s.mask);
-    s.m["rollout/logprob_diff_max"] = (diff * s.mask).max().item<double>();
+    auto mean = masked_mean_of(diff, s.mask);
+    auto max = (diff * s.mask).max().item<double>();
+    s.m["rollout_corr/logprob_abs_diff_mean"] = mean;
+    s.m["rollout_corr/logprob_abs_diff_max"] = max;
+    s.m["rollout_corr/kl"] = masked_mean_of(s.eng_lp - s.old_lp, s.mask);
+    s.m["rollout/logprob_diff"] = mean; // the earlier names, kept one release
+    s.m["rollout/logprob_diff_max"] = max;
   }
   value_or_throw(s.batch.set("old_log_probs", s.old_lp));
   if (!algo_.use_reference)

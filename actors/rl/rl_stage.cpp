@@ -7,7 +7,7 @@
 //   gen           the rollout samples n responses per prompt (per-request
 //                 seeds derived from the run seed, iteration and prompt)
 //   old_log_prob  the policy's log-probs of the responses (or the engine's);
-//                 rollout/logprob_diff = mean |policy − engine|
+//                 rollout_corr/logprob_abs_diff_mean = mean |policy − engine|
 //   ref           the reference's log-probs (when kl.coef > 0)
 //   values        the critic's values (gae only)
 //   reward        the reward role's scores

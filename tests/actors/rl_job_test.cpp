@@ -87,15 +87,37 @@ TEST(RlJob, PpoRunsEveryStageAndLogsVerlMetrics) {
   EXPECT_TRUE(rl[0].contains("val/score/mean"));
   for (size_t i = 1; i < rl.size(); ++i) {
     const auto& j = rl[i];
-    for (const char* key :
-         {"training/global_step", "critic/score/mean", "critic/rewards/mean",
-          "critic/advantages/mean", "critic/returns/mean", "critic/values/mean", "critic/vf_loss",
-          "critic/vf_clipfrac", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
-          "actor/entropy", "actor/grad_norm", "actor/lr", "response_length/mean", "timing_s/gen",
-          "timing_s/ref", "timing_s/values", "timing_s/reward", "timing_s/adv",
-          "timing_s/update_actor", "timing_s/update_critic", "timing_s/weight_sync",
-          "timing_s/step", "perf/throughput", "rollout/logprob_diff", "critic/model_score/mean",
-          "critic/rule_score/mean"})
+    for (const char* key : {"training/global_step",
+                            "critic/score/mean",
+                            "critic/rewards/mean",
+                            "critic/advantages/mean",
+                            "critic/returns/mean",
+                            "critic/values/mean",
+                            "critic/vf_loss",
+                            "critic/vf_clipfrac",
+                            "actor/pg_loss",
+                            "actor/pg_clipfrac",
+                            "actor/ppo_kl",
+                            "actor/entropy",
+                            "actor/grad_norm",
+                            "actor/lr",
+                            "response_length/mean",
+                            "timing_s/gen",
+                            "timing_s/ref",
+                            "timing_s/values",
+                            "timing_s/reward",
+                            "timing_s/adv",
+                            "timing_s/update_actor",
+                            "timing_s/update_critic",
+                            "timing_s/weight_sync",
+                            "timing_s/step",
+                            "perf/throughput",
+                            "rollout/logprob_diff",
+                            "critic/model_score/mean",
+                            "critic/rule_score/mean",
+                            "rollout_corr/logprob_abs_diff_mean",
+                            "rollout_corr/logprob_abs_diff_max",
+                            "rollout_corr/kl"})
       EXPECT_TRUE(j.contains(key)) << "iteration " << i << ": " << key;
     EXPECT_EQ(j["training/global_step"].get<double>(), static_cast<double>(i));
     // The phases are timed inside the step: their sum never exceeds it.
@@ -112,7 +134,9 @@ TEST(RlJob, PpoRunsEveryStageAndLogsVerlMetrics) {
     EXPECT_GT(phases, 0.0);
     EXPECT_LE(phases, step * (1 + 1e-9));
     // The policy recomputes what the engine sampled: the two agree.
-    EXPECT_LT(j["rollout/logprob_diff"].get<double>(), 1e-4);
+    EXPECT_LT(j["rollout_corr/logprob_abs_diff_mean"].get<double>(), 1e-4);
+    EXPECT_EQ(j["rollout/logprob_diff"], j["rollout_corr/logprob_abs_diff_mean"]) << "old name";
+    EXPECT_LT(std::abs(j["rollout_corr/kl"].get<double>()), 1e-4);
   }
   EXPECT_TRUE(rl[2].contains("val/score/mean"));  // eval_every 2
   EXPECT_FALSE(rl[1].contains("val/score/mean"));
