@@ -246,7 +246,7 @@ TEST_F(RemoteReward, AJobIsScoredByTheServiceAndFailsClearlyWithoutIt) {
       continue;
     ++scored;
     EXPECT_LE(j["reward/extra/batch_size"].get<double>(), 4.0);
-    EXPECT_TRUE(j.contains("timing_s/reward_in_gen")) << "scored while generating";
+    EXPECT_TRUE(j.contains("timing_s/reward_hidden")) << "scored while generating";
   }
   EXPECT_EQ(scored, 2);
 
