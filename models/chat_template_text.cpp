@@ -276,26 +276,31 @@ std::string jinja_title(std::string_view s) {
   return out;
 }
 
-bool is_lower(std::string_view s) {
+namespace {
+
+// Python's str.islower / str.isupper: at least one cased character, all of
+// them in `wanted`'s case (Lt, titlecase, counts as neither).
+bool all_cased_as(std::string_view s, unicode::category wanted) {
   bool cased = false;
   for (size_t pos = 0; pos < s.size();) {
     auto c = unicode::general_category(next_cp(s, pos));
-    if (c == unicode::category::Lu || c == unicode::category::Lt)
+    bool is_cased =
+        c == unicode::category::Lu || c == unicode::category::Ll || c == unicode::category::Lt;
+    if (is_cased && c != wanted)
       return false;
-    cased = cased || c == unicode::category::Ll;
+    cased = cased || is_cased;
   }
   return cased;
 }
 
+} // namespace
+
+bool is_lower(std::string_view s) {
+  return all_cased_as(s, unicode::category::Ll);
+}
+
 bool is_upper(std::string_view s) {
-  bool cased = false;
-  for (size_t pos = 0; pos < s.size();) {
-    auto c = unicode::general_category(next_cp(s, pos));
-    if (c == unicode::category::Ll || c == unicode::category::Lt)
-      return false;
-    cased = cased || c == unicode::category::Lu;
-  }
-  return cased;
+  return all_cased_as(s, unicode::category::Lu);
 }
 
 // ---------------------------------------------------------------- strip, split, replace

@@ -299,6 +299,8 @@ const construct tests_cases[] = {
      R"j(True|True|True|True|True|False|True|True|True|True|False|True)j"},
     {R"j({{ 3 is odd }}|{{ 4 is even }}|{{ 9 is divisibleby 3 }}|{{ 9 is divisibleby(4) }}|{{ "abc" is lower }}|{{ "ABC" is upper }}|{{ 1 is in [1, 2] }}|{{ 2 is eq 2 }}|{{ 2 is ne 3 }}|{{ 2 is lt 3 }}|{{ 2 is gt 3 }}|{{ 2 is le 2 }}|{{ 2 is ge 3 }})j",
      R"j(True|True|True|False|True|True|True|True|True|True|False|True|False)j"},
+    {R"j({{ "Ab" is lower }}|{{ "a1" is lower }}|{{ "1" is upper }}|{{ "ǅ" is upper }}|{{ "ǅ" is lower }}|{{ "AÉ" is upper }}|{{ "a".islower() }}|{{ "aB".isupper() }})j",
+     R"j(False|True|False|False|False|True|True|False)j"},
     {R"j({{ "upper" is filter }}|{{ "odd" is test }}|{{ true is true }}|{{ 1 is true }}|{{ false is false }}|{{ x is sameas x }}|{{ none is sameas none }}|{{ [] is sameas [] }}|{{ x is not string }})j",
      R"j(True|True|True|False|True|True|True|False|True)j", R"j({"x": [1]})j"},
 };
