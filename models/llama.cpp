@@ -1,5 +1,7 @@
 #include "models/llama.hpp"
 
+#include "models/batch_invariant.hpp"
+
 #include "kernels/cpu/fused_decode.hpp"
 #include "kernels/paged_attention.hpp"
 #include "models/hf_checkpoint.hpp"
@@ -778,6 +780,10 @@ torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv
   throw_if(check_paged_step(config_, head_, layers_->size(), cached_kv_heads_, batch, cache,
                             logit_rows));
   torch::NoGradGuard no_grad;
+  if (batch_invariant_) {
+    last_decode_ = {one_token_each(batch, logit_rows), false, "the batch-invariant path"};
+    return batch_invariant_step(*this, batch, cache, logit_rows);
+  }
   if (auto logits = fused_step(batch, cache, logit_rows); logits.defined())
     return logits;
   auto x = embed(batch.input_ids); // [N, hidden]

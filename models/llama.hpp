@@ -192,6 +192,13 @@ public:
   /// see it, or its memory is wanted); the next batched step makes it again.
   void drop_decode_panels();
 
+  /// Whether forward_paged runs through the batch-invariant kernels (NOTE
+  /// [batch-invariant forward] in models/batch_invariant.hpp): a token's
+  /// logits then have the same bits whatever else the step holds, at some
+  /// cost in speed. Off by default.
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
+
   /// NOTE [decode path report]: how the last forward_paged ran, for the
   /// engine's metrics: whether it was a decode step (one new token per
   /// request), whether the fused kernel ran it, and when not, why.
@@ -250,6 +257,7 @@ private:
   /// Fused steps run (under team_mu_): NOTE [alternating head order].
   uint64_t fused_steps_ = 0;
   decode_report last_decode_;
+  bool batch_invariant_ = false;
   layer_hooks* hooks_ = nullptr;
 };
 TORCH_MODULE_IMPL(llama_model, llama_model_impl);
