@@ -2,6 +2,7 @@
 
 #include "actors/inference/block_allocator.hpp"
 #include "actors/inference/prefix_cache.hpp"
+#include "models/batch_invariant.hpp"
 #include "models/llama.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -605,6 +606,10 @@ expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
   d.model = model;
   d.model->eval();
   d.model->set_decode_isa(config.decode_isa);
+  if (config.batch_invariant)
+    if (auto why = models::batch_invariant_unsupported(*model); !why.empty())
+      return make_error(errc::unsupported, "engine.batch_invariant: " + why);
+  d.model->set_batch_invariant(config.batch_invariant);
   d.model->set_decode_panels(packs_decode_panels(config) ? config.decode_panels : panels_mode::off);
   d.config = config;
   const auto& mc = model->config();

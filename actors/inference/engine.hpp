@@ -83,6 +83,10 @@ struct engine_config {
   /// The CPU decode's instruction-set path: auto (the widest this CPU
   /// runs), avx512, avx2, baseline; a path the CPU lacks is refused.
   isa_mode decode_isa = isa_mode::automatic;
+  /// Every step through the batch-invariant kernels (NOTE [batch-invariant
+  /// forward] in models/batch_invariant.hpp): a request's logits and
+  /// log-probs have the same bits whatever else is batched with it.
+  bool batch_invariant = false;
 };
 
 /// Whether an engine with this config packs its weights when its model is
@@ -127,6 +131,9 @@ void visit(V& v, engine_config& c) {
            "CPU decode of batches from a packed copy of the weights (auto: where it wins)");
   v.choice("decode_isa", c.decode_isa,
            "CPU decode instruction set (auto: the widest this CPU runs)");
+  v.field("batch_invariant", c.batch_invariant,
+          "Batch-invariant CPU kernels: a request's tokens and log-probs do not depend on what "
+          "else is batched (fp32 CPU model; slower)");
 }
 
 struct generate_request {

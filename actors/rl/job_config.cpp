@@ -20,6 +20,7 @@ inference::engine_config engine_settings(const job_config& cfg) {
   bool task_prompts = cfg.data.train_file.empty() && cfg.data.eval_file.empty();
   auto prompt = task_prompts ? max_task_prompt_tokens(cfg.data) : 0;
   e.expected_tokens = prompt > 0 ? prompt + r.generation.max_tokens : 0;
+  e.batch_invariant = e.batch_invariant || r.true_on_policy; // NOTE [true on-policy]
   return e;
 }
 
@@ -313,6 +314,34 @@ void check_rl_sampling(const job_config& c, runtime::config_checks& checks) {
   checks.require(e.max_model_len >= 0, "rl.rollout.max_model_len", "must be >= 0 (0 = the model's)");
 }
 
+// NOTE [true on-policy]: what would make the sampled distribution differ
+// from the one the trainer scores, or split a token's reductions, is refused.
+void check_true_on_policy(const job_config& c, runtime::config_checks& checks) {
+  const auto& r = c.rl;
+  if (!r.true_on_policy || !has_stage(c, "rl"))
+    return;
+  const std::string why = "true_on_policy needs ";
+  checks.require(r.staleness == 0, "rl.staleness",
+                 why + "every batch sampled by the weights it trains (staleness 0: the "
+                       "job's only form of generating during updates)");
+  checks.require(r.generation.top_k == 0, "rl.generation.top_k",
+                 why + "the full distribution (top_k 0): the trainer scores untruncated "
+                       "log-probs");
+  checks.require(r.generation.top_p == 1, "rl.generation.top_p",
+                 why + "the full distribution (top_p 1): the trainer scores untruncated "
+                       "log-probs");
+  for (const char* role : {"policy", "rollout"}) {
+    const auto p = placement_keys(c, role);
+    const auto at = std::string{"placement.roles["} + role + "]";
+    checks.require(p.tp == 1, at + ".tp",
+                   why + "one rank per model (tp 1): TP splits a token's reductions");
+    checks.require(p.pp == 1, at + ".pp", why + "the whole model in one process (pp 1)");
+    checks.require(p.strategy != dp_strategy::zero3, at + ".strategy",
+                   why + "whole weights at rest (zero3 shards them)");
+    checks.require(p.compute == precision::fp32, at + ".precision", why + "fp32 weights");
+  }
+}
+
 // debug: fault injection names an injectable role and one of its phases.
 void check_debug(const job_config& c, runtime::config_checks& checks) {
   // debug
@@ -341,6 +370,7 @@ void check(const job_config& c, runtime::config_checks& checks) {
   checks.require(c.weight_sync.keep >= 1 && c.weight_sync.keep <= 16, "weight_sync.keep",
                  "must be in [1, 16]");
   check_placement(c, checks);
+  check_true_on_policy(c, checks);
   check_debug(c, checks);
 }
 

@@ -348,6 +348,10 @@ struct rl_config {
   int64_t staleness = 0;
   /// Cap of the importance weight π_policy / π_behaviour of stale samples.
   double stale_is_cap = 2.0;
+  /// NOTE [true on-policy]: the rollout and the policy compute log-probs
+  /// through the batch-invariant forward, so the sampled, old and first
+  /// update log-probs are equal bit for bit.
+  bool true_on_policy = false;
   optim_config actor_optim;
   critic_config critic;
   reward_config reward;
@@ -384,6 +388,10 @@ void visit(V& v, rl_config& c) {
           "previous weights) while this one trains");
   v.field("stale_is_cap", c.stale_is_cap,
           "Cap of the per-token importance weight correcting stale samples' advantages");
+  v.field("true_on_policy", c.true_on_policy,
+          "Rollout and policy log-probs through batch-invariant CPU kernels: the engine's "
+          "sampled log-probs equal the old and the first update's bit for bit (every ratio "
+          "1.0); slower (docs/data-and-rewards.md)");
   v.section("actor_optim", c.actor_optim, "Policy optimizer");
   v.section("critic", c.critic, "Critic (ppo / gae only)");
   v.section("reward", c.reward);

@@ -193,6 +193,21 @@ expected<void> rl_driver::gen(iteration_state& s) {
   return {};
 }
 
+namespace {
+
+// NOTE [rl iteration]: the trainer–generator contract's metrics: mean and
+// max |trainer − rollout| over response tokens, and KL(rollout ‖ trainer)
+// by the k1 estimator.
+void report_rollout_corr(train::metric_map& m, double mean, double max, double kl) {
+  m["rollout_corr/logprob_abs_diff_mean"] = mean;
+  m["rollout_corr/logprob_abs_diff_max"] = max;
+  m["rollout_corr/kl"] = kl;
+  m["rollout/logprob_diff"] = mean; // the earlier names, kept one release
+  m["rollout/logprob_diff_max"] = max;
+}
+
+} // namespace
+
 expected<void> rl_driver::old_log_prob(iteration_state& s) {
   if (!algo_.policy_old_logprobs) {
     s.old_lp = s.eng_lp;
@@ -206,13 +221,8 @@ expected<void> rl_driver::old_log_prob(iteration_state& s) {
     // its own samples are from the trainer's (and, with staleness, from
     // the newer weights'); KL(rollout ‖ trainer) by the k1 estimator.
     auto diff = (s.old_lp - s.eng_lp).abs();
-    auto mean = masked_mean_of(diff, s.mask);
-    auto max = (diff * s.mask).max().item<double>();
-    s.m["rollout_corr/logprob_abs_diff_mean"] = mean;
-    s.m["rollout_corr/logprob_abs_diff_max"] = max;
-    s.m["rollout_corr/kl"] = masked_mean_of(s.eng_lp - s.old_lp, s.mask);
-    s.m["rollout/logprob_diff"] = mean; // the earlier names, kept one release
-    s.m["rollout/logprob_diff_max"] = max;
+    report_rollout_corr(s.m, masked_mean_of(diff, s.mask), (diff * s.mask).max().item<double>(),
+                        masked_mean_of(s.eng_lp - s.old_lp, s.mask));
   }
   value_or_throw(s.batch.set("old_log_probs", s.old_lp));
   if (!algo_.use_reference)
@@ -431,6 +441,13 @@ expected<void> rl_driver::update_actor(iteration_state& s) {
   if (!res)
     return res.error();
   s.m.insert(res->begin(), res->end());
+  // With the engine's old log-probs the contract is measured against the
+  // update's first forward (NOTE [first-minibatch contract] in
+  // actors/train/train_engine.hpp), its first minibatch's tokens.
+  if (!algo_.policy_old_logprobs)
+    report_rollout_corr(s.m, res->at("actor/first_minibatch/logprob_abs_diff_mean"),
+                        res->at("actor/first_minibatch/logprob_abs_diff_max"),
+                        res->at("actor/first_minibatch/ppo_kl"));
   return {};
 }
 

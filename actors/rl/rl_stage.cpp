@@ -8,6 +8,8 @@
 //                 seeds derived from the run seed, iteration and prompt)
 //   old_log_prob  the policy's log-probs of the responses (or the engine's);
 //                 rollout_corr/logprob_abs_diff_mean = mean |policy − engine|
+//                 (with the engine's: against the update's first minibatch,
+//                 reported after update_actor)
 //   ref           the reference's log-probs (when kl.coef > 0)
 //   values        the critic's values (gae only)
 //   reward        the reward role's scores
@@ -45,6 +47,24 @@
 // A run resumed from a checkpoint samples its first batch synchronously
 // (the batch sampled ahead is not checkpointed), so with staleness 1 a
 // resumed run is not bit-identical to an uninterrupted one.
+//
+// NOTE [true on-policy]: with rl.true_on_policy the rollout engine runs every
+// step, and the policy computes every log-prob value, through the
+// batch-invariant forward (models/batch_invariant.hpp): one token's logits
+// have the same bits whether the engine decodes it among a batch of others
+// or the trainer scores it in a padded batch, and both take its log-prob
+// with the sampler's row function. So the engine's sampled log-probs equal
+// the policy's old log-probs, which equal the first minibatch's log-probs
+// of the update: rollout_corr/* and actor/first_minibatch/* are exactly 0
+// and that minibatch's every PPO ratio is exactly 1. The update's gradient
+// still flows through the ATen forward (train_engine::set_batch_invariant).
+// Refused (job_config.cpp, check_true_on_policy) with staleness > 0 —
+// troupe's only way of generating while the weights change — with top-k or
+// top-p truncation (the trainer scores the full distribution), and for a
+// policy or rollout that is not one fp32 process per model (tp, pp, zero3,
+// bf16). Bitwise holds on one instruction-set path (NOTE [batch-invariant
+// kernels]): engine and trainer in one process, or on CPUs of one kind.
+// Without it the contract is a bound, not an equality: docs/data-and-rewards.md.
 
 #include "actors/rl/rl_driver.hpp"
 

@@ -282,6 +282,9 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     return ok.error();
   if (auto ok = (*engine)->set_micro_batch_tokens(placed.micro_batch_tokens); !ok)
     return ok.error();
+  if (s.stage == "rl" && s.role == "policy" && cfg.rl.true_on_policy) // NOTE [true on-policy]
+    if (auto ok = (*engine)->set_batch_invariant(true); !ok)
+      return with_prefix(ok.error(), "rl.true_on_policy: policy");
   if (groups)
     if (auto ok = (*engine)->join_data_parallel(groups, {placed.strategy, placed.bucket_mb}); !ok)
       return ok.error();

@@ -7,6 +7,7 @@
 #include "kernels/logprobs.hpp"
 #include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
+#include "models/batch_invariant.hpp"
 #include "models/llama.hpp"
 #include "runtime/gradient_reducer.hpp"
 #include "runtime/safetensors.hpp"
@@ -47,24 +48,46 @@ std::vector<std::vector<size_t>> layer_parameters(const models::llama_model& m) 
   return layers;
 }
 
-// Sums metrics over optimizer steps; mean() divides by the count.
+// A metric named *_max is a maximum: combined by max over micro-batches,
+// steps and DP ranks (NOTE [first-minibatch contract] in train_engine.hpp).
+bool is_max_key(const std::string& k) {
+  return k.size() > 4 && k.compare(k.size() - 4, 4, "_max") == 0;
+}
+
+// Metrics over optimizer steps: each the mean over the steps that report
+// it (the largest for a maximum).
 struct metric_sum {
   metric_map sum;
-  int64_t n = 0;
+  std::map<std::string, int64_t> n;
   void add(const metric_map& m) {
-    for (const auto& [k, v] : m)
-      sum[k] += v;
-    ++n;
+    for (const auto& [k, v] : m) {
+      auto [it, fresh] = sum.emplace(k, v);
+      if (!fresh)
+        it->second = is_max_key(k) ? std::max(it->second, v) : it->second + v;
+      ++n[k];
+    }
   }
   metric_map mean() const {
     metric_map out;
     for (const auto& [k, v] : sum)
-      out[k] = n ? v / static_cast<double>(n) : 0.0;
+      out[k] = is_max_key(k) ? v : v / static_cast<double>(n.at(k));
     return out;
   }
 };
 
 double item(const at::Tensor& t) { return t.detach().to(at::kDouble).item<double>(); }
+
+// NOTE [first-minibatch contract]: the new log-probs before any step
+// against the batch's old ones, over the response tokens.
+void add_first_minibatch_metrics(metric_map& m, const at::Tensor& lp, const at::Tensor& old,
+                                 const at::Tensor& mask) {
+  auto d = (lp - old).to(at::kDouble);
+  auto real = mask.to(at::kDouble);
+  auto tokens = std::max(real.sum().item<double>(), 1.0);
+  m["actor/first_minibatch/logprob_abs_diff_mean"] = (d.abs() * real).sum().item<double>() / tokens;
+  m["actor/first_minibatch/logprob_abs_diff_max"] = (d.abs() * real).max().item<double>();
+  m["actor/first_minibatch/ppo_kl"] = -(d * real).sum().item<double>() / tokens;
+}
 
 // Whether metric `k` is a token mean (weighted by tokens, not loss units).
 bool is_token_key(const std::string& k, std::initializer_list<const char*> token_keys) {
@@ -417,6 +440,16 @@ struct train_engine::impl {
   int64_t micro_rows = 0;
   /// Or its padded tokens at most (NOTE [token micro-batches]); 0 = off.
   int64_t micro_tokens = 0;
+  /// NOTE [true on-policy]: log-prob values from the batch-invariant forward.
+  bool batch_invariant = false;
+
+  // The batch-invariant log-probs [B, L-1] of a batch's response tokens
+  // (every next token without a response_mask); 0 elsewhere.
+  at::Tensor invariant_log_probs(const runtime::tensor_batch& b, double temperature) {
+    auto [ids, mask] = model_inputs(b);
+    auto want = b.contains("response_mask") ? need(b, "response_mask") : at::Tensor{};
+    return value_or_throw(models::batch_invariant_log_probs(*model, ids, mask, temperature, want));
+  }
 
   struct micro_split {
     std::vector<runtime::tensor_batch> parts;
@@ -856,8 +889,14 @@ struct train_engine::impl {
       token_weights.push_back(rank_tokens > 0 ? units[i].second / rank_tokens : 1 / n);
     }
     auto add_metrics = [&](size_t i, const metric_map& m) {
-      for (const auto& [k, v] : m)
-        local[k] += v * (is_token_key(k, token_keys) ? token_weights[i] : weights[i]);
+      for (const auto& [k, v] : m) {
+        if (is_max_key(k)) {
+          auto [it, fresh] = local.emplace(k, v);
+          it->second = fresh ? v : std::max(it->second, v);
+        } else {
+          local[k] += v * (is_token_key(k, token_keys) ? token_weights[i] : weights[i]);
+        }
+      }
     };
     if (pipelined()) {
       // The same passes on every rank: the rounds beyond this rank's parts
@@ -927,15 +966,23 @@ metric_map train_engine::impl::group_metrics(metric_map m, const step_result& r,
                                              std::initializer_list<const char*> token_keys) {
   if (!dp || m.empty()) // empty: a pipeline stage before the last (every DP rank of it)
     return m;
-  std::vector<double> v;
+  // Every rank reports the same keys: the sums in one all-reduce, the
+  // maxima in another.
+  std::vector<double> sums, maxima;
   for (const auto& [k, x] : m) {
-    v.push_back(x * (is_token_key(k, token_keys) ? r.token_share : r.share));
+    if (is_max_key(k))
+      maxima.push_back(x);
+    else
+      sums.push_back(x * (is_token_key(k, token_keys) ? r.token_share : r.share));
   }
-  auto t = torch::tensor(v, torch::kDouble);
-  value_or_throw(dp->group.all_reduce_sum(t));
-  size_t i = 0;
-  for (auto& [k, x] : m)
-    x = t[static_cast<int64_t>(i++)].item<double>();
+  auto s = torch::tensor(sums, torch::kDouble);
+  value_or_throw(dp->group.all_reduce_sum(s));
+  auto x = torch::tensor(maxima, torch::kDouble);
+  if (!maxima.empty())
+    value_or_throw(dp->group.all_reduce(x, runtime::reduce_op::max));
+  int64_t i = 0, j = 0;
+  for (auto& [k, v] : m)
+    v = is_max_key(k) ? x[j++].item<double>() : s[i++].item<double>();
   return m;
 }
 
@@ -1184,6 +1231,14 @@ expected<void> train_engine::set_micro_batch_tokens(int64_t tokens) {
   impl_->micro_tokens = tokens;
   return {};
 }
+expected<void> train_engine::set_batch_invariant(bool on) {
+  if (on)
+    if (auto why = models::batch_invariant_unsupported(*impl_->model); !why.empty())
+      return make_error(errc::unsupported, "batch_invariant: " + why);
+  impl_->batch_invariant = on;
+  return {};
+}
+
 expected<void> train_engine::set_pipeline_micro_batches(int64_t n) {
   if (n < 0)
     return make_error(errc::invalid_argument,
@@ -1214,8 +1269,14 @@ expected<runtime::tensor_batch> train_engine::log_probs(const runtime::tensor_ba
     kernels::logits_options lo;
     lo.temperature = temperature;
     return impl_->by_micro_batches(batch, [&](const runtime::tensor_batch& mb) {
-      auto r = impl_->next_token_stats(mb, lo, with_entropy);
       runtime::tensor_batch out;
+      if (impl_->batch_invariant) { // NOTE [true on-policy]
+        if (with_entropy)
+          value_or_throw(out.set("entropy", impl_->next_token_stats(mb, lo, true).entropy));
+        value_or_throw(out.set("log_probs", impl_->invariant_log_probs(mb, temperature)));
+        return out;
+      }
+      auto r = impl_->next_token_stats(mb, lo, with_entropy);
       if (with_entropy)
         value_or_throw(out.set("entropy", r.entropy));
       value_or_throw(out.set("log_probs", r.log_probs));
@@ -1272,11 +1333,16 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
     po.agg = o.loss_agg;
     kernels::logits_options lo;
     lo.temperature = o.temperature;
+    bool first = true; // the first minibatch: NOTE [first-minibatch contract]
     auto loss_of = [&](const runtime::tensor_batch& mb) {
       auto mask = need(mb, "response_mask");
       auto lpe = impl_->next_token_stats(mb, lo, true);
-      auto pl = value_or_throw(kernels::ppo_policy_loss(lpe.log_probs, need(mb, "old_log_probs"),
-                                                        need(mb, "advantages"), mask, po));
+      if (impl_->batch_invariant) // NOTE [true on-policy]: the value exactly, ATen's gradient
+        lpe.log_probs =
+            lpe.log_probs - lpe.log_probs.detach() + impl_->invariant_log_probs(mb, o.temperature);
+      const auto old = need(mb, "old_log_probs");
+      auto pl = value_or_throw(
+          kernels::ppo_policy_loss(lpe.log_probs, old, need(mb, "advantages"), mask, po));
       auto entropy = value_or_throw(kernels::entropy_bonus(lpe.entropy, mask, o.loss_agg));
       impl::micro_part part{pl.loss - o.entropy_coef * entropy, {}};
       auto& m = part.metrics;
@@ -1291,11 +1357,16 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
       m["actor/pg_clipfrac_lower"] = item(pl.pg_clipfrac_lower);
       m["actor/ppo_kl"] = item(pl.ppo_kl);
       m["actor/entropy"] = item(entropy);
+      if (first)
+        add_first_minibatch_metrics(m, lpe.log_probs.detach(), old, mask);
       return part;
     };
-    const auto token_keys = {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"};
+    const auto token_keys = {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
+                             "actor/first_minibatch/logprob_abs_diff_mean",
+                             "actor/first_minibatch/ppo_kl"};
     for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
       auto [r, m] = impl_->accumulate(mb, units_with(o.loss_agg), loss_of, token_keys);
+      first = false;
       m["actor/grad_norm"] = r.grad_norm;
       m["actor/lr"] = r.lr;
       sums.add(impl_->group_metrics(std::move(m), r, token_keys));

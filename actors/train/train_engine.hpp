@@ -135,6 +135,12 @@ public:
 
   /// PPO clipped loss (+ entropy bonus, + KL loss) over epochs × minibatches
   /// of an RL batch; metrics actor/* averaged over the optimizer steps.
+  /// NOTE [first-minibatch contract]: the first minibatch's forward comes
+  /// before any step, so its log-probs are what the policy's weights give
+  /// the batch's samples; against the batch's old_log_probs it reports
+  /// actor/first_minibatch/logprob_abs_diff_mean and …_max (masked |new −
+  /// old|) and …/ppo_kl (masked mean of old − new). A metric named *_max
+  /// is combined by max (over micro-batches, steps and DP ranks).
   expected<metric_map> update_policy(const runtime::tensor_batch& batch,
                                      const policy_update_options& opts);
 
@@ -212,6 +218,14 @@ public:
   /// (NOTE [token micro-batches] in micro_batches.hpp); 0 = off. It takes
   /// precedence over the rows.
   expected<void> set_micro_batch_tokens(int64_t tokens);
+  /// NOTE [true on-policy] in actors/rl/rl_stage.cpp: log_probs and the
+  /// update's log-probs take their values from the batch-invariant forward
+  /// (models/batch_invariant.hpp), bit for bit what a batch-invariant
+  /// inference engine samples with; the gradient still flows through the
+  /// ATen forward (the loss sees lp_aten − sg(lp_aten) + lp_invariant, whose
+  /// value is lp_invariant exactly). Refused for a model that path cannot
+  /// run (not fp32 on the CPU, a TP or PP part).
+  expected<void> set_batch_invariant(bool on);
   /// NOTE [pipeline execution]: a pipeline stage's engine cuts a batch it
   /// computes into `n` micro-batches when neither micro-batch setting above
   /// is on (0 = as many as stages), and runs them through the stages under

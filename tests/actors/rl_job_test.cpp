@@ -333,6 +333,13 @@ TEST(RlJob, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
   for (int step = 1; step <= 4; ++step) {
     const auto& j = rb[static_cast<size_t>(step)];
     EXPECT_EQ(j["rollout/staleness"].get<double>(), step == 1 ? 0.0 : 1.0) << step;
+    // The contract's metrics with staleness: against the newer weights.
+    for (const char* key : {"rollout_corr/logprob_abs_diff_mean",
+                            "rollout_corr/logprob_abs_diff_max", "rollout_corr/kl"})
+      EXPECT_TRUE(j.contains(key)) << step << ": " << key;
+    if (step > 1)
+      EXPECT_GT(j["rollout_corr/logprob_abs_diff_mean"].get<double>(), 1e-5)
+          << step << ": a version apart";
     EXPECT_EQ(j.contains("rollout/stale_is_weight/mean"), step > 1) << step;
     if (step > 1) {
       auto w = j["rollout/stale_is_weight/mean"].get<double>();
@@ -476,4 +483,96 @@ TEST(RlJob, RunsOnADatasetFileWithVerifiableRules) {
   EXPECT_NE(text.str().find("data.train_file: 1 of 33 prompts dropped as too long"),
             std::string::npos)
       << text.str();
+}
+
+// The contract's metrics with the engine's old log-probs: measured against
+// the update's first minibatch (NOTE [first-minibatch contract]), within the
+// bound docs/data-and-rewards.md gives for the ATen paths.
+TEST(RlJob, EngineOldLogProbsReportTheContractFromTheUpdate) {
+  test::temp_dir tmp;
+  auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.old_logprobs=engine"});
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto r = run(*cfg);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  auto rl = stage_lines(r.metrics, "rl");
+  ASSERT_EQ(rl.size(), 4u);
+  for (size_t i = 1; i < rl.size(); ++i) {
+    const auto& j = rl[i];
+    EXPECT_EQ(j["rollout_corr/logprob_abs_diff_mean"],
+              j["actor/first_minibatch/logprob_abs_diff_mean"]);
+    EXPECT_EQ(j["rollout_corr/kl"], j["actor/first_minibatch/ppo_kl"]);
+    EXPECT_LT(j["rollout_corr/logprob_abs_diff_max"].get<double>(), 1e-4) << i;
+    EXPECT_GT(j["rollout_corr/logprob_abs_diff_max"].get<double>(), 0.0)
+        << i << ": the ATen paths differ in the last bits";
+  }
+}
+
+// NOTE [true on-policy]: a shortened quickstart (its model, task and PPO
+// settings; fewer steps) where every step's sampled, old and first-update
+// log-probs are equal: with the policy's old log-probs (4 minibatches), and
+// with the engine's in one minibatch (the whole update's ratios exactly 1).
+TEST(RlJob, TrueOnPolicyShortenedQuickstartIsExact) {
+  auto yaml = runtime::read_file(std::string{TROUPE_SOURCE_DIR} + "/configs/quickstart.yaml");
+  ASSERT_TRUE(yaml) << describe(yaml.error());
+  for (const char* mode : {"policy", "engine"}) {
+    SCOPED_TRACE(mode);
+    test::temp_dir tmp;
+    std::vector<std::string> sets{"run.dir=" + tmp.file("run"),
+                                  "run.progress=none",
+                                  "sft.steps=8",
+                                  "sft.eval_every=0",
+                                  "rm.steps=4",
+                                  "rm.eval_every=0",
+                                  "data.train_size=256",
+                                  "data.eval_size=8",
+                                  "rl.iterations=3",
+                                  "rl.prompts_per_iteration=16",
+                                  "rl.eval_every=0",
+                                  "rl.eval_samples=1",
+                                  "rl.checkpoint_every=0",
+                                  "rl.true_on_policy=true",
+                                  std::string{"rl.old_logprobs="} + mode};
+    if (std::string{mode} == "engine")
+      sets.push_back("rl.minibatches=1");
+    auto cfg = parse(*yaml, sets);
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto r = run(*cfg);
+    ASSERT_TRUE(r.summary) << describe(r.summary.error());
+    auto rl = stage_lines(r.metrics, "rl");
+    ASSERT_EQ(rl.size(), 4u);
+    for (size_t i = 1; i < rl.size(); ++i) {
+      const auto& j = rl[i];
+      for (const char* key :
+           {"rollout_corr/logprob_abs_diff_mean", "rollout_corr/logprob_abs_diff_max",
+            "rollout_corr/kl", "actor/first_minibatch/logprob_abs_diff_mean",
+            "actor/first_minibatch/logprob_abs_diff_max", "actor/first_minibatch/ppo_kl"})
+        EXPECT_EQ(j[key].get<double>(), 0.0) << "iteration " << i << ": " << key;
+      if (std::string{mode} == "engine") {
+        EXPECT_EQ(j["actor/ppo_kl"].get<double>(), 0.0) << i;
+        EXPECT_EQ(j["actor/pg_clipfrac"].get<double>(), 0.0) << i;
+      }
+      EXPECT_GT(j["actor/grad_norm"].get<double>(), 0.0) << i;
+    }
+  }
+}
+
+TEST(RlJob, TrueOnPolicyRefusesWhatBreaksIt) {
+  test::temp_dir tmp;
+  const auto yaml = tiny_job(tmp.file("run"));
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"rl.staleness=1", "rl.staleness"},
+      {"rl.generation.top_k=5", "rl.generation.top_k"},
+      {"rl.generation.top_p=0.9", "rl.generation.top_p"}};
+  for (const auto& [set, path] : cases) {
+    auto cfg = parse(yaml, {"rl.true_on_policy=true", set});
+    ASSERT_FALSE(cfg) << set;
+    EXPECT_NE(describe(cfg.error()).find(path), std::string::npos) << describe(cfg.error());
+    EXPECT_NE(describe(cfg.error()).find("true_on_policy"), std::string::npos);
+  }
+  auto tp = parse(yaml + "placement:\n  mode: colocated\n  pools: [{name: all, devices: 2}]\n"
+                         "  roles: [{role: policy, pool: all, tp: 2}]\n",
+                  {"rl.true_on_policy=true"});
+  ASSERT_FALSE(tp);
+  EXPECT_NE(describe(tp.error()).find("placement.roles[policy].tp"), std::string::npos)
+      << describe(tp.error());
 }
