@@ -132,6 +132,9 @@ runner add_generate(CLI::App& app) {
                   "CPU decode instruction set: auto (the widest this CPU runs), avx512, avx2, "
                   "baseline")
       ->check(CLI::IsMember(choice_names<isa_mode>()));
+  gen->add_flag("--batch-invariant", go.engine.batch_invariant,
+                "Batch-invariant CPU kernels: each request's tokens and log-probs as if it ran "
+                "alone (fp32 CPU model; slower)");
   gen->add_flag("--quiet", f->quiet, "Do not print the metrics line to stderr");
   gen->add_option("--threads", f->threads, "CPU compute threads (0 = one per core)")
       ->check(CLI::NonNegativeNumber);

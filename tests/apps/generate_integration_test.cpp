@@ -161,3 +161,29 @@ TEST(TroupeGenerate, EveryInstructionSetPathGivesTheSameSamples) {
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("--decode-isa"), std::string::npos) << out;
 }
+
+// --batch-invariant: a request's samples and log-probs are the same alone
+// and batched with others (sample 0 of -n 8 is the single sample: NOTE
+// [batch-invariant forward]).
+TEST(TroupeGenerate, BatchInvariantSamplesAreTheSameAloneAndBatched) {
+  test::temp_dir dir;
+  auto model = tiny_byte_model();
+  ASSERT_TRUE(models::save_pretrained(model, dir.file("model")));
+  auto first_row = [&](int n) {
+    int status = -1;
+    auto out = run_command(std::string{TROUPE_BINARY_PATH} + " generate --model " +
+                               dir.file("model") + " --prompt hello -n " + std::to_string(n) +
+                               " --max-tokens 8 --temperature 1 --seed 5 --ignore-eos --quiet "
+                               "--batch-invariant 2>&1",
+                           status);
+    EXPECT_EQ(status, 0) << out;
+    std::istringstream lines(out);
+    std::string line;
+    std::getline(lines, line);
+    return nlohmann::json::parse(line, nullptr, false);
+  };
+  auto alone = first_row(1), batched = first_row(8);
+  ASSERT_FALSE(alone.is_discarded());
+  EXPECT_EQ(alone["token_ids"], batched["token_ids"]);
+  EXPECT_EQ(alone["logprobs"], batched["logprobs"]) << "the same floats, printed alike";
+}
