@@ -206,14 +206,16 @@ def sample_problems(rng, count, seen_texts, banned, used):
     return out
 
 
-def make_splits(seed, n_train, n_test):
-    """Train and test problems, all different; no train problem has the
-    equations of a test problem (test is drawn first)."""
+def make_splits(seed, n_train, n_test, shared_equations=False):
+    """Train and test problems, all different; unless shared_equations, no
+    train problem has the equations of a test problem (test is drawn
+    first): the test then asks for arithmetic the model never saw done."""
     rng = random.Random(f"{seed}:data")
     seen_texts = set()
     test_equations = set()
     test = sample_problems(rng, n_test, seen_texts, banned=set(), used=test_equations)
-    train = sample_problems(rng, n_train, seen_texts, banned=test_equations, used=set())
+    banned = set() if shared_equations else test_equations
+    train = sample_problems(rng, n_train, seen_texts, banned=banned, used=set())
     return train, test
 
 
@@ -667,6 +669,12 @@ def parse_args(argv):
     p.add_argument("--system", default=DEFAULT_SYSTEM,
                    help="system message of every conversation ('' for none; "
                         f"default '{DEFAULT_SYSTEM}')")
+    p.add_argument("--max-number", type=int_in(10, 99), default=99,
+                   help="the largest number in a problem or its solution (default 99: at "
+                        "most two digits; smaller is an easier task)")
+    p.add_argument("--shared-equations", action="store_true",
+                   help="let training problems use the equations of test problems, in other "
+                        "words (the test then measures reliability, not arithmetic never seen)")
     p.add_argument("--hidden", type=int_in(2, 8192), default=128, help="hidden size (default 128)")
     p.add_argument("--intermediate", type=int_in(1, 32768), default=384,
                    help="MLP size (default 384)")
@@ -692,8 +700,10 @@ def parse_args(argv):
 
 
 def main(argv=None):
+    global MAX_NUMBER
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    train, test = make_splits(args.seed, args.train, args.test)
+    MAX_NUMBER = args.max_number
+    train, test = make_splits(args.seed, args.train, args.test, args.shared_equations)
     train_convs = [conversation(args.system, q, a) for q, a in train]
     test_convs = [conversation(args.system, q, a) for q, a in test]
 

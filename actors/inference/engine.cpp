@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <set>
 #include <span>
 
@@ -146,6 +147,37 @@ struct engine::impl {
 
   // ---- validation ------------------------------------------------------------
 
+  // NOTE [token-in, token-out]: the sequences of the last finished requests,
+  // by id, for requests that extend them.
+  static constexpr size_t kKeptSequences = 1024;
+  std::map<std::string, std::vector<int64_t>> kept;
+  std::deque<std::string> kept_order;
+
+  void keep_sequence(const std::string& id, const std::vector<int64_t>& tokens) {
+    if (kept.insert_or_assign(id, tokens).second)
+      kept_order.push_back(id);
+    while (kept_order.size() > kKeptSequences) {
+      kept.erase(kept_order.front());
+      kept_order.pop_front();
+    }
+  }
+
+  /// A request that extends another with its whole prompt (the earlier
+  /// sequence, then the appended tokens).
+  expected<void> resolve_extension(generate_request& r) const {
+    if (r.extends.empty())
+      return caf::unit;
+    auto it = kept.find(r.extends);
+    if (it == kept.end())
+      return make_error(errc::not_found,
+                        "request '" + r.id + "': extends '" + r.extends +
+                            "': no finished request of that id (the engine keeps the last " +
+                            std::to_string(kKeptSequences) + ")");
+    r.prompt.insert(r.prompt.begin(), it->second.begin(), it->second.end());
+    r.extends.clear();
+    return caf::unit;
+  }
+
   expected<void> check_request(const generate_request& r) const {
     auto where = "request '" + r.id + "': ";
     if (r.id.empty())
@@ -274,6 +306,7 @@ struct engine::impl {
       so.finish_reason = s->finish_reason;
       out.samples.push_back(std::move(so));
     }
+    keep_sequence(out.id, req.samples.front()->tokens);
     out.weight_version = version;
     out.first_weight_version = req.version_first;
     auto now = clock_type::now();
@@ -671,6 +704,8 @@ expected<int64_t> kv_pool_blocks(const engine_config& c, const models::llama_con
 }
 
 expected<void> engine::add_request(generate_request request) {
+  if (auto ok = impl_->resolve_extension(request); !ok)
+    return ok;
   if (auto ok = impl_->check_request(request); !ok)
     return ok;
   impl_->enqueue(std::move(request));
@@ -702,7 +737,9 @@ expected<std::vector<request_output>> engine::run_until_idle() {
 
 expected<void> engine::add_requests(std::vector<generate_request> requests) {
   std::set<std::string> ids;
-  for (const auto& r : requests) {
+  for (auto& r : requests) {
+    if (auto ok = impl_->resolve_extension(r); !ok)
+      return ok;
     if (auto ok = impl_->check_request(r); !ok)
       return ok;
     if (!ids.insert(r.id).second)

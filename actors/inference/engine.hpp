@@ -141,11 +141,19 @@ struct generate_request {
   std::string id;
   std::vector<int64_t> prompt;
   sampling_params sampling;
+  /// NOTE [token-in, token-out]: the id of a finished request of this engine
+  /// that this one continues ("" = none): its sequence (prompt and sample
+  /// 0's tokens) comes first, then `prompt` — the appended tokens (a tool's
+  /// output, the next user turn) — so a conversation is extended by token
+  /// ids, never rendered and tokenised again. The K/V of the earlier
+  /// sequence's whole blocks is reused from the prefix cache. The output's
+  /// prompt is the whole sequence.
+  std::string extends;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
-  return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.sampling);
+  return f(caf::meta::type_name("generate_request"), x.id, x.prompt, x.sampling, x.extends);
 }
 
 struct sample_output {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -252,6 +253,109 @@ expected<std::vector<int64_t>> prompt_encoder::prompt(const std::string& text,
   if (!rendered)
     return rendered.error();
   return tok_->encode(*rendered);
+}
+
+expected<std::optional<prompt_encoder::divergence>>
+prompt_encoder::divergence_of(const std::string& messages) const {
+  auto all = nlohmann::ordered_json::parse(messages, nullptr, false);
+  if (all.is_discarded() || !all.is_array())
+    return make_error(errc::parse_error, "a conversation's messages are not a JSON list");
+  auto first_n = [&](size_t n) {
+    return nlohmann::ordered_json(
+               std::vector<nlohmann::ordered_json>(all.begin(), all.begin() + static_cast<long>(n)))
+        .dump();
+  };
+  auto excerpt = [](const std::string& s, size_t at) { return s.substr(at, 24); };
+  for (size_t k = 1; k < all.size(); ++k) {
+    const bool answer = all[k].is_object() && all[k].value("role", "") == "assistant";
+    auto before = render(first_n(k), answer);
+    if (!before)
+      return before.error();
+    auto after = render(first_n(k + 1), false);
+    if (!after)
+      return after.error();
+    if (after->compare(0, before->size(), *before) == 0)
+      continue;
+    size_t byte = 0;
+    while (byte < before->size() && byte < after->size() && (*before)[byte] == (*after)[byte])
+      ++byte;
+    return std::optional<divergence>{
+        divergence{k, byte, excerpt(*before, byte), excerpt(*after, byte)}};
+  }
+  return std::optional<divergence>{};
+}
+
+namespace {
+
+// The first kPrefixCheckRows rows of a table.
+template <class Row>
+expected<std::vector<Row>> leading_rows(const row_table<Row>& t) {
+  std::vector<int64_t> idx(static_cast<size_t>(std::min<int64_t>(t.size(), kPrefixCheckRows)));
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  return t.rows(idx);
+}
+
+std::string conversation_of(const example& r) {
+  return r.messages;
+}
+std::string conversation_of(const demonstration& r) {
+  if (r.messages.empty())
+    return {};
+  auto all = nlohmann::ordered_json::parse(r.messages, nullptr, false);
+  if (all.is_discarded() || !all.is_array())
+    return r.messages;
+  all.push_back({{"role", "assistant"}, {"content", r.response}});
+  return all.dump();
+}
+
+template <class Row>
+expected<void> check_rows(const prompt_encoder& enc, const std::string& key,
+                          const std::vector<Row>& rows, prefix_report& out) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto conversation = conversation_of(rows[i]);
+    if (conversation.empty())
+      continue;
+    ++out.checked;
+    auto d = enc.divergence_of(conversation);
+    if (!d)
+      return with_prefix(d.error(), key + " row " + std::to_string(i + 1));
+    if (!*d)
+      continue;
+    if (out.divergent++ == 0) {
+      auto all = nlohmann::ordered_json::parse(conversation);
+      out.first = key + " row " + std::to_string(i + 1) + ": turn " + std::to_string((*d)->turn) +
+                  " (" + all[(*d)->turn].value("role", "?") + ") rewrites earlier text from byte " +
+                  std::to_string((*d)->byte) + ": " + nlohmann::json((*d)->before).dump() +
+                  " became " + nlohmann::json((*d)->after).dump();
+    }
+  }
+  return {};
+}
+
+} // namespace
+
+expected<prefix_report> check_prefixes(const prompt_encoder& enc, const data_config& c,
+                                       const job_data& d) {
+  prefix_report out;
+  auto train = leading_rows(d.train);
+  if (!train)
+    return train.error();
+  if (auto ok = check_rows(enc, c.train_file.empty() ? "data" : "data.train_file", *train, out);
+      !ok)
+    return ok.error();
+  std::vector<example> eval(d.eval.begin(),
+                            d.eval.begin() +
+                                std::min<long>(static_cast<long>(d.eval.size()), kPrefixCheckRows));
+  if (auto ok = check_rows(enc, "data.eval_file", eval, out); !ok)
+    return ok.error();
+  if (!c.sft_file.empty()) {
+    auto sft = leading_rows(d.sft);
+    if (!sft)
+      return sft.error();
+    if (auto ok = check_rows(enc, "data.sft_file", *sft, out); !ok)
+      return ok.error();
+  }
+  return out;
 }
 
 std::vector<int64_t> prompt_encoder::response(const std::string& text) const {

@@ -31,6 +31,9 @@ struct job_data {
   /// What loading dropped, for the job's log ("data.train_file: 3 of 100
   /// prompts dropped: ...").
   std::vector<std::string> notes;
+  /// Conversations whose template renders were not append-only (NOTE
+  /// [prefix check]); the metric data/template_divergences.
+  int64_t template_divergences = 0;
 };
 
 /// What the length filter measures rows with: the tokens of a row's prompt
@@ -96,12 +99,40 @@ public:
   /// The response's tokens + EOS.
   std::vector<int64_t> response(const std::string& text) const;
 
+  /// NOTE [prefix check]: where rendering a conversation turn by turn stops
+  /// being append-only — the render of messages [0, k) (with the
+  /// generation prompt when message k is the assistant's) is not a prefix
+  /// of the render of [0, k], the template having rewritten earlier text
+  /// (Qwen3's drops earlier turns' <think> blocks). nullopt when every
+  /// render extends the one before.
+  struct divergence {
+    size_t turn = 0;           ///< the message whose addition rewrote earlier text
+    size_t byte = 0;           ///< the first byte where the two renders differ
+    std::string before, after; ///< a few bytes from there, in each
+  };
+  expected<std::optional<divergence>> divergence_of(const std::string& messages) const;
+
   const models::tokenizer& tokenizer() const { return *tok_; }
 
 private:
   std::shared_ptr<const models::tokenizer> tok_;
   bool template_plain_ = false;
 };
+/// NOTE [prefix check]: the job's conversations — the first
+/// kPrefixCheckRows of each of its files, an SFT row with its response as
+/// the final assistant turn — rendered turn by turn with the model's chat
+/// template: how many were checked, how many are not append-only, and where
+/// the first one departs ("data.train_file row 3: turn 2 (user) rewrites
+/// earlier text from byte 118: ...").
+inline constexpr int64_t kPrefixCheckRows = 1000;
+struct prefix_report {
+  int64_t checked = 0;
+  int64_t divergent = 0;
+  std::string first;
+};
+expected<prefix_report> check_prefixes(const prompt_encoder& enc, const data_config& c,
+                                       const job_data& d);
+
 /// The response's tokens + EOS (when the tokenizer has one).
 std::vector<int64_t> encode_response(const models::tokenizer& tok, const std::string& response);
 

@@ -310,6 +310,12 @@ expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& r
     emit_samples(ctx, stage, step, responses, scores, samples);
   m[prefix + "score/mean"] = sum / n;
   m[prefix + "accuracy"] = hits / n;
+  if (!outcome->formatted.empty()) { // the share in the answer format (format rules)
+    double formatted = 0;
+    for (auto f : outcome->formatted)
+      formatted += f;
+    m[prefix + "format_rate"] = formatted / n;
+  }
   m[prefix + "response_length/mean"] = length / n;
   return {};
 }
@@ -561,6 +567,8 @@ expected<train::metric_map> supervised_step(job_context& ctx, const supervised_s
                                            train::rm_step_atom::value, *batch);
   if (!m)
     return m.error();
+  if (is_sft && step == 0) // NOTE [prefix check]
+    (*m)["data/template_divergences"] = static_cast<double>(ctx.data.template_divergences);
   bool last = step + 1 == st.steps;
   if (!last && !(st.eval_every > 0 && (step + 1) % st.eval_every == 0))
     return m;
@@ -707,6 +715,29 @@ supervised_stage supervised_of(const job_context& ctx, stage_id stage) {
   return st;
 }
 
+// NOTE [prefix check]: a template that is not append-only is reported (the
+// log, data/template_divergences) and refused only when the job would
+// re-render conversations (data.retokenize).
+expected<void> check_template_prefixes(job_context& ctx) {
+  if (!ctx.tok->chat())
+    return {};
+  auto report = check_prefixes(ctx.enc, ctx.cfg->data, ctx.data);
+  if (!report)
+    return report.error();
+  ctx.data.template_divergences = report->divergent;
+  if (report->divergent == 0)
+    return {};
+  auto what = "the chat template is not append-only in " + std::to_string(report->divergent) +
+              " of " + std::to_string(report->checked) + " conversations checked; " + report->first;
+  if (ctx.cfg->data.retokenize)
+    return make_error(errc::invalid_config,
+                      "data.retokenize: re-rendering would change tokens already generated: " +
+                          what);
+  ctx.log->warn(what + " (token ids are extended, never re-rendered: harmless unless a "
+                       "feature re-renders, which data.retokenize: true refuses)");
+  return {};
+}
+
 // The job's rows (NOTE [dataset files]), measured with its tokenizer: rows
 // that cannot fit the context are dropped, and the log says how many.
 expected<void> prepare_data(job_context& ctx) {
@@ -734,7 +765,7 @@ expected<void> prepare_data(job_context& ctx) {
   ctx.data = std::move(*data);
   for (const auto& note : ctx.data.notes)
     ctx.log->warn(note);
-  return {};
+  return check_template_prefixes(ctx);
 }
 
 // The run directory, threads, data, base model and config.yaml.

@@ -107,6 +107,10 @@ struct data_config {
   /// Plain prompts go through the model's chat template too, as one user
   /// message (conversations always do; NOTE [prompt encoding]).
   bool chat_template = false;
+  /// NOTE [prefix check]: conversations would be rendered and tokenised
+  /// again at each turn instead of extended by token ids; a chat template
+  /// that is not append-only is then refused.
+  bool retokenize = false;
 };
 template <class V>
 void visit(V& v, data_config& c) {
@@ -129,6 +133,9 @@ void visit(V& v, data_config& c) {
   v.field("chat_template", c.chat_template,
           "Render plain prompts as one user message through the model's chat template "
           "(conversations always are)");
+  v.field("retokenize", c.retokenize,
+          "Re-render and re-tokenise conversations at each turn instead of extending token "
+          "ids: refuses a chat template that is not append-only (docs/data-and-rewards.md)");
 }
 
 /// The base model: a fresh random decoder of this shape, or a checkpoint.

@@ -59,6 +59,8 @@ expected<rule_outcome> apply_rules(const models::tokenizer& tok, const rule_set&
       return with_prefix(correct.error(), "response " + std::to_string(i));
     out.scores.push_back(*score);
     out.correct.push_back(*correct ? 1.0 : 0.0);
+    if (auto f = rules.formatted(r))
+      out.formatted.push_back(*f ? 1.0 : 0.0);
   }
   return out;
 }

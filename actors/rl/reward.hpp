@@ -42,6 +42,8 @@ expected<std::string> response_text(const models::tokenizer& tok,
 struct rule_outcome {
   std::vector<double> scores;
   std::vector<double> correct;
+  /// 1 where the response matches every format rule; empty without one.
+  std::vector<double> formatted;
 };
 
 /// The rules applied to responses (their tokens, cut at EOS) against

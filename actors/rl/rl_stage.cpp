@@ -238,6 +238,7 @@ expected<void> rl_driver::start() {
   if (auto ok = evaluate(s); !ok)
     return ok;
   s.m["training/global_step"] = 0;
+  s.m["data/template_divergences"] = static_cast<double>(ctx_.data.template_divergences);
   s.m["actor/reward_kl_penalty_coeff"] = st.beta;
   ctx_.metrics("rl", 0, ctx_.cfg->rl.iterations, s.m, stage_clock_.seconds());
   return {};

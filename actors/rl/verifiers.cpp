@@ -523,6 +523,14 @@ expected<double> rule_set::score(const scored_response& r) const {
   return sum;
 }
 
+std::optional<bool> rule_set::formatted(const scored_response& r) const {
+  std::optional<bool> out;
+  for (const auto& rule : rules_)
+    if (rule.config.kind == rule_kind::format)
+      out = out.value_or(true) && rule.format->matches(r.text);
+  return out;
+}
+
 expected<bool> rule_set::correct(const scored_response& r) const {
   for (const auto& rule : rules_) {
     if (!extracts(rule.config.kind))

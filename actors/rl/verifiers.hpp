@@ -137,6 +137,8 @@ public:
   expected<double> score(const scored_response& r) const;
   /// Whether the response's answer is right (see the note).
   expected<bool> correct(const scored_response& r) const;
+  /// Whether the response matches every format rule; nullopt without one.
+  std::optional<bool> formatted(const scored_response& r) const;
 
 private:
   struct compiled_rule {

@@ -11,6 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -260,6 +263,75 @@ TEST(PromptEncoder, ConversationsGoThroughTheChatTemplateAndPlainPromptsWhenAske
   EXPECT_NE(context_of(refused.error()).find("a conversation needs the model's chat template"),
             std::string::npos)
       << context_of(refused.error());
+}
+
+} // namespace
+
+namespace {
+
+// NOTE [prefix check]: Qwen3's template drops an earlier assistant turn's
+// <think> block once a later user turn follows — not append-only — while
+// Llama 3's renders every turn the same way whatever follows.
+TEST(PromptEncoder, ThePrefixCheckCatchesATemplateThatRewritesEarlierTurns) {
+  if (auto why = test::reference_missing(); !why.empty())
+    GTEST_SKIP() << why;
+  auto encoder = [](const char* name) {
+    auto loaded = models::load_tokenizer(test::real_tokenizer_dir(name));
+    EXPECT_TRUE(loaded) << describe(loaded.error());
+    return prompt_encoder{std::shared_ptr<const models::tokenizer>(std::move(*loaded)), false};
+  };
+  const std::string conversation =
+      R"([{"role":"user","content":"2+3?"},)"
+      R"({"role":"assistant","content":"<think>\nadd them\n</think>\n\n5"},)"
+      R"({"role":"user","content":"and 4+4?"},{"role":"assistant","content":"8"}])";
+  auto qwen3 = encoder("qwen3");
+  auto d = must(qwen3.divergence_of(conversation));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->turn, 2u) << "the second user turn rewrites the first answer";
+  auto first_two = must(qwen3.render(
+      R"([{"role":"user","content":"2+3?"},{"role":"assistant","content":"<think>\nadd them\n</think>\n\n5"}])",
+      false));
+  EXPECT_EQ(first_two.substr(d->byte, d->before.size()), d->before);
+  EXPECT_EQ(d->before.rfind("<think>", 0), 0u) << d->before;
+  // Llama 3's (this package's) always ends with an assistant header, which
+  // the next user turn replaces.
+  auto llama3 = must(encoder("llama3").divergence_of(conversation));
+  ASSERT_TRUE(llama3.has_value());
+  EXPECT_EQ(llama3->turn, 2u);
+  EXPECT_NE(llama3->before.find("assistant"), std::string::npos) << llama3->before;
+  // ChatML (the fixture) only appends.
+  test::temp_dir tmp;
+  const auto chatml_dir = tmp.file("chatml");
+  std::filesystem::create_directories(chatml_dir);
+  const auto qwen3_dir = test::real_tokenizer_dir("qwen3");
+  std::filesystem::copy_file(qwen3_dir + "/tokenizer.json", chatml_dir + "/tokenizer.json");
+  auto config = nlohmann::json::parse(std::ifstream(qwen3_dir + "/tokenizer_config.json"));
+  std::ifstream fixture(std::string{TROUPE_SOURCE_DIR} +
+                        "/tests/models/chat_templates/chatml.jinja");
+  config["chat_template"] = std::string(std::istreambuf_iterator<char>(fixture), {});
+  std::ofstream(chatml_dir + "/tokenizer_config.json") << config.dump();
+  auto chatml = models::load_tokenizer(chatml_dir);
+  ASSERT_TRUE(chatml) << describe(chatml.error());
+  prompt_encoder append_only{std::shared_ptr<const models::tokenizer>(std::move(*chatml)), false};
+  EXPECT_FALSE(must(append_only.divergence_of(conversation)).has_value());
+
+  // The job's report: rows counted, the first one placed; SFT rows with
+  // their response as the last turn.
+  job_data data;
+  example row;
+  row.messages = conversation;
+  example single;
+  single.messages = R"([{"role":"user","content":"hi"}])";
+  data.train = row_table<example>{std::vector<example>{single, row, row}};
+  data_config c;
+  c.train_file = "train.jsonl";
+  auto report = must(check_prefixes(qwen3, c, data));
+  EXPECT_EQ(report.checked, 3);
+  EXPECT_EQ(report.divergent, 2);
+  EXPECT_EQ(report.first.rfind(
+                "data.train_file row 2: turn 2 (user) rewrites earlier text from byte ", 0),
+            0u)
+      << report.first;
 }
 
 } // namespace

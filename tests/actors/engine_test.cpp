@@ -159,6 +159,43 @@ TEST(Engine, NSamplesSharePromptKvAndSampleZeroMatchesASingleSample) {
   EXPECT_EQ(e->free_blocks(), e->metrics().num_blocks);
 }
 
+// NOTE [token-in, token-out]: a request that extends a finished one by
+// appended tokens samples what a request with the whole sequence as its
+// prompt samples, and computes only the tokens past the earlier
+// sequence's cached whole blocks.
+TEST(Engine, ARequestExtendsAFinishedSequenceReusingItsCache) {
+  auto m = tiny_model();
+  std::mt19937 rng(31);
+  auto prompt = random_prompt(rng, 9, 9);
+  auto turn = random_prompt(rng, 3, 3); // the appended tokens (a next turn)
+  auto e = make_engine(m);
+  auto first = e->generate({{"t1", prompt, greedy(7)}});
+  ASSERT_TRUE(first) << describe(first.error());
+  const auto before = e->metrics().prefill_tokens_computed;
+  generate_request next{"t2", turn, greedy(5)};
+  next.extends = "t1";
+  auto second = e->generate({next});
+  ASSERT_TRUE(second) << describe(second.error());
+  // 9 + 7 = 16 tokens of which 15 were computed (the last sampled token's
+  // K/V was not): 3 whole blocks cached; the extension computes 16 - 12 +
+  // 3 = 7 of its 19 prompt tokens.
+  EXPECT_EQ(e->metrics().prefill_tokens_computed - before, 7);
+  std::vector<int64_t> whole = prompt;
+  whole.insert(whole.end(), (*first)[0].samples[0].tokens.begin(),
+               (*first)[0].samples[0].tokens.end());
+  whole.insert(whole.end(), turn.begin(), turn.end());
+  EXPECT_EQ((*second)[0].prompt, whole) << "the output's prompt is the whole sequence";
+  auto fresh = make_engine(m)->generate({{"whole", whole, greedy(5)}});
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ((*second)[0].samples[0].tokens, (*fresh)[0].samples[0].tokens);
+  generate_request unknown{"t3", turn, greedy(2)};
+  unknown.extends = "nope";
+  auto bad = e->generate({unknown});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("extends 'nope': no finished request"), std::string::npos)
+      << describe(bad.error());
+}
+
 TEST(Engine, RepeatedPromptsHitThePrefixCache) {
   auto m = tiny_model();
   std::mt19937 rng(29);
