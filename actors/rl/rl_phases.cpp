@@ -356,7 +356,9 @@ expected<void> rl_driver::adv(iteration_state& s) {
     tr.rewards = tr.rewards + s.token_scores * mask;
   auto rows = static_cast<int64_t>(s.responses.size());
   kernels::advantage_inputs in;
-  in.scores = s.scores;
+  // Outcome estimators (grpo, rloo, ...) read one score a sequence: a
+  // reward's dense scores count by their sum, as in the token rewards.
+  in.scores = s.token_scores.defined() ? s.scores + (s.token_scores * mask).sum(1) : s.scores;
   in.token_rewards = tr.rewards;
   in.values = s.values;
   in.mask = mask;

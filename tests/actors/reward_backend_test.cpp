@@ -213,3 +213,70 @@ TEST(RewardBackends, AJobTakesItsRewardFromTheFactoryItIsGiven) {
   }
   EXPECT_EQ(steps, 2);
 }
+
+namespace {
+
+// Scores 0 a response, and 1 each of its odd tokens as per-token scores.
+class dense_only final : public reward_backend {
+public:
+  std::string_view key() const override { return "dense_scores"; }
+  expected<at::Tensor> score(const reward_request& req) override {
+    int64_t longest = 1;
+    for (const auto& r : req.responses)
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(r.size()));
+    dense_ = at::zeros({static_cast<int64_t>(req.responses.size()), longest});
+    for (size_t i = 0; i < req.responses.size(); ++i)
+      for (size_t t = 0; t < req.responses[i].size(); ++t)
+        dense_[static_cast<int64_t>(i)][static_cast<int64_t>(t)] =
+            static_cast<float>(req.responses[i][t] % 2);
+    return at::zeros({static_cast<int64_t>(req.responses.size())});
+  }
+  runtime::tensor_batch extras() override {
+    runtime::tensor_batch out;
+    EXPECT_TRUE(out.set("token_scores", dense_));
+    return out;
+  }
+
+private:
+  at::Tensor dense_;
+};
+
+} // namespace
+
+// GRPO compares a group's sequences by their totals: per-token scores count
+// by their sum (here the only signal: every sequence score is 0).
+TEST(RewardBackends, GrpoCountsDenseTokenScoresByTheirSum) {
+  test::temp_dir tmp;
+  auto cfg = troupe::actors::rl::testing::parse_job(
+      troupe::actors::rl::testing::tiny_job(tmp.file("run")),
+      {"stages=[rl]", "rl.algorithm=grpo", "rl.samples_per_prompt=4", "rl.kl.coef=0",
+       "rl.iterations=2", "rl.eval_every=0", "rl.checkpoint_every=0"});
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  run_options opts;
+  opts.factories.reward = [](const job_config&,
+                             const role_spec&) -> expected<std::vector<weighted_backend>> {
+    std::vector<weighted_backend> out;
+    out.push_back({std::make_unique<dense_only>(), 1.0});
+    return out;
+  };
+  {
+    caf::actor_system_config sc;
+    troupe::actors::configure(sc);
+    caf::actor_system sys{sc};
+    auto summary = run_job(sys, *cfg, opts);
+    ASSERT_TRUE(summary) << describe(summary.error());
+  }
+  std::ifstream in(std::filesystem::path{cfg->run.dir} / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("stage", "") != "rl" || !j.contains("critic/advantages/max"))
+      continue;
+    ++steps;
+    EXPECT_EQ(j["critic/score/mean"].get<double>(), 0.0) << line;
+    EXPECT_GT(j["critic/rewards/mean"].get<double>(), 0.0) << line;
+    EXPECT_GT(j["critic/advantages/max"].get<double>(), 0.0)
+        << "groups differ by their sums: " << line;
+  }
+  EXPECT_EQ(steps, 2);
+}
