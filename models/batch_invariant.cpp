@@ -318,7 +318,9 @@ packed_rows pack_rows(const torch::Tensor& ids, const torch::Tensor& mask, int64
       p.row_of.push_back(b);
       ++n;
     }
-    const int64_t blocks = std::max<int64_t>(1, (n + block_size - 1) / block_size);
+    if (n == 0)
+      continue; // a row of padding only: no request, its log-probs stay 0
+    const int64_t blocks = (n + block_size - 1) / block_size;
     std::vector<int64_t> table;
     for (int64_t i = 0; i < blocks; ++i)
       table.push_back(p.blocks + i);
@@ -330,10 +332,12 @@ packed_rows pack_rows(const torch::Tensor& ids, const torch::Tensor& mask, int64
   size_t widest = 0;
   for (const auto& t : tables)
     widest = std::max(widest, t.size());
-  auto block_tables = torch::zeros({B, static_cast<int64_t>(widest)}, torch::kLong);
-  for (int64_t b = 0; b < B; ++b)
-    for (size_t i = 0; i < tables[static_cast<size_t>(b)].size(); ++i)
-      block_tables[b][static_cast<int64_t>(i)] = tables[static_cast<size_t>(b)][i];
+  const auto requests = static_cast<int64_t>(tables.size());
+  auto block_tables = torch::zeros({requests, static_cast<int64_t>(widest)}, torch::kLong);
+  auto bt = block_tables.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < requests; ++r)
+    for (size_t i = 0; i < tables[static_cast<size_t>(r)].size(); ++i)
+      bt[r][static_cast<int64_t>(i)] = tables[static_cast<size_t>(r)][i];
   auto vec = [](const std::vector<int64_t>& v) { return torch::tensor(v, torch::kLong); };
   p.batch = {vec(tokens), vec(positions), vec(slots), block_tables, vec(context), vec(query_start)};
   return p;
@@ -362,7 +366,7 @@ expected<torch::Tensor> batch_invariant_log_probs(const llama_model_impl& model,
                 " must be [batch, tokens - 1]");
     constexpr int64_t kBlock = 16;
     auto packed = pack_rows(ids, mask, kBlock);
-    auto cache = model.make_paged_cache(packed.blocks, kBlock);
+    auto cache = model.make_paged_cache(std::max<int64_t>(packed.blocks, 1), kBlock);
     // The rows whose next token is real and wanted.
     auto id = ids.accessor<int64_t, 2>();
     auto m = mask.accessor<int64_t, 2>();

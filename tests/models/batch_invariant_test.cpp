@@ -130,6 +130,12 @@ TEST(BatchInvariant, WantedRowsOnlyAndThreadCounts) {
   auto some = batch_invariant_log_probs(*m, p.ids, p.mask, 1.0, want);
   ASSERT_TRUE(some);
   EXPECT_TRUE(torch::equal(*some, *all * want)) << "the wanted entries, the same bits";
+  // A row of padding only has no tokens to score; the others are unchanged.
+  auto with_empty = pad({tokens(20, 4), tokens(11, 5), {}}, {0, 4, 0}, 20);
+  auto three = batch_invariant_log_probs(*m, with_empty.ids, with_empty.mask, 1.0, {});
+  ASSERT_TRUE(three) << describe(three.error());
+  EXPECT_TRUE(torch::equal(three->narrow(0, 0, 2), *all));
+  EXPECT_EQ((*three)[2].abs().sum().item<float>(), 0.0f);
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
   auto one = batch_invariant_log_probs(*m, p.ids, p.mask, 1.0, {});
