@@ -266,16 +266,21 @@ prompt_encoder::divergence_of(const std::string& messages) const {
         .dump();
   };
   auto excerpt = [](const std::string& s, size_t at) { return s.substr(at, 24); };
+  // The last step's longer render, the next one's shorter unless the
+  // next message is the assistant's (then rendered with the generation prompt).
+  std::optional<std::string> last;
   for (size_t k = 1; k < all.size(); ++k) {
     const bool answer = all[k].is_object() && all[k].value("role", "") == "assistant";
-    auto before = render(first_n(k), answer);
+    auto before = last && !answer ? expected<std::string>{*last} : render(first_n(k), answer);
     if (!before)
       return before.error();
     auto after = render(first_n(k + 1), false);
     if (!after)
       return after.error();
-    if (after->compare(0, before->size(), *before) == 0)
+    if (after->compare(0, before->size(), *before) == 0) {
+      last = std::move(*after);
       continue;
+    }
     size_t byte = 0;
     while (byte < before->size() && byte < after->size() && (*before)[byte] == (*after)[byte])
       ++byte;

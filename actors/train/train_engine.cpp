@@ -82,11 +82,12 @@ double item(const at::Tensor& t) { return t.detach().to(at::kDouble).item<double
 void add_first_minibatch_metrics(metric_map& m, const at::Tensor& lp, const at::Tensor& old,
                                  const at::Tensor& mask) {
   auto d = (lp - old).to(at::kDouble);
-  auto real = mask.to(at::kDouble);
-  auto tokens = std::max(real.sum().item<double>(), 1.0);
-  m["actor/first_minibatch/logprob_abs_diff_mean"] = (d.abs() * real).sum().item<double>() / tokens;
-  m["actor/first_minibatch/logprob_abs_diff_max"] = (d.abs() * real).max().item<double>();
-  m["actor/first_minibatch/ppo_kl"] = -(d * real).sum().item<double>() / tokens;
+  auto mean = [&](const at::Tensor& x) {
+    return item(value_or_throw(kernels::masked_mean(x, mask)));
+  };
+  m["actor/first_minibatch/logprob_abs_diff_mean"] = mean(d.abs());
+  m["actor/first_minibatch/logprob_abs_diff_max"] = item((d.abs() * mask).max());
+  m["actor/first_minibatch/ppo_kl"] = mean(-d);
 }
 
 // Whether metric `k` is a token mean (weighted by tokens, not loss units).

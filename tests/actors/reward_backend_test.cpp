@@ -172,6 +172,31 @@ TEST(RewardBackends, VerifiableRulesSumWithTheirWeightsOnTheTextBeforeEos) {
   EXPECT_FLOAT_EQ(v[2], 0.5f - 1.0f);
 }
 
+namespace {
+
+// Runs `cfg` with its reward role built by `factory`: the rl stage's
+// metrics lines that hold `key`.
+std::vector<nlohmann::json> rl_lines_with_reward(const job_config& cfg, const std::string& key,
+                                                 decltype(role_factories::reward) factory) {
+  run_options opts;
+  opts.factories.reward = std::move(factory);
+  {
+    caf::actor_system_config sc;
+    troupe::actors::configure(sc);
+    caf::actor_system sys{sc};
+    auto summary = run_job(sys, cfg, opts);
+    EXPECT_TRUE(summary) << describe(summary.error());
+  }
+  std::vector<nlohmann::json> out;
+  std::ifstream in(std::filesystem::path{cfg.run.dir} / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (auto j = nlohmann::json::parse(line); j.value("stage", "") == "rl" && j.contains(key))
+      out.push_back(std::move(j));
+  return out;
+}
+
+} // namespace
+
 // A job whose reward role is built by a factory from run_options: every
 // response scores 0.25, so the rl stage's mean score is exactly that.
 TEST(RewardBackends, AJobTakesItsRewardFromTheFactoryItIsGiven) {
@@ -182,36 +207,23 @@ TEST(RewardBackends, AJobTakesItsRewardFromTheFactoryItIsGiven) {
        "rl.checkpoint_every=0"});
   ASSERT_TRUE(cfg) << describe(cfg.error());
   auto state = std::make_shared<fake_reward_state>();
-  run_options opts;
-  opts.factories.reward =
+  auto lines = rl_lines_with_reward(
+      *cfg, "critic/score/mean",
       [state](const job_config&, const role_spec& spec) -> expected<std::vector<weighted_backend>> {
-    EXPECT_EQ(spec.role, "reward");
-    std::vector<weighted_backend> out;
-    out.push_back({std::make_unique<fake_reward>(
-                       "fake_scores", [](const auto&) { return 0.25f; }, state),
-                   1.0});
-    return out;
-  };
-  {
-    caf::actor_system_config sc;
-    troupe::actors::configure(sc);
-    caf::actor_system sys{sc};
-    auto summary = run_job(sys, *cfg, opts);
-    ASSERT_TRUE(summary) << describe(summary.error());
-  }
+        EXPECT_EQ(spec.role, "reward");
+        std::vector<weighted_backend> out;
+        out.push_back({std::make_unique<fake_reward>(
+                           "fake_scores", [](const auto&) { return 0.25f; }, state),
+                       1.0});
+        return out;
+      });
   EXPECT_EQ(state->scored, 2);
-  std::ifstream in(std::filesystem::path{cfg->run.dir} / "metrics.jsonl");
-  int steps = 0;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.value("stage", "") != "rl" || !j.contains("critic/score/mean"))
-      continue;
-    ++steps;
-    EXPECT_DOUBLE_EQ(j["critic/score/mean"].get<double>(), 0.25) << line;
-    EXPECT_DOUBLE_EQ(j["critic/fake_score/mean"].get<double>(), 0.25) << line;
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& j : lines) {
+    EXPECT_DOUBLE_EQ(j["critic/score/mean"].get<double>(), 0.25) << j.dump();
+    EXPECT_DOUBLE_EQ(j["critic/fake_score/mean"].get<double>(), 0.25) << j.dump();
     EXPECT_FALSE(j.contains("critic/rule_score/mean")) << "no built-in rule ran";
   }
-  EXPECT_EQ(steps, 2);
 }
 
 namespace {
@@ -252,31 +264,18 @@ TEST(RewardBackends, GrpoCountsDenseTokenScoresByTheirSum) {
       {"stages=[rl]", "rl.algorithm=grpo", "rl.samples_per_prompt=4", "rl.kl.coef=0",
        "rl.iterations=2", "rl.eval_every=0", "rl.checkpoint_every=0"});
   ASSERT_TRUE(cfg) << describe(cfg.error());
-  run_options opts;
-  opts.factories.reward = [](const job_config&,
-                             const role_spec&) -> expected<std::vector<weighted_backend>> {
-    std::vector<weighted_backend> out;
-    out.push_back({std::make_unique<dense_only>(), 1.0});
-    return out;
-  };
-  {
-    caf::actor_system_config sc;
-    troupe::actors::configure(sc);
-    caf::actor_system sys{sc};
-    auto summary = run_job(sys, *cfg, opts);
-    ASSERT_TRUE(summary) << describe(summary.error());
-  }
-  std::ifstream in(std::filesystem::path{cfg->run.dir} / "metrics.jsonl");
-  int steps = 0;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.value("stage", "") != "rl" || !j.contains("critic/advantages/max"))
-      continue;
-    ++steps;
-    EXPECT_EQ(j["critic/score/mean"].get<double>(), 0.0) << line;
-    EXPECT_GT(j["critic/rewards/mean"].get<double>(), 0.0) << line;
+  auto lines = rl_lines_with_reward(
+      *cfg, "critic/advantages/max",
+      [](const job_config&, const role_spec&) -> expected<std::vector<weighted_backend>> {
+        std::vector<weighted_backend> out;
+        out.push_back({std::make_unique<dense_only>(), 1.0});
+        return out;
+      });
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& j : lines) {
+    EXPECT_EQ(j["critic/score/mean"].get<double>(), 0.0) << j.dump();
+    EXPECT_GT(j["critic/rewards/mean"].get<double>(), 0.0) << j.dump();
     EXPECT_GT(j["critic/advantages/max"].get<double>(), 0.0)
-        << "groups differ by their sums: " << line;
+        << "groups differ by their sums: " << j.dump();
   }
-  EXPECT_EQ(steps, 2);
 }
