@@ -102,7 +102,9 @@ expected<advantage_result> grpo_advantages(const at::Tensor& scores, const at::T
       auto std = (sq / (st.count - 1).clamp_min(1)).sqrt();
       adv = dev / (std + opts.eps);
     }
-    adv = at::where(st.count.gt(1), adv, at::zeros({}, adv.options()));
+    // NOTE [groups of one]: mean 0, std 1.
+    auto alone = opts.norm_by_std ? s / (1.0 + opts.eps) : s;
+    adv = at::where(st.count.gt(1), adv, alone);
     auto a = broadcast(adv, mask);
     return advantage_result{a, a};
   });
@@ -120,7 +122,7 @@ expected<advantage_result> rloo_advantages(const at::Tensor& scores, const at::T
     auto s = as_compute(scores);
     auto st = stats_of(s, group_ids);
     auto others = (st.sum - s) / (st.count - 1).clamp_min(1);
-    auto adv = at::where(st.count.gt(1), s - others, at::zeros({}, s.options()));
+    auto adv = at::where(st.count.gt(1), s - others, s); // NOTE [groups of one]
     auto a = broadcast(adv, mask);
     return advantage_result{a, a};
   });
@@ -148,7 +150,9 @@ expected<advantage_result> reinforce_pp_baseline_advantages(const at::Tensor& sc
   auto centered = guarded(fn, [&] {
     at::NoGradGuard no_grad;
     auto s = as_compute(scores);
-    return broadcast(s - stats_of(s, group_ids).mean, mask);
+    auto st = stats_of(s, group_ids);
+    // NOTE [groups of one]: a sample alone has mean 0.
+    return broadcast(s - at::where(st.count.gt(1), st.mean, at::zeros_like(s)), mask);
   });
   if (!centered)
     return centered.error();
@@ -158,32 +162,50 @@ expected<advantage_result> reinforce_pp_baseline_advantages(const at::Tensor& sc
   return advantage_result{*adv, *adv};
 }
 
-expected<advantage_result> remax_advantages(const at::Tensor& scores,
+expected<advantage_result> remax_advantages(const at::Tensor& token_rewards,
                                             const at::Tensor& baseline_scores,
                                             const at::Tensor& mask) {
   constexpr std::string_view fn = "remax_advantages";
-  if (auto err = check_scores(fn, "scores", scores, mask))
+  if (auto err = check_scores(fn, "baseline_scores", baseline_scores, mask))
     return err;
   if (auto err = detail::first_error(
-          {detail::require_floating(fn, "baseline_scores", baseline_scores),
-           detail::require_same_shape(fn, "baseline_scores", baseline_scores, "scores", scores),
-           detail::require_same_device(fn, "baseline_scores", baseline_scores, "scores", scores)}))
+          {detail::require_floating(fn, "token_rewards", token_rewards),
+           detail::require_same_shape(fn, "token_rewards", token_rewards, "mask", mask),
+           detail::require_same_device(fn, "token_rewards", token_rewards, "mask", mask)}))
     return err;
   return guarded(fn, [&] {
     at::NoGradGuard no_grad;
-    auto type = detail::compute_type({scores, baseline_scores});
-    auto s = scores.detach().to(type);
-    auto b = baseline_scores.detach().to(type);
-    return advantage_result{broadcast(s - b, mask), broadcast(s, mask)};
+    auto type = detail::compute_type({token_rewards, baseline_scores});
+    auto valid = detail::as_bool_mask(mask);
+    auto zero = at::zeros({}, token_rewards.options().dtype(type));
+    auto r = at::where(valid, token_rewards.detach().to(type), zero);
+    auto to_go = r.flip({1}).cumsum(1).flip({1});
+    auto returns = at::where(valid, to_go, zero);
+    auto adv = returns - broadcast(baseline_scores.detach().to(type), mask);
+    return advantage_result{adv, returns};
+  });
+}
+
+expected<at::Tensor> singleton_groups(const at::Tensor& group_ids) {
+  constexpr std::string_view fn = "singleton_groups";
+  if (auto err = detail::first_error({detail::require_dim(fn, "group_ids", group_ids, 1, "[B]"),
+                                      detail::require_integral(fn, "group_ids", group_ids)}))
+    return err;
+  return guarded(fn, [&] {
+    auto [unique, inverse, counts] =
+        at::_unique2(group_ids, /*sorted=*/true, /*return_inverse=*/true, /*return_counts=*/true);
+    return counts.index_select(0, inverse).eq(1).nonzero().flatten();
   });
 }
 
 expected<advantage_estimator> parse_advantage_estimator(std::string_view name) {
   if (auto e = enum_from_name<advantage_estimator>(name))
     return *e;
+  std::string names;
+  for (auto n : enum_choices<advantage_estimator>())
+    names += (names.empty() ? "" : ", ") + std::string{n};
   return make_error(errc::invalid_argument,
-                    "advantage estimator \"" + std::string{name} +
-                      "\": expected gae, grpo, rloo, reinforce_pp or reinforce_pp_baseline");
+                    "advantage estimator \"" + std::string{name} + "\": expected one of " + names);
 }
 
 expected<advantage_result> estimate_advantages(advantage_estimator e, const advantage_inputs& in) {
@@ -198,12 +220,18 @@ expected<advantage_result> estimate_advantages(advantage_estimator e, const adva
       a->advantages = std::move(*w);
       return a;
     }
-    case advantage_estimator::grpo: return grpo_advantages(in.scores, in.mask, in.group_ids);
+    case advantage_estimator::grpo:
+      return grpo_advantages(in.scores, in.mask, in.group_ids, {.norm_by_std = in.norm_by_std});
     case advantage_estimator::rloo: return rloo_advantages(in.scores, in.mask, in.group_ids);
     case advantage_estimator::reinforce_pp:
       return reinforce_pp_advantages(in.token_rewards, in.mask, in.gamma);
     case advantage_estimator::reinforce_pp_baseline:
       return reinforce_pp_baseline_advantages(in.scores, in.mask, in.group_ids);
+    case advantage_estimator::remax:
+      if (!in.baseline_scores.defined())
+        return make_error(errc::invalid_argument,
+                          "remax: needs the greedy baseline's scores (baseline_scores)");
+      return remax_advantages(in.token_rewards, in.baseline_scores, in.mask);
   }
   return make_error(errc::invalid_argument, "unknown advantage estimator");
 }

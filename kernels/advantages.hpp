@@ -29,13 +29,17 @@ struct grpo_options {
   double eps = 1e-6;
 };
 
-/// GRPO: (score − group mean) / (group std + eps), broadcast over the mask; 0 for
-/// groups of one sample. returns = advantages.
+/// GRPO: (score − group mean) / (group std + eps), broadcast over the mask.
+/// NOTE [groups of one]: a sample alone in its group has no baseline; as
+/// verl, its group counts as mean 0, std 1, so its advantage is its raw
+/// score (/(1 + eps) with the std); the driver warns, naming the prompt
+/// (singleton_groups finds them). returns = advantages.
 expected<advantage_result> grpo_advantages(const at::Tensor& scores, const at::Tensor& mask,
                                            const at::Tensor& group_ids,
                                            const grpo_options& opts = {});
 
-/// RLOO: score − mean of the OTHER scores of its group, broadcast; 0 for groups of one.
+/// RLOO: score − mean of the OTHER scores of its group, broadcast; a sample
+/// alone in its group keeps its raw score (NOTE [groups of one]).
 /// returns = advantages.
 expected<advantage_result> rloo_advantages(const at::Tensor& scores, const at::Tensor& mask,
                                            const at::Tensor& group_ids);
@@ -45,30 +49,45 @@ expected<advantage_result> rloo_advantages(const at::Tensor& scores, const at::T
 expected<advantage_result> reinforce_pp_advantages(const at::Tensor& token_rewards,
                                                    const at::Tensor& mask, double gamma);
 
-/// REINFORCE++-baseline: score − group mean, broadcast, then whitened over all valid
-/// tokens of the batch. returns = advantages.
+/// REINFORCE++-baseline: score − group mean (0 for a sample alone in its group),
+/// broadcast, then whitened over all valid tokens of the batch. returns = advantages.
 expected<advantage_result> reinforce_pp_baseline_advantages(const at::Tensor& scores,
                                                             const at::Tensor& mask,
                                                             const at::Tensor& group_ids);
 
-/// ReMax: score − baseline_score (the greedy sample's score for the same prompt) [B],
-/// broadcast. returns = the scores broadcast over the mask.
-expected<advantage_result> remax_advantages(const at::Tensor& scores,
+/// ReMax (Li et al. 2023): the reward-to-go of the token rewards [B, T]
+/// (undiscounted; dense per-token scores and a KL penalty count where they
+/// fall) minus baseline_scores [B] — the score of the greedy response to the
+/// same prompt — on every valid token. returns = the reward-to-go.
+expected<advantage_result> remax_advantages(const at::Tensor& token_rewards,
                                             const at::Tensor& baseline_scores,
                                             const at::Tensor& mask);
 
-/// The advantage estimators a job chooses from (rl.advantage).
-enum class advantage_estimator : uint8_t { gae, grpo, rloo, reinforce_pp, reinforce_pp_baseline };
-TROUPE_ENUM_NAMES(advantage_estimator, "gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+/// Indices (int64 [K], ascending) of the samples alone in their group.
+expected<at::Tensor> singleton_groups(const at::Tensor& group_ids);
 
-/// Parses "gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline".
+/// The advantage estimators a job chooses from (rl.advantage).
+enum class advantage_estimator : uint8_t {
+  gae,
+  grpo,
+  rloo,
+  reinforce_pp,
+  reinforce_pp_baseline,
+  remax
+};
+TROUPE_ENUM_NAMES(advantage_estimator, "gae", "grpo", "rloo", "reinforce_pp",
+                  "reinforce_pp_baseline", "remax")
+
+/// Parses the names above.
 expected<advantage_estimator> parse_advantage_estimator(std::string_view name);
 
 /// What the estimators read: scores [B], token rewards [B, T] (score at the
 /// last token, KL penalty per token), values [B, T] (gae only), the response
-/// mask [B, T] and group ids [B].
+/// mask [B, T], group ids [B] and, for remax, the greedy baseline's scores [B].
 struct advantage_inputs {
-  at::Tensor scores, token_rewards, values, mask, group_ids;
+  at::Tensor scores, token_rewards, values, mask, group_ids, baseline_scores;
+  /// grpo: divide by the group's std (false: Dr. GRPO).
+  bool norm_by_std = true;
   double gamma = 1.0;
   double lam = 0.95;
   /// gae: whiten the advantages over the batch's response tokens (returns stay raw).

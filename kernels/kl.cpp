@@ -14,10 +14,11 @@ namespace troupe::kernels {
 expected<kl_estimator> parse_kl_estimator(std::string_view name) {
   if (auto e = enum_from_name<kl_estimator>(name))
     return *e;
-  return make_error(errc::invalid_argument,
-                    "kl estimator: expected one of \"k1\", \"abs\", \"k2\", \"k3\" (aliases "
-                    "\"kl\", \"mse\", \"low_var_kl\"), got \"" +
-                        std::string{name} + "\"");
+  return make_error(
+      errc::invalid_argument,
+      "kl estimator: expected one of \"k1\", \"abs\", \"k2\", \"k3\", \"k1+\", "
+      "\"k3+\" (aliases \"kl\", \"mse\", \"low_var_kl\", \"kl+\", \"low_var_kl+\"), got \"" +
+          std::string{name} + "\"");
 }
 
 expected<at::Tensor> kl_penalty(const at::Tensor& log_probs, const at::Tensor& ref_log_probs,
@@ -32,6 +33,16 @@ expected<at::Tensor> kl_penalty(const at::Tensor& log_probs, const at::Tensor& r
     return err;
   return guarded(fn, [&] {
     auto x = log_probs - ref_log_probs;
+    // NOTE [k3 clamp]
+    auto k3 = [](const at::Tensor& d) {
+      auto c = d.clamp(-20.0, 20.0);
+      return (at::expm1(-c) + c).clamp(-10.0, 10.0);
+    };
+    // Straight-through: `value`'s value, k2's gradient.
+    auto straight_through = [&](const at::Tensor& value) {
+      auto k2 = 0.5 * x * x;
+      return k2 - k2.detach() + value.detach();
+    };
     switch (est) {
     case kl_estimator::k1:
       return x;
@@ -40,7 +51,11 @@ expected<at::Tensor> kl_penalty(const at::Tensor& log_probs, const at::Tensor& r
     case kl_estimator::k2:
       return 0.5 * x * x;
     case kl_estimator::k3:
-      return at::expm1(-x) + x;
+      return k3(x);
+    case kl_estimator::k1_st:
+      return straight_through(x);
+    case kl_estimator::k3_st:
+      return straight_through(k3(x));
     }
     return x;
   });

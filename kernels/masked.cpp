@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 
 namespace troupe::kernels {
@@ -63,10 +64,11 @@ at::Tensor var_impl(const at::Tensor& x, const at::Tensor& valid, bool unbiased)
 expected<loss_agg_mode> parse_loss_agg_mode(std::string_view name) {
   if (auto m = enum_from_name<loss_agg_mode>(name))
     return *m;
-  return make_error(errc::invalid_argument,
-                    "loss aggregation mode: expected one of \"token-mean\", "
-                    "\"seq-mean-token-sum\", \"seq-mean-token-mean\", got \"" +
-                        std::string{name} + "\"");
+  std::string names;
+  for (auto n : enum_choices<loss_agg_mode>())
+    names += (names.empty() ? "\"" : ", \"") + std::string{n} + "\"";
+  return make_error(errc::invalid_argument, "loss aggregation mode: expected one of " + names +
+                                                ", got \"" + std::string{name} + "\"");
 }
 
 expected<at::Tensor> masked_sum(const at::Tensor& x, const at::Tensor& mask,
@@ -110,10 +112,12 @@ expected<at::Tensor> masked_whiten(const at::Tensor& x, const at::Tensor& mask,
 }
 
 expected<at::Tensor> aggregate_loss(const at::Tensor& loss, const at::Tensor& mask,
-                                    loss_agg_mode mode) {
+                                    loss_agg_mode mode, double scale_factor) {
   constexpr std::string_view fn = "aggregate_loss";
   if (auto err = detail::first_error(
-          {detail::require_dim(fn, "loss", loss, 2, "[B, T]"), check_masked(fn, loss, mask)}))
+          {detail::require_dim(fn, "loss", loss, 2, "[B, T]"), check_masked(fn, loss, mask),
+           detail::require_range(fn, "scale_factor", scale_factor, 0.0,
+                                 std::numeric_limits<double>::infinity())}))
     return err;
   return guarded(fn, [&] {
     auto valid = detail::as_bool_mask(mask);
@@ -126,6 +130,13 @@ expected<at::Tensor> aggregate_loss(const at::Tensor& loss, const at::Tensor& ma
                                                                : mean_impl(loss, valid, 1);
       auto seq_valid = valid.any(1);
       return mean_impl(per_seq, seq_valid, std::nullopt);
+    }
+    case loss_agg_mode::token_sum:
+      return sum_and_count(loss, valid, std::nullopt).first;
+    case loss_agg_mode::seq_mean_token_sum_norm: {
+      const double divisor = scale_factor > 0 ? scale_factor : static_cast<double>(loss.size(1));
+      auto sum = sum_and_count(loss, valid, std::nullopt).first;
+      return divisor > 0 ? sum / divisor : sum;
     }
     }
     return mean_impl(loss, valid, std::nullopt);

@@ -25,11 +25,26 @@ enum class loss_agg_mode : uint8_t {
   /// Per-sequence mean over valid tokens, then mean over sequences that have
   /// at least one valid token ("seq-mean-token-mean").
   seq_mean_token_mean,
+  /// Sum over all valid tokens, unnormalised ("token-sum").
+  token_sum,
+  /// Sum over all valid tokens divided by a constant, the loss scale factor
+  /// (default the mask's column count, as verl; Dr. GRPO's normaliser)
+  /// ("seq-mean-token-sum-norm").
+  seq_mean_token_sum_norm,
 };
-TROUPE_ENUM_NAMES(loss_agg_mode, "token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+TROUPE_ENUM_NAMES(loss_agg_mode, "token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                  "token-sum", "seq-mean-token-sum-norm")
 
-/// Parses "token-mean", "seq-mean-token-sum" or "seq-mean-token-mean";
-/// errc::invalid_argument listing the valid names otherwise.
+/// NOTE [additive aggregation]: token-sum and seq-mean-token-sum-norm are
+/// sums over tokens divided by a constant, so a batch's loss is the plain
+/// sum of its parts' losses (the constant fixed for the whole batch); the
+/// mean modes normalise by what a part holds (tokens or sequences), so
+/// parts are weighted by their share of those units.
+inline bool additive(loss_agg_mode m) {
+  return m == loss_agg_mode::token_sum || m == loss_agg_mode::seq_mean_token_sum_norm;
+}
+
+/// Parses the names above; errc::invalid_argument listing the valid names otherwise.
 expected<loss_agg_mode> parse_loss_agg_mode(std::string_view name);
 
 /// Σ x over valid elements: a scalar, or reduced along `dim` when given.
@@ -60,7 +75,9 @@ expected<at::Tensor> masked_whiten(const at::Tensor& x, const at::Tensor& mask,
 
 /// Aggregates a per-token loss [B, T] over the valid tokens of `mask` [B, T]
 /// into a scalar according to `mode`; 0 when no token is valid.
+/// `scale_factor` is seq-mean-token-sum-norm's divisor (> 0; 0 = the mask's
+/// column count T); the other modes ignore it.
 expected<at::Tensor> aggregate_loss(const at::Tensor& loss, const at::Tensor& mask,
-                                    loss_agg_mode mode);
+                                    loss_agg_mode mode, double scale_factor = 0);
 
 } // namespace troupe::kernels

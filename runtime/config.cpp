@@ -317,6 +317,14 @@ struct located {
 
 } // namespace
 
+bool config_reader::is_null(std::string_view key) {
+  node_->read.insert(std::string{key});
+  if (!node_->yaml.IsMap())
+    return false;
+  auto v = node_->yaml[std::string{key}];
+  return v.IsDefined() && v.IsNull();
+}
+
 bool config_reader::present(std::string_view key) {
   node_->read.insert(std::string{key});
   if (!node_->yaml.IsMap())

@@ -171,8 +171,13 @@ private:
   void read_value(std::string_view key, std::vector<int64_t>& v);
   void read_value(std::string_view key, std::vector<double>& v);
   void read_value(std::string_view key, std::vector<std::string>& v);
+  /// An optional field: absent keeps the default, `null` clears it.
   template <class T>
   void read_value(std::string_view key, std::optional<T>& v) {
+    if (is_null(key)) {
+      v.reset();
+      return;
+    }
     if (!present(key))
       return;
     T x{};
@@ -180,6 +185,7 @@ private:
     v = x;
   }
   bool present(std::string_view key); // marks `key` known
+  bool is_null(std::string_view key); // written and null; marks `key` known
   /// Reads `key` into `value` when present and one of `allowed`; answers
   /// whether it did (a value outside `allowed` is reported).
   bool read_choice(std::string_view key, std::string& value, const std::vector<std::string_view>& allowed);

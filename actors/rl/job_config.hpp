@@ -18,6 +18,7 @@
 #include "actors/train/optimizer_options.hpp"
 #include "kernels/advantages.hpp"
 #include "kernels/kl.hpp"
+#include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
 #include "runtime/config.hpp"
 #include "runtime/logging.hpp"
@@ -342,12 +343,23 @@ struct rl_config {
   int64_t samples_per_prompt = 1;
   int64_t epochs = 1;
   int64_t minibatches = 2;
+  /// The policy loss (NOTE [policy loss spec] in kernels/losses.hpp).
+  kernels::policy_loss_kind policy_loss = kernels::policy_loss_kind::ppo;
+  /// ε of both sides of the ratio clip; clip_ratio_low / _high override a side.
   double clip_ratio = 0.2;
+  std::optional<double> clip_ratio_low;
+  std::optional<double> clip_ratio_high;
+  /// ppo's dual clip c (> 1); null = off.
+  std::optional<double> clip_ratio_c = 3.0;
   double entropy_coef = 0.0;
   double gamma = 1.0;
   double lam = 0.95;
   bool whiten_advantages = true;
+  /// grpo: divide by the group's std (false = Dr. GRPO).
+  bool norm_adv_by_std = true;
   kernels::loss_agg_mode loss_agg = kernels::loss_agg_mode::token_mean;
+  /// seq-mean-token-sum-norm's divisor; 0 = the batch's response columns.
+  double loss_scale_factor = 0;
   /// policy: recompute old log-probs with the policy; engine: the rollout's.
   logprob_source old_logprobs = logprob_source::policy;
   /// Batches generated ahead of training (NOTE [staleness]): 0 =
@@ -382,13 +394,27 @@ void visit(V& v, rl_config& c) {
   v.field("samples_per_prompt", c.samples_per_prompt, "n responses per prompt (a GRPO group)");
   v.field("epochs", c.epochs, "Passes over each iteration's batch");
   v.field("minibatches", c.minibatches, "Optimizer steps per epoch");
-  v.field("clip_ratio", c.clip_ratio, "PPO ratio clip ε");
+  v.choice("policy_loss", c.policy_loss,
+           "ppo (clipped token ratio), gspo (clipped sequence ratio, length-normalised), cispo "
+           "(clipped stop-gradient IS weight × log-prob); docs/rlhf.md");
+  v.field("clip_ratio", c.clip_ratio, "Ratio clip ε, both sides");
+  v.field("clip_ratio_low", c.clip_ratio_low, "Lower clip ε (floor 1 − ε); null = clip_ratio");
+  v.field("clip_ratio_high", c.clip_ratio_high,
+          "Upper clip ε (cap 1 + ε; DAPO's clip-higher); null = clip_ratio");
+  v.field("clip_ratio_c", c.clip_ratio_c,
+          "ppo's dual clip c > 1: for A < 0 the loss is capped at −c·A; null = off");
   v.field("entropy_coef", c.entropy_coef, "Entropy bonus coefficient");
   v.field("gamma", c.gamma, "Discount");
   v.field("lam", c.lam, "GAE λ");
   v.field("whiten_advantages", c.whiten_advantages,
           "gae: normalise advantages over the batch's response tokens");
-  v.choice("loss_agg", c.loss_agg, "How per-token losses become a scalar");
+  v.field("norm_adv_by_std", c.norm_adv_by_std,
+          "grpo: divide by the group's standard deviation; false = Dr. GRPO");
+  v.choice("loss_agg", c.loss_agg,
+           "How per-token losses become a scalar (gspo: always seq-mean-token-mean)");
+  v.field("loss_scale_factor", c.loss_scale_factor,
+          "seq-mean-token-sum-norm: the divisor of the token sum; 0 = the batch's response "
+          "columns (max_tokens)");
   v.choice("old_logprobs", c.old_logprobs, "Old log-probs from the policy's forward, or the rollout engine's");
   v.field("staleness", c.staleness,
           "Batches generated ahead: 0 = synchronous, 1 = the next batch is generated (with the "
@@ -595,6 +621,9 @@ void check(const job_config& c, runtime::config_checks& checks);
 
 /// The effective advantage estimator of `c`.
 kernels::advantage_estimator resolved_advantage(const rl_config& c);
+
+/// The actor's loss of `c` (NOTE [policy loss spec]) with KL loss coefficient `kl_coef`.
+kernels::policy_loss_spec actor_loss_spec(const rl_config& c, double kl_coef);
 /// Whether the KL term goes into the loss (true) or the reward (false).
 bool kl_in_loss(const rl_config& c);
 /// Whether the job uses a critic (gae).

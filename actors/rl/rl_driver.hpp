@@ -32,6 +32,8 @@ struct rl_algorithm {
   bool reward_model = false;
   /// Old log-probs from the policy's forward (else the rollout engine's).
   bool policy_old_logprobs = true;
+  /// ReMax: a greedy response per prompt is generated and scored (baseline).
+  bool greedy_baseline = false;
 
   static expected<rl_algorithm> from(const rl_config& r);
 };
@@ -57,6 +59,8 @@ struct iteration_state {
   /// A reward's dense per-token scores, in the [B, L-1] layout (undefined
   /// when it gives none).
   at::Tensor token_scores;
+  /// ReMax: each sample's greedy baseline score [B] (its prompt's).
+  at::Tensor baseline_scores;
   /// Scores requested during gen (NOTE [overlapped scoring]): each waits for
   /// its part's reply, in sample order.
   std::vector<std::function<expected<train::served_batch>()>> pending_scores;
@@ -87,6 +91,7 @@ public:
   expected<void> ref(iteration_state& s);
   expected<void> values(iteration_state& s);
   expected<void> reward(iteration_state& s);
+  expected<void> baseline(iteration_state& s);
   expected<void> adv(iteration_state& s);
   expected<void> update_critic(iteration_state& s);
   expected<void> update_actor(iteration_state& s);
@@ -116,6 +121,8 @@ private:
   expected<void> gen_scored(iteration_state& s);
   /// The reward role's reply applied to `s` (scores, token scores, means).
   void absorb_scores(iteration_state& s, runtime::tensor_batch& reply) const;
+  /// Warns about the samples alone in their group (NOTE [groups of one]).
+  void warn_groups_of_one(const iteration_state& s, const at::Tensor& group_ids) const;
   void inject(std::string_view phase, int64_t it);
   void role_failed(const iteration_state& s, std::string_view phase, const caf::error& err);
   void stop_roles();

@@ -13,6 +13,8 @@
 //   ref           the reference's log-probs (when kl.coef > 0)
 //   values        the critic's values (gae only)
 //   reward        the reward role's scores
+//   baseline      (remax) a greedy response per prompt, scored: the
+//                 baseline of its samples (critic/baseline_score/mean)
 //   adv           token rewards (score at the last token, −β·KL per token
 //                 when the KL is in the reward) and advantages
 //   update_critic / update_actor   epochs × minibatches inside the role
@@ -90,6 +92,7 @@ expected<rl_algorithm> rl_algorithm::from(const rl_config& r) {
   a.critic = uses_critic(r);
   a.reward_model = uses_reward_model(r.reward);
   a.policy_old_logprobs = r.old_logprobs == logprob_source::policy;
+  a.greedy_baseline = a.advantage == kernels::advantage_estimator::remax;
   return a;
 }
 
@@ -298,6 +301,7 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
       {"ref", &rl_driver::ref, algo_.use_reference},
       {"values", &rl_driver::values, algo_.critic},
       {"reward", &rl_driver::reward, true},
+      {"baseline", &rl_driver::baseline, algo_.greedy_baseline},
       {"adv", &rl_driver::adv, true},
       {"update_critic", &rl_driver::update_critic, algo_.critic},
       {"update_actor", &rl_driver::update_actor, true},

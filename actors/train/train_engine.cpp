@@ -851,7 +851,10 @@ struct train_engine::impl {
   // (tokens or rows) — is weighted by its units over the group's units for
   // the whole minibatch (share · units_i / units of the rank), so the summed
   // gradient is the minibatch's whatever the micro-batch size or the DP
-  // split; then the strategy syncs, clips and steps once. Each metric is the
+  // split; an `additive` loss (NOTE [additive aggregation] in
+  // kernels/masked.hpp: a sum over tokens by a constant) is the sum of its
+  // parts, each weighted 1, and so are its metrics (over the micro-batches,
+  // then over the ranks). Then the strategy syncs, clips and steps once. Each metric is the
   // units-weighted mean over the micro-batches (token-weighted for
   // `token_keys`), then reduced over the group (group_metrics). A strategy
   // that communicates during the passes (zero2, zero3) needs as many passes
@@ -864,7 +867,7 @@ struct train_engine::impl {
   template <class Units, class Loss>
   std::pair<step_result, metric_map>
   accumulate(const runtime::tensor_batch& batch, Units&& units_of, Loss&& loss_of,
-             std::initializer_list<const char*> token_keys = {}) {
+             std::initializer_list<const char*> token_keys = {}, bool additive = false) {
     auto parts = micro_batches(batch).parts;
     std::vector<std::pair<double, double>> units;
     double rank_units = 0, rank_tokens = 0;
@@ -876,6 +879,10 @@ struct train_engine::impl {
     double share = 1, token_share = 1;
     if (dp)
       std::tie(share, token_share) = dp_shares(rank_units, rank_tokens);
+    // An additive loss weighs each part 1; its metrics are each rank's sum,
+    // scaled by 1 / share so the group's share-weighted reduction sums them.
+    const double loss_share = additive ? 1.0 : share;
+    const double sum_scale = share > 0 ? 1.0 / share : 0.0;
     // A strategy that reduces (or gathers) during the passes needs as many
     // of them on every rank: one with fewer micro-batches runs its last
     // again at weight 0 for the rest.
@@ -886,7 +893,7 @@ struct train_engine::impl {
     std::vector<double> weights, token_weights;
     for (size_t i = 0; i < parts.size(); ++i) {
       const double n = static_cast<double>(parts.size());
-      weights.push_back(rank_units > 0 ? units[i].first / rank_units : 1 / n);
+      weights.push_back(additive ? 1.0 : rank_units > 0 ? units[i].first / rank_units : 1 / n);
       token_weights.push_back(rank_tokens > 0 ? units[i].second / rank_tokens : 1 / n);
     }
     auto add_metrics = [&](size_t i, const metric_map& m) {
@@ -895,7 +902,9 @@ struct train_engine::impl {
           auto [it, fresh] = local.emplace(k, v);
           it->second = fresh ? v : std::max(it->second, v);
         } else {
-          local[k] += v * (is_token_key(k, token_keys) ? token_weights[i] : weights[i]);
+          local[k] += v * (is_token_key(k, token_keys) ? token_weights[i]
+                           : additive                  ? sum_scale
+                                                       : weights[i]);
         }
       }
     };
@@ -904,7 +913,7 @@ struct train_engine::impl {
       // run its last again at weight 0.
       std::vector<double> scaled;
       for (auto w : weights)
-        scaled.push_back(share * w);
+        scaled.push_back(loss_share * w);
       while (parts.size() < rounds) {
         parts.push_back(parts.back());
         scaled.push_back(0.0);
@@ -916,7 +925,7 @@ struct train_engine::impl {
     } else {
       for (size_t i = 0; i < parts.size(); ++i) {
         auto part = loss_of(parts[i]);
-        (part.loss * (share * weights[i])).backward();
+        (part.loss * (loss_share * weights[i])).backward();
         if (in_backward)
           value_or_throw(strategy->backward_done());
         add_metrics(i, part.metrics);
@@ -1328,45 +1337,48 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
     impl_->opts->lr = o.lr;
   return guarded("update_policy", [&]() -> expected<metric_map> {
     metric_sum sums;
-    kernels::ppo_loss_options po;
-    po.clip_low = o.clip_ratio;
-    po.clip_high = o.clip_ratio;
-    po.agg = o.loss_agg;
+    auto spec = o.loss;
+    if (spec.options.agg == kernels::loss_agg_mode::seq_mean_token_sum_norm &&
+        spec.options.loss_scale_factor ==
+            0) // fixed for the whole update: NOTE [additive aggregation]
+      spec.options.loss_scale_factor = static_cast<double>(need(batch, "response_mask").size(1));
+    const auto agg = kernels::effective_agg(spec);
     kernels::logits_options lo;
     lo.temperature = o.temperature;
     bool first = true; // the first minibatch: NOTE [first-minibatch contract]
     auto loss_of = [&](const runtime::tensor_batch& mb) {
-      auto mask = need(mb, "response_mask");
       auto lpe = impl_->next_token_stats(mb, lo, true);
       if (impl_->batch_invariant) // NOTE [true on-policy]: the value exactly, ATen's gradient
         lpe.log_probs =
             lpe.log_probs - lpe.log_probs.detach() + impl_->invariant_log_probs(mb, o.temperature);
-      const auto old = need(mb, "old_log_probs");
-      auto pl = value_or_throw(
-          kernels::ppo_policy_loss(lpe.log_probs, old, need(mb, "advantages"), mask, po));
-      auto entropy = value_or_throw(kernels::entropy_bonus(lpe.entropy, mask, o.loss_agg));
-      impl::micro_part part{pl.loss - o.entropy_coef * entropy, {}};
+      kernels::actor_loss_inputs in{lpe.log_probs,
+                                    need(mb, "old_log_probs"),
+                                    need(mb, "advantages"),
+                                    need(mb, "response_mask"),
+                                    lpe.entropy,
+                                    {}};
+      if (spec.kl_coef > 0)
+        in.ref_log_probs = need(mb, "ref_log_probs");
+      auto al = value_or_throw(kernels::actor_loss(in, spec));
+      impl::micro_part part{al.loss, {}};
       auto& m = part.metrics;
-      if (o.kl_loss_coef > 0) {
-        auto kl = value_or_throw(
-            kernels::kl_loss(lpe.log_probs, need(mb, "ref_log_probs"), mask, o.kl_estimator, o.loss_agg));
-        part.loss = part.loss + o.kl_loss_coef * kl;
-        m["actor/kl_loss"] = item(kl);
-      }
-      m["actor/pg_loss"] = item(pl.loss);
-      m["actor/pg_clipfrac"] = item(pl.pg_clipfrac);
-      m["actor/pg_clipfrac_lower"] = item(pl.pg_clipfrac_lower);
-      m["actor/ppo_kl"] = item(pl.ppo_kl);
-      m["actor/entropy"] = item(entropy);
+      if (al.kl_loss.defined())
+        m["actor/kl_loss"] = item(al.kl_loss);
+      m["actor/pg_loss"] = item(al.pg.loss);
+      m["actor/pg_clipfrac"] = item(al.pg.pg_clipfrac);
+      m["actor/pg_clipfrac_lower"] = item(al.pg.pg_clipfrac_lower);
+      m["actor/ppo_kl"] = item(al.pg.ppo_kl);
+      m["actor/entropy"] = item(al.entropy);
       if (first)
-        add_first_minibatch_metrics(m, lpe.log_probs.detach(), old, mask);
+        add_first_minibatch_metrics(m, lpe.log_probs.detach(), in.old_log_probs, in.mask);
       return part;
     };
     const auto token_keys = {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl",
                              "actor/first_minibatch/logprob_abs_diff_mean",
                              "actor/first_minibatch/ppo_kl"};
     for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
-      auto [r, m] = impl_->accumulate(mb, units_with(o.loss_agg), loss_of, token_keys);
+      auto [r, m] =
+          impl_->accumulate(mb, units_with(agg), loss_of, token_keys, kernels::additive(agg));
       first = false;
       m["actor/grad_norm"] = r.grad_norm;
       m["actor/lr"] = r.lr;
@@ -1386,6 +1398,9 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
     metric_sum sums;
     kernels::value_loss_options vo;
     vo.agg = o.loss_agg;
+    vo.loss_scale_factor = o.loss_scale_factor;
+    if (vo.agg == kernels::loss_agg_mode::seq_mean_token_sum_norm && vo.loss_scale_factor == 0)
+      vo.loss_scale_factor = static_cast<double>(need(batch, "response_mask").size(1));
     if (o.value_clip > 0)
       vo.clip = o.value_clip;
     else
@@ -1401,7 +1416,8 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
     };
     const auto token_keys = {"critic/vf_clipfrac"};
     for (auto& mb : impl_->minibatches(batch, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle)) {
-      auto [r, m] = impl_->accumulate(mb, units_with(o.loss_agg), loss_of, token_keys);
+      auto [r, m] = impl_->accumulate(mb, units_with(o.loss_agg), loss_of, token_keys,
+                                      kernels::additive(o.loss_agg));
       m["critic/grad_norm"] = r.grad_norm;
       m["critic/lr"] = r.lr;
       sums.add(impl_->group_metrics(std::move(m), r, token_keys));

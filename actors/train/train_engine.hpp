@@ -18,6 +18,7 @@
 #include "actors/train/optimizer_options.hpp"
 #include "actors/train/training_strategy.hpp"
 #include "kernels/kl.hpp"
+#include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/error.hpp"
@@ -39,19 +40,17 @@ namespace troupe::actors::train {
 
 using metric_map = std::map<std::string, double>;
 
-
-/// Options of a PPO-style policy update.
+/// Options of a policy update.
 struct policy_update_options {
   int64_t epochs = 1;
   int64_t minibatches = 1;
-  double clip_ratio = 0.2;
-  double entropy_coef = 0.0;
+  /// What the update minimises (NOTE [policy loss spec] in kernels/losses.hpp):
+  /// the policy loss, its clips and aggregation, the entropy and KL terms
+  /// (a KL loss needs "ref_log_probs"). seq-mean-token-sum-norm's factor 0
+  /// means the batch's response_mask columns, fixed for the whole update.
+  kernels::policy_loss_spec loss;
   /// Softmax temperature of the log-probs (the rollout's sampling temperature).
   double temperature = 1.0;
-  /// KL-to-reference loss coefficient (0 = no KL loss; needs "ref_log_probs").
-  double kl_loss_coef = 0.0;
-  kernels::kl_estimator kl_estimator = kernels::kl_estimator::k3;
-  kernels::loss_agg_mode loss_agg = kernels::loss_agg_mode::token_mean;
   /// Seed of the minibatch shuffle (same seed → same minibatches).
   uint64_t shuffle_seed = 0;
   /// false: the batch is already arranged (a DP rank's share of every
@@ -64,9 +63,17 @@ struct policy_update_options {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, policy_update_options& x) {
-  return f(caf::meta::type_name("policy_update_options"), x.epochs, x.minibatches, x.clip_ratio,
-           x.entropy_coef, x.temperature, x.kl_loss_coef, x.kl_estimator, x.loss_agg,
-           x.shuffle_seed, x.shuffle, x.lr);
+  auto& l = x.loss;
+  bool dual_clip = l.options.dual_clip_c.has_value();
+  double dual_clip_c = l.options.dual_clip_c.value_or(0.0);
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    l.options.dual_clip_c = dual_clip ? std::optional<double>{dual_clip_c} : std::nullopt;
+    return caf::error{};
+  });
+  return f(caf::meta::type_name("policy_update_options"), x.epochs, x.minibatches, l.kind,
+           l.options.clip_low, l.options.clip_high, dual_clip, dual_clip_c, l.options.agg,
+           l.options.loss_scale_factor, l.entropy_coef, l.kl_coef, l.kl, x.temperature,
+           x.shuffle_seed, x.shuffle, x.lr, load);
 }
 
 /// Options of a critic update.
@@ -76,6 +83,8 @@ struct critic_update_options {
   /// Clip values to old ± this; 0 = off.
   double value_clip = 0.2;
   kernels::loss_agg_mode loss_agg = kernels::loss_agg_mode::token_mean;
+  /// seq-mean-token-sum-norm's divisor; 0 = the batch's response_mask columns.
+  double loss_scale_factor = 0;
   uint64_t shuffle_seed = 0;
   /// As policy_update_options::shuffle.
   bool shuffle = true;
@@ -84,7 +93,7 @@ struct critic_update_options {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, critic_update_options& x) {
   return f(caf::meta::type_name("critic_update_options"), x.epochs, x.minibatches, x.value_clip,
-           x.loss_agg, x.shuffle_seed, x.shuffle);
+           x.loss_agg, x.loss_scale_factor, x.shuffle_seed, x.shuffle);
 }
 
 /// The minibatches of `epochs` passes over `batch`, `parts` per pass: each
@@ -133,8 +142,9 @@ public:
   /// reward head: "scores" [B] at each row's last real token. No gradient.
   expected<runtime::tensor_batch> scores(const runtime::tensor_batch& batch);
 
-  /// PPO clipped loss (+ entropy bonus, + KL loss) over epochs × minibatches
-  /// of an RL batch; metrics actor/* averaged over the optimizer steps.
+  /// The loss of opts.loss (PPO, GSPO or CISPO, + entropy bonus, + KL loss)
+  /// over epochs × minibatches of an RL batch; metrics actor/* averaged over
+  /// the optimizer steps.
   /// NOTE [first-minibatch contract]: the first minibatch's forward comes
   /// before any step, so its log-probs are what the policy's weights give
   /// the batch's samples; against the batch's old_log_probs it reports

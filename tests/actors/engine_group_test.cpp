@@ -133,11 +133,13 @@ void expect_same_metrics(const train::metric_map& a, const train::metric_map& b)
 // a single minibatch — with an entropy bonus and a KL loss, on the single
 // engine and the group: the same metrics, and the replies carry the seconds
 // served (the group: its slowest rank).
-void expect_same_policy_updates(setup& s, kernels::loss_agg_mode agg) {
+void expect_same_policy_updates(setup& s, kernels::loss_agg_mode agg,
+                                kernels::policy_loss_kind kind = kernels::policy_loss_kind::ppo) {
   train::policy_update_options o;
-  o.entropy_coef = 0.01;
-  o.kl_loss_coef = 0.1;
-  o.loss_agg = agg;
+  o.loss.kind = kind;
+  o.loss.entropy_coef = 0.01;
+  o.loss.kl_coef = 0.1;
+  o.loss.options.agg = agg;
   for (int step = 0; step < 2; ++step) {
     o.epochs = step == 0 ? 2 : 1;
     o.minibatches = step == 0 ? 2 : 1;
@@ -201,7 +203,9 @@ TEST_P(EngineGroupPolicy, TwoRanksMatchOneEngine) {
 INSTANTIATE_TEST_SUITE_P(LossAggregation, EngineGroupPolicy,
                          ::testing::Values(kernels::loss_agg_mode::token_mean,
                                            kernels::loss_agg_mode::seq_mean_token_mean,
-                                           kernels::loss_agg_mode::seq_mean_token_sum),
+                                           kernels::loss_agg_mode::seq_mean_token_sum,
+                                           kernels::loss_agg_mode::token_sum,
+                                           kernels::loss_agg_mode::seq_mean_token_sum_norm),
                          [](const auto& info) {
                            std::string n{to_string(info.param)};
                            std::replace(n.begin(), n.end(), '-', '_');
@@ -383,8 +387,8 @@ TEST(EngineGroup, TokenMicroBatchesDoNotChangeWhatIsLearned) {
        {train::dp_strategy::ddp, train::dp_strategy::zero2, train::dp_strategy::zero3}) {
     const std::string name = std::string{to_string(strategy)} + "-tokens";
     SCOPED_TRACE(name);
-    for (auto agg :
-         {kernels::loss_agg_mode::token_mean, kernels::loss_agg_mode::seq_mean_token_sum}) {
+    for (auto agg : {kernels::loss_agg_mode::token_mean, kernels::loss_agg_mode::seq_mean_token_sum,
+                     kernels::loss_agg_mode::seq_mean_token_sum_norm}) {
       setup s{models::head_kind::lm,
               "policy-" + name + std::string{to_string(agg)},
               20000,
@@ -398,6 +402,19 @@ TEST(EngineGroup, TokenMicroBatchesDoNotChangeWhatIsLearned) {
     }
     setup s{models::head_kind::value, "critic-" + name, 20000, strategy, 2, 0, 16};
     expect_same_critic_update(s, rl_batch(12, 210));
+  }
+}
+
+// GSPO (its own sequence aggregation) and CISPO under an asymmetric clip:
+// two ranks computing their shares in token micro-batches (rows cut to
+// their length) learn what one engine learns from whole minibatches.
+TEST(EngineGroup, GspoAndCispoUpdatesMatchOneEngine) {
+  for (auto kind : {kernels::policy_loss_kind::gspo, kernels::policy_loss_kind::cispo}) {
+    const std::string name = "policy-" + std::string{to_string(kind)};
+    SCOPED_TRACE(name);
+    setup s{models::head_kind::lm, name, 20000, train::dp_strategy::ddp, 2, 0, 16};
+    expect_same_policy_updates(s, kernels::loss_agg_mode::token_mean, kind);
+    EXPECT_LT(s.weight_gap(), tolerance);
   }
 }
 

@@ -10,6 +10,7 @@
 #include "actors/rl/role_traits.hpp"
 #include "kernels/advantages.hpp"
 #include "kernels/kl.hpp"
+#include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
 #include "models/llama.hpp"
 #include "runtime/collectives.hpp"
@@ -77,7 +78,9 @@ TEST(EnumNames, EveryValueOfEveryEnumRoundTripsThroughItsName) {
   EXPECT_EQ(enum_from_name<kernels::kl_estimator>("low_var_kl"), kernels::kl_estimator::k3);
   EXPECT_EQ(enum_from_name<kernels::kl_estimator>("mse"), kernels::kl_estimator::k2);
   EXPECT_EQ(enum_from_name<kernels::kl_estimator>("kl"), kernels::kl_estimator::k1);
-  EXPECT_EQ(enum_name_list<kernels::kl_estimator>(), "k1, abs, k2, k3");
+  EXPECT_EQ(enum_from_name<kernels::kl_estimator>("low_var_kl+"), kernels::kl_estimator::k3_st);
+  EXPECT_EQ(enum_name_list<kernels::kl_estimator>(), "k1, abs, k2, k3, k1+, k3+");
+  expect_round_trip<kernels::policy_loss_kind>("policy_loss_kind");
 }
 
 namespace {
@@ -118,6 +121,8 @@ std::vector<choice_field> job_choices() {
        [=](const job_config& c) { return s(c.rl.algorithm); }},
       {"rl.advantage", names_of<kernels::advantage_estimator>(true),
        [](const job_config& c) { return name_or_auto(c.rl.advantage); }},
+      {"rl.policy_loss", names_of<kernels::policy_loss_kind>(),
+       [=](const job_config& c) { return s(c.rl.policy_loss); }},
       {"rl.loss_agg", names_of<kernels::loss_agg_mode>(),
        [=](const job_config& c) { return s(c.rl.loss_agg); }},
       {"rl.old_logprobs", names_of<logprob_source>(),
@@ -150,7 +155,8 @@ std::vector<choice_field> job_choices() {
 
 /// The canonical name of `value` (aliases → their value's name).
 std::string canonical(const std::string& value) {
-  if (value == "kl" || value == "mse" || value == "low_var_kl")
+  if (value == "kl" || value == "mse" || value == "low_var_kl" || value == "kl+" ||
+      value == "low_var_kl+")
     return std::string{to_string(*enum_from_name<kernels::kl_estimator>(value))};
   return value;
 }
@@ -216,7 +222,8 @@ TEST(EnumNames, ABadChoiceIsRefusedWithItsPathAndTheValues) {
   auto set = troupe::actors::rl::testing::parse_job("", {"rl.kl.estimator=k9"});
   ASSERT_FALSE(set);
   EXPECT_NE(describe(set.error())
-                .find("rl.kl.estimator: expected one of k1, abs, k2, k3, kl, mse, low_var_kl"),
+                .find("rl.kl.estimator: expected one of k1, abs, k2, k3, k1+, k3+, kl, mse, "
+                      "low_var_kl, kl+, low_var_kl+"),
             std::string::npos)
       << describe(set.error());
   // A choice limited to some of its enum's values.

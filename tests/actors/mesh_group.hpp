@@ -65,7 +65,7 @@ inline void check_group(caf::actor_system& sys, const models::llama_model& base,
   train::policy_update_options o;
   o.minibatches = 2;
   o.epochs = 2;
-  o.entropy_coef = 0.01;
+  o.loss.entropy_coef = 0.01;
   auto big = rl_batch(8, 301);
   auto m_one = ask<train::served_metrics>(sys, single, train::update_policy_atom::value, big, o);
   auto m = ask<train::served_metrics>(sys, group, train::update_policy_atom::value, big, o);

@@ -43,8 +43,8 @@ inline step_fn sft() {
 inline step_fn ppo() {
   return [](train::train_engine& e, const runtime::tensor_batch& b) {
     train::policy_update_options o;
-    o.entropy_coef = 0.01;
-    o.kl_loss_coef = 0.1;
+    o.loss.entropy_coef = 0.01;
+    o.loss.kl_coef = 0.1;
     o.shuffle = false;
     return e.update_policy(b, o);
   };

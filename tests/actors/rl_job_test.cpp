@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -182,6 +183,74 @@ TEST(RlJob, CriticFreeEstimatorsRun) {
     ASSERT_EQ(rl.size(), 3u) << adv;
     EXPECT_FALSE(rl[1].contains("critic/vf_loss")) << adv;
   }
+}
+
+// The algorithm menu's choices run end to end on the tiny job: GSPO, CISPO
+// with clip-higher and no dual clip, the additive aggregation modes, Dr.
+// GRPO, the straight-through KL, and ReMax, whose greedy baseline is its own
+// timed phase and whose advantages are the samples' scores minus it.
+TEST(RlJob, TheAlgorithmMenuRuns) {
+  const std::vector<std::vector<std::string>> cases{
+      {"rl.algorithm=grpo", "rl.samples_per_prompt=2", "rl.policy_loss=gspo",
+       "rl.clip_ratio_low=0.0003", "rl.clip_ratio_high=0.0004"},
+      {"rl.algorithm=grpo", "rl.samples_per_prompt=2", "rl.policy_loss=cispo",
+       "rl.clip_ratio_low=1", "rl.clip_ratio_high=0.28", "rl.loss_agg=token-sum",
+       "rl.kl.estimator=k3+"},
+      {"rl.algorithm=grpo", "rl.samples_per_prompt=2", "rl.clip_ratio_high=0.28",
+       "rl.clip_ratio_c=null", "rl.loss_agg=seq-mean-token-sum-norm", "rl.norm_adv_by_std=false"},
+      {"rl.advantage=remax", "rl.samples_per_prompt=2", "rl.kl.coef=0"},
+  };
+  for (const auto& sets : cases) {
+    std::string name;
+    for (const auto& s : sets)
+      name += s + " ";
+    SCOPED_TRACE(name);
+    test::temp_dir tmp;
+    auto all = sets;
+    all.insert(all.begin(), {"stages=[sft, rl]", "rl.iterations=2"});
+    auto cfg = parse(tiny_job(tmp.file("run")), all);
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto r = run(*cfg);
+    ASSERT_TRUE(r.summary) << describe(r.summary.error());
+    auto rl = stage_lines(r.metrics, "rl");
+    ASSERT_EQ(rl.size(), 3u);
+    for (size_t i = 1; i < rl.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(rl[i]["actor/pg_loss"].get<double>()));
+      EXPECT_FALSE(rl[i].contains("critic/vf_loss"));
+      const bool remax = cfg->rl.advantage == kernels::advantage_estimator::remax;
+      EXPECT_EQ(rl[i].contains("timing_s/baseline"), remax);
+      EXPECT_EQ(rl[i].contains("critic/baseline_score/mean"), remax);
+      if (remax) {
+        auto b = rl[i]["critic/baseline_score/mean"].get<double>();
+        EXPECT_GE(b, 0.0);
+        EXPECT_LE(b, 1.0);
+      }
+    }
+  }
+}
+
+// NOTE [groups of one]: GRPO with one sample per prompt runs, each sample's
+// advantage its raw score, and the log names a prompt.
+TEST(RlJob, AGroupOfOneGetsItsScoreAndAWarning) {
+  test::temp_dir tmp;
+  auto cfg =
+      parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=1", "rl.algorithm=grpo",
+                                        "rl.samples_per_prompt=1", "rl.kl.coef=0"});
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto r = run(*cfg);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  auto rl = stage_lines(r.metrics, "rl");
+  ASSERT_EQ(rl.size(), 2u);
+  // Positional scores are in [0, 1]: every advantage is a raw score / (1 + eps).
+  EXPECT_GE(rl[1]["critic/advantages/min"].get<double>(), 0.0);
+  EXPECT_NEAR(rl[1]["critic/advantages/max"].get<double>(),
+              rl[1]["critic/score/max"].get<double>() / (1 + 1e-6), 1e-5);
+  std::ifstream in(tmp.path() / "run" / "troupe.log");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("4 sample(s) alone in their group (first: the prompt \"sort:"),
+            std::string::npos)
+      << text.str();
 }
 
 // 4 iterations straight vs 2, a stop (as SIGINT does), --resume, 2 more:

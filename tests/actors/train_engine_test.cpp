@@ -127,7 +127,7 @@ TEST(TrainEngine, PolicyUpdateFollowsTheAdvantages) {
   auto gain = ((after - old) * mask).sum() / mask.sum();
   EXPECT_GT(gain.item<double>(), 0.0);
   // A KL loss needs the reference's log-probs.
-  po.kl_loss_coef = 0.1;
+  po.loss.kl_coef = 0.1;
   auto no_ref = t->update_policy(batch, po);
   ASSERT_FALSE(no_ref);
   EXPECT_NE(describe(no_ref.error()).find("ref_log_probs"), std::string::npos)

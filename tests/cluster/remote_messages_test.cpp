@@ -173,31 +173,47 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
   actors::train::metric_map metrics{{"actor/pg_loss", -0.5}, {"critic/vf_loss", 2.0}};
   EXPECT_EQ(round_trip(metrics), metrics);
 
-  actors::train::policy_update_options po;
-  po.epochs = 2;
-  po.minibatches = 4;
-  po.clip_ratio = 0.3;
-  po.entropy_coef = 0.01;
-  po.temperature = 0.8;
-  po.kl_loss_coef = 0.05;
-  po.kl_estimator = kernels::kl_estimator::abs;
-  po.loss_agg = kernels::loss_agg_mode::seq_mean_token_sum;
-  po.shuffle_seed = 99;
-  auto pg = round_trip(po);
-  EXPECT_EQ(std::tie(pg.epochs, pg.minibatches, pg.clip_ratio, pg.entropy_coef, pg.temperature,
-                     pg.kl_loss_coef, pg.kl_estimator, pg.loss_agg, pg.shuffle_seed),
-            std::tie(po.epochs, po.minibatches, po.clip_ratio, po.entropy_coef, po.temperature,
-                     po.kl_loss_coef, po.kl_estimator, po.loss_agg, po.shuffle_seed));
+  // Every field of the loss spec crosses, the dual clip both set and unset.
+  for (std::optional<double> dual : {std::optional<double>{2.5}, std::optional<double>{}}) {
+    actors::train::policy_update_options po;
+    po.epochs = 2;
+    po.minibatches = 4;
+    po.loss.kind = kernels::policy_loss_kind::cispo;
+    po.loss.options.clip_low = 0.3;
+    po.loss.options.clip_high = 0.28;
+    po.loss.options.dual_clip_c = dual;
+    po.loss.options.agg = kernels::loss_agg_mode::seq_mean_token_sum_norm;
+    po.loss.options.loss_scale_factor = 12;
+    po.loss.entropy_coef = 0.01;
+    po.temperature = 0.8;
+    po.loss.kl_coef = 0.05;
+    po.loss.kl = kernels::kl_estimator::k3_st;
+    po.shuffle_seed = 99;
+    po.shuffle = false;
+    po.lr = 1e-4;
+    auto pg = round_trip(po);
+    const auto &a = pg.loss, &b = po.loss;
+    EXPECT_EQ(
+        std::tie(pg.epochs, pg.minibatches, a.kind, a.options.clip_low, a.options.clip_high,
+                 a.options.dual_clip_c, a.options.agg, a.options.loss_scale_factor, a.entropy_coef,
+                 pg.temperature, a.kl_coef, a.kl, pg.shuffle_seed, pg.shuffle, pg.lr),
+        std::tie(po.epochs, po.minibatches, b.kind, b.options.clip_low, b.options.clip_high,
+                 b.options.dual_clip_c, b.options.agg, b.options.loss_scale_factor, b.entropy_coef,
+                 po.temperature, b.kl_coef, b.kl, po.shuffle_seed, po.shuffle, po.lr));
+  }
 
   actors::train::critic_update_options co;
   co.epochs = 3;
   co.minibatches = 2;
   co.value_clip = 0.5;
   co.loss_agg = kernels::loss_agg_mode::seq_mean_token_mean;
+  co.loss_scale_factor = 3;
   co.shuffle_seed = 7;
   auto cg = round_trip(co);
-  EXPECT_EQ(std::tie(cg.epochs, cg.minibatches, cg.value_clip, cg.loss_agg, cg.shuffle_seed),
-            std::tie(co.epochs, co.minibatches, co.value_clip, co.loss_agg, co.shuffle_seed));
+  EXPECT_EQ(std::tie(cg.epochs, cg.minibatches, cg.value_clip, cg.loss_agg, cg.loss_scale_factor,
+                     cg.shuffle_seed),
+            std::tie(co.epochs, co.minibatches, co.value_clip, co.loss_agg, co.loss_scale_factor,
+                     co.shuffle_seed));
 
   actors::rl::reward_request rr;
   rr.batch = b;

@@ -81,6 +81,126 @@ TEST(ppo_policy_loss, aggregation_modes_and_mask) {
   EXPECT_NEAR(loss(loss_agg_mode::seq_mean_token_mean), -(1.5 + 4.0) / 2, 1e-6);
 }
 
+// Under the additive modes the per-token losses −A are summed (token-sum) or
+// summed and divided by the factor (seq-mean-token-sum-norm: default the 3
+// columns); each valid token's gradient is −A·r / factor.
+TEST(ppo_policy_loss, additive_aggregation_value_and_gradient) {
+  auto adv = mat({{1, 2, 100}, {4, 100, 100}});
+  auto mask = mat({{1, 1, 0}, {1, 0, 0}});
+  auto run = [&](policy_loss_options o) {
+    auto lp = torch::zeros({2, 3}).requires_grad_(true);
+    auto loss = value_of(ppo_policy_loss(lp, torch::zeros({2, 3}), adv, mask, o)).loss;
+    loss.backward();
+    return std::pair{scalar(loss), lp.grad()};
+  };
+  auto [sum, gsum] = run({.agg = loss_agg_mode::token_sum});
+  EXPECT_NEAR(sum, -7.0, 1e-6);
+  expect_close(gsum, {-1, -2, 0, -4, 0, 0}, 1e-6);
+  auto [norm, gnorm] = run({.agg = loss_agg_mode::seq_mean_token_sum_norm});
+  EXPECT_NEAR(norm, -7.0 / 3, 1e-6);
+  expect_close(gnorm, {-1.0 / 3, -2.0 / 3, 0, -4.0 / 3, 0, 0}, 1e-6);
+  auto [scaled, gscaled] =
+      run({.agg = loss_agg_mode::seq_mean_token_sum_norm, .loss_scale_factor = 7});
+  EXPECT_NEAR(scaled, -1.0, 1e-6);
+  expect_close(gscaled, {-1.0 / 7, -2.0 / 7, 0, -4.0 / 7, 0, 0}, 1e-6);
+}
+
+namespace {
+
+// GSPO / CISPO cases. Row 0: log-ratios ln 1.1, ln 1.3 (A = 1); row 1: ln 0.5,
+// ln 0.5 and a masked token (A = −1).
+struct sequence_case {
+  at::Tensor old_lp = mat({{-1.0, -2.0, -1.0}, {-1.0, -1.0, -1.0}});
+  at::Tensor lp =
+      old_lp + mat({{std::log(1.1), std::log(1.3), 0.0}, {std::log(0.5), std::log(0.5), 5.0}});
+  at::Tensor adv = mat({{1, 1, 1}, {-1, -1, -1}});
+  at::Tensor mask = mat({{1, 1, 0}, {1, 1, 0}});
+};
+
+} // namespace
+
+// GSPO: s_0 = √(1.1·1.3) = 1.1958 (inside 1 ± 0.2): −A·s = −1.1958 on each of
+// row 0's tokens; s_1 = 0.5 with A = −1: −A·clip(0.5) = 0.8 chosen over 0.5
+// (clipped). seq-mean-token-mean: (−1.1958 + 0.8) / 2. The gradient is the
+// paper's: s_0·(−A) / |y_0| / 2 sequences on row 0's tokens, 0 on the clipped
+// row — where PPO would clip row 0's second token (ratio 1.3).
+TEST(gspo_policy_loss, sequence_ratio_value_and_gradient) {
+  sequence_case c;
+  const double s0 = std::sqrt(1.1 * 1.3);
+  auto lp = c.lp.clone().requires_grad_(true);
+  auto out = value_of(gspo_policy_loss(lp, c.old_lp, c.adv, c.mask));
+  expect_close(out.loss, {(-s0 + 0.8) / 2}, 1e-6);
+  expect_close(out.pg_clipfrac, {0.5}, 1e-7);
+  EXPECT_EQ(scalar(out.pg_clipfrac_lower), 0.0);
+  expect_close(out.ppo_kl, {-(std::log(1.1) + std::log(1.3) + 2 * std::log(0.5)) / 4}, 1e-6);
+  out.loss.backward();
+  expect_close(lp.grad(), {-s0 / 4, -s0 / 4, 0, 0, 0, 0}, 1e-6);
+  // The loss_agg option does not apply: GSPO is sequence-level by definition.
+  auto same =
+      value_of(gspo_policy_loss(c.lp, c.old_lp, c.adv, c.mask, {.agg = loss_agg_mode::token_sum}));
+  expect_close(same.loss, out.loss, 1e-7);
+  // A sequence ratio past 1 + ε_high is clipped (A > 0): s_0 > 1.1.
+  auto tight = value_of(gspo_policy_loss(c.lp, c.old_lp, c.adv, c.mask, {.clip_high = 0.1}));
+  expect_close(tight.loss, {(-1.1 + 0.8) / 2}, 1e-6);
+}
+
+// CISPO: weights clip(r, 0.8, 1.28) = [1.1, 1.28] and [0.8, 0.8], detached;
+// per token −A·w·logp; token-mean over 4. Every token keeps a gradient,
+// −A·w/4 (PPO's clipped tokens have none).
+TEST(cispo_policy_loss, clipped_weight_times_log_prob_value_and_gradient) {
+  sequence_case c;
+  policy_loss_options o{.clip_low = 0.2, .clip_high = 0.28};
+  auto lp = c.lp.clone().requires_grad_(true);
+  auto out = value_of(cispo_policy_loss(lp, c.old_lp, c.adv, c.mask, o));
+  auto l = c.lp;
+  double want = (-1.1 * scalar(l[0][0]) - 1.28 * scalar(l[0][1]) + 0.8 * scalar(l[1][0]) +
+                 0.8 * scalar(l[1][1])) /
+                4;
+  expect_close(out.loss, {want}, 1e-6);
+  expect_close(out.pg_clipfrac, {0.75}, 1e-7);
+  out.loss.backward();
+  expect_close(lp.grad(), {-1.1 / 4, -1.28 / 4, 0, 0.8 / 4, 0.8 / 4, 0}, 1e-6);
+  // clip_low >= 1 leaves no floor (the paper's choice): row 1 weighs 0.5.
+  auto lp2 = c.lp.clone().requires_grad_(true);
+  value_of(cispo_policy_loss(lp2, c.old_lp, c.adv, c.mask, {.clip_low = 1.0, .clip_high = 0.28}))
+      .loss.backward();
+  expect_close(lp2.grad(), {-1.1 / 4, -1.28 / 4, 0, 0.5 / 4, 0.5 / 4, 0}, 1e-6);
+  expect_error(ppo_policy_loss(c.lp, c.old_lp, c.adv, c.mask, {.clip_low = 1.0}),
+               errc::invalid_argument, "clip_low must be in [0, 1)");
+}
+
+// actor_loss: the spec's policy loss − entropy_coef·entropy + kl_coef·KL,
+// every term aggregated by the effective mode (gspo: seq-mean-token-mean).
+TEST(actor_loss, composes_the_terms_of_the_spec) {
+  sequence_case c;
+  auto entropy = mat({{1, 3, 50}, {2, 2, 50}});
+  auto ref = c.lp - 0.5;
+  actor_loss_inputs in{c.lp, c.old_lp, c.adv, c.mask, entropy, ref};
+  for (auto kind : {policy_loss_kind::ppo, policy_loss_kind::gspo, policy_loss_kind::cispo}) {
+    SCOPED_TRACE(std::string{to_string(kind)});
+    policy_loss_spec spec{.kind = kind,
+                          .options = {.agg = loss_agg_mode::token_sum},
+                          .entropy_coef = 0.1,
+                          .kl_coef = 0.5,
+                          .kl = kl_estimator::k1};
+    auto out = value_of(actor_loss(in, spec));
+    const bool gspo = kind == policy_loss_kind::gspo;
+    EXPECT_EQ(effective_agg(spec),
+              gspo ? loss_agg_mode::seq_mean_token_mean : loss_agg_mode::token_sum);
+    // token-sum: entropy 8, KL 4 × 0.5 = 2; seq-mean-token-mean: 2, 0.5.
+    expect_close(out.entropy, {gspo ? 2.0 : 8.0}, 1e-6);
+    expect_close(out.kl_loss, {gspo ? 0.5 : 2.0}, 1e-6);
+    expect_close(out.loss, out.pg.loss - 0.1 * out.entropy + 0.5 * out.kl_loss, 1e-6);
+  }
+  // Without a KL coefficient there is no KL term; with one, the reference is needed.
+  auto plain = value_of(actor_loss({c.lp, c.old_lp, c.adv, c.mask, {}, {}}, {}));
+  EXPECT_FALSE(plain.kl_loss.defined());
+  EXPECT_FALSE(plain.entropy.defined());
+  expect_close(plain.loss, plain.pg.loss, 0);
+  expect_error(actor_loss({c.lp, c.old_lp, c.adv, c.mask, {}, {}}, {.kl_coef = 0.1}),
+               errc::invalid_argument, "reference");
+}
+
 TEST(value_loss, clipped_hand_computed) {
   // t0: v 1.5 clipped to 1.0 (old 0.8 ± 0.2), R 2: max(0.25, 1) = 1, clipped chosen
   // t1: v 2.0 clipped to 2.3 (old 2.5 ± 0.2), R 2: max(0, 0.09) = 0.09, clipped chosen

@@ -82,12 +82,16 @@ TEST(loss_agg_mode, parse_and_print) {
   EXPECT_EQ(value_of(parse_loss_agg_mode("seq-mean-token-sum")), loss_agg_mode::seq_mean_token_sum);
   EXPECT_EQ(value_of(parse_loss_agg_mode("seq-mean-token-mean")),
             loss_agg_mode::seq_mean_token_mean);
+  EXPECT_EQ(value_of(parse_loss_agg_mode("token-sum")), loss_agg_mode::token_sum);
+  EXPECT_EQ(value_of(parse_loss_agg_mode("seq-mean-token-sum-norm")),
+            loss_agg_mode::seq_mean_token_sum_norm);
   for (auto mode : {loss_agg_mode::token_mean, loss_agg_mode::seq_mean_token_sum,
-                    loss_agg_mode::seq_mean_token_mean})
+                    loss_agg_mode::seq_mean_token_mean, loss_agg_mode::token_sum,
+                    loss_agg_mode::seq_mean_token_sum_norm})
     EXPECT_EQ(value_of(parse_loss_agg_mode(to_string(mode))), mode);
   expect_error(parse_loss_agg_mode("token_mean"), errc::invalid_argument,
                "expected one of \"token-mean\", \"seq-mean-token-sum\", \"seq-mean-token-mean\", "
-               "got \"token_mean\"");
+               "\"token-sum\", \"seq-mean-token-sum-norm\", got \"token_mean\"");
 }
 
 TEST(aggregate_loss, modes_hand_computed) {
@@ -104,8 +108,36 @@ TEST(aggregate_loss, modes_hand_computed) {
   expect_close(value_of(aggregate_loss(loss, m, loss_agg_mode::seq_mean_token_mean)), {2.25}, 1e-6);
   auto none = torch::zeros({3, 2});
   for (auto mode : {loss_agg_mode::token_mean, loss_agg_mode::seq_mean_token_sum,
-                    loss_agg_mode::seq_mean_token_mean})
+                    loss_agg_mode::seq_mean_token_mean, loss_agg_mode::token_sum,
+                    loss_agg_mode::seq_mean_token_sum_norm})
     expect_close(value_of(aggregate_loss(loss, none, mode)), {0.0}, 0);
+}
+
+// The additive modes: the valid tokens' sum [1 + 2 + 3 = 6], unnormalised or
+// divided by the scale factor (default: the mask's 2 columns, as verl).
+TEST(aggregate_loss, token_sum_and_seq_mean_token_sum_norm) {
+  auto loss = mat({{1, 2}, {3, 4}, {9, 9}});
+  auto m = mat({{1, 1}, {1, 0}, {0, 0}});
+  expect_close(value_of(aggregate_loss(loss, m, loss_agg_mode::token_sum)), {6.0}, 1e-6);
+  expect_close(value_of(aggregate_loss(loss, m, loss_agg_mode::seq_mean_token_sum_norm)), {3.0},
+               1e-6);
+  expect_close(value_of(aggregate_loss(loss, m, loss_agg_mode::seq_mean_token_sum_norm, 12)), {0.5},
+               1e-6);
+  // The factor is a constant: a part's loss adds up to the whole's.
+  auto a = value_of(aggregate_loss(loss.slice(0, 0, 1), m.slice(0, 0, 1),
+                                   loss_agg_mode::seq_mean_token_sum_norm, 2));
+  auto b = value_of(aggregate_loss(loss.slice(0, 1, 3), m.slice(0, 1, 3),
+                                   loss_agg_mode::seq_mean_token_sum_norm, 2));
+  expect_close(a + b, {3.0}, 1e-6);
+  EXPECT_TRUE(additive(loss_agg_mode::token_sum));
+  EXPECT_TRUE(additive(loss_agg_mode::seq_mean_token_sum_norm));
+  EXPECT_FALSE(additive(loss_agg_mode::seq_mean_token_sum));
+  // Each valid token's gradient is 1 / factor.
+  auto x = loss.clone().requires_grad_(true);
+  value_of(aggregate_loss(x, m, loss_agg_mode::seq_mean_token_sum_norm, 4)).backward();
+  expect_close(x.grad(), {0.25, 0.25, 0.25, 0, 0, 0}, 1e-7);
+  expect_error(aggregate_loss(loss, m, loss_agg_mode::token_sum, -1), errc::invalid_argument,
+               "scale_factor");
 }
 
 TEST(masked, rejects_bad_arguments) {
