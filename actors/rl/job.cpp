@@ -493,17 +493,6 @@ expected<stage_summary> read_done(job_context& ctx, const std::string& stage) {
 
 // ---- SFT and RM drivers -------------------------------------------------------
 
-struct supervised_stage {
-  stage_id id = stage_id::sft;
-  std::string name;
-  /// The role it trains (policy: sft, reward: rm).
-  role_id trainer = role_id::policy;
-  int64_t steps = 0;
-  int64_t batch_size = 0;
-  int64_t eval_every = 0;
-  std::string init_dir;
-};
-
 // Preference pairs as chosen / rejected sequences (prompt + response + EOS).
 expected<runtime::tensor_batch> pair_batch(job_context& ctx, const std::vector<preference_pair>& rows) {
   std::vector<std::vector<int64_t>> chosen, rejected;
@@ -519,78 +508,105 @@ expected<runtime::tensor_batch> pair_batch(job_context& ctx, const std::vector<p
   return collate_pairs(chosen, rejected, ctx.pad);
 }
 
-// One step's batch: demonstrations (sft) or preference pairs (rm).
-expected<runtime::tensor_batch> supervised_batch(job_context& ctx, const supervised_stage& st,
-                                                 int64_t step) {
-  bool is_sft = st.id == stage_id::sft;
-  auto seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), is_sft ? 11u : 12u});
-  if (is_sft) {
-    auto rows = ctx.data.sft.rows(
-        batch_indices(ctx.data.sft.size(), seed, step * st.batch_size, st.batch_size));
-    if (!rows)
-      return rows.error();
-    std::vector<std::vector<int64_t>> prompts, responses;
-    for (const auto& row : *rows) {
-      auto prompt = ctx.enc.prompt(row.prompt, row.messages);
-      if (!prompt)
-        return prompt.error();
-      prompts.push_back(std::move(*prompt));
-      responses.push_back(ctx.enc.response(row.response));
-    }
-    return collate_sequences(prompts, responses, ctx.pad);
+// One SFT step's demonstrations.
+expected<runtime::tensor_batch> sft_batch(job_context& ctx, int64_t step) {
+  const auto n = ctx.cfg->sft.batch_size;
+  auto seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), 11u});
+  auto rows = ctx.data.sft.rows(batch_indices(ctx.data.sft.size(), seed, step * n, n));
+  if (!rows)
+    return rows.error();
+  std::vector<std::vector<int64_t>> prompts, responses;
+  for (const auto& row : *rows) {
+    auto prompt = ctx.enc.prompt(row.prompt, row.messages);
+    if (!prompt)
+      return prompt.error();
+    prompts.push_back(std::move(*prompt));
+    responses.push_back(ctx.enc.response(row.response));
   }
+  return collate_sequences(prompts, responses, ctx.pad);
+}
+
+// One RM step's preference pairs.
+expected<runtime::tensor_batch> rm_batch(job_context& ctx, int64_t step) {
   auto picked = ctx.data.preferences.rows(
-      batch_indices(ctx.data.preferences.size(), seed, step * st.batch_size, st.batch_size));
+      preference_indices(*ctx.cfg, ctx.data, 12u, step, ctx.cfg->rm.batch_size));
   if (!picked)
     return picked.error();
   return pair_batch(ctx, *picked);
 }
 
-expected<runtime::tensor_batch> rm_eval_batch(job_context& ctx) {
-  return pair_batch(ctx, ctx.data.eval_preferences);
+// SFT: a next-token step; evaluation publishes the weights to the rollout
+// and answers the held-out prompts.
+expected<stage_steps> sft_steps(job_context& ctx, const cast& roles) {
+  auto trainer = roles.handle_as<train::engine_actor>(role_id::policy);
+  auto rollout = roles.handle_as<inference::rollout_actor>(role_id::rollout);
+  stage_steps out;
+  out.train = [&ctx, trainer](int64_t step) -> expected<train::metric_map> {
+    auto batch = sft_batch(ctx, step);
+    if (!batch)
+      return batch.error();
+    auto m = ask<train::metric_map>(ctx.self, trainer, ctx.timeout_of(request_kind::compute),
+                                    "policy: sft step", train::sft_step_atom::value, *batch);
+    if (m && step == 0) // NOTE [prefix check]
+      (*m)["data/template_divergences"] = static_cast<double>(ctx.data.template_divergences);
+    return m;
+  };
+  out.evaluate = [&ctx, trainer, rollout](train::metric_map& m, int64_t step) -> expected<void> {
+    if (auto ok = sync_weights(ctx.self, ctx, "sft", trainer, rollout, step + 1); !ok)
+      return ok;
+    return evaluate(ctx.self, ctx, rollout, m, "sft", step + 1);
+  };
+  return out;
 }
 
-// One optimizer step of a supervised stage, with its evaluation.
+// RM: a Bradley–Terry step; evaluation is the held-out pairwise accuracy.
+expected<stage_steps> rm_steps(job_context& ctx, const cast& roles) {
+  auto trainer = roles.handle_as<train::engine_actor>(role_id::reward);
+  auto eval_pairs = pair_batch(ctx, ctx.data.eval_preferences);
+  if (!eval_pairs)
+    return eval_pairs.error();
+  stage_steps out;
+  out.train = [&ctx, trainer](int64_t step) -> expected<train::metric_map> {
+    auto batch = rm_batch(ctx, step);
+    if (!batch)
+      return batch.error();
+    return ask<train::metric_map>(ctx.self, trainer, ctx.timeout_of(request_kind::compute),
+                                  "reward: rm step", train::rm_step_atom::value, *batch);
+  };
+  out.evaluate = [&ctx, trainer, pairs = std::move(*eval_pairs)](train::metric_map& m,
+                                                                 int64_t) -> expected<void> {
+    auto e = ask<train::metric_map>(ctx.self, trainer, ctx.timeout_of(request_kind::compute),
+                                    "reward: rm eval", train::rm_eval_atom::value, pairs);
+    if (!e)
+      return e.error();
+    m.insert(e->begin(), e->end());
+    return {};
+  };
+  return out;
+}
+
+// One optimizer step of a supervised stage, with its evaluation and checkpoint.
 expected<train::metric_map> supervised_step(job_context& ctx, const supervised_stage& st,
-                                            const train::engine_actor& trainer,
-                                            const std::optional<inference::rollout_actor>& rollout,
-                                            const std::optional<runtime::tensor_batch>& eval_pairs,
-                                            int64_t step) {
-  auto* self = ctx.self;
-  bool is_sft = st.id == stage_id::sft;
-  auto batch = supervised_batch(ctx, st, step);
-  if (!batch)
-    return batch.error();
-  auto m = is_sft ? ask<train::metric_map>(self, trainer, ctx.timeout_of(request_kind::compute), "policy: sft step",
-                                           train::sft_step_atom::value, *batch)
-                  : ask<train::metric_map>(self, trainer, ctx.timeout_of(request_kind::compute), "reward: rm step",
-                                           train::rm_step_atom::value, *batch);
+                                            const stage_steps& steps,
+                                            const train::engine_actor& trainer, int64_t step) {
+  auto m = steps.train(step);
   if (!m)
     return m.error();
-  if (is_sft && step == 0) // NOTE [prefix check]
-    (*m)["data/template_divergences"] = static_cast<double>(ctx.data.template_divergences);
   bool last = step + 1 == st.steps;
   if (!last && !(st.eval_every > 0 && (step + 1) % st.eval_every == 0))
     return m;
-  if (is_sft) {
-    if (auto ok = sync_weights(self, ctx, st.name, trainer, *rollout, step + 1); !ok)
-      return ok.error();
-    if (auto ok = evaluate(self, ctx, *rollout, *m, st.name, step + 1); !ok)
-      return ok.error();
-  } else {
-    auto e = ask<train::metric_map>(self, trainer, ctx.timeout_of(request_kind::compute), "reward: rm eval",
-                                    train::rm_eval_atom::value, *eval_pairs);
-    if (!e)
-      return e.error();
-    m->insert(e->begin(), e->end());
-  }
+  if (auto ok = steps.evaluate(*m, step); !ok)
+    return ok.error();
   if (!last)
-    if (auto ok = save_stage_checkpoint(self, ctx, st.name, trainer, step + 1); !ok)
+    if (auto ok = save_stage_checkpoint(ctx.self, ctx, st.name, trainer, step + 1); !ok)
       return ok.error();
   return m;
 }
 
-expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage& st) {
+} // namespace
+
+expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage& st,
+                                       const make_steps_fn& make_steps) {
   stopwatch clock;
   auto* self = ctx.self;
   auto start = restore_stage(ctx, st.name);
@@ -603,20 +619,13 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
     if (auto ok = roles.spawn(role, st.init_dir); !ok)
       return ok.error();
   auto trainer = roles.handle_as<train::engine_actor>(st.trainer);
-  std::optional<inference::rollout_actor> rollout;
-  if (roles.has(role_id::rollout))
-    rollout = roles.handle_as<inference::rollout_actor>(role_id::rollout);
-  std::optional<runtime::tensor_batch> eval_pairs;
   auto finish = [&](expected<stage_summary> r) {
     roles.stop();
     return r;
   };
-  if (!rollout) { // rm: held-out pairs instead of generation
-    auto b = rm_eval_batch(ctx);
-    if (!b)
-      return finish(b.error());
-    eval_pairs = std::move(*b);
-  }
+  auto steps = make_steps(ctx, roles);
+  if (!steps)
+    return finish(steps.error());
   stage_summary sum;
   sum.stage = st.name;
   sum.output = ctx.model_dir(st.name);
@@ -640,7 +649,7 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
     }
     ctx.emit(job::phase_started{st.name, step + 1, "train"});
     stopwatch t;
-    auto m = supervised_step(ctx, st, trainer, rollout, eval_pairs, step);
+    auto m = supervised_step(ctx, st, *steps, trainer, step);
     ctx.emit(job::phase_finished{st.name, step + 1, "train", t.seconds(), static_cast<bool>(m)});
     if (!m)
       return finish(m.error());
@@ -655,6 +664,14 @@ expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage&
     return finish(saved.error());
   return finish(sum);
 }
+
+std::vector<int64_t> preference_indices(const job_config& cfg, const job_data& data, uint64_t salt,
+                                        int64_t step, int64_t batch_size) {
+  auto seed = mix_seed({static_cast<uint64_t>(cfg.run.seed), salt});
+  return batch_indices(data.preferences.size(), seed, step * batch_size, batch_size);
+}
+
+namespace {
 
 // ---- the base model -------------------------------------------------------------
 
@@ -702,12 +719,10 @@ supervised_stage supervised_of(const job_context& ctx, stage_id stage) {
   st.name = std::string{to_string(stage)};
   if (stage == stage_id::sft) {
     st.steps = cfg.sft.steps;
-    st.batch_size = cfg.sft.batch_size;
     st.eval_every = cfg.sft.eval_every;
     st.init_dir = ctx.base_dir;
   } else {
     st.steps = cfg.rm.steps;
-    st.batch_size = cfg.rm.batch_size;
     st.eval_every = cfg.rm.eval_every;
     st.trainer = role_id::reward;
     st.init_dir = ctx.model_dir(std::string{to_string(cfg.rm.init)});
@@ -759,7 +774,8 @@ expected<void> prepare_data(job_context& ctx) {
     return shape.error();
   limits.context = shape->max_position_embeddings;
   limits.max_new_tokens = cfg.rl.generation.max_tokens;
-  auto data = load_job_data(cfg.data, limits, {has_stage(cfg, "sft"), has_stage(cfg, "rm")});
+  auto data = load_job_data(cfg.data, limits,
+                            {has_stage(cfg, "sft"), has_stage(cfg, "rm") || has_stage(cfg, "dpo")});
   if (!data)
     return data.error();
   ctx.data = std::move(*data);
@@ -867,11 +883,11 @@ expected<fs::path> check_run_dir(const job_config& cfg, const run_options& opts)
 } // namespace
 
 expected<stage_summary> run_sft_stage(job_context& ctx) {
-  return run_supervised(ctx, supervised_of(ctx, stage_id::sft));
+  return run_supervised(ctx, supervised_of(ctx, stage_id::sft), sft_steps);
 }
 
 expected<stage_summary> run_rm_stage(job_context& ctx) {
-  return run_supervised(ctx, supervised_of(ctx, stage_id::rm));
+  return run_supervised(ctx, supervised_of(ctx, stage_id::rm), rm_steps);
 }
 
 } // namespace detail

@@ -220,6 +220,21 @@ void check_supervised(const job_config& c, runtime::config_checks& checks) {
   if (has_stage(c, "rm"))
     checks.require(c.rm.init != model_source::sft || has_stage(c, "sft"), "rm.init",
                    "'sft' needs the sft stage in stages; use 'base' to start from the base model");
+
+  // dpo
+  const auto& d = c.dpo;
+  checks.require(d.steps >= 1, "dpo.steps", "must be >= 1");
+  checks.require(d.batch_size >= 1, "dpo.batch_size", "must be >= 1");
+  checks.require(d.eval_every >= 0, "dpo.eval_every", "must be >= 0");
+  checks.require(d.beta > 0, "dpo.beta", "must be > 0");
+  checks.require(d.label_smoothing >= 0 && d.label_smoothing < 0.5, "dpo.label_smoothing",
+                 "must be in [0, 0.5)");
+  checks.require(d.label_smoothing == 0 || d.loss_type == kernels::dpo_loss_kind::sigmoid,
+                 "dpo.label_smoothing", "applies to loss_type sigmoid only");
+  check_optim(d.optim, "dpo.optim", checks);
+  if (has_stage(c, "dpo"))
+    checks.require(d.init != model_source::sft || has_stage(c, "sft"), "dpo.init",
+                   "'sft' needs the sft stage in stages; use 'base' to start from the base model");
 }
 
 // rl: iterations, batch shape, staleness, the advantage estimator.

@@ -20,6 +20,7 @@
 #include "kernels/kl.hpp"
 #include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
+#include "kernels/preference.hpp"
 #include "runtime/config.hpp"
 #include "runtime/logging.hpp"
 #include "runtime/weight_transport.hpp"
@@ -197,6 +198,38 @@ void visit(V& v, rm_config& c) {
   v.choice("init", c.init, {model_source::sft, model_source::base},
            "Start from the sft stage's model or the base model");
   v.field("eval_every", c.eval_every, "Held-out pairwise accuracy every N steps; 0 = at the end");
+}
+
+/// Direct preference optimisation (NOTE [dpo stage] in actors/rl/dpo_stage.cpp).
+struct dpo_config {
+  int64_t steps = 200;
+  int64_t batch_size = 16;
+  optim_config optim;
+  /// The policy and the reference start from the sft stage's model or the base model.
+  model_source init = model_source::sft;
+  /// β: the strength of the implicit KL to the reference.
+  double beta = 0.1;
+  /// sigmoid (DPO), hinge (SLiC), ipo (IPO, on length-averaged log-probs).
+  kernels::dpo_loss_kind loss_type = kernels::dpo_loss_kind::sigmoid;
+  /// The probability a pair's label is wrong (sigmoid: conservative DPO).
+  double label_smoothing = 0;
+  /// Held-out pairwise metrics every N steps; 0 = only at the end.
+  int64_t eval_every = 50;
+};
+template <class V>
+void visit(V& v, dpo_config& c) {
+  v.field("steps", c.steps, "Optimizer steps");
+  v.field("batch_size", c.batch_size, "Preference pairs per step");
+  v.section("optim", c.optim);
+  v.choice("init", c.init, {model_source::sft, model_source::base},
+           "The policy and the reference start from the sft stage's model or the base model");
+  v.field("beta", c.beta, "β > 0: the implicit KL strength");
+  v.choice("loss_type", c.loss_type,
+           "sigmoid (DPO), hinge (SLiC), ipo (IPO: length-averaged log-probs) — TRL's names");
+  v.field("label_smoothing", c.label_smoothing,
+          "sigmoid: probability in [0, 0.5) that a pair's label is flipped (cDPO)");
+  v.field("eval_every", c.eval_every,
+          "Held-out pairwise metrics (val/rewards/*) every N steps; 0 = at the end");
 }
 
 struct generation_config {
@@ -595,6 +628,7 @@ struct job_config {
   model_config model;
   sft_config sft;
   rm_config rm;
+  dpo_config dpo;
   rl_config rl;
   weight_sync_config weight_sync;
   resources_config resources;
@@ -604,11 +638,12 @@ struct job_config {
 template <class V>
 void visit(V& v, job_config& c) {
   v.section("run", c.run);
-  v.field("stages", c.stages, "Stages in order, from: sft, rm, rl");
+  v.field("stages", c.stages, "Stages in order, from: sft, rm, dpo, rl");
   v.section("data", c.data, "Prompts, demonstrations and preference pairs");
   v.section("model", c.model, "The base model");
   v.section("sft", c.sft, "Supervised fine-tuning on demonstrations");
   v.section("rm", c.rm, "Reward-model training on preference pairs (Bradley–Terry)");
+  v.section("dpo", c.dpo, "Direct preference optimisation of the policy on preference pairs");
   v.section("rl", c.rl, "Reinforcement learning (PPO or GRPO)");
   v.section("weight_sync", c.weight_sync, "Trainer → rollout weight transfer");
   v.section("resources", c.resources, "Nodes and devices the job may use");

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -194,9 +195,40 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
 /// plan and events (NOTE [the cast]).
 cast make_cast(job_context& ctx, stage_id stage);
 
+/// NOTE [supervised stages]: sft, rm and dpo train one role a step at a
+/// time over a seeded data stream. One loop runs them — its step boundaries
+/// (commands, cancel, checkpoints), events, metrics, evaluation every
+/// eval_every steps (and at the end) followed by a checkpoint, and the
+/// trained model's save — and each stage supplies its step and its
+/// evaluation (stage_steps), made once its roles are up.
+struct supervised_stage {
+  stage_id id = stage_id::sft;
+  std::string name;
+  /// The role it trains.
+  role_id trainer = role_id::policy;
+  int64_t steps = 0;
+  int64_t eval_every = 0;
+  /// The directory its roles' models start from.
+  std::string init_dir;
+};
+struct stage_steps {
+  /// Optimizer step `step` (from 0): its metrics.
+  std::function<expected<train::metric_map>(int64_t step)> train;
+  /// The evaluation after step `step`, into its metrics.
+  std::function<expected<void>(train::metric_map& m, int64_t step)> evaluate;
+};
+using make_steps_fn = std::function<expected<stage_steps>(job_context& ctx, const cast& roles)>;
+expected<stage_summary> run_supervised(job_context& ctx, const supervised_stage& st,
+                                       const make_steps_fn& make_steps);
+
+/// The preference rows of step `step` (a seeded stream per `salt`).
+std::vector<int64_t> preference_indices(const job_config& cfg, const job_data& data, uint64_t salt,
+                                        int64_t step, int64_t batch_size);
+
 /// The stage drivers (NOTE [stage table]).
 expected<stage_summary> run_sft_stage(job_context& ctx);
 expected<stage_summary> run_rm_stage(job_context& ctx);
+expected<stage_summary> run_dpo_stage(job_context& ctx);
 expected<stage_summary> run_rl_stage(job_context& ctx);
 
 } // namespace troupe::actors::rl::detail

@@ -125,7 +125,7 @@ comm_volume communication(const job_config& cfg, const models::llama_config& m,
   int64_t rows = 0;
   for (const auto& st : all_stages())
     if (t.trains_in(st.id) && has_stage(cfg, st.name) && in_cast(st.id, t.id, cfg))
-      rows = std::max(rows, st.dp_rows(cfg).second * (st.id == stage_id::rm ? 2 : 1));
+      rows = std::max(rows, st.dp_rows(cfg).second * st.sequences_per_row);
   if (rows == 0)
     return out;
   const auto dp = std::max<int64_t>(placed.dp, 1), tp = std::max<int64_t>(placed.tp, 1),
@@ -154,7 +154,7 @@ comm_volume communication(const job_config& cfg, const models::llama_config& m,
 // rank 0 exports the weights (the stage's output, the policy's weight
 // syncs; a zero3 peer only gathers a unit alongside, less than its
 // backward holds); its share of the stage's rows a micro-batch at a time
-// (rm's rows are pairs: two sequences each).
+// (rm's and dpo's rows are pairs: two sequences each).
 train::rank_memory training_memory(const job_config& cfg, const models::llama_config& m,
                                    const stage_traits& st, const role_traits& t, int64_t rank) {
   const auto placed = placement_keys(cfg, t.name);
@@ -170,8 +170,7 @@ train::rank_memory training_memory(const job_config& cfg, const models::llama_co
   const auto micro = placed.pp_micro_batches > 0 ? placed.pp_micro_batches : pp;
   if (pp > 1 && placed.micro_batch_rows == 0 && placed.micro_batch_tokens == 0)
     rows = std::max<int64_t>((rows + micro - 1) / micro, 1); // NOTE [pipeline execution]
-  if (st.id == stage_id::rm)
-    rows *= 2;
+  rows *= st.sequences_per_row;
   auto params = split_parameters(m, lm, tp);
   auto activations = train::activation_bytes(m, lm, rows, tokens, placed.compute);
   if (pp > 1)

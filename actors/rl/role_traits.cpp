@@ -8,7 +8,7 @@ const std::vector<role_traits>& all_roles() {
   static const std::vector<role_traits> table{
       {role_id::policy,
        "policy",
-       {s::sft, s::rl},
+       {s::sft, s::dpo, s::rl},
        head_kind::lm,
        role_actor::trainer,
        41,

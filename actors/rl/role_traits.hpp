@@ -19,8 +19,8 @@ enum class role_id : uint8_t { policy, critic, reference, reward, rollout };
 TROUPE_ENUM_NAMES(role_id, "policy", "critic", "reference", "reward", "rollout")
 
 /// The stages, in the order a job runs them (NOTE [stage table]).
-enum class stage_id : uint8_t { sft, rm, rl };
-TROUPE_ENUM_NAMES(stage_id, "sft", "rm", "rl")
+enum class stage_id : uint8_t { sft, rm, dpo, rl };
+TROUPE_ENUM_NAMES(stage_id, "sft", "rm", "dpo", "rl")
 
 /// What actor a role is built as.
 enum class role_actor : uint8_t {

@@ -11,6 +11,7 @@ namespace detail {
 // The drivers (job.cpp: sft and rm; rl_stage.cpp: rl).
 expected<stage_summary> run_sft_stage(job_context& ctx);
 expected<stage_summary> run_rm_stage(job_context& ctx);
+expected<stage_summary> run_dpo_stage(job_context& ctx);
 expected<stage_summary> run_rl_stage(job_context& ctx);
 } // namespace detail
 
@@ -37,6 +38,7 @@ const std::vector<stage_traits>& all_stages() {
        [](const job_config& c) {
          return std::pair<std::string, int64_t>{"sft.batch_size", c.sft.batch_size};
        },
+       1,
        [](const job_config& c, const role_traits&) {
          return mix_seed({run_seed(c), 21, 1});
        },
@@ -45,10 +47,23 @@ const std::vector<stage_traits>& all_stages() {
        [](const job_config& c) {
          return std::pair<std::string, int64_t>{"rm.batch_size", c.rm.batch_size};
        },
+       2,
        [](const job_config& c, const role_traits&) {
          return mix_seed({run_seed(c), 21, 2});
        },
        [](const job_config& c, role_id) { return c.rm.optim; }, detail::run_rm_stage},
+      {stage_id::dpo, "dpo",
+       [](const job_config&) {
+         return std::vector<role_id>{r::policy, r::reference};
+       },
+       [](const job_config& c) {
+         return std::pair<std::string, int64_t>{"dpo.batch_size", c.dpo.batch_size};
+       },
+       2,
+       [](const job_config& c, const role_traits&) {
+         return mix_seed({run_seed(c), 21, 3});
+       },
+       [](const job_config& c, role_id) { return c.dpo.optim; }, detail::run_dpo_stage},
       {stage_id::rl, "rl",
        [](const job_config& c) {
          // The critic for gae, the reference while the KL anchors the policy.
@@ -64,6 +79,7 @@ const std::vector<stage_traits>& all_stages() {
              "rl minibatch (prompts_per_iteration × samples_per_prompt / minibatches)",
              rl_minibatch_rows(c)};
        },
+       1,
        [](const job_config& c, const role_traits& t) {
          return mix_seed({run_seed(c), t.seed_salt});
        },

@@ -5,7 +5,7 @@
 // uses, in spawn order, given the job), what each DP rank of a role it
 // trains splits, the seed and optimizer its roles' models start with, and
 // its driver. The planner, the role builder and the job's stage loop read
-// the table; adding a stage (DPO later) is adding a row and its driver.
+// the table; adding a stage (dpo was) is adding a row and its driver.
 
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/role_traits.hpp"
@@ -32,6 +32,8 @@ struct stage_traits {
   std::vector<role_id> (*cast)(const job_config& cfg);
   /// What each DP rank of a role trained here splits: (what, rows).
   std::pair<std::string, int64_t> (*dp_rows)(const job_config& cfg);
+  /// Sequences a row holds (preference pairs: 2), for memory and traffic.
+  int64_t sequences_per_row;
   /// The seed `role`'s model is loaded with (fresh heads equal everywhere).
   uint64_t (*seed)(const job_config& cfg, const role_traits& role);
   /// The optimizer of a role trained here.

@@ -97,6 +97,10 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
       [=](rm_eval_atom, const tensor_batch& b) {
         return serve<metric_map>(self, "rm_eval", [&](train_engine& e) { return e.rm_eval(b); });
       },
+      [=](dpo_step_atom, const tensor_batch& b, const dpo_step_options& o) {
+        return serve<metric_map>(self, "dpo_step",
+                                 [&](train_engine& e) { return e.dpo_step(b, o); });
+      },
       [=](export_atom) {
         return serve<actors::shared_weights>(
             self, "export_weights", [&](train_engine& e) -> expected<actors::shared_weights> {

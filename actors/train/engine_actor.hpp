@@ -30,6 +30,7 @@ using update_critic_atom = caf::atom_constant<caf::atom("updcritic")>;
 using sft_step_atom = caf::atom_constant<caf::atom("sftstep")>;
 using rm_step_atom = caf::atom_constant<caf::atom("rmstep")>;
 using rm_eval_atom = caf::atom_constant<caf::atom("rmeval")>;
+using dpo_step_atom = caf::atom_constant<caf::atom("dpostep")>;
 using export_atom = caf::atom_constant<caf::atom("export")>;
 using publish_atom = caf::atom_constant<caf::atom("publish")>;
 using save_model_atom = caf::atom_constant<caf::atom("savemodel")>;
@@ -72,6 +73,7 @@ using engine_actor = caf::typed_actor<
     caf::replies_to<sft_step_atom, runtime::tensor_batch>::with<metric_map>,
     caf::replies_to<rm_step_atom, runtime::tensor_batch>::with<metric_map>,
     caf::replies_to<rm_eval_atom, runtime::tensor_batch>::with<metric_map>,
+    caf::replies_to<dpo_step_atom, runtime::tensor_batch, dpo_step_options>::with<metric_map>,
     /// The weights under HF names (for the rollout's load_weights).
     caf::replies_to<export_atom>::with<actors::shared_weights>,
     /// Publishes the model's weights (HF names) as version v on the channel

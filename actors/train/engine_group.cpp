@@ -369,6 +369,14 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       [=](rm_step_atom a, const tensor_batch& b) {
         return split<metric_map>(self, b, "rm_step", "pairs", ask(a), group_metrics);
       },
+      [=](dpo_step_atom a, const tensor_batch& b, const dpo_step_options& o) {
+        return split<metric_map>(
+            self, b, "dpo_step", "pairs",
+            [=](const engine_actor& m, const tensor_batch& p) {
+              return self->request(m, caf::infinite, a, p, o);
+            },
+            group_metrics);
+      },
       [=](rm_eval_atom a, const tensor_batch& b) -> caf::result<metric_map> {
         // Evaluation needs no group: rank 0 scores every pair.
         return from_rank0<metric_map>(self, peers_do::same, a, b);

@@ -1037,6 +1037,12 @@ double loss_units(const at::Tensor& mask, kernels::loss_agg_mode agg) {
   return (mask.to(torch::kDouble).sum(1) > 0).to(torch::kDouble).sum().item<double>();
 }
 
+// A preference batch's loss units: its pairs (counted for both).
+std::pair<double, double> pair_units(const runtime::tensor_batch& b) {
+  auto n = static_cast<double>(b.size());
+  return {n, n};
+}
+
 // A batch's (loss units under `agg`, valid response tokens).
 auto units_with(kernels::loss_agg_mode agg) {
   return [agg](const runtime::tensor_batch& b) {
@@ -1442,11 +1448,6 @@ expected<metric_map> train_engine::sft_step(const runtime::tensor_batch& batch) 
   });
 }
 
-namespace {
-
-
-} // namespace
-
 expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
   if (auto ok = impl_->require_trainable("rm_step"); !ok)
     return ok.error();
@@ -1462,14 +1463,60 @@ expected<metric_map> train_engine::rm_step(const runtime::tensor_batch& batch) {
                                {"rm/accuracy", item((margin > 0).to(torch::kFloat).mean())},
                                {"rm/margin", item(margin.mean())}}};
     };
-    // A pair is a loss unit.
-    auto pairs = [](const runtime::tensor_batch& mb) {
-      auto n = static_cast<double>(mb.size());
-      return std::pair{n, n};
-    };
-    auto [r, m] = impl_->accumulate(batch, pairs, loss_of);
+    auto [r, m] = impl_->accumulate(batch, pair_units, loss_of);
     m["rm/grad_norm"] = r.grad_norm;
     m["rm/lr"] = r.lr;
+    return impl_->from_last_stage(impl_->group_metrics(std::move(m), r));
+  });
+}
+
+namespace {
+
+// A preference batch's chosen rows, then its rejected ones, as one sequence
+// batch (NOTE [sequence batches]).
+runtime::tensor_batch pair_sequences(const runtime::tensor_batch& b) {
+  runtime::tensor_batch out;
+  auto both = [&](const char* name, const std::string& chosen, const std::string& rejected) {
+    value_or_throw(out.set(name, torch::cat({need(b, chosen), need(b, rejected)}, 0)));
+  };
+  both("input_ids", "chosen_ids", "rejected_ids");
+  both("attention_mask", "chosen_mask", "rejected_mask");
+  both("response_mask", "chosen_response_mask", "rejected_response_mask");
+  return out;
+}
+
+} // namespace
+
+expected<metric_map> train_engine::dpo_step(const runtime::tensor_batch& batch,
+                                            const dpo_step_options& o) {
+  if (auto ok = impl_->require_trainable("dpo_step"); !ok)
+    return ok.error();
+  if (impl_->model->head() != models::head_kind::lm)
+    return make_error(errc::invalid_argument, "dpo_step: the model has no lm head");
+  return guarded("dpo_step", [&]() -> expected<metric_map> {
+    const bool average = o.loss.loss == kernels::dpo_loss_kind::ipo; // IPO: length-averaged
+    auto loss_of = [&](const runtime::tensor_batch& mb) {
+      auto seq = pair_sequences(mb);
+      auto lp = impl_->next_token_stats(seq, {}, false).log_probs;
+      auto logps =
+          value_or_throw(kernels::sequence_log_probs(lp, need(seq, "response_mask"), average));
+      const auto n = mb.size();
+      auto chosen = logps.narrow(0, 0, n), rejected = logps.narrow(0, n, n);
+      auto d = value_or_throw(kernels::dpo_loss(chosen, rejected, need(mb, "ref_chosen_logps"),
+                                                need(mb, "ref_rejected_logps"), o.loss));
+      auto margin = d.chosen_rewards - d.rejected_rewards;
+      return impl::micro_part{d.loss,
+                              {{"dpo/loss", item(d.loss)},
+                               {"rewards/chosen", item(d.chosen_rewards.mean())},
+                               {"rewards/rejected", item(d.rejected_rewards.mean())},
+                               {"rewards/accuracies", item((margin > 0).to(torch::kFloat).mean())},
+                               {"rewards/margins", item(margin.mean())},
+                               {"logps/chosen", item(chosen.detach().mean())},
+                               {"logps/rejected", item(rejected.detach().mean())}}};
+    };
+    auto [r, m] = impl_->accumulate(batch, pair_units, loss_of);
+    m["dpo/grad_norm"] = r.grad_norm;
+    m["dpo/lr"] = r.lr;
     return impl_->from_last_stage(impl_->group_metrics(std::move(m), r));
   });
 }

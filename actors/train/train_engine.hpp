@@ -20,6 +20,7 @@
 #include "kernels/kl.hpp"
 #include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
+#include "kernels/preference.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/error.hpp"
 #include "runtime/pipeline_schedule.hpp"
@@ -96,6 +97,17 @@ typename Inspector::result_type inspect(Inspector& f, critic_update_options& x) 
            x.loss_agg, x.loss_scale_factor, x.shuffle_seed, x.shuffle);
 }
 
+/// Options of a DPO step (its loss: kernels/preference.hpp).
+struct dpo_step_options {
+  kernels::dpo_options loss;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, dpo_step_options& x) {
+  return f(caf::meta::type_name("dpo_step_options"), x.loss.beta, x.loss.loss,
+           x.loss.label_smoothing);
+}
+
 /// The minibatches of `epochs` passes over `batch`, `parts` per pass: each
 /// pass a seeded shuffle (seed + pass) split into consecutive slices; with
 /// shuffle false, the batch's own order. The engine and the DP group's
@@ -169,6 +181,14 @@ public:
   /// Pairwise accuracy and mean loss of preference pairs without training
   /// (rm/eval_accuracy, rm/eval_loss).
   expected<metric_map> rm_eval(const runtime::tensor_batch& batch);
+
+  /// One DPO step (lm head) on preference pairs (NOTE [preference batches]
+  /// in actors/rl/data.hpp) that carry the reference's sequence log-probs
+  /// "ref_chosen_logps", "ref_rejected_logps" [B]: the loss of opts.loss over
+  /// the pairs (a pair is a loss unit); metrics under TRL's names —
+  /// rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
+  /// logps/chosen, logps/rejected — and dpo/loss, dpo/grad_norm, dpo/lr.
+  expected<metric_map> dpo_step(const runtime::tensor_batch& batch, const dpo_step_options& opts);
 
   /// The weights under HF names (what the rollout engine loads): contiguous
   /// CPU copies in the parameters' dtype. Under zero3 every rank takes part

@@ -139,10 +139,14 @@ TEST(StageTable, EachStageIsARowWithItsCastInSpawnOrder) {
     EXPECT_EQ(find_stage(st.name), &st);
     EXPECT_TRUE(st.driver != nullptr) << st.name;
   }
-  EXPECT_EQ(find_stage("dpo"), nullptr);
+  EXPECT_EQ(find_stage("ppo"), nullptr);
   auto ppo = job_of();
   EXPECT_EQ(names(stage_cast(stage_id::sft, ppo)), (strings{"policy", "rollout"}));
   EXPECT_EQ(names(stage_cast(stage_id::rm, ppo)), (strings{"reward"}));
+  // dpo trains the policy against a frozen reference; no generation.
+  EXPECT_EQ(names(stage_cast(stage_id::dpo, ppo)), (strings{"policy", "reference"}));
+  EXPECT_TRUE(traits_of(role_id::policy).trains_in(stage_id::dpo));
+  EXPECT_FALSE(traits_of(role_id::reference).trains_in(stage_id::dpo));
   EXPECT_EQ(names(stage_cast(stage_id::rl, ppo)),
             (strings{"policy", "critic", "reference", "reward", "rollout"}));
   // GRPO has no critic; no KL, no reference.
@@ -163,6 +167,11 @@ TEST(StageTable, RowsSayWhatDpRanksSplitAndHowModelsStart) {
   EXPECT_EQ(traits_of(stage_id::sft).dp_rows(c),
             (std::pair<std::string, int64_t>{"sft.batch_size", 24}));
   EXPECT_EQ(traits_of(stage_id::rm).dp_rows(c).second, 12);
+  EXPECT_EQ(traits_of(stage_id::dpo).dp_rows(job_of({"dpo.batch_size=10"})).second, 10);
+  // Pairs are two sequences (the planner's memory and traffic count both).
+  EXPECT_EQ(traits_of(stage_id::rm).sequences_per_row, 2);
+  EXPECT_EQ(traits_of(stage_id::dpo).sequences_per_row, 2);
+  EXPECT_EQ(traits_of(stage_id::sft).sequences_per_row, 1);
   EXPECT_EQ(traits_of(stage_id::rl).dp_rows(c).second, 8);
   // Every role of the rl stage starts from a seed of its own; sft's roles share one.
   std::set<uint64_t> seeds;

@@ -22,6 +22,7 @@
 using namespace troupe;
 using namespace troupe::actors;
 using troupe::actors::inference::testing::copy_of;
+using troupe::actors::inference::testing::dpo_batch;
 using troupe::actors::inference::testing::fixed_batch;
 using troupe::actors::inference::testing::rl_batch;
 using troupe::actors::inference::testing::state_tensors;
@@ -414,6 +415,33 @@ TEST(EngineGroup, GspoAndCispoUpdatesMatchOneEngine) {
     SCOPED_TRACE(name);
     setup s{models::head_kind::lm, name, 20000, train::dp_strategy::ddp, 2, 0, 16};
     expect_same_policy_updates(s, kernels::loss_agg_mode::token_mean, kind);
+    EXPECT_LT(s.weight_gap(), tolerance);
+  }
+}
+
+// DPO steps of every loss type: two ranks computing their pairs in token
+// micro-batches learn what one engine learns from the whole batch.
+TEST(EngineGroup, DpoStepsMatchOneEngine) {
+  for (auto loss : {kernels::dpo_loss_kind::sigmoid, kernels::dpo_loss_kind::hinge,
+                    kernels::dpo_loss_kind::ipo}) {
+    const std::string name = "dpo-" + std::string{to_string(loss)};
+    SCOPED_TRACE(name);
+    setup s{models::head_kind::lm, name, 20000, train::dp_strategy::ddp, 2, 0, 16};
+    train::dpo_step_options o;
+    o.loss.loss = loss;
+    o.loss.beta = 0.5;
+    for (int step = 0; step < 3; ++step) {
+      auto batch = dpo_batch(6, 500 + static_cast<uint64_t>(step));
+      auto a = s.ask<train::metric_map>(s.single, train::dpo_step_atom::value, batch, o);
+      auto b = s.ask<train::metric_map>(s.group, train::dpo_step_atom::value, batch, o);
+      ASSERT_TRUE(a) << describe(a.error());
+      ASSERT_TRUE(b) << describe(b.error());
+      expect_same_metrics(*a, *b);
+      for (const char* key :
+           {"dpo/loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+            "rewards/margins", "logps/chosen", "logps/rejected", "dpo/grad_norm"})
+        EXPECT_TRUE(a->count(key)) << key;
+    }
     EXPECT_LT(s.weight_gap(), tolerance);
   }
 }

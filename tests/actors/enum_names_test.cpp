@@ -81,6 +81,7 @@ TEST(EnumNames, EveryValueOfEveryEnumRoundTripsThroughItsName) {
   EXPECT_EQ(enum_from_name<kernels::kl_estimator>("low_var_kl+"), kernels::kl_estimator::k3_st);
   EXPECT_EQ(enum_name_list<kernels::kl_estimator>(), "k1, abs, k2, k3, k1+, k3+");
   expect_round_trip<kernels::policy_loss_kind>("policy_loss_kind");
+  expect_round_trip<kernels::dpo_loss_kind>("dpo_loss_kind");
 }
 
 namespace {
@@ -117,6 +118,9 @@ std::vector<choice_field> job_choices() {
        [=](const job_config& c) { return s(c.run.log_level); }},
       {"data.task", names_of<task_kind>(), [=](const job_config& c) { return s(c.data.task); }},
       {"rm.init", {"sft", "base"}, [=](const job_config& c) { return s(c.rm.init); }},
+      {"dpo.init", {"sft", "base"}, [=](const job_config& c) { return s(c.dpo.init); }},
+      {"dpo.loss_type", names_of<kernels::dpo_loss_kind>(),
+       [=](const job_config& c) { return s(c.dpo.loss_type); }},
       {"rl.algorithm", names_of<algorithm_kind>(),
        [=](const job_config& c) { return s(c.rl.algorithm); }},
       {"rl.advantage", names_of<kernels::advantage_estimator>(true),

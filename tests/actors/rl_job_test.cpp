@@ -229,6 +229,34 @@ TEST(RlJob, TheAlgorithmMenuRuns) {
   }
 }
 
+// NOTE [dpo stage]: sft, then DPO on the task's preference pairs. The first
+// step's policy is its reference: every implicit reward is 0 and the
+// sigmoid loss is ln 2. Training moves the held-out pairs' implicit reward
+// margin up and orders most of them as labelled.
+TEST(RlJob, DpoStageLearnsThePreferences) {
+  test::temp_dir tmp;
+  auto cfg =
+      parse(tiny_job(tmp.file("run")), {"stages=[sft, dpo]", "dpo.steps=12", "dpo.batch_size=8",
+                                        "dpo.eval_every=6", "dpo.beta=0.5", "dpo.optim.lr=0.003"});
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto r = run(*cfg);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  auto dpo = stage_lines(r.metrics, "dpo");
+  ASSERT_EQ(dpo.size(), 12u);
+  EXPECT_NEAR(dpo[0]["dpo/loss"].get<double>(), std::log(2.0), 1e-4);
+  EXPECT_NEAR(dpo[0]["rewards/margins"].get<double>(), 0.0, 1e-4);
+  for (const char* key : {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                          "logps/chosen", "logps/rejected", "dpo/grad_norm", "dpo/lr"})
+    EXPECT_TRUE(dpo[0].contains(key)) << key;
+  EXPECT_TRUE(dpo[5].contains("val/rewards/accuracies"));
+  EXPECT_FALSE(dpo[4].contains("val/rewards/accuracies"));
+  const auto& last = dpo.back();
+  EXPECT_GT(last["val/rewards/margins"].get<double>(), 0.0);
+  EXPECT_GE(last["val/rewards/accuracies"].get<double>(), 0.6);
+  EXPECT_LT(last["dpo/loss"].get<double>(), std::log(2.0));
+  EXPECT_TRUE(std::filesystem::exists(tmp.path() / "run" / "dpo" / "model" / "config.json"));
+}
+
 // NOTE [groups of one]: GRPO with one sample per prompt runs, each sample's
 // advantage its raw score, and the log names a prompt.
 TEST(RlJob, AGroupOfOneGetsItsScoreAndAWarning) {

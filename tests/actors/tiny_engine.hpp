@@ -107,6 +107,24 @@ inline runtime::tensor_batch rl_batch(int64_t rows, uint64_t seed) {
   return b;
 }
 
+/// A DPO batch of `pairs` preference pairs (NOTE [preference batches]):
+/// fixed_batch's first rows as the chosen sequences, the rest as the
+/// rejected ones, with seeded reference log-probs.
+inline runtime::tensor_batch dpo_batch(int64_t pairs, uint64_t seed) {
+  auto seq = fixed_batch(2 * pairs, seed);
+  runtime::tensor_batch b;
+  for (auto [from, side] : {std::pair{"input_ids", "ids"}, std::pair{"attention_mask", "mask"},
+                            std::pair{"response_mask", "response_mask"}}) {
+    auto t = seq.get(from).value();
+    EXPECT_TRUE(b.set(std::string{"chosen_"} + side, t.narrow(0, 0, pairs)));
+    EXPECT_TRUE(b.set(std::string{"rejected_"} + side, t.narrow(0, pairs, pairs)));
+  }
+  torch::manual_seed(static_cast<int64_t>(seed));
+  EXPECT_TRUE(b.set("ref_chosen_logps", -torch::rand({pairs}) * 10));
+  EXPECT_TRUE(b.set("ref_rejected_logps", -torch::rand({pairs}) * 10));
+  return b;
+}
+
 /// The tensors of a training state (save_state's bytes), by key.
 inline std::map<std::string, at::Tensor> state_tensors(const std::string& bytes) {
   torch::serialize::InputArchive a;

@@ -29,6 +29,7 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
         [](const actors::train::metric_map& m) { return m; },
         [](const actors::train::policy_update_options& o) { return o; },
         [](const actors::train::critic_update_options& o) { return o; },
+        [](const actors::train::dpo_step_options& o) { return o; },
         [](const actors::rl::reward_request& r) { return r; },
     };
   });
@@ -201,6 +202,12 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
                  b.options.dual_clip_c, b.options.agg, b.options.loss_scale_factor, b.entropy_coef,
                  po.temperature, b.kl_coef, b.kl, po.shuffle_seed, po.shuffle, po.lr));
   }
+
+  actors::train::dpo_step_options dpo;
+  dpo.loss = {.beta = 0.25, .loss = kernels::dpo_loss_kind::ipo, .label_smoothing = 0.125};
+  auto dg = round_trip(dpo);
+  EXPECT_EQ(std::tie(dg.loss.beta, dg.loss.loss, dg.loss.label_smoothing),
+            std::tie(dpo.loss.beta, dpo.loss.loss, dpo.loss.label_smoothing));
 
   actors::train::critic_update_options co;
   co.epochs = 3;
