@@ -357,6 +357,23 @@ void visit(V& v, critic_config& c) {
   v.field("value_clip", c.value_clip, "Clip values to old ± this; 0 = off");
 }
 
+/// NOTE [dynamic sampling] (DAPO, Yu et al. 2025).
+struct dynamic_sampling_config {
+  /// Drop the groups whose samples all score the same (they teach a group
+  /// estimator nothing) and refill the batch from further prompts.
+  bool enabled = false;
+  /// Refill rounds at most per iteration (each generates prompts_per_iteration
+  /// more prompts); past it the batch is completed with dropped groups.
+  int64_t max_rounds = 3;
+};
+template <class V>
+void visit(V& v, dynamic_sampling_config& c) {
+  v.field("enabled", c.enabled,
+          "Drop groups whose samples all score the same and refill from further prompts");
+  v.field("max_rounds", c.max_rounds,
+          "Refill rounds at most per iteration; past it dropped groups complete the batch");
+}
+
 /// The rollout engine's settings in a job: the engine's own defaults, with
 /// a smaller KV pool and a larger batch (RL batches are many short sequences).
 inline inference::engine_config default_rollout() {
@@ -400,6 +417,7 @@ struct rl_config {
   int64_t staleness = 0;
   /// Cap of the importance weight π_policy / π_behaviour of stale samples.
   double stale_is_cap = 2.0;
+  dynamic_sampling_config dynamic_sampling;
   /// NOTE [true on-policy]: the rollout and the policy compute log-probs
   /// through the batch-invariant forward, so the sampled, old and first
   /// update log-probs are equal bit for bit.
@@ -454,6 +472,8 @@ void visit(V& v, rl_config& c) {
           "previous weights) while this one trains");
   v.field("stale_is_cap", c.stale_is_cap,
           "Cap of the per-token importance weight correcting stale samples' advantages");
+  v.section("dynamic_sampling", c.dynamic_sampling,
+            "DAPO's dynamic sampling: a batch of groups whose scores differ");
   v.field("true_on_policy", c.true_on_policy,
           "Rollout and policy log-probs through batch-invariant CPU kernels: the engine's "
           "sampled log-probs equal the old and the first update's bit for bit (every ratio "

@@ -57,8 +57,10 @@ struct iteration_state {
   runtime::tensor_batch batch;
   at::Tensor mask, eng_lp, old_lp, ref_lp, values, scores;
   /// A reward's dense per-token scores, in the [B, L-1] layout (undefined
-  /// when it gives none).
+  /// when it gives none), placed from token_score_rows (one per sample,
+  /// response positions) once the batch is collated.
   at::Tensor token_scores;
+  std::vector<std::vector<float>> token_score_rows;
   /// ReMax: each sample's greedy baseline score [B] (its prompt's).
   at::Tensor baseline_scores;
   /// Scores requested during gen (NOTE [overlapped scoring]): each waits for
@@ -121,6 +123,14 @@ private:
   expected<void> gen_scored(iteration_state& s);
   /// The reward role's reply applied to `s` (scores, token scores, means).
   void absorb_scores(iteration_state& s, runtime::tensor_batch& reply) const;
+  /// The samples' scores now: the overlapped ones collected, else asked for.
+  expected<void> score_now(iteration_state& s);
+  /// NOTE [dynamic sampling]: keeps the groups whose scores differ, refilled
+  /// from further prompts, before the batch is collated.
+  expected<void> dynamic_sampling(iteration_state& s);
+  /// The requests of refill round `round` of iteration `it`.
+  std::vector<inference::generate_request> refill_requests(int64_t it, int64_t round,
+                                                           std::vector<example>& rows) const;
   /// Warns about the samples alone in their group (NOTE [groups of one]).
   void warn_groups_of_one(const iteration_state& s, const at::Tensor& group_ids) const;
   void inject(std::string_view phase, int64_t it);

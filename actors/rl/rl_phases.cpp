@@ -21,6 +21,12 @@ at::Tensor log_probs_of(const expected<runtime::tensor_batch>& b) {
   return value_or_throw(value_or_throw(b).get("log_probs"));
 }
 
+// The dense scores in the batch's [B, L-1] layout, once it is collated.
+void place_token_scores(iteration_state& s) {
+  if (!s.token_score_rows.empty() && s.mask.defined())
+    s.token_scores = scatter_response_values(s.prompts, s.token_score_rows, s.mask.size(1) + 1);
+}
+
 } // namespace
 
 // The training rows of iteration `it` (the data position is it × prompts).
@@ -32,26 +38,53 @@ std::vector<example> rl_driver::rows_of(int64_t it) const {
   return value_or_throw(ctx_.data.train.rows(idx));
 }
 
-// The requests of iteration `it` (seeds from the run seed, it, prompt).
-std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) const {
-  const auto& r = ctx_.cfg->rl;
-  auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
-  auto rows = rows_of(it);
+namespace {
+
+// The requests for `rows`: n samples each, request i seeded by seed_of(i).
+std::vector<inference::generate_request>
+requests_for(job_context& ctx, const std::vector<example>& rows,
+             const std::function<uint64_t(size_t)>& seed_of) {
+  const auto& r = ctx.cfg->rl;
   std::vector<inference::generate_request> reqs;
   reqs.reserve(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     inference::generate_request q;
     q.id = std::to_string(i);
-    q.prompt = value_or_throw(ctx_.enc.prompt(rows[i].prompt, rows[i].messages));
+    q.prompt = value_or_throw(ctx.enc.prompt(rows[i].prompt, rows[i].messages));
     q.sampling.temperature = r.generation.temperature;
     q.sampling.top_k = r.generation.top_k;
     q.sampling.top_p = r.generation.top_p;
     q.sampling.n = static_cast<int32_t>(r.samples_per_prompt);
     q.sampling.max_tokens = r.generation.max_tokens;
-    q.sampling.seed = mix_seed({seed, 52, static_cast<uint64_t>(it), i});
+    q.sampling.seed = seed_of(i);
     reqs.push_back(std::move(q));
   }
   return reqs;
+}
+
+} // namespace
+
+// The requests of iteration `it` (seeds from the run seed, it, prompt).
+std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) const {
+  auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
+  return requests_for(ctx_, rows_of(it), [&](size_t i) {
+    return mix_seed({seed, 52, static_cast<uint64_t>(it), i});
+  });
+}
+
+// NOTE [dynamic sampling]: refill round k of iteration it draws its prompts
+// from a stream of its own, a pure function of (run seed, it, k), so the
+// data position stays it × prompts and a resumed run refills the same way.
+std::vector<inference::generate_request> rl_driver::refill_requests(int64_t it, int64_t round,
+                                                                    std::vector<example>& rows) const {
+  const auto& r = ctx_.cfg->rl;
+  auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
+  auto idx = batch_indices(ctx_.data.train.size(), mix_seed({seed, 55, static_cast<uint64_t>(it)}),
+                           round * r.prompts_per_iteration, r.prompts_per_iteration);
+  rows = value_or_throw(ctx_.data.train.rows(idx));
+  return requests_for(ctx_, rows, [&](size_t i) {
+    return mix_seed({seed, 56, static_cast<uint64_t>(it), static_cast<uint64_t>(round), i});
+  });
 }
 
 void rl_driver::take_samples(iteration_state& s, inference::request_output& out,
@@ -164,11 +197,15 @@ expected<void> rl_driver::gen(iteration_state& s) {
     for (size_t i = 0; i < outs->size(); ++i)
       take_samples(s, (*outs)[i], rows[i]);
   }
+  if (r.dynamic_sampling.enabled)
+    if (auto ok = dynamic_sampling(s); !ok)
+      return ok;
   auto b = collate_sequences(s.prompts, s.responses, ctx_.pad);
   if (!b)
     return b.error();
   s.batch = std::move(*b);
   s.mask = value_or_throw(s.batch.get("response_mask"));
+  place_token_scores(s);
   auto length = value_or_throw(s.batch.get("input_ids")).size(1);
   s.eng_lp = scatter_response_values(s.prompts, s.engine_lp, length);
   // NOTE [staleness]: the next batch is sampled now, with these weights,
@@ -312,11 +349,18 @@ void rl_driver::absorb_scores(iteration_state& s, runtime::tensor_batch& reply) 
       auto row = d[static_cast<int64_t>(i)];
       rows[i].assign(row.data_ptr<float>(), row.data_ptr<float>() + n);
     }
-    s.token_scores = scatter_response_values(s.prompts, rows, s.mask.size(1) + 1);
+    s.token_score_rows = std::move(rows);
+    place_token_scores(s);
   }
 }
 
 expected<void> rl_driver::reward(iteration_state& s) {
+  if (s.scores.defined()) // scored during gen (NOTE [dynamic sampling])
+    return {};
+  return score_now(s);
+}
+
+expected<void> rl_driver::score_now(iteration_state& s) {
   if (!s.pending_scores.empty()) {
     stopwatch wait;
     std::vector<runtime::tensor_batch> parts;

@@ -30,7 +30,8 @@ inline nlohmann::json deterministic_part(nlohmann::json j) {
   for (auto it = j.begin(); it != j.end();) {
     const auto& k = it.key();
     if (k.rfind("timing_s/", 0) == 0 || k == "perf/throughput" || k == "perf/orchestration_share" ||
-        k == "rollout/tokens_per_s" || k == "rollout/ttft_ms" || k == "rollout/itl_ms")
+        k == "rollout/tokens_per_s" || k == "rollout/ttft_ms" || k == "rollout/itl_ms" ||
+        k == "rollout/dynamic_sampling/refill_s")
       it = j.erase(it);
     else
       ++it;

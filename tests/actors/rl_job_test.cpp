@@ -229,6 +229,48 @@ TEST(RlJob, TheAlgorithmMenuRuns) {
   }
 }
 
+// NOTE [dynamic sampling] on the addition task with an exact-match reward
+// (most groups of a barely trained policy score all 0): uniform groups are
+// dropped, refill rounds generate more, the batch keeps its shape, the
+// counts add up, and two runs do the same.
+TEST(RlJob, DynamicSamplingDropsUniformGroupsAndRefills) {
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    test::temp_dir tmp;
+    auto cfg = parse(tiny_job(tmp.file("run")),
+                     {"stages=[sft, rl]", "rl.iterations=2", "rl.algorithm=grpo",
+                      "rl.samples_per_prompt=4", "rl.reward.rule=exact", "data.task=add",
+                      "data.min_digits=1", "data.max_digits=1", "sft.steps=20",
+                      "rl.dynamic_sampling.enabled=true", "rl.dynamic_sampling.max_rounds=2"});
+    ASSERT_TRUE(cfg) << describe(cfg.error());
+    auto r = run(*cfg);
+    ASSERT_TRUE(r.summary) << describe(r.summary.error());
+    auto rl = stage_lines(r.metrics, "rl");
+    ASSERT_EQ(rl.size(), 3u);
+    double dropped_total = 0;
+    for (size_t i = 1; i < rl.size(); ++i) {
+      auto rounds = rl[i]["rollout/dynamic_sampling/rounds"].get<double>();
+      auto generated = rl[i]["rollout/dynamic_sampling/groups_generated"].get<double>();
+      auto dropped = rl[i]["rollout/dynamic_sampling/groups_dropped"].get<double>();
+      auto padded = rl[i]["rollout/dynamic_sampling/groups_padded"].get<double>();
+      EXPECT_LE(rounds, 2.0);
+      EXPECT_EQ(generated, 4.0 * (rounds + 1));
+      EXPECT_EQ(padded, std::max(0.0, 4.0 - (generated - dropped)));
+      if (rounds < 2)
+        EXPECT_EQ(padded, 0.0); // it stopped because the batch was full
+      dropped_total += dropped;
+      // The batch keeps its shape: 4 prompts × 4 samples.
+      EXPECT_EQ(rl[i]["response_length/mean"].is_number(), true);
+    }
+    EXPECT_GT(dropped_total, 0.0) << "no uniform group: the case is not covered";
+    for (auto& j : rl)
+      j = deterministic_part(j);
+    runs.push_back(rl);
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i)
+    EXPECT_EQ(runs[0][i].dump(), runs[1][i].dump());
+}
+
 // NOTE [dpo stage]: sft, then DPO on the task's preference pairs. The first
 // step's policy is its reference: every implicit reward is 0 and the
 // sigmoid loss is ln 2. Training moves the held-out pairs' implicit reward
