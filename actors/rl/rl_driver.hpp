@@ -38,11 +38,13 @@ struct rl_algorithm {
   static expected<rl_algorithm> from(const rl_config& r);
 };
 
-/// What a checkpoint holds besides the models: the iterations done and the
-/// KL coefficient.
+/// What a checkpoint holds besides the models: the iterations done, the
+/// KL coefficient and (NOTE [staleness]) the batch of the next iteration
+/// when it was sampled ahead.
 struct rl_progress {
   int64_t iteration = 0;
   double beta = 0;
+  std::optional<std::vector<inference::request_output>> ahead;
 };
 
 /// One iteration's data, passed from phase to phase (NOTE [rl iteration]).
@@ -82,7 +84,13 @@ struct iteration_state {
 class rl_driver {
 public:
   rl_driver(job_context& ctx, cast roles, rl_algorithm algo, rl_progress progress)
-      : ctx_(ctx), cast_(std::move(roles)), algo_(algo), progress_(progress) {}
+      : ctx_(ctx), cast_(std::move(roles)), algo_(algo), progress_(std::move(progress)) {
+    if (progress_.ahead) { // a resumed run continues with the batch sampled ahead
+      ahead_ = progress_.ahead;
+      prefetched_.emplace(progress_.iteration, std::move(*progress_.ahead));
+      progress_.ahead.reset();
+    }
+  }
 
   /// Runs the iterations left; stops the roles at the end.
   expected<stage_summary> run();
@@ -152,6 +160,9 @@ private:
   /// prefetched_ with (its iteration, its outputs).
   std::function<void()> collect_ahead_;
   std::optional<std::pair<int64_t, expected<std::vector<inference::request_output>>>> prefetched_;
+  /// The batch of iteration progress_.iteration when it was sampled ahead,
+  /// kept until that iteration completes: a checkpoint holds it.
+  std::optional<std::vector<inference::request_output>> ahead_;
 };
 
 } // namespace troupe::actors::rl::detail

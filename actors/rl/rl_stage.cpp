@@ -46,9 +46,10 @@
 // PPO ratio stays relative to the current policy's log-probs; the advantages
 // of a stale batch are multiplied per token by min(π_policy / π_behaviour,
 // stale_is_cap) (truncated importance sampling; rollout/stale_is_weight/*).
-// A run resumed from a checkpoint samples its first batch synchronously
-// (the batch sampled ahead is not checkpointed), so with staleness 1 a
-// resumed run is not bit-identical to an uninterrupted one.
+// A checkpoint holds the batch sampled ahead for its next iteration
+// (ahead.bin: the engine's outputs, tokens and behaviour log-probs), and a
+// resumed run trains on it as the uninterrupted run does, so with staleness
+// 1 too a resumed run is bit-identical to an uninterrupted one.
 //
 // NOTE [true on-policy]: with rl.true_on_policy the rollout engine runs every
 // step, and the policy computes every log-prob value, through the
@@ -145,6 +146,14 @@ expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
     return make_error(errc::corrupted, *dir + ": driver.json is malformed");
   out.progress.iteration = j["iteration"].get<int64_t>();
   out.progress.beta = j["kl_coef"].get<double>();
+  if (files->count("ahead.bin")) { // NOTE [staleness]
+    const auto& bytes = files->at("ahead.bin");
+    std::vector<inference::request_output> ahead;
+    caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
+    if (auto err = source(ahead))
+      return make_error(errc::corrupted, *dir + ": ahead.bin is malformed");
+    out.progress.ahead = std::move(ahead);
+  }
   out.files = std::move(*files);
   out.dir = *dir;
   return out;
@@ -334,6 +343,9 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
   s.m["perf/total_num_tokens"] = tokens;
   progress_.iteration = it + 1;
   progress_.beta = s.beta_next;
+  ahead_.reset(); // the next iteration's batch, if sampled ahead, is the checkpoint's now
+  if (prefetched_ && prefetched_->first == it + 1 && prefetched_->second)
+    ahead_ = *prefetched_->second;
   s.updating = false; // the iteration is complete: its state is the checkpoint's
   bool last = it + 1 == r.iterations;
   if (last || (r.eval_every > 0 && (it + 1) % r.eval_every == 0)) {
@@ -441,6 +453,13 @@ expected<void> rl_driver::save_checkpoint() {
   nlohmann::json j = {
       {"stage", "rl"}, {"iteration", progress_.iteration}, {"kl_coef", progress_.beta}};
   files["driver.json"] = j.dump() + "\n";
+  if (ahead_) { // NOTE [staleness]: the next iteration's batch, sampled ahead
+    std::vector<char> buf;
+    caf::binary_serializer sink{nullptr, buf};
+    if (auto err = sink(*ahead_))
+      return make_error(errc::internal, "checkpoint: serialising the batch sampled ahead");
+    files["ahead.bin"] = std::string(buf.begin(), buf.end());
+  }
   return commit_checkpoint(ctx_, "rl", progress_.iteration, "iter", files);
 }
 
