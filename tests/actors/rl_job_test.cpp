@@ -257,8 +257,9 @@ TEST(RlJob, DynamicSamplingDropsUniformGroupsAndRefills) {
       EXPECT_LE(rounds, 2.0);
       EXPECT_EQ(generated, 4.0 * (rounds + 1));
       EXPECT_EQ(padded, std::max(0.0, 4.0 - (generated - dropped)));
-      if (rounds < 2)
-        EXPECT_EQ(padded, 0.0); // it stopped because the batch was full
+      if (rounds < 2) { // it stopped because the batch was full
+        EXPECT_EQ(padded, 0.0);
+      }
       dropped_total += dropped;
       // The batch keeps its shape: 4 prompts × 4 samples.
       EXPECT_EQ(rl[i]["response_length/mean"].is_number(), true);
@@ -491,9 +492,10 @@ TEST(RlJob, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
     for (const char* key : {"rollout_corr/logprob_abs_diff_mean",
                             "rollout_corr/logprob_abs_diff_max", "rollout_corr/kl"})
       EXPECT_TRUE(j.contains(key)) << step << ": " << key;
-    if (step > 1)
+    if (step > 1) {
       EXPECT_GT(j["rollout_corr/logprob_abs_diff_mean"].get<double>(), 1e-5)
           << step << ": a version apart";
+    }
     EXPECT_EQ(j.contains("rollout/stale_is_weight/mean"), step > 1) << step;
     if (step > 1) {
       auto w = j["rollout/stale_is_weight/mean"].get<double>();
