@@ -1,6 +1,6 @@
-// Messages that cross processes: a tensor_batch and a weight channel travel
-// between two actor systems through CAF's middleman (serialised, sent over
-// loopback TCP, rebuilt) and come back equal.
+// Messages that cross processes: every request and reply type of the role
+// actors travels between two actor systems through CAF's middleman
+// (serialised, sent over loopback TCP, rebuilt) and comes back equal.
 #include "actors/actor_system.hpp"
 #include "actors/inference/rollout.hpp"
 #include "actors/rl/reward.hpp"
@@ -14,86 +14,101 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
+
 using namespace troupe;
 
-TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
-  test::networked_system server;
-  test::networked_system client;
-  auto echo = server.sys->spawn([](caf::event_based_actor*) -> caf::behavior {
-    return {
-        [](const runtime::tensor_batch& b) { return b; },
-        [](const actors::weight_channel& c) { return c; },
-        [](const std::vector<actors::inference::generate_request>& r) { return r; },
-        [](const std::vector<actors::inference::request_output>& r) { return r; },
-        [](const actors::inference::engine_metrics& m) { return m; },
-        [](const actors::train::metric_map& m) { return m; },
-        [](const actors::train::policy_update_options& o) { return o; },
-        [](const actors::train::critic_update_options& o) { return o; },
-        [](const actors::train::dpo_step_options& o) { return o; },
-        [](const actors::rl::reward_request& r) { return r; },
-    };
-  });
-  // The systems wait for their actors when destroyed: stop the echo actor
-  // on every way out of the test.
-  struct stop_at_exit {
-    caf::actor a;
-    ~stop_at_exit() { caf::anon_send_exit(a, caf::exit_reason::user_shutdown); }
-  } stop{echo};
-  auto port = server.sys->middleman().publish(echo, 0, "127.0.0.1");
-  ASSERT_TRUE(port) << server.sys->render(port.error());
-  auto remote = client.sys->middleman().remote_actor("127.0.0.1", *port);
-  ASSERT_TRUE(remote) << client.sys->render(remote.error());
+namespace {
 
-  runtime::tensor_batch b;
-  ASSERT_TRUE(b.set("tokens", torch::arange(10, torch::kLong).view({2, 5})));
-  ASSERT_TRUE(b.set("old_logp", torch::randn({2, 5})));
-  caf::scoped_actor self{*client.sys};
-  bool answered = false;
-  self->request(*remote, std::chrono::seconds(10), b)
-      .receive(
-          [&](const runtime::tensor_batch& got) {
-            answered = true;
-            ASSERT_EQ(got.tensors().size(), 2u);
-            for (const auto& [name, t] : b.tensors()) {
-              auto g = got.get(name);
-              ASSERT_TRUE(g) << name;
-              EXPECT_TRUE(torch::equal(*g, t)) << name;
-              // A real copy: the reply does not share the sender's storage.
-              EXPECT_NE(g->data_ptr(), t.data_ptr()) << name;
-            }
-          },
-          [&](caf::error& e) { ADD_FAILURE() << client.sys->render(e); });
-  EXPECT_TRUE(answered);
+// Two actor systems on loopback and, on the server, an actor that answers
+// every role message type with what it received.
+class RemoteMessages : public ::testing::Test {
+protected:
+  void SetUp() override {
+    echo_ = server_.sys->spawn([](caf::event_based_actor*) -> caf::behavior {
+      return {
+          [](const runtime::tensor_batch& b) { return b; },
+          [](const actors::weight_channel& c) { return c; },
+          [](const std::vector<actors::inference::generate_request>& r) { return r; },
+          [](const std::vector<actors::inference::request_output>& r) { return r; },
+          [](const actors::inference::engine_metrics& m) { return m; },
+          [](const actors::train::metric_map& m) { return m; },
+          [](const actors::train::policy_update_options& o) { return o; },
+          [](const actors::train::critic_update_options& o) { return o; },
+          [](const actors::train::dpo_step_options& o) { return o; },
+          [](const actors::rl::reward_request& r) { return r; },
+      };
+    });
+    auto port = server_.sys->middleman().publish(echo_, 0, "127.0.0.1");
+    ASSERT_TRUE(port) << server_.sys->render(port.error());
+    auto remote = client_.sys->middleman().remote_actor("127.0.0.1", *port);
+    ASSERT_TRUE(remote) << client_.sys->render(remote.error());
+    remote_ = *remote;
+    self_.emplace(*client_.sys);
+  }
+  // The systems wait for their actors when destroyed: stop the echo actor.
+  void TearDown() override {
+    self_.reset();
+    caf::anon_send_exit(echo_, caf::exit_reason::user_shutdown);
+  }
 
-  actors::weight_channel c;
-  c.kind = runtime::transport_kind::shm;
-  c.channel = "job-7-rl";
-  c.keep = 3;
-  self->request(*remote, std::chrono::seconds(10), c)
-      .receive(
-          [&](const actors::weight_channel& got) {
-            EXPECT_EQ(got.kind, runtime::transport_kind::shm);
-            EXPECT_EQ(got.channel, "job-7-rl");
-            EXPECT_EQ(got.keep, 3);
-          },
-          [&](caf::error& e) { ADD_FAILURE() << client.sys->render(e); });
-
-  // Every request and reply type of the role actors, each field set to a
-  // non-default value, comes back equal.
-  auto round_trip = [&](const auto& value) {
-    using T = std::decay_t<decltype(value)>;
+  // `value` sent to the echo actor, as it comes back.
+  template <class T>
+  T round_trip(const T& value) {
     T got{};
     bool ok = false;
-    self->request(*remote, std::chrono::seconds(10), value)
+    (*self_)
+        ->request(remote_, std::chrono::seconds(10), value)
         .receive(
             [&](const T& x) {
               got = x;
               ok = true;
             },
-            [&](caf::error& e) { ADD_FAILURE() << client.sys->render(e); });
+            [&](caf::error& e) { ADD_FAILURE() << client_.sys->render(e); });
     EXPECT_TRUE(ok);
     return got;
-  };
+  }
+
+  static runtime::tensor_batch small_batch() {
+    runtime::tensor_batch b;
+    EXPECT_TRUE(b.set("tokens", torch::arange(10, torch::kLong).view({2, 5})));
+    EXPECT_TRUE(b.set("old_logp", torch::randn({2, 5})));
+    return b;
+  }
+
+  test::networked_system server_;
+  test::networked_system client_;
+  caf::actor echo_;
+  caf::actor remote_;
+  std::optional<caf::scoped_actor> self_;
+};
+
+} // namespace
+
+// Each request and reply type of the role actors, each field set to a
+// non-default value, comes back equal.
+TEST_F(RemoteMessages, TensorBatchesAndWeightChannelsCrossIntact) {
+  auto b = small_batch();
+  auto got = round_trip(b);
+  ASSERT_EQ(got.tensors().size(), 2u);
+  for (const auto& [name, t] : b.tensors()) {
+    auto g = got.get(name);
+    ASSERT_TRUE(g) << name;
+    EXPECT_TRUE(torch::equal(*g, t)) << name;
+    // A real copy: the reply does not share the sender's storage.
+    EXPECT_NE(g->data_ptr(), t.data_ptr()) << name;
+  }
+  actors::weight_channel c;
+  c.kind = runtime::transport_kind::shm;
+  c.channel = "job-7-rl";
+  c.keep = 3;
+  auto gc = round_trip(c);
+  EXPECT_EQ(gc.kind, runtime::transport_kind::shm);
+  EXPECT_EQ(gc.channel, "job-7-rl");
+  EXPECT_EQ(gc.keep, 3);
+}
+
+TEST_F(RemoteMessages, GenerationRequestsOutputsAndEngineMetricsCrossIntact) {
   namespace inf = actors::inference;
   inf::generate_request req;
   req.id = "p-3";
@@ -166,11 +181,13 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
             std::tie(m.steps, m.prompt_tokens, m.prefill_tokens_computed, m.generated_tokens,
                      m.preemptions, m.finished_requests, m.itl_count, m.running, m.waiting,
                      m.num_blocks));
-  EXPECT_EQ(std::tie(mm.busy_seconds, mm.ttft_ms_sum, mm.itl_ms_sum, mm.prefix_hit_rate,
-                     mm.kv_utilization),
-            std::tie(m.busy_seconds, m.ttft_ms_sum, m.itl_ms_sum, m.prefix_hit_rate,
-                     m.kv_utilization));
+  EXPECT_EQ(
+      std::tie(mm.busy_seconds, mm.ttft_ms_sum, mm.itl_ms_sum, mm.prefix_hit_rate,
+               mm.kv_utilization),
+      std::tie(m.busy_seconds, m.ttft_ms_sum, m.itl_ms_sum, m.prefix_hit_rate, m.kv_utilization));
+}
 
+TEST_F(RemoteMessages, TrainingOptionsAndMetricsCrossIntact) {
   actors::train::metric_map metrics{{"actor/pg_loss", -0.5}, {"critic/vf_loss", 2.0}};
   EXPECT_EQ(round_trip(metrics), metrics);
 
@@ -221,7 +238,10 @@ TEST(RemoteMessages, EveryRoleMessageTypeCrossesTheMiddlemanIntact) {
                      cg.shuffle_seed),
             std::tie(co.epochs, co.minibatches, co.value_clip, co.loss_agg, co.loss_scale_factor,
                      co.shuffle_seed));
+}
 
+TEST_F(RemoteMessages, RewardRequestsCrossIntact) {
+  auto b = small_batch();
   actors::rl::reward_request rr;
   rr.batch = b;
   rr.responses = {{4, 5}, {6}};
