@@ -29,6 +29,11 @@ enum class dpo_loss_kind : uint8_t {
 };
 TROUPE_ENUM_NAMES(dpo_loss_kind, "sigmoid", "hinge", "ipo")
 
+/// Whether `loss` reads length-averaged sequence log-probs (IPO, as TRL).
+inline bool length_averaged(dpo_loss_kind loss) {
+  return loss == dpo_loss_kind::ipo;
+}
+
 /// Options of dpo_loss.
 struct dpo_options {
   /// β > 0: the strength of the implicit KL to the reference.

@@ -477,4 +477,23 @@ expected<runtime::tensor_batch> collate_pairs(const std::vector<std::vector<int6
   });
 }
 
+expected<runtime::tensor_batch> preference_layout(const runtime::tensor_batch& sequences,
+                                                  int64_t pairs) {
+  return guarded("preference_layout", [&]() -> expected<runtime::tensor_batch> {
+    runtime::tensor_batch out;
+    for (auto [from, side] : {std::pair{"input_ids", "ids"}, std::pair{"attention_mask", "mask"},
+                              std::pair{"response_mask", "response_mask"}}) {
+      auto t = value_or_throw(sequences.get(from));
+      if (t.size(0) != 2 * pairs)
+        return make_error(errc::shape_mismatch, std::string{"preference_layout: "} + from +
+                                                    " has " + std::to_string(t.size(0)) +
+                                                    " rows, expected 2 × " + std::to_string(pairs) +
+                                                    " pairs");
+      value_or_throw(out.set(std::string{"chosen_"} + side, t.narrow(0, 0, pairs)));
+      value_or_throw(out.set(std::string{"rejected_"} + side, t.narrow(0, pairs, pairs)));
+    }
+    return out;
+  });
+}
+
 } // namespace troupe::actors::rl

@@ -153,4 +153,14 @@ expected<runtime::tensor_batch> collate_pairs(const std::vector<std::vector<int6
                                               const std::vector<std::vector<int64_t>>& rejected,
                                               int64_t pad);
 
+/// NOTE [preference batches]: a DPO batch of B pairs holds each side's
+/// chosen_ids / rejected_ids, chosen_mask / rejected_mask [B, L] and
+/// chosen_response_mask / rejected_response_mask [B, L-1] (one width for
+/// both sides), and the reference's "ref_chosen_logps",
+/// "ref_rejected_logps" [B]. From a sequence batch (collate_sequences) of 2B
+/// rows — every chosen sequence, then every rejected one — this makes all
+/// but the reference's log-probs.
+expected<runtime::tensor_batch> preference_layout(const runtime::tensor_batch& sequences,
+                                                  int64_t pairs);
+
 } // namespace troupe::actors::rl

@@ -56,23 +56,6 @@ expected<runtime::tensor_batch> both_sequences(job_context& ctx,
   return collate_sequences(all, responses, ctx.pad);
 }
 
-// NOTE [preference batches]: a DPO batch of B pairs holds each side's
-// chosen_ids / rejected_ids, chosen_mask / rejected_mask [B, L] and
-// chosen_response_mask / rejected_response_mask [B, L-1] (one width for
-// both), and the reference's "ref_chosen_logps", "ref_rejected_logps" [B].
-expected<runtime::tensor_batch> pair_layout(const runtime::tensor_batch& seq, int64_t pairs) {
-  return guarded("dpo batch", [&]() -> expected<runtime::tensor_batch> {
-    runtime::tensor_batch out;
-    for (auto [from, side] : {std::pair{"input_ids", "ids"}, std::pair{"attention_mask", "mask"},
-                              std::pair{"response_mask", "response_mask"}}) {
-      auto t = value_or_throw(seq.get(from));
-      value_or_throw(out.set(std::string{"chosen_"} + side, t.narrow(0, 0, pairs)));
-      value_or_throw(out.set(std::string{"rejected_"} + side, t.narrow(0, pairs, pairs)));
-    }
-    return out;
-  });
-}
-
 // The sequence log-probs [2B] of `seq` under `role`'s model.
 expected<at::Tensor> sequence_logps(job_context& ctx, const train::engine_actor& role,
                                     const std::string& what, const runtime::tensor_batch& seq) {
@@ -86,8 +69,8 @@ expected<at::Tensor> sequence_logps(job_context& ctx, const train::engine_actor&
   auto mask = seq.get("response_mask");
   if (!mask)
     return mask.error();
-  const bool average = ctx.cfg->dpo.loss_type == kernels::dpo_loss_kind::ipo;
-  return kernels::sequence_log_probs(*tokens, *mask, average);
+  return kernels::sequence_log_probs(*tokens, *mask,
+                                     kernels::length_averaged(ctx.cfg->dpo.loss_type));
 }
 
 class dpo_driver {
@@ -191,7 +174,7 @@ private:
     auto refs = references(*seq, idx, cache, what);
     if (!refs)
       return refs.error();
-    auto out = pair_layout(*seq, static_cast<int64_t>(rows.size()));
+    auto out = preference_layout(*seq, static_cast<int64_t>(rows.size()));
     if (!out)
       return out.error();
     if (auto ok = out->set("ref_chosen_logps", refs->first); !ok)

@@ -1037,6 +1037,17 @@ double loss_units(const at::Tensor& mask, kernels::loss_agg_mode agg) {
   return (mask.to(torch::kDouble).sum(1) > 0).to(torch::kDouble).sum().item<double>();
 }
 
+// seq-mean-token-sum-norm's divisor for a whole update of `batch`: the
+// given factor, or (0) the batch's response columns — fixed before the batch
+// is cut into minibatches, micro-batches or DP shares (NOTE [additive
+// aggregation]), which may trim columns.
+double update_scale_factor(kernels::loss_agg_mode agg, double factor,
+                           const runtime::tensor_batch& batch) {
+  if (agg != kernels::loss_agg_mode::seq_mean_token_sum_norm || factor != 0)
+    return factor;
+  return static_cast<double>(need(batch, "response_mask").size(1));
+}
+
 // A preference batch's loss units: its pairs (counted for both).
 std::pair<double, double> pair_units(const runtime::tensor_batch& b) {
   auto n = static_cast<double>(b.size());
@@ -1344,10 +1355,8 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
   return guarded("update_policy", [&]() -> expected<metric_map> {
     metric_sum sums;
     auto spec = o.loss;
-    if (spec.options.agg == kernels::loss_agg_mode::seq_mean_token_sum_norm &&
-        spec.options.loss_scale_factor ==
-            0) // fixed for the whole update: NOTE [additive aggregation]
-      spec.options.loss_scale_factor = static_cast<double>(need(batch, "response_mask").size(1));
+    spec.options.loss_scale_factor =
+        update_scale_factor(spec.options.agg, spec.options.loss_scale_factor, batch);
     const auto agg = kernels::effective_agg(spec);
     kernels::logits_options lo;
     lo.temperature = o.temperature;
@@ -1404,9 +1413,7 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
     metric_sum sums;
     kernels::value_loss_options vo;
     vo.agg = o.loss_agg;
-    vo.loss_scale_factor = o.loss_scale_factor;
-    if (vo.agg == kernels::loss_agg_mode::seq_mean_token_sum_norm && vo.loss_scale_factor == 0)
-      vo.loss_scale_factor = static_cast<double>(need(batch, "response_mask").size(1));
+    vo.loss_scale_factor = update_scale_factor(o.loss_agg, o.loss_scale_factor, batch);
     if (o.value_clip > 0)
       vo.clip = o.value_clip;
     else
@@ -1494,7 +1501,7 @@ expected<metric_map> train_engine::dpo_step(const runtime::tensor_batch& batch,
   if (impl_->model->head() != models::head_kind::lm)
     return make_error(errc::invalid_argument, "dpo_step: the model has no lm head");
   return guarded("dpo_step", [&]() -> expected<metric_map> {
-    const bool average = o.loss.loss == kernels::dpo_loss_kind::ipo; // IPO: length-averaged
+    const bool average = kernels::length_averaged(o.loss.loss);
     auto loss_of = [&](const runtime::tensor_batch& mb) {
       auto seq = pair_sequences(mb);
       auto lp = impl_->next_token_stats(seq, {}, false).log_probs;

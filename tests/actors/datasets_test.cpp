@@ -335,3 +335,23 @@ TEST(PromptEncoder, ThePrefixCheckCatchesATemplateThatRewritesEarlierTurns) {
 }
 
 } // namespace
+
+// NOTE [preference batches]: 2B sequences become B pairs, the chosen side
+// first, at one width; a sequence batch of another size is refused.
+TEST(PreferenceLayout, SplitsChosenThenRejectedRowsIntoPairs) {
+  auto seq =
+      collate_sequences({{1, 2}, {1, 3, 4}, {1, 2}, {1, 3, 4}}, {{5}, {6, 7}, {8, 9, 9}, {7}}, 0);
+  ASSERT_TRUE(seq) << describe(seq.error());
+  auto b = preference_layout(*seq, 2);
+  ASSERT_TRUE(b) << describe(b.error());
+  auto ids = seq->get("input_ids").value();
+  EXPECT_TRUE(b->get("chosen_ids").value().equal(ids.narrow(0, 0, 2)));
+  EXPECT_TRUE(b->get("rejected_ids").value().equal(ids.narrow(0, 2, 2)));
+  EXPECT_EQ(b->get("rejected_response_mask").value().size(1), ids.size(1) - 1);
+  EXPECT_EQ(b->get("chosen_mask").value().sum().item<int64_t>(), 3 + 5);
+  auto odd = preference_layout(*seq, 3);
+  ASSERT_FALSE(odd);
+  EXPECT_NE(describe(odd.error()).find("input_ids has 4 rows, expected 2 × 3 pairs"),
+            std::string::npos)
+      << describe(odd.error());
+}

@@ -111,14 +111,9 @@ inline runtime::tensor_batch rl_batch(int64_t rows, uint64_t seed) {
 /// fixed_batch's first rows as the chosen sequences, the rest as the
 /// rejected ones, with seeded reference log-probs.
 inline runtime::tensor_batch dpo_batch(int64_t pairs, uint64_t seed) {
-  auto seq = fixed_batch(2 * pairs, seed);
-  runtime::tensor_batch b;
-  for (auto [from, side] : {std::pair{"input_ids", "ids"}, std::pair{"attention_mask", "mask"},
-                            std::pair{"response_mask", "response_mask"}}) {
-    auto t = seq.get(from).value();
-    EXPECT_TRUE(b.set(std::string{"chosen_"} + side, t.narrow(0, 0, pairs)));
-    EXPECT_TRUE(b.set(std::string{"rejected_"} + side, t.narrow(0, pairs, pairs)));
-  }
+  auto laid = rl::preference_layout(fixed_batch(2 * pairs, seed), pairs);
+  EXPECT_TRUE(laid) << describe(laid.error());
+  auto b = laid ? *laid : runtime::tensor_batch{};
   torch::manual_seed(static_cast<int64_t>(seed));
   EXPECT_TRUE(b.set("ref_chosen_logps", -torch::rand({pairs}) * 10));
   EXPECT_TRUE(b.set("ref_rejected_logps", -torch::rand({pairs}) * 10));
