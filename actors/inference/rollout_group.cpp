@@ -4,12 +4,15 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
+#include <deque>
 #include <map>
 
 namespace troupe::actors::inference {
 
 namespace {
 
+// The state of both kinds: a TP group's ranks, or a fleet's replicas.
 struct group_state {
   std::vector<rollout_actor> ranks;
   bool driving = false;
@@ -20,8 +23,14 @@ struct group_state {
   // group ends before answering them.
   std::map<uint64_t, caf::typed_response_promise<generation>> open;
   uint64_t next_call = 0;
+  // A fleet's: the replica that generated a request id, for the requests
+  // that extend it (the latest kept_ids_max ids, the oldest dropped first).
+  std::map<std::string, size_t> replica_of;
+  std::deque<std::string> kept_ids;
   static inline const char* name = "rollout_group";
 };
+
+constexpr size_t kept_ids_max = 1 << 14;
 
 using self_ptr = rollout_actor::stateful_pointer<group_state>;
 
@@ -101,43 +110,140 @@ void bind_to_ranks(self_ptr self) {
   });
 }
 
+// Opens a call that end_group fails if the group ends first; answer(id)
+// takes it back (empty when it was failed already).
+std::pair<uint64_t, caf::typed_response_promise<generation>> open_call(self_ptr self) {
+  auto id = self->state.next_call++;
+  auto caller = self->make_response_promise<generation>();
+  self->state.open.emplace(id, caller);
+  return {id, caller};
+}
+
+void answer(self_ptr self, uint64_t id, expected<generation> g) {
+  auto it = self->state.open.find(id);
+  if (it == self->state.open.end())
+    return; // failed already by end_group
+  auto promise = it->second;
+  self->state.open.erase(it);
+  if (g)
+    promise.deliver(std::move(*g));
+  else
+    promise.deliver(g.error());
+}
+
+// A TP group: every rank generates every request (NOTE [rollout group]).
+caf::result<generation> tp_generate(self_ptr self, const std::vector<generate_request>& requests) {
+  auto [id, caller] = open_call(self);
+  auto ranks = self->state.ranks;
+  gather_replies<generation>(
+      ranks.size(),
+      [=](size_t r) {
+        return self->request(ranks[r], caf::infinite, generate_atom::value, requests);
+      },
+      [self, id = id](expected<std::vector<generation>> parts) {
+        answer(self, id, parts ? same_tokens(*parts) : expected<generation>{parts.error()});
+      });
+  if (requests.empty())
+    return caller;
+  if (self->state.driving)
+    self->state.added = true;
+  else
+    drive(self);
+  return caller;
+}
+
+// The replica of each request: the one that generated what it extends,
+// else its slice's (NOTE [rollout fleet]).
+std::vector<size_t> replicas_of(self_ptr self, const std::vector<generate_request>& requests) {
+  const auto dp = self->state.ranks.size();
+  std::vector<size_t> out(requests.size());
+  for (size_t r = 0; r < dp; ++r) {
+    auto [first, last] = fleet_slice(requests.size(), dp, r);
+    std::fill(out.begin() + static_cast<long>(first), out.begin() + static_cast<long>(last), r);
+  }
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (!requests[i].extends.empty())
+      if (auto it = self->state.replica_of.find(requests[i].extends);
+          it != self->state.replica_of.end())
+        out[i] = it->second;
+  return out;
+}
+
+void remember_replica(self_ptr self, const std::string& id, size_t replica) {
+  auto& st = self->state;
+  if (st.replica_of.insert_or_assign(id, replica).second)
+    st.kept_ids.push_back(id);
+  while (st.kept_ids.size() > kept_ids_max) {
+    st.replica_of.erase(st.kept_ids.front());
+    st.kept_ids.pop_front();
+  }
+}
+
+// A fleet: each replica generates its requests; the outputs go back in the
+// caller's order (NOTE [rollout fleet]).
+caf::result<generation> fleet_generate(self_ptr self, std::vector<generate_request> requests) {
+  auto [id, caller] = open_call(self);
+  auto ranks = self->state.ranks;
+  auto where = replicas_of(self, requests);
+  auto parts = std::make_shared<std::vector<std::vector<generate_request>>>(ranks.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    (*parts)[where[i]].push_back(std::move(requests[i]));
+  gather_replies<generation>(
+      ranks.size(),
+      [=](size_t r) {
+        return self->request(ranks[r], caf::infinite, generate_atom::value, (*parts)[r]);
+      },
+      [self, id = id, where](expected<std::vector<generation>> got) {
+        if (!got)
+          return answer(self, id, got.error());
+        generation g;
+        std::vector<size_t> next(got->size(), 0);
+        for (auto r : where) {
+          auto& out = (*got)[r].outputs[next[r]++];
+          remember_replica(self, out.id, r);
+          g.outputs.push_back(std::move(out));
+        }
+        std::vector<engine_metrics> m;
+        for (auto& part : *got)
+          m.push_back(part.engine);
+        g.engine = combined_metrics(m);
+        answer(self, id, std::move(g));
+      });
+  return caller;
+}
+
 expected<int64_t> rank0(std::vector<int64_t>& xs) {
   return xs.front();
 }
 
-rollout_actor::behavior_type group_behavior(self_ptr self, std::vector<rollout_actor> ranks) {
+expected<int64_t> sum(std::vector<int64_t>& xs) {
+  int64_t out = 0;
+  for (auto x : xs)
+    out += x;
+  return out;
+}
+
+// Each member receives the whole version: a member's temporary bytes.
+expected<sync_bytes> same_bytes(std::vector<sync_bytes>& got) {
+  auto out = got.front();
+  for (const auto& b : got) {
+    if (b.bytes != out.bytes)
+      return make_error(errc::corrupted,
+                        "rollout group: the members received different byte counts");
+    out.temporary = std::max(out.temporary, b.temporary);
+  }
+  return out;
+}
+
+// A TP group (fleet false) or a fleet of replicas.
+rollout_actor::behavior_type members_behavior(self_ptr self, std::vector<rollout_actor> ranks,
+                                              bool fleet) {
   self->state.ranks = std::move(ranks);
   bind_to_ranks(self);
+  const char* kind = fleet ? "rollout fleet (dp)" : "tensor-parallel rollout";
   return {
-      [=](generate_atom, const std::vector<generate_request>& requests) -> caf::result<generation> {
-        auto id = self->state.next_call++;
-        auto caller = self->make_response_promise<generation>();
-        self->state.open.emplace(id, caller);
-        auto ranks = self->state.ranks;
-        gather_replies<generation>(
-            ranks.size(),
-            [=](size_t r) {
-              return self->request(ranks[r], caf::infinite, generate_atom::value, requests);
-            },
-            [=](expected<std::vector<generation>> parts) {
-              auto it = self->state.open.find(id);
-              if (it == self->state.open.end())
-                return; // failed already by end_group
-              auto promise = it->second;
-              self->state.open.erase(it);
-              auto g = parts ? same_tokens(*parts) : expected<generation>{parts.error()};
-              if (g)
-                promise.deliver(std::move(*g));
-              else
-                promise.deliver(g.error());
-            });
-        if (requests.empty())
-          return caller;
-        if (self->state.driving)
-          self->state.added = true;
-        else
-          drive(self);
-        return caller;
+      [=](generate_atom, std::vector<generate_request>& requests) -> caf::result<generation> {
+        return fleet ? fleet_generate(self, std::move(requests)) : tp_generate(self, requests);
       },
       [=](load_weights_atom, int64_t version, const shared_weights& w) -> caf::result<int64_t> {
         return to_all<int64_t>(self, rank0, load_weights_atom::value, version, w);
@@ -146,47 +252,28 @@ rollout_actor::behavior_type group_behavior(self_ptr self, std::vector<rollout_a
           const weight_channel& c) -> caf::result<sync_bytes> {
         if (runtime::traits_of(c.kind).one_receiver)
           return make_error(errc::unsupported,
-                            "tensor-parallel rollout: weight_sync.transport " +
+                            std::string{kind} + ": weight_sync.transport " +
                                 std::string{to_string(c.kind)} +
-                                " reaches one receiver; the group's ranks each receive the "
-                                "weights (use alias, shm or disk)");
-        // Each rank receives the whole version: a rank's temporary bytes.
-        return to_all<sync_bytes>(
-            self,
-            [](std::vector<sync_bytes>& got) -> expected<sync_bytes> {
-              auto out = got.front();
-              for (const auto& b : got) {
-                if (b.bytes != out.bytes)
-                  return make_error(errc::corrupted, "tensor-parallel rollout: the ranks "
-                                                     "received different byte counts");
-                out.temporary = std::max(out.temporary, b.temporary);
-              }
-              return out;
-            },
-            receive_weights_atom::value, version, c);
+                                " reaches one receiver; every rank receives the weights (use "
+                                "alias, shm or disk)");
+        return to_all<sync_bytes>(self, same_bytes, receive_weights_atom::value, version, c);
       },
       [=](metrics_atom) -> caf::result<engine_metrics> {
         auto ranks = self->state.ranks;
+        auto n = fleet ? ranks.size() : 1; // a TP group's ranks count the same work
         return fan_out<engine_metrics, engine_metrics>(
-            self, 1,
-            [=](size_t) {
-              return self->request(ranks.front(), caf::infinite, metrics_atom::value);
-            },
-            [](std::vector<engine_metrics>& m) -> expected<engine_metrics> { return m.front(); });
+            self, n,
+            [=](size_t r) { return self->request(ranks[r], caf::infinite, metrics_atom::value); },
+            [](std::vector<engine_metrics>& m) -> expected<engine_metrics> {
+              return combined_metrics(m);
+            });
       },
       [=](clear_cache_atom) -> caf::result<int64_t> {
-        return to_all<int64_t>(self, rank0, clear_cache_atom::value);
+        return fleet ? to_all<int64_t>(self, sum, clear_cache_atom::value)
+                     : to_all<int64_t>(self, rank0, clear_cache_atom::value);
       },
       [=](release_atom) -> caf::result<int64_t> {
-        return to_all<int64_t>(
-            self,
-            [](std::vector<int64_t>& bytes) -> expected<int64_t> {
-              int64_t sum = 0;
-              for (auto b : bytes)
-                sum += b;
-              return sum;
-            },
-            release_atom::value);
+        return to_all<int64_t>(self, sum, release_atom::value);
       },
       [=](drive_atom) -> caf::result<bool> { return self->state.driving; },
       [=](step_atom) {},
@@ -199,7 +286,55 @@ expected<rollout_actor> spawn_rollout_group(caf::actor_system& sys,
                                             std::vector<rollout_actor> ranks) {
   if (ranks.empty())
     return make_error(errc::invalid_argument, "a rollout group needs at least one rank");
-  return sys.spawn(group_behavior, std::move(ranks));
+  return sys.spawn(members_behavior, std::move(ranks), false);
+}
+
+std::pair<size_t, size_t> fleet_slice(size_t n, size_t dp, size_t r) {
+  const auto base = n / dp, extra = n % dp;
+  const auto first = r * base + std::min(r, extra);
+  return {first, first + base + (r < extra ? 1 : 0)};
+}
+
+expected<rollout_actor> spawn_rollout_fleet(caf::actor_system& sys,
+                                            std::vector<rollout_actor> replicas) {
+  if (replicas.empty())
+    return make_error(errc::invalid_argument, "a rollout fleet needs at least one replica");
+  return sys.spawn(members_behavior, std::move(replicas), true);
+}
+
+engine_metrics combined_metrics(const std::vector<engine_metrics>& parts) {
+  engine_metrics out;
+  if (parts.empty())
+    return out;
+  if (parts.size() == 1)
+    return parts.front();
+  double hit = 0;
+  for (const auto& p : parts) {
+    out.steps += p.steps;
+    out.prompt_tokens += p.prompt_tokens;
+    out.prefill_tokens_computed += p.prefill_tokens_computed;
+    out.generated_tokens += p.generated_tokens;
+    out.preemptions += p.preemptions;
+    out.finished_requests += p.finished_requests;
+    out.busy_seconds = std::max(out.busy_seconds, p.busy_seconds); // side by side
+    out.ttft_ms_sum += p.ttft_ms_sum;
+    out.itl_ms_sum += p.itl_ms_sum;
+    out.itl_count += p.itl_count;
+    hit += p.prefix_hit_rate;
+    out.kv_utilization += p.kv_utilization * static_cast<double>(p.num_blocks);
+    out.kv_peak_utilization = std::max(out.kv_peak_utilization, p.kv_peak_utilization);
+    out.running += p.running;
+    out.waiting += p.waiting;
+    out.num_blocks += p.num_blocks;
+    out.fused_decode_steps += p.fused_decode_steps;
+    out.aten_decode_steps += p.aten_decode_steps;
+    if (!p.aten_decode_reason.empty())
+      out.aten_decode_reason = p.aten_decode_reason;
+  }
+  out.prefix_hit_rate = hit / static_cast<double>(parts.size());
+  if (out.num_blocks > 0)
+    out.kv_utilization /= static_cast<double>(out.num_blocks);
+  return out;
 }
 
 } // namespace troupe::actors::inference

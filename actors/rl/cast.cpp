@@ -30,6 +30,35 @@ void cast::announce(const role_spec& spec, const char* status, const std::string
   }
 }
 
+namespace {
+
+// A rollout of several ranks behind one handle: its TP groups of `tp`
+// consecutive ranks (NOTE [rollout group]), and over dp of them (or of
+// single engines) a fleet (NOTE [rollout fleet]).
+expected<inference::rollout_actor>
+rollout_handle(caf::actor_system& sys, const std::vector<caf::actor>& ranks, int64_t tp) {
+  std::vector<inference::rollout_actor> replicas;
+  const auto width = static_cast<size_t>(std::max<int64_t>(tp, 1));
+  for (size_t first = 0; first < ranks.size(); first += width) {
+    std::vector<inference::rollout_actor> typed;
+    for (size_t r = first; r < std::min(first + width, ranks.size()); ++r)
+      typed.push_back(caf::actor_cast<inference::rollout_actor>(ranks[r]));
+    if (typed.size() == 1) {
+      replicas.push_back(typed.front());
+      continue;
+    }
+    auto group = inference::spawn_rollout_group(sys, std::move(typed));
+    if (!group)
+      return group.error();
+    replicas.push_back(*group);
+  }
+  if (replicas.size() == 1)
+    return replicas.front();
+  return inference::spawn_rollout_fleet(sys, std::move(replicas));
+}
+
+} // namespace
+
 expected<void> cast::spawn(role_id role, const std::string& model_dir) {
   const auto& traits = traits_of(role);
   auto stage_name = std::string{to_string(stage_)};
@@ -58,11 +87,7 @@ expected<void> cast::spawn(role_id role, const std::string& model_dir) {
   if (m.ranks.size() == 1) {
     m.handle = m.ranks.front();
   } else if (traits.actor_in(stage_) == role_actor::rollout) {
-    // A tensor-parallel rollout (NOTE [rollout group]).
-    std::vector<inference::rollout_actor> typed;
-    for (auto& a : m.ranks)
-      typed.push_back(caf::actor_cast<inference::rollout_actor>(a));
-    auto group = inference::spawn_rollout_group(*env_.sys, std::move(typed));
+    auto group = rollout_handle(*env_.sys, m.ranks, m.spec.layout.tp);
     if (!group) {
       for (auto& a : m.ranks)
         caf::anon_send_exit(a, caf::exit_reason::user_shutdown);

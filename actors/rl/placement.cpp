@@ -368,17 +368,18 @@ expected<runtime::transport_kind> choose_transport(const job_config& cfg, const 
   // [rollout group]): every rank must be in reach, and a kind that reaches
   // one receiver does not serve them.
   const auto* rollout = plan.find("rollout");
-  const bool many = rollout && rollout->layout.tp > 1;
+  const bool many = rollout && rollout->layout.ranks() > 1; // and a fleet's (NOTE [rollout fleet])
   for (int64_t r = 1; many && r < rollout->layout.ranks(); ++r) {
     one_process = one_process && plan.device_of("rollout", r) == from;
     one_node = one_node && node_of(plan.device_of("rollout", r)) == node_of(from);
   }
   if (!w.transport && many && !one_node && w.dir.empty())
-    return make_error(errc::invalid_config,
-                      "weight_sync.dir: the rollout (tp " + std::to_string(rollout->layout.tp) +
-                          ") is on another node than the policy, and its ranks each receive the "
-                          "weights: set weight_sync.dir to a directory both see (the broadcast "
-                          "reaches one receiver)");
+    return make_error(
+        errc::invalid_config,
+        "weight_sync.dir: the rollout (" + std::to_string(rollout->layout.ranks()) +
+            " ranks) is on another node than the policy, and its ranks each receive the "
+            "weights: set weight_sync.dir to a directory both see (the broadcast "
+            "reaches one receiver)");
   if (!w.transport)
     return one_process ? transport_kind::alias
            : one_node  ? transport_kind::shm
@@ -407,9 +408,9 @@ expected<runtime::transport_kind> choose_transport(const job_config& cfg, const 
                         "tensors (use auto, or shm on one host)");
   if (traits.one_receiver && many)
     return make_error(errc::invalid_config,
-                      "weight_sync.transport " + name + ": the rollout (tp " +
-                          std::to_string(rollout->layout.tp) +
-                          ") has several ranks that each receive the weights, and " + name +
+                      "weight_sync.transport " + name + ": the rollout (" +
+                          std::to_string(rollout->layout.ranks()) +
+                          " ranks) has several ranks that each receive the weights, and " + name +
                           " reaches one receiver (use auto, alias, shm or disk)");
   if (traits.span == reach::process && !one_process)
     return refuse("are in different processes, and " + name +
@@ -563,9 +564,7 @@ void check_role_layout(const job_config& c, const role_placement_config& r, cons
                    std::string{to_string(r.strategy)} + " shards training state, and " + r.role +
                        " is not trained");
   check_precision(c, r, at, checks);
-  if (r.dp > 1 && t && t->id == role_id::rollout)
-    checks.require(false, at + ".dp", "independent rollout engines (rollout dp > 1) are not available yet");
-  else if (r.dp > 1)
+  if (r.dp > 1 && t && t->id != role_id::rollout) // a rollout's: NOTE [rollout fleet]
     checks.require(t && t->trains(), at + ".dp",
                    "data parallelism is for trained roles (policy, critic, reward); " + r.role +
                      " has one rank");
@@ -676,7 +675,8 @@ parallel_layout placement_plan::layout_of(const std::string& stage, const std::s
   const auto* st = find_stage(stage);
   if (!r || !t || !st)
     return {};
-  // Frozen roles have one rank; the rollout its TP ranks (NOTE [rollout group]).
+  // Frozen roles have one rank; the rollout its TP ranks (NOTE [rollout
+  // group]) times its replicas (NOTE [rollout fleet]).
   return t->trains_in(st->id) || t->actor_in(st->id) == role_actor::rollout ? r->layout
                                                                             : parallel_layout{};
 }

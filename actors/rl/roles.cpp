@@ -185,12 +185,19 @@ expected<std::vector<weighted_backend>> builtin_reward(const job_config& cfg, co
 }
 
 // The rollout's engine; under TP (NOTE [rollout group]) one rank's: on its
-// part of the model, driven by the group, with its share of the process's
-// compute threads (the TP ranks of a role run in one process at once).
+// part of the model, driven by the group. With several ranks (TP ranks, a
+// fleet's replicas: NOTE [rollout fleet]) each takes its share of the
+// process's compute threads (a role's ranks run in one process at once).
 expected<caf::actor> build_rollout(caf::actor_system& sys, const job_config& cfg,
                                    const role_spec& s, models::llama_model model,
                                    std::shared_ptr<train::data_parallel_group> groups) {
   inference::rollout_options options;
+  if (s.layout.ranks() > 1) {
+    const int64_t threads = cfg.run.threads > 0
+                                ? cfg.run.threads
+                                : static_cast<int64_t>(std::thread::hardware_concurrency());
+    options.threads = static_cast<int>(std::max<int64_t>(1, threads / s.layout.ranks()));
+  }
   if (groups) {
     auto part = models::partition_llama(model->config(), *groups->tp);
     if (!part)
@@ -200,10 +207,6 @@ expected<caf::actor> build_rollout(caf::actor_system& sys, const job_config& cfg
       return mine.error();
     model = std::move(*mine);
     options.driven = true;
-    const int64_t threads = cfg.run.threads > 0
-                                ? cfg.run.threads
-                                : static_cast<int64_t>(std::thread::hardware_concurrency());
-    options.threads = static_cast<int>(std::max<int64_t>(1, threads / s.layout.tp));
     options.keep_alive = std::move(groups); // the model sums over its TP group
   }
   auto a = inference::spawn_rollout(sys, std::move(model), engine_settings(cfg), options);
@@ -222,15 +225,15 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
     return make_error(errc::invalid_argument, "rank " + std::to_string(s.rank) + " of a layout dp " +
                                                 std::to_string(l.dp) + " tp " + std::to_string(l.tp) +
                                                 " pp " + std::to_string(l.pp));
-  const bool tp_rollout = recipe->actor == role_actor::rollout && l.pp == 1 && l.dp == 1;
-  if ((l.tp > 1 || l.pp > 1) && recipe->actor != role_actor::trainer && !tp_rollout)
+  const bool rollout = recipe->actor == role_actor::rollout;
+  if ((l.tp > 1 || l.pp > 1) && recipe->actor != role_actor::trainer && !(rollout && l.pp == 1))
     return make_error(errc::unsupported,
                       "model parallelism (tp " + std::to_string(l.tp) + ", pp " +
                           std::to_string(l.pp) +
                           ") is for the roles a train engine runs (policy, critic, reference, a "
                           "trained reward model) and tp for the rollout; " +
                           s.role + "'s is not available yet");
-  if (l.dp > 1 && !recipe->optim)
+  if (l.dp > 1 && !recipe->optim && !rollout) // a rollout's: NOTE [rollout fleet]
     return make_error(errc::invalid_argument,
                       "data parallelism (dp " + std::to_string(l.dp) +
                           ") is for trained roles (policy, critic, the rm stage's reward)");
@@ -251,13 +254,13 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   if (!model)
     return with_prefix(model.error(), "loading " + s.model_dir);
   std::shared_ptr<train::data_parallel_group> groups;
-  if (l.ranks() > 1) {
+  if (l.ranks() > 1 && !(rollout && l.tp == 1)) { // a fleet's replicas share no collective
     auto g = join_group(s);
     if (!g)
       return g.error();
     groups = std::move(*g);
   }
-  if (recipe->actor == role_actor::rollout)
+  if (rollout)
     return build_rollout(sys, cfg, s, std::move(*model), std::move(groups));
   const auto placed = placement_keys(cfg, s.role);
   if (l.tp > 1 || l.pp > 1) { // this rank's part of the model (NOTE [tensor parallelism])

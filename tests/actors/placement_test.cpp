@@ -253,6 +253,17 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
                              "policy trains as ddp does");
   EXPECT_NE(ok->render().find("warning: placement.roles[0].strategy: zero3 with dp 1"),
             std::string::npos);
+  // So are a rollout's replicas (NOTE [rollout fleet]): each holds the whole
+  // model, and a one-receiver transport cannot reach them all.
+  auto fleet = plan_of(pools + "  roles: [{role: rollout, pool: a, dp: 2}]\n", {});
+  ASSERT_TRUE(fleet) << describe(fleet.error());
+  EXPECT_EQ(fleet->find("rollout")->layout.dp, 2);
+  EXPECT_EQ(fleet->layout_of("rl", "rollout").ranks(), 2);
+  auto one_receiver = plan_of(pools + "  roles: [{role: rollout, pool: a, dp: 2}]\n",
+                              {"weight_sync.transport=broadcast"});
+  ASSERT_FALSE(one_receiver);
+  EXPECT_NE(describe(one_receiver.error()).find("the rollout (2 ranks) has several ranks"),
+            std::string::npos);
   // So are micro-batches that divide a rank's share (NOTE [micro-batches]).
   ok = plan_of(pools + "  roles: [{role: policy, pool: a, dp: 2, micro_batch_rows: 2}]\n", {});
   ASSERT_TRUE(ok) << describe(ok.error());
@@ -290,9 +301,6 @@ TEST(Placement, LayoutKeysNotYetAvailableAreRefusedWithTheirPath) {
            {"{role: policy, pool: a, micro_batch_rows: 7}",
             "job.yaml:18:53: placement.roles[0].micro_batch_rows: 7 does not divide a rank's share "
             "of the "},
-           {"{role: rollout, pool: a, dp: 2}", "job.yaml:18:40: placement.roles[0].dp: independent "
-                                               "rollout engines (rollout dp > 1) are not "
-                                               "available yet"},
            {"{role: policy, pool: a, tp: 0}", "placement.roles[0].tp: must be >= 1"},
            {"{role: policy, pool: a, micro_batch_rows: 2, micro_batch_tokens: 64}",
             "placement.roles[0].micro_batch_tokens: give micro_batch_rows or micro_batch_tokens, "
@@ -377,14 +385,14 @@ TEST(Placement, ATensorParallelRolloutRankHoldsItsPartAndReceivesByAChannelForMa
   };
   auto forced = refusal(plan_of(pools + "  roles: [{role: rollout, pool: b, tp: 2}]\n",
                                 {"weight_sync.transport=broadcast"}));
-  EXPECT_NE(forced.find("weight_sync.transport broadcast: the rollout (tp 2) has several ranks "
+  EXPECT_NE(forced.find("weight_sync.transport broadcast: the rollout (2 ranks) has several ranks "
                         "that each receive the weights, and broadcast reaches one receiver"),
             std::string::npos)
       << forced;
   auto far = refusal(plan_of("placement:\n  mode: hybrid\n  pools: [{name: a, devices: 2}, "
                              "{name: b, devices: 2}]\n  roles: [{role: rollout, pool: b, tp: 2}]\n",
                              {"resources.nodes=2", "resources.devices_per_node=2"}));
-  EXPECT_NE(far.find("weight_sync.dir: the rollout (tp 2) is on another node than the policy"),
+  EXPECT_NE(far.find("weight_sync.dir: the rollout (2 ranks) is on another node than the policy"),
             std::string::npos)
       << far;
 }
