@@ -34,6 +34,10 @@ struct sequence {
   int32_t sample_index = 0;
   std::vector<int64_t> tokens; ///< prompt + generated
   std::vector<float> logprobs; ///< one per generated token
+  std::vector<int64_t> versions; ///< the weight version that sampled each
+  /// Its K/V mixes weight versions (NOTE [in-flight update]): kept out of
+  /// the prefix cache.
+  bool mixed_kv = false;
   int64_t num_computed = 0;    ///< tokens whose K/V is in the cache
   std::vector<int32_t> blocks;
   rng_stream rng;
@@ -90,6 +94,7 @@ struct engine::impl {
       blocks->release(b);
     s.blocks.clear();
     s.num_computed = 0;
+    s.mixed_kv = false; // computed again, under the current weights
   }
 
   /// Copies the K/V of every layer from block `src` to block `dst`.
@@ -241,7 +246,7 @@ struct engine::impl {
   void finish_sequence(sequence& s, std::string reason) {
     s.finished = true;
     s.finish_reason = std::move(reason);
-    if (prefixes && s.num_computed > 0)
+    if (prefixes && s.num_computed > 0 && !s.mixed_kv)
       prefixes->insert(std::span<const int64_t>(s.tokens.data(), static_cast<size_t>(s.num_computed)),
                        std::span<const int32_t>(s.blocks.data(), s.blocks.size()));
     release_blocks(s);
@@ -257,6 +262,7 @@ struct engine::impl {
     }
     s.tokens.push_back(t.token);
     s.logprobs.push_back(t.logprob);
+    s.versions.push_back(version);
     s.last_token_at = now;
     ++m.generated_tokens;
     if (!req.has_first_token) {
@@ -286,6 +292,7 @@ struct engine::impl {
       auto& s = *req.samples[static_cast<size_t>(i)];
       s.tokens = first.tokens;
       s.num_computed = first.num_computed;
+      s.mixed_kv = first.mixed_kv;
       s.blocks = first.blocks;
       for (auto b : s.blocks)
         blocks->retain(b);
@@ -303,6 +310,7 @@ struct engine::impl {
       sample_output so;
       so.tokens.assign(s->tokens.begin() + static_cast<int64_t>(plen), s->tokens.end());
       so.logprobs = s->logprobs;
+      so.versions = s->versions;
       so.finish_reason = s->finish_reason;
       out.samples.push_back(std::move(so));
     }
@@ -482,12 +490,15 @@ struct engine::impl {
         tp[r * static_cast<int64_t>(max_blocks) + static_cast<int64_t>(b)] = s.blocks[b];
       cp[r] = s.num_computed + n;
       off += n;
-      if (s.num_computed + n == static_cast<int64_t>(s.tokens.size())) {
+      const bool reaches_end = s.num_computed + n == static_cast<int64_t>(s.tokens.size());
+      if (reaches_end) {
         out.logit_rows.push_back(off - 1);
         out.sampling_seqs.push_back(static_cast<size_t>(r));
       }
       if (s.generated() == 0)
         m.prefill_tokens_computed += n;
+      else // a decode computes the last token; more is K/V computed again
+        m.recomputed_tokens += n - (reaches_end ? 1 : 0);
     }
     qp[R] = off;
     out.batch = models::paged_batch{ids, pos, slots, tables, ctx, qstart};
@@ -779,12 +790,18 @@ expected<void> engine::load_weights(int64_t version,
   if (auto ok = models::assign_hf_weights(d.model, hf_tensors); !ok)
     return with_prefix(ok.error(), "engine: weight version " + std::to_string(version));
   d.version = version;
-  // Cached K/V was computed by the old weights: drop it and recompute.
-  while (!d.running.empty()) {
-    auto* s = d.running.back();
-    d.running.pop_back();
-    d.release_blocks(*s);
-    d.waiting.push_front(s);
+  // NOTE [in-flight update]: the running sequences' K/V was computed by
+  // the weights before; cached prefixes' too, and they are dropped.
+  if (d.config.on_update == update_kv::keep) {
+    for (auto* s : d.running)
+      s->mixed_kv = true;
+  } else {
+    while (!d.running.empty()) {
+      auto* s = d.running.back();
+      d.running.pop_back();
+      d.release_blocks(*s);
+      d.waiting.push_front(s);
+    }
   }
   if (d.prefixes)
     d.prefixes->clear();

@@ -49,6 +49,18 @@ namespace troupe::actors::inference {
 using kernels::cpu::panels_mode;
 using isa_mode = kernels::cpu::decode_isa;
 
+/// NOTE [in-flight update]: what a weight version loaded while sequences
+/// run does to their K/V. keep: they continue on the K/V computed so far
+/// (under the versions before) and sample on with the new weights — no
+/// token is computed twice, each generated token tagged with the version
+/// that sampled it (sample_output::versions). recompute: they go back to
+/// the waiting queue and their K/V is computed again under the new weights
+/// (a continuation exactly as the new weights would give it). Either way
+/// the prefix cache is cleared, and a sequence whose K/V mixes versions
+/// never enters it.
+enum class update_kv : uint8_t { keep, recompute };
+TROUPE_ENUM_NAMES(update_kv, "keep", "recompute")
+
 struct engine_config {
   /// Tokens per KV block.
   int64_t block_size = 16;
@@ -87,6 +99,8 @@ struct engine_config {
   /// forward] in models/batch_invariant.hpp): a request's logits and
   /// log-probs have the same bits whatever else is batched with it.
   bool batch_invariant = false;
+  /// What a weight update does to running sequences (NOTE [in-flight update]).
+  update_kv on_update = update_kv::keep;
 };
 
 /// Whether an engine with this config packs its weights when its model is
@@ -134,6 +148,9 @@ void visit(V& v, engine_config& c) {
   v.field("batch_invariant", c.batch_invariant,
           "Batch-invariant CPU kernels: a request's tokens and log-probs do not depend on what "
           "else is batched (fp32 CPU model; slower)");
+  v.choice("on_update", c.on_update,
+           "A weight update while sequences run: keep their K/V (continue under the new weights) "
+           "or recompute it");
 }
 
 struct generate_request {
@@ -158,15 +175,19 @@ typename Inspector::result_type inspect(Inspector& f, generate_request& x) {
 
 struct sample_output {
   std::vector<int64_t> tokens;
-  /// Log-prob of each token under the temperature-scaled distribution.
+  /// Log-prob of each token under the temperature-scaled distribution, by
+  /// the weights that sampled it (the behaviour policy's).
   std::vector<float> logprobs;
+  /// The weight version that sampled each token (NOTE [in-flight update]).
+  std::vector<int64_t> versions;
   /// "stop" (a stop token or EOS) or "length" (max_tokens or context).
   std::string finish_reason;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sample_output& x) {
-  return f(caf::meta::type_name("sample_output"), x.tokens, x.logprobs, x.finish_reason);
+  return f(caf::meta::type_name("sample_output"), x.tokens, x.logprobs, x.versions,
+           x.finish_reason);
 }
 
 struct request_output {
@@ -196,6 +217,9 @@ struct engine_metrics {
   int64_t prompt_tokens = 0;          ///< prompt tokens of admitted requests
   int64_t prefill_tokens_computed = 0; ///< prompt tokens actually run (after prefix hits)
   int64_t generated_tokens = 0;
+  /// Tokens of running sequences whose K/V was computed again (after a
+  /// preemption, or a recomputing weight update: NOTE [in-flight update]).
+  int64_t recomputed_tokens = 0;
   int64_t preemptions = 0;
   int64_t finished_requests = 0;
   double busy_seconds = 0;             ///< time inside step()
@@ -222,10 +246,10 @@ struct engine_metrics {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_metrics& x) {
   return f(caf::meta::type_name("engine_metrics"), x.steps, x.prompt_tokens,
-           x.prefill_tokens_computed, x.generated_tokens, x.preemptions, x.finished_requests,
-           x.busy_seconds, x.ttft_ms_sum, x.itl_ms_sum, x.itl_count, x.prefix_hit_rate,
-           x.kv_utilization, x.kv_peak_utilization, x.running, x.waiting, x.num_blocks,
-           x.fused_decode_steps, x.aten_decode_steps, x.aten_decode_reason);
+           x.prefill_tokens_computed, x.generated_tokens, x.recomputed_tokens, x.preemptions,
+           x.finished_requests, x.busy_seconds, x.ttft_ms_sum, x.itl_ms_sum, x.itl_count,
+           x.prefix_hit_rate, x.kv_utilization, x.kv_peak_utilization, x.running, x.waiting,
+           x.num_blocks, x.fused_decode_steps, x.aten_decode_steps, x.aten_decode_reason);
 }
 
 class engine {
@@ -261,8 +285,9 @@ public:
 
   /// Loads new weights (HF names, as export_hf_weights writes them) in place
   /// between steps: the KV pool is kept, the prefix cache is cleared, and
-  /// running sequences are recomputed under the new weights. Later outputs
-  /// carry `version`, which must be greater than the current one.
+  /// running sequences keep their K/V or recompute it (config().on_update,
+  /// NOTE [in-flight update]). Later tokens carry `version`, which must be
+  /// greater than the current one.
   expected<void> load_weights(int64_t version, const std::map<std::string, at::Tensor>& hf_tensors);
 
   int64_t weight_version() const;

@@ -196,6 +196,7 @@ std::vector<std::pair<std::string, double>> rollout_metrics(const engine_metrics
       {"rollout/preemptions", static_cast<double>(m.preemptions)},
       {"rollout/generated_tokens", static_cast<double>(m.generated_tokens)},
       {"rollout/prefill_tokens", static_cast<double>(m.prefill_tokens_computed)},
+      {"rollout/recomputed_tokens", static_cast<double>(m.recomputed_tokens)},
       {"rollout/steps", static_cast<double>(m.steps)},
       {"rollout/fused_decode_steps", static_cast<double>(m.fused_decode_steps)},
       {"rollout/aten_decode_steps", static_cast<double>(m.aten_decode_steps)},

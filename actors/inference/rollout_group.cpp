@@ -314,6 +314,7 @@ engine_metrics combined_metrics(const std::vector<engine_metrics>& parts) {
     out.prompt_tokens += p.prompt_tokens;
     out.prefill_tokens_computed += p.prefill_tokens_computed;
     out.generated_tokens += p.generated_tokens;
+    out.recomputed_tokens += p.recomputed_tokens;
     out.preemptions += p.preemptions;
     out.finished_requests += p.finished_requests;
     out.busy_seconds = std::max(out.busy_seconds, p.busy_seconds); // side by side

@@ -15,8 +15,9 @@ inference::engine_config engine_settings(const job_config& cfg) {
   auto e = cfg.rl.rollout;
   e.seed = static_cast<uint64_t>(cfg.run.seed);
   const auto& r = cfg.rl;
-  e.expected_sequences = std::max(r.prompts_per_iteration * r.samples_per_prompt * (r.staleness > 0 ? 2 : 1),
-                                  cfg.data.eval_size * r.eval_samples);
+  e.expected_sequences =
+      std::max(r.prompts_per_iteration * r.samples_per_prompt * (1 + r.staleness),
+               cfg.data.eval_size * r.eval_samples);
   bool task_prompts = cfg.data.train_file.empty() && cfg.data.eval_file.empty();
   auto prompt = task_prompts ? max_task_prompt_tokens(cfg.data) : 0;
   e.expected_tokens = prompt > 0 ? prompt + r.generation.max_tokens : 0;
@@ -246,12 +247,12 @@ void check_rl_batch(const job_config& c, runtime::config_checks& checks) {
   checks.require(r.samples_per_prompt >= 1, "rl.samples_per_prompt", "must be >= 1");
   checks.require(r.epochs >= 1, "rl.epochs", "must be >= 1");
   checks.require(r.minibatches >= 1, "rl.minibatches", "must be >= 1");
-  checks.require(r.staleness == 0 || r.staleness == 1, "rl.staleness",
-                 "must be 0 (synchronous) or 1 (one batch generated ahead), got " +
+  checks.require(r.staleness >= 0, "rl.staleness",
+                 "must be >= 0 (0 = synchronous; k = k batches generated ahead), got " +
                      std::to_string(r.staleness));
   checks.require(r.stale_is_cap >= 1, "rl.stale_is_cap", "must be >= 1");
   checks.require(r.staleness == 0 || r.old_logprobs == logprob_source::policy, "rl.old_logprobs",
-                 "staleness 1 needs the policy's old log-probs (the engine's are the stale "
+                 "staleness > 0 needs the policy's old log-probs (the engine's are the stale "
                  "behaviour policy's)");
   if (r.minibatches >= 1 && r.prompts_per_iteration >= 1 && r.samples_per_prompt >= 1) {
     auto rows = r.prompts_per_iteration * r.samples_per_prompt;

@@ -413,8 +413,13 @@ struct rl_config {
   /// policy: recompute old log-probs with the policy; engine: the rollout's.
   logprob_source old_logprobs = logprob_source::policy;
   /// Batches generated ahead of training (NOTE [staleness]): 0 =
-  /// synchronous, 1 = the next batch is generated while this one trains.
+  /// synchronous; k = the next k batches are generated while this one
+  /// trains, each sampled by weights at most k versions old.
   int64_t staleness = 0;
+  /// NOTE [in-flight update]: the rollout loads each new version while it
+  /// generates the batches ahead (tokens tagged with their versions),
+  /// instead of the driver waiting for them before weight_sync.
+  bool inflight_updates = false;
   /// Cap of the importance weight π_policy / π_behaviour of stale samples.
   double stale_is_cap = 2.0;
   dynamic_sampling_config dynamic_sampling;
@@ -468,8 +473,12 @@ void visit(V& v, rl_config& c) {
           "columns (max_tokens)");
   v.choice("old_logprobs", c.old_logprobs, "Old log-probs from the policy's forward, or the rollout engine's");
   v.field("staleness", c.staleness,
-          "Batches generated ahead: 0 = synchronous, 1 = the next batch is generated (with the "
-          "previous weights) while this one trains");
+          "Batches generated ahead: 0 = synchronous; k = the next k batches are generated while "
+          "this one trains, by weights at most k versions old");
+  v.field("inflight_updates", c.inflight_updates,
+          "With staleness > 0: the rollout loads each new version between decode steps while it "
+          "generates ahead (tokens tagged with their versions), instead of waiting for those "
+          "batches first");
   v.field("stale_is_cap", c.stale_is_cap,
           "Cap of the per-token importance weight correcting stale samples' advantages");
   v.section("dynamic_sampling", c.dynamic_sampling,

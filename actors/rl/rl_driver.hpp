@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -39,22 +40,31 @@ struct rl_algorithm {
 };
 
 /// What a checkpoint holds besides the models: the iterations done, the
-/// KL coefficient and (NOTE [staleness]) the batch of the next iteration
-/// when it was sampled ahead.
+/// KL coefficient and (NOTE [staleness]) the batches of the next
+/// iterations sampled ahead, by iteration.
 struct rl_progress {
   int64_t iteration = 0;
   double beta = 0;
-  std::optional<std::vector<inference::request_output>> ahead;
+  std::map<int64_t, std::vector<inference::request_output>> ahead;
+};
+
+/// A batch sampled ahead (NOTE [staleness]): in flight until collected.
+struct ahead_batch {
+  /// Waits for the rollout's answer; set while the batch is in flight.
+  std::function<expected<std::vector<inference::request_output>>()> wait;
+  std::vector<inference::request_output> outputs;
 };
 
 /// One iteration's data, passed from phase to phase (NOTE [rl iteration]).
 struct iteration_state {
   /// The iteration, from 0 (events and metrics count from 1).
   int64_t it = 0;
-  /// The weights version the batch was sampled with.
-  int64_t behaviour_version = 0;
   std::vector<std::vector<int64_t>> prompts, responses;
   std::vector<std::vector<float>> engine_lp;
+  /// The weight version that sampled each response token (NOTE [in-flight
+  /// update]), and in the [B, L-1] layout (as float).
+  std::vector<std::vector<int64_t>> token_version_rows;
+  at::Tensor token_versions;
   std::vector<std::string> answers, metadata;
   runtime::tensor_batch batch;
   at::Tensor mask, eng_lp, old_lp, ref_lp, values, scores;
@@ -85,11 +95,10 @@ class rl_driver {
 public:
   rl_driver(job_context& ctx, cast roles, rl_algorithm algo, rl_progress progress)
       : ctx_(ctx), cast_(std::move(roles)), algo_(algo), progress_(std::move(progress)) {
-    if (progress_.ahead) { // a resumed run continues with the batch sampled ahead
-      ahead_ = progress_.ahead;
-      prefetched_.emplace(progress_.iteration, std::move(*progress_.ahead));
-      progress_.ahead.reset();
-    }
+    // A resumed run continues with the batches sampled ahead.
+    for (auto& [it, outputs] : progress_.ahead)
+      ahead_[it].outputs = std::move(outputs);
+    progress_.ahead.clear();
   }
 
   /// Runs the iterations left; stops the roles at the end.
@@ -139,6 +148,15 @@ private:
   /// The requests of refill round `round` of iteration `it`.
   std::vector<inference::generate_request> refill_requests(int64_t it, int64_t round,
                                                            std::vector<example>& rows) const;
+  /// NOTE [staleness]: requests the batches of iterations it+1 .. it+k not
+  /// yet requested.
+  void submit_ahead(int64_t it);
+  /// Waits for the batches in flight of iterations [first, last].
+  expected<void> collect_ahead(int64_t first, int64_t last);
+  bool ahead_in_flight() const;
+  /// The per-token staleness metrics and importance weights (NOTE
+  /// [staleness]); multiplies `advantages` in place.
+  void correct_stale_tokens(iteration_state& s, at::Tensor& advantages) const;
   /// Warns about the samples alone in their group (NOTE [groups of one]).
   void warn_groups_of_one(const iteration_state& s, const at::Tensor& group_ids) const;
   void inject(std::string_view phase, int64_t it);
@@ -156,13 +174,10 @@ private:
   /// Settings recorded by an earlier run of this job, not yet applied.
   std::vector<recorded_setting> replay_;
   stopwatch stage_clock_;
-  /// A generation running ahead (staleness 1): collecting it fills
-  /// prefetched_ with (its iteration, its outputs).
-  std::function<void()> collect_ahead_;
-  std::optional<std::pair<int64_t, expected<std::vector<inference::request_output>>>> prefetched_;
-  /// The batch of iteration progress_.iteration when it was sampled ahead,
-  /// kept until that iteration completes: a checkpoint holds it.
-  std::optional<std::vector<inference::request_output>> ahead_;
+  /// The batches sampled ahead, by iteration (NOTE [staleness]); the
+  /// current iteration's is kept until the iteration completes, as a
+  /// checkpoint at a boundary before its updates holds it.
+  std::map<int64_t, ahead_batch> ahead_;
 };
 
 } // namespace troupe::actors::rl::detail

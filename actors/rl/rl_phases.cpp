@@ -9,6 +9,11 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <iterator>
+#include <limits>
+#include <optional>
+
 namespace troupe::actors::rl::detail {
 
 namespace {
@@ -40,16 +45,17 @@ std::vector<example> rl_driver::rows_of(int64_t it) const {
 
 namespace {
 
-// The requests for `rows`: n samples each, request i seeded by seed_of(i).
+// The requests for `rows`: n samples each, request i seeded by seed_of(i)
+// and named `prefix` + i (unique among the batches in flight at once).
 std::vector<inference::generate_request>
-requests_for(job_context& ctx, const std::vector<example>& rows,
+requests_for(job_context& ctx, const std::vector<example>& rows, const std::string& prefix,
              const std::function<uint64_t(size_t)>& seed_of) {
   const auto& r = ctx.cfg->rl;
   std::vector<inference::generate_request> reqs;
   reqs.reserve(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     inference::generate_request q;
-    q.id = std::to_string(i);
+    q.id = prefix + std::to_string(i);
     q.prompt = value_or_throw(ctx.enc.prompt(rows[i].prompt, rows[i].messages));
     q.sampling.temperature = r.generation.temperature;
     q.sampling.top_k = r.generation.top_k;
@@ -67,7 +73,7 @@ requests_for(job_context& ctx, const std::vector<example>& rows,
 // The requests of iteration `it` (seeds from the run seed, it, prompt).
 std::vector<inference::generate_request> rl_driver::gen_requests(int64_t it) const {
   auto seed = static_cast<uint64_t>(ctx_.cfg->run.seed);
-  return requests_for(ctx_, rows_of(it), [&](size_t i) {
+  return requests_for(ctx_, rows_of(it), std::to_string(it) + "/", [&](size_t i) {
     return mix_seed({seed, 52, static_cast<uint64_t>(it), i});
   });
 }
@@ -82,9 +88,10 @@ std::vector<inference::generate_request> rl_driver::refill_requests(int64_t it, 
   auto idx = batch_indices(ctx_.data.train.size(), mix_seed({seed, 55, static_cast<uint64_t>(it)}),
                            round * r.prompts_per_iteration, r.prompts_per_iteration);
   rows = value_or_throw(ctx_.data.train.rows(idx));
-  return requests_for(ctx_, rows, [&](size_t i) {
-    return mix_seed({seed, 56, static_cast<uint64_t>(it), static_cast<uint64_t>(round), i});
-  });
+  return requests_for(
+      ctx_, rows, std::to_string(it) + "/refill" + std::to_string(round) + "/", [&](size_t i) {
+        return mix_seed({seed, 56, static_cast<uint64_t>(it), static_cast<uint64_t>(round), i});
+      });
 }
 
 void rl_driver::take_samples(iteration_state& s, inference::request_output& out,
@@ -93,6 +100,7 @@ void rl_driver::take_samples(iteration_state& s, inference::request_output& out,
     s.prompts.push_back(out.prompt);
     s.responses.push_back(std::move(smp.tokens));
     s.engine_lp.push_back(std::move(smp.logprobs));
+    s.token_version_rows.push_back(std::move(smp.versions));
     s.answers.push_back(row.answer);
     s.metadata.push_back(row.metadata);
   }
@@ -177,15 +185,13 @@ expected<void> rl_driver::gen_scored(iteration_state& s) {
 expected<void> rl_driver::gen(iteration_state& s) {
   const auto& r = ctx_.cfg->rl;
   auto* self = ctx_.self;
-  if (prefetched_ && prefetched_->first == s.it) {
-    s.behaviour_version = s.it - 1;
-    auto outs = std::move(prefetched_->second);
-    prefetched_.reset();
-    if (!outs)
-      return outs.error();
-    auto rows = rows_of(s.it); // for the answers
-    for (size_t i = 0; i < outs->size(); ++i)
-      take_samples(s, (*outs)[i], rows[i]);
+  if (auto ahead = ahead_.find(s.it); ahead != ahead_.end()) { // NOTE [staleness]
+    if (auto ok = collect_ahead(s.it, s.it); !ok)
+      return ok;
+    auto outs = ahead->second.outputs; // kept for a checkpoint before the updates
+    auto rows = rows_of(s.it);         // for the answers
+    for (size_t i = 0; i < outs.size(); ++i)
+      take_samples(s, outs[i], rows[i]);
   } else if (overlaps_scoring(r.reward)) {
     if (auto ok = gen_scored(s); !ok)
       return ok;
@@ -208,26 +214,84 @@ expected<void> rl_driver::gen(iteration_state& s) {
   place_token_scores(s);
   auto length = value_or_throw(s.batch.get("input_ids")).size(1);
   s.eng_lp = scatter_response_values(s.prompts, s.engine_lp, length);
-  // NOTE [staleness]: the next batch is sampled now, with these weights,
-  // while this one trains; it is collected before the weights change
-  // (gen_wait), so it is exactly one version old.
-  if (r.staleness > 0 && s.it + 1 < r.iterations) {
-    auto next = s.it + 1;
-    auto h = std::make_shared<decltype(self->request(
-        rollout(), ctx_.timeout_of(request_kind::generate), inference::generate_atom::value,
-        gen_requests(next)))>(self->request(rollout(), ctx_.timeout_of(request_kind::generate),
-                                            inference::generate_atom::value, gen_requests(next)));
-    collect_ahead_ = [this, h, next] {
-      expected<std::vector<inference::request_output>> o = make_error(errc::internal, "no reply");
-      h->receive([&](inference::generation& g) { o = take_generation(ctx_, std::move(g)); },
-                 [&](caf::error& e) {
-                   o = request_error(e, "rollout: gen (ahead)",
-                                     ctx_.timeout_of(request_kind::generate));
-                 });
-      prefetched_.emplace(next, std::move(o));
+  std::vector<std::vector<float>> versions;
+  for (const auto& row : s.token_version_rows)
+    versions.emplace_back(row.begin(), row.end());
+  s.token_versions = scatter_response_values(s.prompts, versions, length);
+  submit_ahead(s.it);
+  return {};
+}
+
+// NOTE [staleness]: the batches of the next k iterations are requested as
+// soon as the one before them is (the same requests and seeds as
+// synchronously), with the weights loaded now. Those requested together
+// (the first k, or after a resume) go in one call, so the engine admits
+// them at once and schedules them the same way in every run.
+void rl_driver::submit_ahead(int64_t it) {
+  const auto& r = ctx_.cfg->rl;
+  std::vector<int64_t> missing;
+  for (auto next = it + 1; next <= it + r.staleness && next < r.iterations; ++next)
+    if (!ahead_.count(next))
+      missing.push_back(next);
+  if (missing.empty())
+    return;
+  std::vector<inference::generate_request> requests;
+  std::vector<size_t> ends; // each batch's end in the call's outputs
+  for (auto next : missing) {
+    auto part = gen_requests(next);
+    requests.insert(requests.end(), std::make_move_iterator(part.begin()),
+                    std::make_move_iterator(part.end()));
+    ends.push_back(requests.size());
+  }
+  auto* self = ctx_.self;
+  const auto timeout = ctx_.timeout_of(request_kind::generate);
+  using handle = decltype(self->request(rollout(), timeout, inference::generate_atom::value,
+                                        std::move(requests)));
+  auto h = std::make_shared<handle>(
+      self->request(rollout(), timeout, inference::generate_atom::value, std::move(requests)));
+  // The call's answer, split into its batches when the first is collected.
+  using outputs = std::vector<inference::request_output>;
+  auto parts = std::make_shared<std::optional<expected<std::vector<outputs>>>>();
+  for (size_t b = 0; b < missing.size(); ++b)
+    ahead_[missing[b]].wait = [this, h, parts, ends, b, timeout]() -> expected<outputs> {
+      if (!*parts) {
+        expected<std::vector<outputs>> got = make_error(errc::internal, "no reply");
+        h->receive(
+            [&](inference::generation& g) {
+              auto all = take_generation(ctx_, std::move(g));
+              std::vector<outputs> split;
+              size_t begin = 0;
+              for (auto end : ends) {
+                split.emplace_back(std::make_move_iterator(all.begin() + static_cast<long>(begin)),
+                                   std::make_move_iterator(all.begin() + static_cast<long>(end)));
+                begin = end;
+              }
+              got = std::move(split);
+            },
+            [&](caf::error& e) { got = request_error(e, "rollout: gen (ahead)", timeout); });
+        *parts = std::move(got);
+      }
+      if (!**parts)
+        return (**parts).error();
+      return std::move((***parts)[b]);
     };
+}
+
+expected<void> rl_driver::collect_ahead(int64_t first, int64_t last) {
+  for (auto& [it, batch] : ahead_) {
+    if (it < first || it > last || !batch.wait)
+      continue;
+    auto outs = std::exchange(batch.wait, nullptr)();
+    if (!outs)
+      return outs.error();
+    batch.outputs = std::move(*outs);
   }
   return {};
+}
+
+bool rl_driver::ahead_in_flight() const {
+  return std::any_of(ahead_.begin(), ahead_.end(),
+                     [](const auto& kv) { return kv.second.wait != nullptr; });
 }
 
 namespace {
@@ -466,18 +530,8 @@ expected<void> rl_driver::adv(iteration_state& s) {
       algo_.advantage == advantage_estimator::reinforce_pp_baseline)
     warn_groups_of_one(s, in.group_ids);
   auto a = value_or_throw(kernels::estimate_advantages(algo_.advantage, in));
-  if (r.staleness > 0) {
-    // NOTE [staleness]: a batch sampled by the previous weights is corrected
-    // per token by the capped importance weight π_policy / π_behaviour.
-    m["rollout/staleness"] = static_cast<double>(s.it - s.behaviour_version);
-    if (s.behaviour_version < s.it) {
-      auto w = value_or_throw(
-          kernels::truncated_importance_weights(s.old_lp, s.eng_lp, mask, r.stale_is_cap));
-      a.advantages = a.advantages * w.weights;
-      m["rollout/stale_is_weight/mean"] = masked_mean_of(w.weights, mask);
-      m["rollout/stale_is_weight/capped"] = w.capped_fraction;
-    }
-  }
+  if (r.staleness > 0)
+    correct_stale_tokens(s, a.advantages);
   value_or_throw(s.batch.set("advantages", a.advantages.to(torch::kFloat)));
   value_or_throw(s.batch.set("returns", a.returns.to(torch::kFloat)));
   // KL of the batch: per-sequence sum, averaged (the adaptive controller's input).
@@ -502,6 +556,34 @@ expected<void> rl_driver::adv(iteration_state& s) {
                     ? kernels::adaptive_kl_coef(beta, s.kl_mean, r.kl.target, rows, r.kl.horizon)
                     : beta;
   return {};
+}
+
+// NOTE [staleness]: a token sampled by an older version than the one that
+// trains on it is corrected by the capped importance weight min(π_policy /
+// π_behaviour, stale_is_cap) (its behaviour log-prob taken when it was
+// sampled); a token of the current version keeps weight 1. The metrics are
+// the distribution of the tokens' lags (versions behind).
+void rl_driver::correct_stale_tokens(iteration_state& s, at::Tensor& advantages) const {
+  const auto& r = ctx_.cfg->rl;
+  auto& m = s.m;
+  const auto& mask = s.mask;
+  auto lag = (static_cast<double>(s.it) - s.token_versions) * mask;
+  const double lag_max = (lag * mask).max().item<double>();
+  m["rollout/staleness"] = lag_max; // the batch's oldest token
+  m["rollout/staleness/mean"] = masked_mean_of(lag, mask);
+  m["rollout/staleness/max"] = lag_max;
+  for (int64_t d = 0; d <= r.staleness; ++d)
+    m["rollout/staleness/frac_" + std::to_string(d)] =
+        masked_mean_of((lag == static_cast<double>(d)).to(mask.scalar_type()), mask);
+  auto stale = (lag > 0.5).to(mask.scalar_type()) * mask;
+  if (stale.sum().item<double>() == 0)
+    return;
+  auto w = value_or_throw(
+      kernels::truncated_importance_weights(s.old_lp, s.eng_lp, stale, r.stale_is_cap));
+  auto weights = torch::where(stale > 0, w.weights, torch::ones_like(w.weights));
+  advantages = advantages * weights;
+  m["rollout/stale_is_weight/mean"] = masked_mean_of(w.weights, stale);
+  m["rollout/stale_is_weight/capped"] = w.capped_fraction;
 }
 
 expected<void> rl_driver::update_critic(iteration_state& s) {
@@ -549,11 +631,10 @@ expected<void> rl_driver::update_actor(iteration_state& s) {
   return {};
 }
 
-// The batch sampled ahead must not see the new weights: collect it first.
-expected<void> rl_driver::gen_wait(iteration_state&) {
-  if (collect_ahead_)
-    std::exchange(collect_ahead_, nullptr)();
-  return {};
+// The batches sampled ahead must not see the new weights: collect them
+// first (unless the rollout takes new versions in flight).
+expected<void> rl_driver::gen_wait(iteration_state& s) {
+  return collect_ahead(s.it + 1, std::numeric_limits<int64_t>::max());
 }
 
 expected<void> rl_driver::weight_sync(iteration_state& s) {
@@ -573,7 +654,7 @@ expected<void> rl_driver::release_after(iteration_state& s, std::string_view pha
   // The rollout keeps its KV pool while the next batch is generated ahead;
   // with a greedy baseline (remax) the rollout and the reward are idle only
   // after the baseline phase, which asks them again.
-  auto keep = [&](role_id r) { return r == role_id::rollout && collect_ahead_ != nullptr; };
+  auto keep = [&](role_id r) { return r == role_id::rollout && ahead_in_flight(); };
   auto keep_for_baseline = [&](role_id r) {
     return keep(r) || (algo_.greedy_baseline && (r == role_id::rollout || r == role_id::reward));
   };

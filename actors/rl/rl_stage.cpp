@@ -18,7 +18,8 @@
 //   adv           token rewards (score at the last token, −β·KL per token
 //                 when the KL is in the reward) and advantages
 //   update_critic / update_actor   epochs × minibatches inside the role
-//   gen_wait      (staleness 1) waiting for the batch sampled ahead
+//   gen_wait      (staleness > 0, no in-flight updates) waiting for the
+//                 batches sampled ahead
 //   weight_sync   policy weights → rollout, version = iteration
 //   evaluate      the held-out score, every rl.eval_every iterations
 //                 (timing_s/testing)
@@ -38,18 +39,28 @@
 // and the iteration (the data position is iteration × prompts); a resumed
 // run repeats exactly what an uninterrupted one does.
 //
-// NOTE [staleness]: with rl.staleness 1 the rollout samples iteration it+1's
-// batch (same requests and seeds as synchronously) with the weights of
-// iteration it, while it's batch goes through log-probs, rewards and the
-// updates; the driver collects it before weight_sync (gen_wait), so every
-// batch is at most one version old and the rollout never mixes versions. The
-// PPO ratio stays relative to the current policy's log-probs; the advantages
-// of a stale batch are multiplied per token by min(π_policy / π_behaviour,
-// stale_is_cap) (truncated importance sampling; rollout/stale_is_weight/*).
-// A checkpoint holds the batch sampled ahead for its next iteration
-// (ahead.bin: the engine's outputs, tokens and behaviour log-probs), and a
-// resumed run trains on it as the uninterrupted run does, so with staleness
-// 1 too a resumed run is bit-identical to an uninterrupted one.
+// NOTE [staleness]: with rl.staleness k the rollout samples the batches of
+// iterations it+1 .. it+k (the same requests and seeds as synchronously)
+// while it's batch goes through log-probs, rewards and the updates: each
+// is requested when the batch k before it is taken, with the weights
+// loaded then, so every token of the batch that trains at iteration j was
+// sampled by a version ≥ j − k. Without in-flight updates the driver
+// collects the batches in flight before weight_sync (gen_wait), so no
+// batch mixes versions; with rl.inflight_updates the rollout loads each
+// version between decode steps as it arrives (NOTE [in-flight update] in
+// actors/inference/engine.hpp) and the tokens carry the versions that
+// sampled them. The PPO ratio stays relative to the current policy's
+// log-probs; a stale token's advantage is multiplied by min(π_policy /
+// π_behaviour, stale_is_cap) with the behaviour log-prob taken when it was
+// sampled (truncated importance sampling; correct_stale_tokens), and
+// rollout/staleness/* report the tokens' lags. A checkpoint holds the
+// batches sampled ahead for its next iterations (ahead_batches.bin: the
+// engine's tokens, behaviour log-probs and versions; batches in flight are
+// waited for first), and a resumed run trains on them as the
+// uninterrupted run does: without in-flight updates a resumed run is
+// bit-identical to an uninterrupted one. With them, where a version
+// switch falls inside a batch depends on timing, so two runs — resumed or
+// not — can differ in which version sampled a token.
 //
 // NOTE [true on-policy]: with rl.true_on_policy the rollout engine runs every
 // step, and the policy computes every log-prob value, through the
@@ -80,6 +91,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace troupe::actors::rl::detail {
 
@@ -115,6 +127,7 @@ void add_rollout_metrics(train::metric_map& m, const inference::engine_metrics& 
   m["rollout/prefix_hit_rate"] =
     per(prompt - static_cast<double>(b.prefill_tokens_computed - a.prefill_tokens_computed), prompt);
   m["rollout/preemptions"] = static_cast<double>(b.preemptions - a.preemptions);
+  m["rollout/recomputed_tokens"] = static_cast<double>(b.recomputed_tokens - a.recomputed_tokens);
   // NOTE [decode path report]: decode steps the fused CPU kernel did not run.
   m["rollout/aten_decode_steps"] = static_cast<double>(b.aten_decode_steps - a.aten_decode_steps);
 }
@@ -125,6 +138,43 @@ struct rl_resume {
   std::optional<runtime::checkpoint_files> files;
   std::string dir;
 };
+
+// NOTE [staleness]: ahead_batches.bin, the batches sampled ahead — each
+// its iteration and the engine's outputs (tokens, behaviour log-probs and
+// the versions that sampled them), CAF's binary form.
+struct ahead_record {
+  int64_t iteration = 0;
+  std::vector<inference::request_output> outputs;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ahead_record& x) {
+  return f(caf::meta::type_name("ahead_record"), x.iteration, x.outputs);
+}
+
+expected<std::string> write_ahead_batches(const std::map<int64_t, ahead_batch>& ahead) {
+  std::vector<ahead_record> records;
+  for (const auto& [it, batch] : ahead)
+    records.push_back({it, batch.outputs});
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  if (auto err = sink(records))
+    return make_error(errc::internal, "checkpoint: serialising the batches sampled ahead");
+  return std::string(buf.begin(), buf.end());
+}
+
+expected<std::map<int64_t, std::vector<inference::request_output>>>
+read_ahead_batches(const std::string& bytes) {
+  std::vector<ahead_record> records;
+  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
+  if (auto err = source(records))
+    return make_error(errc::corrupted, "malformed");
+  std::map<int64_t, std::vector<inference::request_output>> out;
+  for (auto& r : records)
+    if (!out.emplace(r.iteration, std::move(r.outputs)).second)
+      return make_error(errc::corrupted, "iteration " + std::to_string(r.iteration) + " twice");
+  return out;
+}
 
 expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
   rl_resume out;
@@ -146,13 +196,16 @@ expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
     return make_error(errc::corrupted, *dir + ": driver.json is malformed");
   out.progress.iteration = j["iteration"].get<int64_t>();
   out.progress.beta = j["kl_coef"].get<double>();
-  if (files->count("ahead.bin")) { // NOTE [staleness]
-    const auto& bytes = files->at("ahead.bin");
-    std::vector<inference::request_output> ahead;
-    caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
-    if (auto err = source(ahead))
-      return make_error(errc::corrupted, *dir + ": ahead.bin is malformed");
-    out.progress.ahead = std::move(ahead);
+  if (files->count("ahead.bin")) // one batch, without token versions
+    return make_error(errc::corrupted,
+                      *dir + ": ahead.bin was written by an earlier troupe (one batch sampled "
+                             "ahead, no token versions); resume it with that release, or start "
+                             "the rl stage again");
+  if (files->count("ahead_batches.bin")) { // NOTE [staleness]
+    auto ahead = read_ahead_batches(files->at("ahead_batches.bin"));
+    if (!ahead)
+      return with_prefix(ahead.error(), *dir + ": ahead_batches.bin");
+    out.progress.ahead = std::move(*ahead);
   }
   out.files = std::move(*files);
   out.dir = *dir;
@@ -286,7 +339,7 @@ expected<stage_summary> rl_driver::run() {
 expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
   const auto& r = ctx_.cfg->rl;
   iteration_state s;
-  s.it = s.behaviour_version = it;
+  s.it = it;
   auto save = [&] { return save_checkpoint(); };
   auto orders = ctx_.boundary({"rl", it + 1, "", true}, save);
   if (!orders)
@@ -314,7 +367,7 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
       {"adv", &rl_driver::adv, true},
       {"update_critic", &rl_driver::update_critic, algo_.critic},
       {"update_actor", &rl_driver::update_actor, true},
-      {"gen_wait", &rl_driver::gen_wait, r.staleness > 0},
+      {"gen_wait", &rl_driver::gen_wait, r.staleness > 0 && !r.inflight_updates},
       {"weight_sync", &rl_driver::weight_sync, true},
   };
   for (const auto& p : steps) {
@@ -343,9 +396,7 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
   s.m["perf/total_num_tokens"] = tokens;
   progress_.iteration = it + 1;
   progress_.beta = s.beta_next;
-  ahead_.reset(); // the next iteration's batch, if sampled ahead, is the checkpoint's now
-  if (prefetched_ && prefetched_->first == it + 1 && prefetched_->second)
-    ahead_ = *prefetched_->second;
+  ahead_.erase(ahead_.begin(), ahead_.lower_bound(it + 1)); // the rest are the checkpoint's
   s.updating = false; // the iteration is complete: its state is the checkpoint's
   bool last = it + 1 == r.iterations;
   if (last || (r.eval_every > 0 && (it + 1) % r.eval_every == 0)) {
@@ -453,12 +504,13 @@ expected<void> rl_driver::save_checkpoint() {
   nlohmann::json j = {
       {"stage", "rl"}, {"iteration", progress_.iteration}, {"kl_coef", progress_.beta}};
   files["driver.json"] = j.dump() + "\n";
-  if (ahead_) { // NOTE [staleness]: the next iteration's batch, sampled ahead
-    std::vector<char> buf;
-    caf::binary_serializer sink{nullptr, buf};
-    if (auto err = sink(*ahead_))
-      return make_error(errc::internal, "checkpoint: serialising the batch sampled ahead");
-    files["ahead.bin"] = std::string(buf.begin(), buf.end());
+  if (!ahead_.empty()) { // NOTE [staleness]: the batches sampled ahead, in flight ones once done
+    if (auto ok = collect_ahead(progress_.iteration, std::numeric_limits<int64_t>::max()); !ok)
+      return ok;
+    auto bytes = write_ahead_batches(ahead_);
+    if (!bytes)
+      return bytes.error();
+    files["ahead_batches.bin"] = std::move(*bytes);
   }
   return commit_checkpoint(ctx_, "rl", progress_.iteration, "iter", files);
 }

@@ -274,6 +274,53 @@ TEST(Engine, WeightUpdateInPlaceTagsOutputsAndMatchesAFreshEngine) {
   EXPECT_EQ(e->metrics().prefill_tokens_computed, 2 * 8);
 }
 
+// NOTE [in-flight update]: a version loaded while a sequence runs. Kept,
+// its K/V is not computed again, its tokens are tagged with the versions
+// that sampled them, and it never enters the prefix cache (a later request
+// with its prompt computes the prompt again); recomputed, its K/V is
+// computed again under the new weights, and its continuation is exactly the
+// new weights' greedy one.
+TEST(Engine, AnUpdateWhileASequenceRunsKeepsOrRecomputesItsKv) {
+  auto v0 = tiny_model(1), v1 = tiny_model(2);
+  const std::vector<int64_t> prompt{3, 1, 4, 1, 5, 9, 2, 6};
+  for (auto mode : {update_kv::keep, update_kv::recompute}) {
+    SCOPED_TRACE(to_string(mode));
+    engine_config c;
+    c.on_update = mode;
+    auto e = make_engine(copy_of(v0, models::head_kind::lm), c);
+    ASSERT_TRUE(e->add_request({"x", prompt, greedy(8)}));
+    for (int i = 0; i < 3; ++i) // the prompt and two decodes: three tokens
+      ASSERT_TRUE(e->step());
+    EXPECT_EQ(e->metrics().prefill_tokens_computed, 8);
+    ASSERT_TRUE(e->load_weights(1, models::export_hf_weights(v1)));
+    auto outs = e->run_until_idle();
+    ASSERT_TRUE(outs && outs->size() == 1);
+    const auto& s = outs->front().samples[0];
+    EXPECT_EQ(s.versions, (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 1, 1}));
+    ASSERT_EQ(s.tokens.size(), 8u);
+    std::vector<int64_t> head(s.tokens.begin(), s.tokens.begin() + 3);
+    EXPECT_EQ(head, greedy_reference(v0, prompt, 3));
+    auto seen = prompt;
+    seen.insert(seen.end(), head.begin(), head.end());
+    EXPECT_EQ(e->metrics().prefill_tokens_computed, 8);
+    const auto recomputed = e->metrics().recomputed_tokens;
+    if (mode == update_kv::keep) {
+      EXPECT_EQ(recomputed, 0) << "no token computed twice";
+    } else {
+      EXPECT_EQ(recomputed, 10) << "the prompt and the tokens so far but the last (a decode's)";
+      EXPECT_EQ(std::vector<int64_t>(s.tokens.begin() + 3, s.tokens.end()),
+                greedy_reference(v1, seen, 5));
+    }
+    auto before = e->metrics().prefill_tokens_computed;
+    ASSERT_TRUE(e->generate({{"again", prompt, greedy(1)}}));
+    const auto again = e->metrics().prefill_tokens_computed - before;
+    if (mode == update_kv::keep)
+      EXPECT_EQ(again, 8) << "a sequence of mixed versions is not a cached prefix";
+    else
+      EXPECT_LT(again, 8) << "recomputed under version 1, its prompt is cached";
+  }
+}
+
 TEST(Engine, TenThousandRandomRequestsLeaveThePoolEmpty) {
   auto m = tiny_model();
   engine_config c;

@@ -60,6 +60,7 @@ TEST(EnumNames, EveryValueOfEveryEnumRoundTripsThroughItsName) {
   expect_round_trip<kernels::loss_agg_mode>("loss_agg_mode");
   expect_round_trip<kernels::advantage_estimator>("advantage_estimator");
   expect_round_trip<actors::inference::panels_mode>("panels_mode");
+  expect_round_trip<actors::inference::update_kv>("update_kv");
   expect_round_trip<progress_style>("progress_style");
   expect_round_trip<model_source>("model_source");
   expect_round_trip<kl_control>("kl_control");
@@ -148,6 +149,8 @@ std::vector<choice_field> job_choices() {
        [=](const job_config& c) { return s(c.rl.rollout.decode_panels); }},
       {"rl.rollout.decode_isa", names_of<actors::inference::isa_mode>(),
        [=](const job_config& c) { return s(c.rl.rollout.decode_isa); }},
+      {"rl.rollout.on_update", names_of<actors::inference::update_kv>(),
+       [=](const job_config& c) { return s(c.rl.rollout.on_update); }},
       {"weight_sync.transport", names_of<runtime::transport_kind>(true),
        [](const job_config& c) { return name_or_auto(c.weight_sync.transport); }},
       {"resources.launcher", names_of<launcher_kind>(),

@@ -4,6 +4,7 @@
 #include "actors/rl/job.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/file_io.hpp"
+#include "tests/actors/job_runs.hpp"
 #include "tests/actors/job_yaml.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -28,38 +29,13 @@ using namespace troupe::actors::rl;
 
 namespace {
 
+using troupe::actors::rl::testing::expect_resume_continues_exactly;
+using troupe::actors::rl::testing::run;
+using troupe::actors::rl::testing::stage_lines;
 using troupe::actors::rl::testing::tiny_job;
 
 expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
   return troupe::actors::rl::testing::parse_job(yaml, std::move(sets));
-}
-
-struct run_result {
-  expected<job_summary> summary = make_error(errc::internal, "not run");
-  std::vector<nlohmann::json> metrics;
-};
-
-run_result run(const job_config& cfg, run_options opts = {}) {
-  run_result out;
-  {
-    caf::actor_system_config sc;
-    actors::configure(sc);
-    caf::actor_system sys{sc};
-    out.summary = run_job(sys, cfg, opts);
-  }
-  std::ifstream in(std::filesystem::path{cfg.run.dir} / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line))
-    out.metrics.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-std::vector<nlohmann::json> stage_lines(const std::vector<nlohmann::json>& all, const std::string& stage) {
-  std::vector<nlohmann::json> out;
-  for (const auto& j : all)
-    if (j["stage"] == stage)
-      out.push_back(j);
-  return out;
 }
 
 using troupe::actors::rl::testing::deterministic_part;
@@ -329,60 +305,12 @@ TEST(RlJob, AGroupOfOneGetsItsScoreAndAWarning) {
 // the same metrics and bit-identical weights.
 class RlJobResume : public ::testing::TestWithParam<bool> {};
 
-namespace {
-
-// `sets` run 4 iterations straight, and 2, a stop (as SIGINT does),
-// --resume, 2 more: the same metrics and bit-identical weights.
-void expect_resume_continues_exactly(const std::vector<std::string>& sets) {
-  test::temp_dir tmp;
-  auto straight = parse(tiny_job(tmp.file("a")), sets);
-  auto split = parse(tiny_job(tmp.file("b")), sets);
-  ASSERT_TRUE(straight && split);
-  auto a = run(*straight);
-  ASSERT_TRUE(a.summary) << describe(a.summary.error());
-
-  std::atomic<bool> stop{false};
-  run_options first;
-  first.stop = &stop;
-  first.on_progress = [&](const progress_event& e) {
-    if (e.stage == "rl" && e.step == 2)
-      stop = true;
-  };
-  auto b1 = run(*split, first);
-  ASSERT_TRUE(b1.summary) << describe(b1.summary.error());
-  EXPECT_TRUE(b1.summary->stopped);
-  EXPECT_EQ(stage_lines(b1.metrics, "rl").size(), 3u); // steps 0, 1, 2
-  run_options second;
-  second.resume = true;
-  auto b2 = run(*split, second);
-  ASSERT_TRUE(b2.summary) << describe(b2.summary.error());
-  EXPECT_FALSE(b2.summary->stopped);
-  EXPECT_TRUE(b2.summary->stages[0].skipped);
-  EXPECT_TRUE(b2.summary->stages[1].skipped);
-
-  ASSERT_EQ(a.metrics.size(), b2.metrics.size());
-  for (size_t i = 0; i < a.metrics.size(); ++i)
-    EXPECT_EQ(deterministic_part(a.metrics[i]), deterministic_part(b2.metrics[i])) << "line " << i;
-  auto wa = runtime::read_file((tmp.path() / "a" / "rl" / "model" / "model.safetensors").string());
-  auto wb = runtime::read_file((tmp.path() / "b" / "rl" / "model" / "model.safetensors").string());
-  ASSERT_TRUE(wa && wb);
-  EXPECT_TRUE(*wa == *wb) << "final weights differ";
-}
-
-} // namespace
-
 TEST_P(RlJobResume, ContinuesExactly) {
   // Two samples per prompt: with caching on, the second shares the first's
   // prompt blocks, so the engine's history differs between the runs.
   expect_resume_continues_exactly(
       {"rl.iterations=4", "rl.checkpoint_every=0", "rl.samples_per_prompt=2",
        std::string{"rl.rollout.enable_prefix_caching="} + (GetParam() ? "true" : "false")});
-}
-
-// NOTE [staleness]: the checkpoint holds the batch sampled ahead (ahead.bin),
-// so a resumed asynchronous run trains on what the uninterrupted one does.
-TEST(RlJob, StalenessOneResumesExactly) {
-  expect_resume_continues_exactly({"rl.iterations=4", "rl.checkpoint_every=0", "rl.staleness=1"});
 }
 
 INSTANTIATE_TEST_SUITE_P(PrefixCaching, RlJobResume, ::testing::Bool(),
@@ -469,62 +397,6 @@ TEST(RlJob, OffloadFreesTheRewardModelsWeightsToo) {
   }
   EXPECT_GT(freed["rule"], 0.0);
   EXPECT_GT(freed["mixed"], freed["rule"]);
-}
-
-TEST(RlJob, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
-  // NOTE [staleness]: iteration 1 is the synchronous one (nothing sampled
-  // ahead yet); from iteration 2 every batch was sampled by the previous
-  // weights and carries importance weights.
-  test::temp_dir tmp;
-  auto sync = parse(tiny_job(tmp.file("sync")), {"stages=[sft, rl]", "rl.iterations=4"});
-  auto ahead = parse(tiny_job(tmp.file("ahead")), {"stages=[sft, rl]", "rl.iterations=4", "rl.staleness=1"});
-  ASSERT_TRUE(sync && ahead);
-  auto a = run(*sync), b = run(*ahead);
-  ASSERT_TRUE(a.summary) << describe(a.summary.error());
-  ASSERT_TRUE(b.summary) << describe(b.summary.error());
-  auto ra = stage_lines(a.metrics, "rl"), rb = stage_lines(b.metrics, "rl");
-  ASSERT_EQ(ra.size(), 5u);
-  ASSERT_EQ(rb.size(), 5u);
-  for (int step = 1; step <= 4; ++step) {
-    const auto& j = rb[static_cast<size_t>(step)];
-    EXPECT_EQ(j["rollout/staleness"].get<double>(), step == 1 ? 0.0 : 1.0) << step;
-    // The contract's metrics with staleness: against the newer weights.
-    for (const char* key : {"rollout_corr/logprob_abs_diff_mean",
-                            "rollout_corr/logprob_abs_diff_max", "rollout_corr/kl"})
-      EXPECT_TRUE(j.contains(key)) << step << ": " << key;
-    if (step > 1) {
-      EXPECT_GT(j["rollout_corr/logprob_abs_diff_mean"].get<double>(), 1e-5)
-          << step << ": a version apart";
-    }
-    EXPECT_EQ(j.contains("rollout/stale_is_weight/mean"), step > 1) << step;
-    if (step > 1) {
-      auto w = j["rollout/stale_is_weight/mean"].get<double>();
-      EXPECT_GT(w, 0.5);
-      EXPECT_LT(w, 2.0);
-    }
-  }
-  // Iteration 1 is the same batch with the same weights either way.
-  // (The engine's own counters differ: with staleness 1 it also samples
-  // iteration 2's batch during iteration 1.)
-  auto without_engine_work = [](nlohmann::json j) {
-    for (const char* k : {"rollout/staleness", "timing_s/gen_wait", "rollout/generated_tokens",
-                          "rollout/prefill_tokens", "rollout/prefix_hit_rate",
-                          "rollout/kv_utilization", "rollout/preemptions"})
-      j.erase(k);
-    return j;
-  };
-  EXPECT_EQ(without_engine_work(deterministic_part(ra[1])),
-            without_engine_work(deterministic_part(rb[1])));
-  // From iteration 2 the engine's log-probs are the previous weights': the
-  // policy's differ from them far more than synchronously (numerics only).
-  for (size_t step = 2; step <= 4; ++step)
-    EXPECT_GT(rb[step]["rollout/logprob_diff"].get<double>(), 10 * ra[step]["rollout/logprob_diff"].get<double>())
-        << step;
-
-  auto bad = parse(tiny_job(tmp.file("bad")), {"rl.staleness=2"});
-  ASSERT_FALSE(bad);
-  EXPECT_NE(describe(bad.error()).find("rl.staleness: must be 0 (synchronous) or 1"), std::string::npos)
-      << describe(bad.error());
 }
 
 TEST(RlJob, EachStepsRolloutCountersAndBusyTimeAreItsOwn) {

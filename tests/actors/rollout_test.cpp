@@ -166,6 +166,43 @@ TEST_F(rollout_fixture, weight_updates_between_calls_match_a_fresh_engine) {
   caf::anon_send_exit(rollout, caf::exit_reason::user_shutdown);
 }
 
+// NOTE [in-flight update]: a version that arrives between a running
+// request's decode steps is loaded there; the request continues, and its
+// tokens carry the versions that sampled them. (Driven, so the steps
+// before the load are exactly two.)
+TEST_F(rollout_fixture, a_version_loaded_between_decode_steps_tags_the_tokens_after_it) {
+  rollout_options o;
+  o.driven = true;
+  auto rollout = spawn_rollout(sys, tiny_model(1), small_engine(), o);
+  ASSERT_TRUE(rollout) << describe(rollout.error());
+  caf::scoped_actor self{sys};
+  auto call = self->request(*rollout, kTimeout, generate_atom::value,
+                            std::vector<generate_request>{{"g", {1, 2, 3}, greedy(6)}});
+  auto drive = [&] {
+    bool more = false;
+    self->request(*rollout, kTimeout, drive_atom::value)
+        .receive([&](bool m) { more = m; }, [&](caf::error& e) { FAIL() << describe(e); });
+    return more;
+  };
+  EXPECT_TRUE(drive()); // the prompt and the first token
+  EXPECT_TRUE(drive()); // the second
+  auto weights = std::make_shared<const std::map<std::string, at::Tensor>>(
+      models::export_hf_weights(tiny_model(2)));
+  self->request(*rollout, kTimeout, load_weights_atom::value, int64_t{1},
+                actors::shared_weights{weights})
+      .receive([](int64_t) {}, [&](caf::error& e) { FAIL() << describe(e); });
+  for (int i = 0; i < 10 && drive(); ++i) {
+  }
+  std::vector<request_output> outs;
+  call.receive([&](generation& g) { outs = std::move(g.outputs); },
+               [&](caf::error& e) { FAIL() << describe(e); });
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_EQ(outs[0].samples[0].versions, (std::vector<int64_t>{0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(outs[0].first_weight_version, 0);
+  EXPECT_EQ(outs[0].weight_version, 1);
+  caf::anon_send_exit(*rollout, caf::exit_reason::user_shutdown);
+}
+
 TEST_F(rollout_fixture, a_failing_step_fails_open_calls_and_the_actor_exits_with_the_error) {
   auto m = tiny_model();
   auto rollout = spawn(m);

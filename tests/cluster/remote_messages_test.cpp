@@ -140,7 +140,7 @@ TEST_F(RemoteMessages, GenerationRequestsOutputsAndEngineMetricsCrossIntact) {
   inf::request_output out;
   out.id = "p-3";
   out.prompt = {1, 5};
-  out.samples = {{{7, 8}, {-0.5f, -1.25f}, "stop"}, {{9}, {-2.0f}, "length"}};
+  out.samples = {{{7, 8}, {-0.5f, -1.25f}, {5, 6}, "stop"}, {{9}, {-2.0f}, {6}, "length"}};
   out.weight_version = 6;
   out.first_weight_version = 5;
   out.ttft_ms = 1.5;
@@ -152,6 +152,7 @@ TEST_F(RemoteMessages, GenerationRequestsOutputsAndEngineMetricsCrossIntact) {
   ASSERT_EQ(outs[0].samples.size(), 2u);
   EXPECT_EQ(outs[0].samples[0].tokens, out.samples[0].tokens);
   EXPECT_EQ(outs[0].samples[0].logprobs, out.samples[0].logprobs);
+  EXPECT_EQ(outs[0].samples[0].versions, (std::vector<int64_t>{5, 6}));
   EXPECT_EQ(outs[0].samples[1].finish_reason, "length");
   EXPECT_EQ(outs[0].weight_version, 6);
   EXPECT_EQ(outs[0].first_weight_version, 5);
@@ -163,6 +164,7 @@ TEST_F(RemoteMessages, GenerationRequestsOutputsAndEngineMetricsCrossIntact) {
   m.prompt_tokens = 2;
   m.prefill_tokens_computed = 3;
   m.generated_tokens = 4;
+  m.recomputed_tokens = 14;
   m.preemptions = 5;
   m.finished_requests = 6;
   m.busy_seconds = 7.5;
@@ -175,6 +177,7 @@ TEST_F(RemoteMessages, GenerationRequestsOutputsAndEngineMetricsCrossIntact) {
   m.waiting = 12;
   m.num_blocks = 13;
   auto mm = round_trip(m);
+  EXPECT_EQ(mm.recomputed_tokens, 14);
   EXPECT_EQ(std::tie(mm.steps, mm.prompt_tokens, mm.prefill_tokens_computed, mm.generated_tokens,
                      mm.preemptions, mm.finished_requests, mm.itl_count, mm.running, mm.waiting,
                      mm.num_blocks),

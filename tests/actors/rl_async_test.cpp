@@ -1,0 +1,191 @@
+// NOTE [staleness] (actors/rl/rl_stage.cpp): batches generated ahead of
+// training, with and without in-flight weight updates (NOTE [in-flight
+// update] in actors/inference/engine.hpp): every token within the bound,
+// the distribution of lags reported, stale tokens corrected, and a resumed
+// run equal to the uninterrupted one. The rollout fleet's runs (rollout dp
+// 2, in worker processes) are in tests/cluster/rollout_fleet_integration_test.cpp.
+#include "runtime/checkpoint.hpp"
+#include "tests/actors/job_runs.hpp"
+#include "tests/actors/job_yaml.hpp"
+#include "tests/support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <vector>
+
+using namespace troupe;
+using namespace troupe::actors::rl;
+using troupe::actors::rl::testing::deterministic_part;
+using troupe::actors::rl::testing::expect_resume_continues_exactly;
+using troupe::actors::rl::testing::parse_job;
+using troupe::actors::rl::testing::run;
+using troupe::actors::rl::testing::stage_lines;
+using troupe::actors::rl::testing::tiny_job;
+
+namespace {
+
+expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
+  return parse_job(yaml, std::move(sets));
+}
+
+// The lags' distribution of one metrics line: frac_0 .. frac_k.
+std::vector<double> lag_fractions(const nlohmann::json& j, int k) {
+  std::vector<double> out;
+  for (int d = 0; d <= k; ++d)
+    out.push_back(j.at("rollout/staleness/frac_" + std::to_string(d)).get<double>());
+  return out;
+}
+
+} // namespace
+
+// NOTE [staleness]: the checkpoint holds the batch sampled ahead (ahead_batches.bin),
+// so a resumed asynchronous run trains on what the uninterrupted one does.
+TEST(RlAsync, StalenessOneResumesExactly) {
+  expect_resume_continues_exactly({"rl.iterations=4", "rl.checkpoint_every=0", "rl.staleness=1"});
+}
+
+TEST(RlAsync, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
+  // NOTE [staleness]: iteration 1 is the synchronous one (nothing sampled
+  // ahead yet); from iteration 2 every batch was sampled by the previous
+  // weights and carries importance weights.
+  test::temp_dir tmp;
+  auto sync = parse(tiny_job(tmp.file("sync")), {"stages=[sft, rl]", "rl.iterations=4"});
+  auto ahead =
+      parse(tiny_job(tmp.file("ahead")), {"stages=[sft, rl]", "rl.iterations=4", "rl.staleness=1"});
+  ASSERT_TRUE(sync && ahead);
+  auto a = run(*sync), b = run(*ahead);
+  ASSERT_TRUE(a.summary) << describe(a.summary.error());
+  ASSERT_TRUE(b.summary) << describe(b.summary.error());
+  auto ra = stage_lines(a.metrics, "rl"), rb = stage_lines(b.metrics, "rl");
+  ASSERT_EQ(ra.size(), 5u);
+  ASSERT_EQ(rb.size(), 5u);
+  for (int step = 1; step <= 4; ++step) {
+    const auto& j = rb[static_cast<size_t>(step)];
+    EXPECT_EQ(j["rollout/staleness"].get<double>(), step == 1 ? 0.0 : 1.0) << step;
+    // The contract's metrics with staleness: against the newer weights.
+    for (const char* key : {"rollout_corr/logprob_abs_diff_mean",
+                            "rollout_corr/logprob_abs_diff_max", "rollout_corr/kl"})
+      EXPECT_TRUE(j.contains(key)) << step << ": " << key;
+    if (step > 1) {
+      EXPECT_GT(j["rollout_corr/logprob_abs_diff_mean"].get<double>(), 1e-5)
+          << step << ": a version apart";
+    }
+    EXPECT_EQ(j.contains("rollout/stale_is_weight/mean"), step > 1) << step;
+    if (step > 1) {
+      auto w = j["rollout/stale_is_weight/mean"].get<double>();
+      EXPECT_GT(w, 0.5);
+      EXPECT_LT(w, 2.0);
+    }
+  }
+  // Iteration 1 is the same batch with the same weights either way.
+  // (The engine's own counters differ: with staleness 1 it also samples
+  // iteration 2's batch during iteration 1.)
+  auto without_engine_work = [](nlohmann::json j) {
+    for (const char* k : {"timing_s/gen_wait", "rollout/generated_tokens", "rollout/prefill_tokens",
+                          "rollout/prefix_hit_rate", "rollout/kv_utilization",
+                          "rollout/preemptions", "rollout/recomputed_tokens"})
+      j.erase(k);
+    for (auto it = j.begin(); it != j.end();) // the lags' metrics (NOTE [staleness])
+      it = it.key().rfind("rollout/staleness", 0) == 0 ? j.erase(it) : std::next(it);
+    return j;
+  };
+  EXPECT_EQ(without_engine_work(deterministic_part(ra[1])),
+            without_engine_work(deterministic_part(rb[1])));
+  // From iteration 2 the engine's log-probs are the previous weights': the
+  // policy's differ from them far more than synchronously (numerics only).
+  for (size_t step = 2; step <= 4; ++step)
+    EXPECT_GT(rb[step]["rollout/logprob_diff"].get<double>(),
+              10 * ra[step]["rollout/logprob_diff"].get<double>())
+        << step;
+}
+
+// With staleness 2 and no in-flight updates the batches ahead are finished
+// before each weight_sync: the batch of iteration j was sampled wholly by
+// version max(j − 2, 0) — iteration 1 synchronously, 2 one version behind,
+// from 3 on two — and the checkpoint holds both batches ahead.
+TEST(RlAsync, StalenessTwoSamplesTwoBatchesAheadAndEveryTokenIsWithinTheBound) {
+  test::temp_dir tmp;
+  auto cfg =
+      parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=5", "rl.staleness=2"});
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto r = run(*cfg);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  auto rl = stage_lines(r.metrics, "rl");
+  ASSERT_EQ(rl.size(), 6u);
+  for (int step = 1; step <= 5; ++step) {
+    const auto& j = rl[static_cast<size_t>(step)];
+    const double lag = std::min(step - 1, 2);
+    EXPECT_EQ(j["rollout/staleness"].get<double>(), lag) << step;
+    EXPECT_EQ(j["rollout/staleness/mean"].get<double>(), lag) << step;
+    auto fr = lag_fractions(j, 2);
+    EXPECT_EQ(fr[static_cast<size_t>(lag)], 1.0) << step;
+    EXPECT_EQ(j.contains("rollout/stale_is_weight/mean"), lag > 0) << step;
+    EXPECT_TRUE(j.contains("timing_s/gen_wait")) << step;
+  }
+  // A run stopped after iteration 3 checkpoints the batches of iterations
+  // 4 and 5, sampled ahead.
+  auto stopped = parse(tiny_job(tmp.file("stopped")), {"stages=[sft, rl]", "rl.iterations=5",
+                                                       "rl.staleness=2", "rl.checkpoint_every=0"});
+  ASSERT_TRUE(stopped) << describe(stopped.error());
+  std::atomic<bool> stop{false};
+  run_options opts;
+  opts.stop = &stop;
+  opts.on_progress = [&](const progress_event& e) {
+    if (e.stage == "rl" && e.step == 3)
+      stop = true;
+  };
+  auto partial = run(*stopped, opts);
+  ASSERT_TRUE(partial.summary) << describe(partial.summary.error());
+  auto latest = runtime::latest_checkpoint(tmp.file("stopped") + "/rl/checkpoints");
+  ASSERT_TRUE(latest) << describe(latest.error());
+  auto files = runtime::read_checkpoint(*latest);
+  ASSERT_TRUE(files) << describe(files.error());
+  EXPECT_EQ(nlohmann::json::parse(files->at("driver.json"))["iteration"].get<int64_t>(), 3);
+  EXPECT_TRUE(files->count("ahead_batches.bin"));
+}
+
+// In-flight updates: no gen_wait; the rollout takes each version as it
+// arrives, so a batch may mix versions — never older than the bound.
+TEST(RlAsync, InflightUpdatesKeepEveryTokenWithinTheBound) {
+  test::temp_dir tmp;
+  auto cfg =
+      parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=5", "rl.staleness=2",
+                                        "rl.inflight_updates=true", "rl.generation.max_tokens=12"});
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto r = run(*cfg);
+  ASSERT_TRUE(r.summary) << describe(r.summary.error());
+  auto rl = stage_lines(r.metrics, "rl");
+  ASSERT_EQ(rl.size(), 6u);
+  for (int step = 1; step <= 5; ++step) {
+    const auto& j = rl[static_cast<size_t>(step)];
+    EXPECT_FALSE(j.contains("timing_s/gen_wait")) << step;
+    EXPECT_LE(j["rollout/staleness/max"].get<double>(), std::min(step - 1, 2)) << step;
+    double sum = 0;
+    for (double f : lag_fractions(j, 2))
+      sum += f;
+    EXPECT_NEAR(sum, 1.0, 1e-9) << step;
+    if (j.contains("rollout/stale_is_weight/capped")) {
+      EXPECT_GE(j["rollout/stale_is_weight/capped"].get<double>(), 0.0);
+      EXPECT_LE(j["rollout/stale_is_weight/capped"].get<double>(), 1.0);
+    }
+    EXPECT_TRUE(std::isfinite(j["actor/pg_loss"].get<double>())) << step;
+  }
+  EXPECT_EQ(rl[1]["rollout/staleness/max"].get<double>(), 0.0) << "the first batch is synchronous";
+}
+
+// NOTE [staleness]: the checkpoint holds both batches sampled ahead.
+TEST(RlAsync, StalenessTwoResumesExactly) {
+  expect_resume_continues_exactly({"rl.iterations=5", "rl.checkpoint_every=0", "rl.staleness=2"});
+}
+
+TEST(RlAsync, ANegativeBoundIsRefused) {
+  test::temp_dir tmp;
+  auto bad = parse(tiny_job(tmp.file("bad")), {"rl.staleness=-1"});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(describe(bad.error()).find("rl.staleness: must be >= 0"), std::string::npos)
+      << describe(bad.error());
+}
