@@ -8,9 +8,14 @@
 //     vs every role's state resident;
 //     and the step time each costs;
 //  2. disaggregated step time (rollout in one worker, the other roles in
-//     another, one compute thread each) with rl.staleness 1 — the next batch
-//     generated while this one trains — vs synchronous.
-// Usage: bench_placement [iterations=4] [hidden=512] [layers=6]
+//     another, one compute thread each) with rl.staleness 1 and 2 — the
+//     next batches generated while this one trains — without and with
+//     in-flight weight updates, vs synchronous; and each as a share of the
+//     ideal overlap: the synchronous step's generation G and the rest T
+//     give the ideal step max(G, T), and a mode's share is how much of the
+//     possible saving (G + T − max(G, T)) it realises.
+// Usage: bench_placement [iterations=4] [hidden=512] [layers=6] [all|offload|async]
+//                        [max_tokens=96 (the async section's responses)]
 #include "actors/actor_system.hpp"
 #include "actors/rl/job.hpp"
 #include "actors/rl/placement.hpp"
@@ -21,6 +26,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -45,11 +51,13 @@ int64_t peak_rss_of(int64_t pid) {
 struct outcome {
   int64_t peak_rss = 0;
   double step_s = 0;
+  double gen_s = 0; ///< timing_s/gen, the step's generation (synchronous: all of it)
   double offloaded_mb = 0;
 };
 
+// Runs the job; the step times of the iterations after the first `warmup`.
 expected<outcome> run_once(const std::string& dir, int iterations, int hidden, int layers,
-                           const std::vector<std::string>& sets) {
+                           const std::vector<std::string>& sets, int warmup = 1) {
   std::string yaml =
       "run: {dir: '" + dir + "', seed: 5, progress: none}\n"
       "stages: [rl]\n"
@@ -111,27 +119,21 @@ expected<outcome> run_once(const std::string& dir, int iterations, int hidden, i
   int n = 0;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
-    if (j.value("training/global_step", 0.0) < 2) // the first iteration warms up
+    if (j.value("training/global_step", 0.0) < warmup + 1)
       continue;
     out.step_s += j.value("timing_s/step", 0.0);
+    out.gen_s += j.value("timing_s/gen", 0.0);
     out.offloaded_mb = j.value("perf/offloaded_bytes", 0.0) / (1024.0 * 1024.0);
     ++n;
   }
-  if (n > 0)
+  if (n > 0) {
     out.step_s /= n;
+    out.gen_s /= n;
+  }
   return out;
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
-  int iterations = argc > 1 ? std::atoi(argv[1]) : 4;
-  int hidden = argc > 2 ? std::atoi(argv[2]) : 512;
-  int layers = argc > 3 ? std::atoi(argv[3]) : 6;
-  char tmpl[] = "/tmp/troupe-bench-placement-XXXXXX";
-  if (!::mkdtemp(tmpl))
-    return 1;
-  std::string root = tmpl;
+int offload_section(const std::string& root, int iterations, int hidden, int layers) {
   std::printf("co-located PPO, one worker hosting policy, critic, reference, reward, rollout\n");
   std::printf("model: hidden %d, %d layers; %d iterations of 8 prompts x 2 samples; KV pool 256 MiB\n",
               hidden, layers, iterations);
@@ -139,19 +141,7 @@ int main(int argc, char** argv) {
                            {"placement.mode=colocated", "placement.offload=false"});
   auto offload = run_once(root + "/offload", iterations, hidden, layers,
                           {"placement.mode=colocated", "placement.offload=true"});
-  // Apart, one compute thread per process, longer responses: generation and
-  // training can run side by side on two cores.
-  std::vector<std::string> apart = {
-      "placement.mode=disaggregated", "placement.pools=[{name: train, devices: 1}, {name: gen, devices: 1}]",
-      "placement.roles=[{role: rollout, pool: gen}]", "run.threads=1", "rl.generation.max_tokens=24"};
-  auto with = [](std::vector<std::string> v, std::string x) {
-    v.push_back(std::move(x));
-    return v;
-  };
-  auto sync = run_once(root + "/sync", iterations, hidden, layers, with(apart, "rl.staleness=0"));
-  auto stale = run_once(root + "/stale", iterations, hidden, layers, with(apart, "rl.staleness=1"));
-  std::filesystem::remove_all(root);
-  for (auto* r : {&resident, &offload, &sync, &stale})
+  for (auto* r : {&resident, &offload})
     if (!*r) {
       std::fprintf(stderr, "bench_placement: %s\n", describe(r->error()).c_str());
       return 1;
@@ -163,10 +153,79 @@ int main(int argc, char** argv) {
               offload->offloaded_mb);
   std::printf("peak RSS with offload / all resident: %.2fx; step time: %.2fx\n",
               mb(offload->peak_rss) / mb(resident->peak_rss), offload->step_s / resident->step_s);
-  std::printf("\ndisaggregated (rollout | policy, critic, reference, reward), 24-token responses\n");
-  std::printf("%-22s %12s\n", "", "step s");
-  std::printf("%-22s %12.3f\n", "synchronous", sync->step_s);
-  std::printf("%-22s %12.3f\n", "staleness 1", stale->step_s);
-  std::printf("step time staleness 1 / synchronous: %.2fx\n", stale->step_s / sync->step_s);
   return 0;
+}
+
+// NOTE [staleness]: the modes' step times against the synchronous run's
+// and against the ideal overlap of its generation and the rest.
+int async_section(const std::string& root, int iterations, int hidden, int layers, int max_tokens) {
+  // Apart, one compute thread per process, long responses (an untrained
+  // policy rarely stops): generation and training can run side by side on
+  // two cores, and generation is a large share of the synchronous step.
+  const std::vector<std::string> apart = {
+      "placement.mode=disaggregated",
+      "placement.pools=[{name: train, devices: 1}, {name: gen, devices: 1}]",
+      "placement.roles=[{role: rollout, pool: gen}]",
+      "run.threads=1",
+      "model.max_position_embeddings=160",
+      "rl.generation.max_tokens=" + std::to_string(max_tokens)};
+  struct mode {
+    const char* name;
+    std::vector<std::string> sets;
+  };
+  const std::vector<mode> modes{
+      {"synchronous", {"rl.staleness=0"}},
+      {"staleness 1", {"rl.staleness=1"}},
+      {"staleness 2", {"rl.staleness=2"}},
+      {"staleness 1 in-flight", {"rl.staleness=1", "rl.inflight_updates=true"}},
+      {"staleness 2 in-flight", {"rl.staleness=2", "rl.inflight_updates=true"}},
+  };
+  std::vector<outcome> got;
+  for (const auto& m : modes) {
+    auto sets = apart;
+    sets.insert(sets.end(), m.sets.begin(), m.sets.end());
+    // Two batches ahead reach their steady state at iteration 3.
+    auto r = run_once(root + "/" + std::to_string(got.size()), iterations, hidden, layers, sets, 2);
+    if (!r) {
+      std::fprintf(stderr, "bench_placement: %s: %s\n", m.name, describe(r.error()).c_str());
+      return 1;
+    }
+    got.push_back(*r);
+  }
+  const double sync = got.front().step_s, gen = got.front().gen_s, rest = sync - gen;
+  const double ideal = std::max(gen, rest);
+  std::printf("\ndisaggregated (rollout | policy, critic, reference, reward), %d-token responses\n",
+              max_tokens);
+  std::printf("synchronous step %.3f s: generation %.3f s + the rest %.3f s; ideal overlap %.3f s "
+              "(%.2fx)\n",
+              sync, gen, rest, ideal, ideal / sync);
+  std::printf("%-24s %10s %12s %18s\n", "", "step s", "vs sync", "share of ideal");
+  for (size_t i = 0; i < modes.size(); ++i) {
+    const double saving = sync - ideal;
+    const double share = saving > 0 ? (sync - got[i].step_s) / saving : 0;
+    std::printf("%-24s %10.3f %11.2fx %17.0f%%\n", modes[i].name, got[i].step_s,
+                got[i].step_s / sync, 100 * share);
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  int iterations = argc > 1 ? std::atoi(argv[1]) : 4;
+  int hidden = argc > 2 ? std::atoi(argv[2]) : 512;
+  int layers = argc > 3 ? std::atoi(argv[3]) : 6;
+  const std::string which = argc > 4 ? argv[4] : "all";
+  const int max_tokens = argc > 5 ? std::atoi(argv[5]) : 96;
+  char tmpl[] = "/tmp/troupe-bench-placement-XXXXXX";
+  if (!::mkdtemp(tmpl))
+    return 1;
+  std::string root = tmpl;
+  int rc = 0;
+  if (which == "all" || which == "offload")
+    rc = offload_section(root, iterations, hidden, layers);
+  if (rc == 0 && (which == "all" || which == "async"))
+    rc = async_section(root, iterations, hidden, layers, max_tokens);
+  std::filesystem::remove_all(root);
+  return rc;
 }

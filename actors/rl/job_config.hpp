@@ -588,7 +588,9 @@ template <class V>
 void visit(V& v, role_placement_config& c) {
   v.field("role", c.role, "policy | critic | reference | reward | rollout");
   v.field("pool", c.pool, "The pool that hosts it");
-  v.field("dp", c.dp, "Data-parallel ranks (trained roles: policy, critic, the rm stage's reward)");
+  v.field("dp", c.dp,
+          "Data-parallel ranks (trained roles: policy, critic, the rm stage's reward); the "
+          "rollout's: independent engines splitting the prompts");
   v.field("tp", c.tp,
           "Tensor-parallel ranks per DP replica (trained roles; heads and the intermediate size "
           "divisible by it; docs/parallelism.md)");

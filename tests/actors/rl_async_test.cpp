@@ -168,9 +168,11 @@ TEST(RlAsync, InflightUpdatesKeepEveryTokenWithinTheBound) {
     for (double f : lag_fractions(j, 2))
       sum += f;
     EXPECT_NEAR(sum, 1.0, 1e-9) << step;
-    if (j.contains("rollout/stale_is_weight/capped")) {
+    if (j.contains("rollout/stale_is_weight/capped")) { // capped at stale_is_cap (2)
       EXPECT_GE(j["rollout/stale_is_weight/capped"].get<double>(), 0.0);
       EXPECT_LE(j["rollout/stale_is_weight/capped"].get<double>(), 1.0);
+      EXPECT_GT(j["rollout/stale_is_weight/mean"].get<double>(), 0.0);
+      EXPECT_LE(j["rollout/stale_is_weight/mean"].get<double>(), 2.0);
     }
     EXPECT_TRUE(std::isfinite(j["actor/pg_loss"].get<double>())) << step;
   }
