@@ -196,6 +196,16 @@ caf::result<generation> fleet_generate(self_ptr self, std::vector<generate_reque
       [self, id = id, where](expected<std::vector<generation>> got) {
         if (!got)
           return answer(self, id, got.error());
+        std::vector<size_t> asked(got->size(), 0);
+        for (auto r : where)
+          ++asked[r];
+        for (size_t r = 0; r < got->size(); ++r)
+          if ((*got)[r].outputs.size() != asked[r])
+            return answer(self, id,
+                          make_error(errc::internal,
+                                     "rollout fleet: replica " + std::to_string(r) + " answered " +
+                                         std::to_string((*got)[r].outputs.size()) + " of " +
+                                         std::to_string(asked[r]) + " requests"));
         generation g;
         std::vector<size_t> next(got->size(), 0);
         for (auto r : where) {

@@ -176,6 +176,43 @@ read_ahead_batches(const std::string& bytes) {
   return out;
 }
 
+// The batches sampled ahead fit the job resumed with them: each for an
+// iteration within its rl.staleness of the checkpoint's, of the batch's
+// shape (a job resumed with other keys is refused, never trained on a
+// batch it would not have sampled).
+expected<void>
+check_ahead_batches(const rl_config& r, int64_t done,
+                    const std::map<int64_t, std::vector<inference::request_output>>& ahead) {
+  for (const auto& [it, outs] : ahead) {
+    auto at = "the batch sampled ahead for iteration " + std::to_string(it + 1);
+    if (it < done || it > done + r.staleness)
+      return make_error(errc::invalid_config, at + " is beyond rl.staleness " +
+                                                  std::to_string(r.staleness) + " from iteration " +
+                                                  std::to_string(done + 1) +
+                                                  " (was the bound lowered since the checkpoint?)");
+    if (static_cast<int64_t>(outs.size()) != r.prompts_per_iteration)
+      return make_error(errc::invalid_config, at + " has " + std::to_string(outs.size()) +
+                                                  " prompts, rl.prompts_per_iteration is " +
+                                                  std::to_string(r.prompts_per_iteration));
+    for (const auto& o : outs) {
+      if (static_cast<int64_t>(o.samples.size()) != r.samples_per_prompt)
+        return make_error(errc::invalid_config, at + " has " + std::to_string(o.samples.size()) +
+                                                    " samples for request '" + o.id +
+                                                    "', rl.samples_per_prompt is " +
+                                                    std::to_string(r.samples_per_prompt));
+      for (const auto& smp : o.samples)
+        for (auto v : smp.versions)
+          if (it - v > r.staleness)
+            return make_error(errc::invalid_config,
+                              at + " was sampled " + std::to_string(it - v) +
+                                  " versions behind it, beyond rl.staleness " +
+                                  std::to_string(r.staleness) +
+                                  " (was the bound lowered since the checkpoint?)");
+    }
+  }
+  return {};
+}
+
 expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
   rl_resume out;
   out.progress.beta = ctx.cfg->rl.kl.coef;
@@ -203,6 +240,9 @@ expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
                              "the rl stage again");
   if (files->count("ahead_batches.bin")) { // NOTE [staleness]
     auto ahead = read_ahead_batches(files->at("ahead_batches.bin"));
+    if (ahead)
+      if (auto ok = check_ahead_batches(ctx.cfg->rl, out.progress.iteration, *ahead); !ok)
+        ahead = ok.error();
     if (!ahead)
       return with_prefix(ahead.error(), *dir + ": ahead_batches.bin");
     out.progress.ahead = std::move(*ahead);

@@ -146,6 +146,21 @@ TEST(RlAsync, StalenessTwoSamplesTwoBatchesAheadAndEveryTokenIsWithinTheBound) {
   ASSERT_TRUE(files) << describe(files.error());
   EXPECT_EQ(nlohmann::json::parse(files->at("driver.json"))["iteration"].get<int64_t>(), 3);
   EXPECT_TRUE(files->count("ahead_batches.bin"));
+  // Resumed with a lower bound, the batch for iteration 4 (sampled two
+  // versions before it) would break it: refused with the reason, nothing
+  // trained.
+  auto lowered = parse(tiny_job(tmp.file("stopped")), {"stages=[sft, rl]", "rl.iterations=5",
+                                                       "rl.staleness=1", "rl.checkpoint_every=0"});
+  ASSERT_TRUE(lowered) << describe(lowered.error());
+  run_options again;
+  again.resume = true;
+  auto refused = run(*lowered, again);
+  ASSERT_FALSE(refused.summary);
+  EXPECT_NE(describe(refused.summary.error())
+                .find("the batch sampled ahead for iteration 4 was sampled 2 versions behind "
+                      "it, beyond rl.staleness 1"),
+            std::string::npos)
+      << describe(refused.summary.error());
 }
 
 // In-flight updates: no gen_wait; the rollout takes each version as it
