@@ -25,6 +25,18 @@ struct run_result {
   std::vector<nlohmann::json> metrics;
 };
 
+/// Options that stop the job (as SIGINT does) once its rl step `step` is
+/// logged; `stop` must outlive the run.
+inline run_options stop_after_rl_step(std::atomic<bool>& stop, int64_t step) {
+  run_options o;
+  o.stop = &stop;
+  o.on_progress = [&stop, step](const progress_event& e) {
+    if (e.stage == "rl" && e.step == step)
+      stop = true;
+  };
+  return o;
+}
+
 inline run_result run(const job_config& cfg, run_options opts = {}) {
   run_result out;
   {
@@ -62,13 +74,7 @@ inline void expect_resume_continues_exactly(const std::vector<std::string>& sets
   ASSERT_TRUE(a.summary) << describe(a.summary.error());
 
   std::atomic<bool> stop{false};
-  run_options first;
-  first.stop = &stop;
-  first.on_progress = [&](const progress_event& e) {
-    if (e.stage == "rl" && e.step == 2)
-      stop = true;
-  };
-  auto b1 = run(*split, first);
+  auto b1 = run(*split, stop_after_rl_step(stop, 2));
   ASSERT_TRUE(b1.summary) << describe(b1.summary.error());
   EXPECT_TRUE(b1.summary->stopped);
   EXPECT_EQ(stage_lines(b1.metrics, "rl").size(), 3u); // steps 0, 1, 2

@@ -24,6 +24,7 @@ using troupe::actors::rl::testing::expect_resume_continues_exactly;
 using troupe::actors::rl::testing::parse_job;
 using troupe::actors::rl::testing::run;
 using troupe::actors::rl::testing::stage_lines;
+using troupe::actors::rl::testing::stop_after_rl_step;
 using troupe::actors::rl::testing::tiny_job;
 
 namespace {
@@ -38,6 +39,18 @@ std::vector<double> lag_fractions(const nlohmann::json& j, int k) {
   for (int d = 0; d <= k; ++d)
     out.push_back(j.at("rollout/staleness/frac_" + std::to_string(d)).get<double>());
   return out;
+}
+
+// The tiny job (sft, then 5 rl iterations) with `sets`: its rl lines.
+std::vector<nlohmann::json> rl_lines_of(const test::temp_dir& tmp, std::vector<std::string> sets) {
+  sets.insert(sets.begin(), {"stages=[sft, rl]", "rl.iterations=5"});
+  auto cfg = parse(tiny_job(tmp.file("run")), sets);
+  EXPECT_TRUE(cfg) << describe(cfg.error());
+  if (!cfg)
+    return {};
+  auto r = run(*cfg);
+  EXPECT_TRUE(r.summary) << describe(r.summary.error());
+  return stage_lines(r.metrics, "rl");
 }
 
 } // namespace
@@ -109,12 +122,7 @@ TEST(RlAsync, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
 // from 3 on two — and the checkpoint holds both batches ahead.
 TEST(RlAsync, StalenessTwoSamplesTwoBatchesAheadAndEveryTokenIsWithinTheBound) {
   test::temp_dir tmp;
-  auto cfg =
-      parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=5", "rl.staleness=2"});
-  ASSERT_TRUE(cfg) << describe(cfg.error());
-  auto r = run(*cfg);
-  ASSERT_TRUE(r.summary) << describe(r.summary.error());
-  auto rl = stage_lines(r.metrics, "rl");
+  auto rl = rl_lines_of(tmp, {"rl.staleness=2"});
   ASSERT_EQ(rl.size(), 6u);
   for (int step = 1; step <= 5; ++step) {
     const auto& j = rl[static_cast<size_t>(step)];
@@ -132,13 +140,7 @@ TEST(RlAsync, StalenessTwoSamplesTwoBatchesAheadAndEveryTokenIsWithinTheBound) {
                                                        "rl.staleness=2", "rl.checkpoint_every=0"});
   ASSERT_TRUE(stopped) << describe(stopped.error());
   std::atomic<bool> stop{false};
-  run_options opts;
-  opts.stop = &stop;
-  opts.on_progress = [&](const progress_event& e) {
-    if (e.stage == "rl" && e.step == 3)
-      stop = true;
-  };
-  auto partial = run(*stopped, opts);
+  auto partial = run(*stopped, stop_after_rl_step(stop, 3));
   ASSERT_TRUE(partial.summary) << describe(partial.summary.error());
   auto latest = runtime::latest_checkpoint(tmp.file("stopped") + "/rl/checkpoints");
   ASSERT_TRUE(latest) << describe(latest.error());
@@ -167,13 +169,8 @@ TEST(RlAsync, StalenessTwoSamplesTwoBatchesAheadAndEveryTokenIsWithinTheBound) {
 // arrives, so a batch may mix versions — never older than the bound.
 TEST(RlAsync, InflightUpdatesKeepEveryTokenWithinTheBound) {
   test::temp_dir tmp;
-  auto cfg =
-      parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=5", "rl.staleness=2",
-                                        "rl.inflight_updates=true", "rl.generation.max_tokens=12"});
-  ASSERT_TRUE(cfg) << describe(cfg.error());
-  auto r = run(*cfg);
-  ASSERT_TRUE(r.summary) << describe(r.summary.error());
-  auto rl = stage_lines(r.metrics, "rl");
+  auto rl = rl_lines_of(
+      tmp, {"rl.staleness=2", "rl.inflight_updates=true", "rl.generation.max_tokens=12"});
   ASSERT_EQ(rl.size(), 6u);
   for (int step = 1; step <= 5; ++step) {
     const auto& j = rl[static_cast<size_t>(step)];

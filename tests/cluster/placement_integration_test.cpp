@@ -9,6 +9,7 @@
 #include "cluster/role_host.hpp"
 #include "tests/actors/job_yaml.hpp"
 #include "tests/cluster/networked_system.hpp"
+#include "tests/cluster/placed_runs.hpp"
 #include "tests/cluster/same_learning.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -34,18 +35,8 @@ namespace {
 
 const std::string disaggregated = troupe::actors::rl::testing::disaggregated_placement;
 
-cluster::launch_options launcher(const test::temp_dir& tmp) {
-  cluster::launch_options o;
-  o.executable = TROUPE_BINARY_PATH;
-  o.log_dir = tmp.file("logs");
-  o.timeout_ms = 30000;
-  return o;
-}
-
-expected<job_summary> run_placed(const job_config& cfg, const test::temp_dir& tmp) {
-  test::networked_system ns;
-  return cluster::run_placed_job(*ns.sys, cfg, {}, launcher(tmp));
-}
+using test::launcher;
+using test::run_placed;
 
 bool process_gone(int64_t pid) { return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
 

@@ -10,8 +10,10 @@
 #include "actors/rl/placement.hpp"
 #include "cluster/role_host.hpp"
 #include "runtime/file_io.hpp"
+#include "tests/actors/job_runs.hpp"
 #include "tests/actors/job_yaml.hpp"
 #include "tests/cluster/networked_system.hpp"
+#include "tests/cluster/placed_runs.hpp"
 #include "tests/cluster/same_learning.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -35,19 +37,8 @@ namespace {
 const std::string fleet = "placement:\n  mode: colocated\n  pools: [{name: a, devices: 2}]\n"
                           "  roles: [{role: rollout, pool: a, dp: 2}]\n";
 
-cluster::launch_options launcher(const test::temp_dir& tmp) {
-  cluster::launch_options o;
-  o.executable = TROUPE_BINARY_PATH;
-  o.log_dir = tmp.file("logs");
-  o.timeout_ms = 30000;
-  return o;
-}
-
-expected<job_summary> run_placed(const job_config& cfg, const test::temp_dir& tmp,
-                                 run_options opts = {}) {
-  test::networked_system ns;
-  return cluster::run_placed_job(*ns.sys, cfg, std::move(opts), launcher(tmp));
-}
+using test::launcher;
+using test::run_placed;
 
 // A metrics line without the engine's own gauges and step counts (a
 // fleet's KV pools and prefix caches are two, each with its share of the
@@ -125,13 +116,7 @@ TEST(RolloutFleet, StalenessTwoOverTwoEnginesResumesExactly) {
   ASSERT_TRUE(straight && split);
   ASSERT_TRUE(run_placed(*straight, tmp));
   std::atomic<bool> stop{false};
-  run_options first;
-  first.stop = &stop;
-  first.on_progress = [&](const progress_event& e) {
-    if (e.stage == "rl" && e.step == 2)
-      stop = true;
-  };
-  auto b1 = run_placed(*split, tmp, first);
+  auto b1 = run_placed(*split, tmp, troupe::actors::rl::testing::stop_after_rl_step(stop, 2));
   ASSERT_TRUE(b1) << describe(b1.error());
   EXPECT_TRUE(b1->stopped);
   run_options second;
