@@ -567,15 +567,15 @@ void rl_driver::correct_stale_tokens(iteration_state& s, at::Tensor& advantages)
   const auto& r = ctx_.cfg->rl;
   auto& m = s.m;
   const auto& mask = s.mask;
-  auto lag = (static_cast<double>(s.it) - s.token_versions) * mask;
-  const double lag_max = (lag * mask).max().item<double>();
+  auto lag = (static_cast<double>(s.it) - s.token_versions) * mask; // 0 off the responses
+  const double lag_max = lag.max().item<double>();
   m["rollout/staleness"] = lag_max; // the batch's oldest token
   m["rollout/staleness/mean"] = masked_mean_of(lag, mask);
   m["rollout/staleness/max"] = lag_max;
   for (int64_t d = 0; d <= r.staleness; ++d)
     m["rollout/staleness/frac_" + std::to_string(d)] =
         masked_mean_of((lag == static_cast<double>(d)).to(mask.scalar_type()), mask);
-  auto stale = (lag > 0.5).to(mask.scalar_type()) * mask;
+  auto stale = (lag > 0.5).to(mask.scalar_type());
   if (stale.sum().item<double>() == 0)
     return;
   auto w = value_or_throw(

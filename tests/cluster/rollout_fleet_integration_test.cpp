@@ -63,7 +63,10 @@ TEST(RolloutFleet, BoundZeroWithTwoEnginesAndInflightUpdatesIsTheSynchronousRunB
   ASSERT_TRUE(two) << describe(two.error());
   auto plan = make_plan(*two);
   ASSERT_TRUE(plan) << describe(plan.error());
-  EXPECT_NE(plan->render().find("rollout"), std::string::npos);
+  ASSERT_NE(plan->find("rollout"), nullptr);
+  EXPECT_EQ(plan->layout_of("rl", "rollout").ranks(), 2) << plan->render();
+  EXPECT_NE(plan->device_of("rollout", 0), plan->device_of("rollout", 1))
+      << "a replica in each worker";
   auto a = run_placed(*one, tmp);
   ASSERT_TRUE(a) << describe(a.error());
   auto b = run_placed(*two, tmp);
