@@ -8,6 +8,7 @@
 #include <caf/all.hpp>
 
 #include <map>
+#include <vector>
 
 namespace troupe::actors {
 
@@ -83,6 +84,7 @@ caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, s
                     [relay](inference::generation& x) { relay(x); },
                     [relay](inference::engine_metrics& x) { relay(x); },
                     [relay](std::string& x) { relay(x); },
+                    [relay](std::vector<std::string>& x) { relay(x); }, // a rollout's restore
                     [relay](int64_t& x) { relay(x); },
                     [relay](bool& x) { relay(x); }, // a rollout rank's drive
                     [relay](caf::error& x) { relay(x); },

@@ -6,6 +6,9 @@
 #include "models/llama.hpp"
 #include "runtime/torch_guard.hpp"
 
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -57,6 +60,70 @@ struct request_state {
   bool has_first_token = false;
   int64_t version_first = -1;
 };
+
+// NOTE [engine snapshot]: the records of export_state, CAF's binary form.
+struct sequence_record {
+  int32_t sample_index = 0;
+  std::vector<int64_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<int64_t> versions;
+  bool mixed_kv = false;
+  int64_t num_computed = 0;
+  std::vector<int32_t> blocks; ///< indices into the snapshot's blocks
+  uint64_t rng0 = 0, rng1 = 0;
+  bool finished = false;
+  std::string finish_reason;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sequence_record& x) {
+  return f(caf::meta::type_name("sequence_record"), x.sample_index, x.tokens, x.logprobs,
+           x.versions, x.mixed_kv, x.num_computed, x.blocks, x.rng0, x.rng1, x.finished,
+           x.finish_reason);
+}
+
+struct request_record {
+  generate_request request;
+  bool forked = false;
+  int32_t remaining = 0;
+  int64_t version_first = -1;
+  bool has_first_token = false;
+  std::vector<sequence_record> samples;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, request_record& x) {
+  return f(caf::meta::type_name("request_record"), x.request, x.forked, x.remaining,
+           x.version_first, x.has_first_token, x.samples);
+}
+
+/// A place in a queue: a request's sample.
+struct slot_record {
+  std::string id;
+  int32_t sample = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, slot_record& x) {
+  return f(caf::meta::type_name("slot_record"), x.id, x.sample);
+}
+
+struct state_record {
+  int64_t version = 0;
+  int64_t block_size = 0;
+  std::vector<request_record> requests;
+  std::vector<slot_record> running, waiting;
+  int64_t blocks = 0;      ///< blocks whose K/V follows
+  int64_t block_bytes = 0; ///< bytes of one block's K (or V) in one layer
+  std::string kv;          ///< per layer: K of every block, then V
+  engine_metrics metrics;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, state_record& x) {
+  return f(caf::meta::type_name("engine_state"), x.version, x.block_size, x.requests, x.running,
+           x.waiting, x.blocks, x.block_bytes, x.kv, x.metrics);
+}
 
 } // namespace
 
@@ -857,5 +924,245 @@ expected<int64_t> engine::release_kv_cache() {
 }
 
 bool engine::kv_cache_released() const { return impl_->kv_released; }
+
+bool engine::holds(const std::string& id) const {
+  return impl_->requests.count(id) != 0;
+}
+
+// ---- snapshot (NOTE [engine snapshot]) --------------------------------------
+
+namespace {
+
+// The bytes of blocks `ids` of every layer's K then V (CPU, contiguous).
+std::string kv_bytes(const models::paged_kv_cache& kv, const std::vector<int32_t>& ids) {
+  std::string out;
+  if (ids.empty())
+    return out;
+  torch::NoGradGuard ng;
+  auto index = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kLong);
+  for (const auto* side : {&kv.k, &kv.v})
+    for (const auto& layer : *side) {
+      auto part = layer.index_select(0, index.to(layer.device())).cpu().contiguous();
+      auto n = part.numel() * static_cast<int64_t>(part.element_size());
+      out.append(static_cast<const char*>(part.data_ptr()), static_cast<size_t>(n));
+    }
+  return out;
+}
+
+} // namespace
+
+expected<std::string> engine::export_state() const {
+  const auto& d = *impl_;
+  state_record st;
+  st.version = d.version;
+  st.block_size = d.config.block_size;
+  st.metrics = d.m;
+  std::map<int32_t, int32_t> index_of; // engine block → snapshot block
+  std::vector<int32_t> ids;
+  for (const auto& [id, req] : d.requests) {
+    request_record r;
+    r.request = req->request;
+    r.forked = req->forked;
+    r.remaining = req->remaining;
+    r.version_first = req->version_first;
+    r.has_first_token = req->has_first_token;
+    for (const auto& s : req->samples) {
+      sequence_record q;
+      q.sample_index = s->sample_index;
+      q.tokens = s->tokens;
+      q.logprobs = s->logprobs;
+      q.versions = s->versions;
+      q.mixed_kv = s->mixed_kv;
+      q.num_computed = s->num_computed;
+      for (auto b : s->blocks) {
+        auto [it, fresh] = index_of.emplace(b, static_cast<int32_t>(ids.size()));
+        if (fresh)
+          ids.push_back(b);
+        q.blocks.push_back(it->second);
+      }
+      q.rng0 = s->rng.s0;
+      q.rng1 = s->rng.s1;
+      q.finished = s->finished;
+      q.finish_reason = s->finish_reason;
+      r.samples.push_back(std::move(q));
+    }
+    st.requests.push_back(std::move(r));
+  }
+  for (const auto* s : d.running)
+    st.running.push_back({s->req->request.id, s->sample_index});
+  for (const auto* s : d.waiting)
+    st.waiting.push_back({s->req->request.id, s->sample_index});
+  if (!ids.empty() && d.kv_released)
+    return make_error(errc::internal,
+                      "engine: export_state: blocks are held while the KV pool is released");
+  st.blocks = static_cast<int64_t>(ids.size());
+  if (!d.kv.k.empty())
+    st.block_bytes =
+        d.kv.k.front()[0].numel() * static_cast<int64_t>(d.kv.k.front().element_size());
+  auto kv = guarded("engine: export_state", [&] { return kv_bytes(d.kv, ids); });
+  if (!kv)
+    return kv.error();
+  st.kv = std::move(*kv);
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  if (auto err = sink(st))
+    return make_error(errc::internal, "engine: export_state: serialising the requests");
+  return std::string(buf.begin(), buf.end());
+}
+
+namespace {
+
+// Checks a snapshot against the engine it is imported into.
+expected<void> check_state(const state_record& st, int64_t version, int64_t block_size,
+                           int64_t block_bytes, size_t layers) {
+  auto what = [](const std::string& x) {
+    return make_error(errc::invalid_argument, "engine: import_state: " + x);
+  };
+  if (st.version != version)
+    return what("the requests were taken under weight version " + std::to_string(st.version) +
+                ", the engine holds version " + std::to_string(version));
+  if (st.block_size != block_size || (st.blocks > 0 && st.block_bytes != block_bytes))
+    return what("KV blocks of " + std::to_string(st.block_size) + " tokens (" +
+                std::to_string(st.block_bytes) + " bytes a layer), the engine's are " +
+                std::to_string(block_size) + " tokens (" + std::to_string(block_bytes) + " bytes)");
+  if (st.blocks < 0 || static_cast<int64_t>(st.kv.size()) !=
+                           st.blocks * st.block_bytes * 2 * static_cast<int64_t>(layers))
+    return what("the K/V holds " + std::to_string(st.kv.size()) + " bytes for " +
+                std::to_string(st.blocks) + " blocks");
+  for (const auto& r : st.requests) {
+    if (r.samples.size() != static_cast<size_t>(r.request.sampling.n))
+      return what("request '" + r.request.id + "' has " + std::to_string(r.samples.size()) +
+                  " samples, its n is " + std::to_string(r.request.sampling.n));
+    for (const auto& q : r.samples)
+      for (auto b : q.blocks)
+        if (b < 0 || b >= st.blocks)
+          return what("request '" + r.request.id + "' refers to block " + std::to_string(b) +
+                      " of " + std::to_string(st.blocks));
+  }
+  return {};
+}
+
+} // namespace
+
+expected<std::vector<std::string>> engine::import_state(const std::string& bytes) {
+  auto& d = *impl_;
+  state_record st;
+  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
+  if (auto err = source(st))
+    return make_error(errc::corrupted, "engine: import_state: malformed snapshot");
+  if (!d.requests.empty())
+    return make_error(errc::invalid_argument,
+                      "engine: import_state: " + std::to_string(d.requests.size()) +
+                          " requests are in the engine already");
+  if (auto ok = d.ensure_kv(); !ok)
+    return ok.error();
+  const auto block_bytes =
+      d.kv.k.front()[0].numel() * static_cast<int64_t>(d.kv.k.front().element_size());
+  if (auto ok = check_state(st, d.version, d.config.block_size, block_bytes, d.kv.k.size()); !ok)
+    return ok.error();
+  if (d.prefixes && d.blocks->num_free() < st.blocks)
+    d.prefixes->clear();
+  auto taken = d.blocks->allocate(static_cast<int32_t>(st.blocks));
+  if (!taken)
+    return make_error(errc::unavailable, "engine: import_state: the requests hold " +
+                                             std::to_string(st.blocks) +
+                                             " KV blocks, the pool has " +
+                                             std::to_string(d.blocks->num_free()) + " free");
+  const auto& fresh = *taken;
+  auto copied = guarded("engine: import_state", [&] {
+    torch::NoGradGuard ng;
+    if (fresh.empty())
+      return 0;
+    auto index = torch::tensor(std::vector<int64_t>(fresh.begin(), fresh.end()), torch::kLong);
+    const char* at = st.kv.data();
+    for (auto* side : {&d.kv.k, &d.kv.v})
+      for (auto& layer : *side) {
+        auto shape = layer.sizes().vec();
+        shape[0] = st.blocks;
+        auto part = torch::from_blob(const_cast<char*>(at), shape,
+                                     torch::TensorOptions().dtype(layer.dtype()));
+        layer.index_copy_(0, index.to(layer.device()), part.to(layer.device()));
+        at += st.blocks * block_bytes;
+      }
+    return 0;
+  });
+  if (!copied) {
+    (void)d.blocks->release_all(fresh);
+    return copied.error();
+  }
+  // Each block's owners are the sequences that hold it; allocate gave one.
+  std::vector<int32_t> owners(fresh.size(), 0);
+  for (const auto& r : st.requests)
+    for (const auto& q : r.samples)
+      for (auto b : q.blocks)
+        ++owners[static_cast<size_t>(b)];
+  for (size_t b = 0; b < fresh.size(); ++b) {
+    if (owners[b] == 0)
+      (void)d.blocks->release(fresh[b]);
+    for (int32_t k = 1; k < owners[b]; ++k)
+      (void)d.blocks->retain(fresh[b]);
+  }
+  std::vector<std::string> ids;
+  const auto now = clock_type::now();
+  for (auto& r : st.requests) {
+    auto state = std::make_unique<request_state>();
+    state->arrived = now;
+    state->first_token_at = now;
+    state->has_first_token = r.has_first_token;
+    state->version_first = r.version_first;
+    state->forked = r.forked;
+    state->remaining = r.remaining;
+    state->request = std::move(r.request);
+    for (auto& q : r.samples) {
+      auto s = std::make_unique<sequence>();
+      s->id = d.next_seq_id++;
+      s->req = state.get();
+      s->sample_index = q.sample_index;
+      s->tokens = std::move(q.tokens);
+      s->logprobs = std::move(q.logprobs);
+      s->versions = std::move(q.versions);
+      s->mixed_kv = q.mixed_kv;
+      s->num_computed = q.num_computed;
+      for (auto b : q.blocks)
+        s->blocks.push_back(fresh[static_cast<size_t>(b)]);
+      s->rng.s0 = q.rng0;
+      s->rng.s1 = q.rng1;
+      s->last_token_at = now;
+      s->finished = q.finished;
+      s->finish_reason = std::move(q.finish_reason);
+      state->samples.push_back(std::move(s));
+    }
+    ids.push_back(state->request.id);
+    d.requests.emplace(state->request.id, std::move(state));
+  }
+  auto place = [&](const std::vector<slot_record>& from, auto& queue) -> expected<void> {
+    for (const auto& slot : from) {
+      auto it = d.requests.find(slot.id);
+      if (it == d.requests.end() || slot.sample < 0 ||
+          static_cast<size_t>(slot.sample) >= it->second->samples.size())
+        return make_error(errc::corrupted, "engine: import_state: a queue names sample " +
+                                               std::to_string(slot.sample) + " of request '" +
+                                               slot.id + "', which the snapshot lacks");
+      queue.push_back(it->second->samples[static_cast<size_t>(slot.sample)].get());
+    }
+    return {};
+  };
+  auto placed = place(st.running, d.running);
+  if (placed)
+    placed = place(st.waiting, d.waiting);
+  if (!placed) {
+    d.running.clear();
+    d.waiting.clear();
+    for (auto& [id, req] : d.requests)
+      for (auto& s : req->samples)
+        d.release_blocks(*s);
+    d.requests.clear();
+    return placed.error();
+  }
+  const auto pool = d.m.num_blocks;
+  d.m = st.metrics;
+  d.m.num_blocks = pool;
+  return ids;
+}
 
 } // namespace troupe::actors::inference

@@ -308,6 +308,19 @@ public:
   expected<int64_t> release_kv_cache();
   bool kv_cache_released() const;
 
+  /// NOTE [engine snapshot]: the requests in the engine, as bytes — each
+  /// with its samples' tokens, log-probs, versions, random streams and
+  /// finish state, the order of the running and waiting queues, the K/V of
+  /// the blocks they hold, and the engine's counters. import_state rebuilds
+  /// them in an engine that holds no requests, at the same weight version
+  /// and KV block shape; from there it steps exactly as this engine would
+  /// have (the prefix cache is not part of it: a prefix it would have served
+  /// is computed again, to the same values). Answers the restored ids.
+  expected<std::string> export_state() const;
+  expected<std::vector<std::string>> import_state(const std::string& bytes);
+  /// Whether a request of this id is queued or running.
+  bool holds(const std::string& id) const;
+
 private:
   engine();
   struct impl;

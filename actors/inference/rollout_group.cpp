@@ -3,6 +3,8 @@
 #include "actors/fan_out.hpp"
 
 #include <caf/all.hpp>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
 
 #include <algorithm>
 #include <deque>
@@ -27,6 +29,8 @@ struct group_state {
   // that extend it (the latest kept_ids_max ids, the oldest dropped first).
   std::map<std::string, size_t> replica_of;
   std::deque<std::string> kept_ids;
+  /// A fleet's: the replica of each request generated ahead, until collected.
+  std::map<std::string, size_t> ahead_replica;
   static inline const char* name = "rollout_group";
 };
 
@@ -92,6 +96,14 @@ void drive(self_ptr self) {
       });
 }
 
+// Starts driving a TP group's ranks after a message that may add work.
+void drive_after(self_ptr self) {
+  if (self->state.driving)
+    self->state.added = true;
+  else
+    drive(self);
+}
+
 // Ending the group ends its ranks; a rank that goes down ends the group.
 void bind_to_ranks(self_ptr self) {
   auto ranks = self->state.ranks;
@@ -143,12 +155,8 @@ caf::result<generation> tp_generate(self_ptr self, const std::vector<generate_re
       [self, id = id](expected<std::vector<generation>> parts) {
         answer(self, id, parts ? same_tokens(*parts) : expected<generation>{parts.error()});
       });
-  if (requests.empty())
-    return caller;
-  if (self->state.driving)
-    self->state.added = true;
-  else
-    drive(self);
+  if (!requests.empty())
+    drive_after(self);
   return caller;
 }
 
@@ -179,6 +187,33 @@ void remember_replica(self_ptr self, const std::string& id, size_t replica) {
   }
 }
 
+// The replicas' answers in the caller's order (`where`: each request's
+// replica), with the fleet's counters; an error when a replica answered
+// another number of requests than it was asked.
+expected<generation> in_callers_order(self_ptr self, std::vector<generation>& got,
+                                      const std::vector<size_t>& where) {
+  std::vector<size_t> asked(got.size(), 0);
+  for (auto r : where)
+    ++asked[r];
+  for (size_t r = 0; r < got.size(); ++r)
+    if (got[r].outputs.size() != asked[r])
+      return make_error(errc::internal, "rollout fleet: replica " + std::to_string(r) +
+                                            " answered " + std::to_string(got[r].outputs.size()) +
+                                            " of " + std::to_string(asked[r]) + " requests");
+  generation g;
+  std::vector<size_t> next(got.size(), 0);
+  for (auto r : where) {
+    auto& out = got[r].outputs[next[r]++];
+    remember_replica(self, out.id, r);
+    g.outputs.push_back(std::move(out));
+  }
+  std::vector<engine_metrics> m;
+  for (auto& part : got)
+    m.push_back(part.engine);
+  g.engine = combined_metrics(m);
+  return g;
+}
+
 // A fleet: each replica generates its requests; the outputs go back in the
 // caller's order (NOTE [rollout fleet]).
 caf::result<generation> fleet_generate(self_ptr self, std::vector<generate_request> requests) {
@@ -194,30 +229,8 @@ caf::result<generation> fleet_generate(self_ptr self, std::vector<generate_reque
         return self->request(ranks[r], caf::infinite, generate_atom::value, (*parts)[r]);
       },
       [self, id = id, where](expected<std::vector<generation>> got) {
-        if (!got)
-          return answer(self, id, got.error());
-        std::vector<size_t> asked(got->size(), 0);
-        for (auto r : where)
-          ++asked[r];
-        for (size_t r = 0; r < got->size(); ++r)
-          if ((*got)[r].outputs.size() != asked[r])
-            return answer(self, id,
-                          make_error(errc::internal,
-                                     "rollout fleet: replica " + std::to_string(r) + " answered " +
-                                         std::to_string((*got)[r].outputs.size()) + " of " +
-                                         std::to_string(asked[r]) + " requests"));
-        generation g;
-        std::vector<size_t> next(got->size(), 0);
-        for (auto r : where) {
-          auto& out = (*got)[r].outputs[next[r]++];
-          remember_replica(self, out.id, r);
-          g.outputs.push_back(std::move(out));
-        }
-        std::vector<engine_metrics> m;
-        for (auto& part : *got)
-          m.push_back(part.engine);
-        g.engine = combined_metrics(m);
-        answer(self, id, std::move(g));
+        answer(self, id,
+               got ? in_callers_order(self, *got, where) : expected<generation>{got.error()});
       });
   return caller;
 }
@@ -231,6 +244,123 @@ expected<int64_t> sum(std::vector<int64_t>& xs) {
   for (auto x : xs)
     out += x;
   return out;
+}
+
+// NOTE [batches ahead]: a TP group queues them on every rank; a fleet
+// splits them as generate calls, and every replica hears the call (with a
+// pace, each runs its steps: NOTE [paced rollout]).
+caf::result<int64_t> generate_ahead(self_ptr self, bool fleet,
+                                    std::vector<generate_request> requests) {
+  auto ranks = self->state.ranks;
+  if (!fleet) {
+    auto rp = to_all<int64_t>(self, rank0, generate_atom::value, ahead_atom::value, requests);
+    drive_after(self);
+    return rp;
+  }
+  auto where = replicas_of(self, requests);
+  std::vector<std::vector<generate_request>> parts(ranks.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    self->state.ahead_replica[requests[i].id] = where[i];
+    parts[where[i]].push_back(std::move(requests[i]));
+  }
+  return fan_out<int64_t, int64_t>(
+      self, ranks.size(),
+      [=](size_t r) {
+        return self->request(ranks[r], caf::infinite, generate_atom::value, ahead_atom::value,
+                             parts[r]);
+      },
+      sum);
+}
+
+// A TP group's collect: every rank's outputs, which must agree.
+caf::result<generation> tp_collect(self_ptr self, const std::vector<std::string>& ids) {
+  auto [id, caller] = open_call(self);
+  auto ranks = self->state.ranks;
+  gather_replies<generation>(
+      ranks.size(),
+      [=](size_t r) { return self->request(ranks[r], caf::infinite, collect_atom::value, ids); },
+      [self, id = id](expected<std::vector<generation>> parts) {
+        answer(self, id, parts ? same_tokens(*parts) : expected<generation>{parts.error()});
+      });
+  drive_after(self);
+  return caller;
+}
+
+// A fleet's collect: each replica collects its requests (every replica is
+// asked, so the answer's counters are the fleet's); the outputs go back in
+// the caller's order.
+caf::result<generation> fleet_collect(self_ptr self, const std::vector<std::string>& ids) {
+  auto& st = self->state;
+  std::vector<size_t> where;
+  for (const auto& rid : ids) {
+    auto it = st.ahead_replica.find(rid);
+    if (it == st.ahead_replica.end())
+      return make_error(errc::not_found, "rollout fleet collect: request '" + rid +
+                                             "' was not generated ahead, or was collected already");
+    where.push_back(it->second);
+  }
+  auto ranks = st.ranks;
+  std::vector<std::vector<std::string>> parts(ranks.size());
+  for (size_t i = 0; i < ids.size(); ++i)
+    parts[where[i]].push_back(ids[i]);
+  auto [id, caller] = open_call(self);
+  gather_replies<generation>(
+      ranks.size(),
+      [=](size_t r) {
+        return self->request(ranks[r], caf::infinite, collect_atom::value, parts[r]);
+      },
+      [self, id = id, where, ids](expected<std::vector<generation>> got) {
+        for (const auto& rid : ids)
+          self->state.ahead_replica.erase(rid);
+        answer(self, id,
+               got ? in_callers_order(self, *got, where) : expected<generation>{got.error()});
+      });
+  return caller;
+}
+
+// A group's snapshot: its members', one after the other (NOTE [engine
+// snapshot] of each).
+expected<std::string> pack(std::vector<std::string>& parts) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  if (auto err = sink(parts))
+    return make_error(errc::internal, "rollout group snapshot: serialising");
+  return std::string(buf.begin(), buf.end());
+}
+
+// Puts each member's snapshot back; a fleet learns where each request is.
+caf::result<std::vector<std::string>> restore_members(self_ptr self, bool fleet,
+                                                      const std::string& bytes) {
+  std::vector<std::string> parts;
+  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
+  if (auto err = source(parts))
+    return make_error(errc::corrupted, "rollout group restore: malformed snapshot");
+  auto ranks = self->state.ranks;
+  if (parts.size() != ranks.size())
+    return make_error(errc::invalid_config,
+                      std::string{"rollout group restore: the snapshot holds "} +
+                          std::to_string(parts.size()) + (fleet ? " replicas" : " ranks") +
+                          ", this rollout has " + std::to_string(ranks.size()));
+  using ids = std::vector<std::string>;
+  auto rp = fan_out<ids, ids>(
+      self, ranks.size(),
+      [=](size_t r) {
+        return self->request(ranks[r], caf::infinite, restore_atom::value, parts[r]);
+      },
+      [self, fleet](std::vector<ids>& got) -> expected<ids> {
+        if (!fleet)
+          return got.front();
+        ids all;
+        for (size_t r = 0; r < got.size(); ++r)
+          for (auto& rid : got[r]) {
+            self->state.ahead_replica[rid] = r;
+            all.push_back(std::move(rid));
+          }
+        return all;
+      });
+  if (!fleet)
+    drive_after(self);
+  return rp;
 }
 
 // Each member receives the whole version: a member's temporary bytes.
@@ -255,6 +385,16 @@ rollout_actor::behavior_type members_behavior(self_ptr self, std::vector<rollout
       [=](generate_atom, std::vector<generate_request>& requests) -> caf::result<generation> {
         return fleet ? fleet_generate(self, std::move(requests)) : tp_generate(self, requests);
       },
+      [=](generate_atom, ahead_atom, std::vector<generate_request>& requests) {
+        return generate_ahead(self, fleet, std::move(requests));
+      },
+      [=](collect_atom, const std::vector<std::string>& ids) -> caf::result<generation> {
+        return fleet ? fleet_collect(self, ids) : tp_collect(self, ids);
+      },
+      [=](snapshot_atom) -> caf::result<std::string> {
+        return to_all<std::string>(self, pack, snapshot_atom::value);
+      },
+      [=](restore_atom, const std::string& bytes) { return restore_members(self, fleet, bytes); },
       [=](load_weights_atom, int64_t version, const shared_weights& w) -> caf::result<int64_t> {
         return to_all<int64_t>(self, rank0, load_weights_atom::value, version, w);
       },

@@ -251,6 +251,14 @@ void check_rl_batch(const job_config& c, runtime::config_checks& checks) {
                  "must be >= 0 (0 = synchronous; k = k batches generated ahead), got " +
                      std::to_string(r.staleness));
   checks.require(r.stale_is_cap >= 1, "rl.stale_is_cap", "must be >= 1");
+  checks.require(r.inflight_steps >= 0, "rl.inflight_steps",
+                 "must be >= 0 (0 = until the next version arrives), got " +
+                     std::to_string(r.inflight_steps));
+  checks.require(r.inflight_steps == 0 || r.inflight_updates, "rl.inflight_steps",
+                 "paces in-flight updates: needs rl.inflight_updates true");
+  checks.require(r.inflight_steps == 0 || placement_keys(c, "rollout").tp == 1, "rl.inflight_steps",
+                 "a tensor-parallel rollout steps as its group drives it: paced in-flight "
+                 "updates need the rollout's tp 1");
   checks.require(r.staleness == 0 || r.old_logprobs == logprob_source::policy, "rl.old_logprobs",
                  "staleness > 0 needs the policy's old log-probs (the engine's are the stale "
                  "behaviour policy's)");

@@ -46,14 +46,29 @@ struct rl_progress {
   int64_t iteration = 0;
   double beta = 0;
   std::map<int64_t, std::vector<inference::request_output>> ahead;
+  /// With in-flight updates: the iterations whose batches the rollout
+  /// held, its snapshot of them (NOTE [batches ahead]), and the rollout
+  /// counters the driver had seen (NOTE [busy on replies]).
+  std::vector<int64_t> in_rollout;
+  std::string rollout_snapshot;
+  inference::engine_metrics rollout_seen;
 };
 
-/// A batch sampled ahead (NOTE [staleness]): in flight until collected.
+/// A batch sampled ahead (NOTE [staleness]): in the rollout until collected.
 struct ahead_batch {
-  /// Waits for the rollout's answer; set while the batch is in flight.
-  std::function<expected<std::vector<inference::request_output>>()> wait;
+  /// Its request ids while the rollout holds it (NOTE [batches ahead]).
+  std::vector<std::string> in_rollout;
+  /// Put back from a checkpoint's snapshot: checked when collected.
+  bool restored = false;
   std::vector<inference::request_output> outputs;
 };
+
+/// The batches sampled ahead fit the job resumed with them (NOTE
+/// [staleness]): each for an iteration within rl.staleness of `done`, of
+/// the job's batch shape, every token within the bound.
+expected<void>
+check_ahead_batches(const rl_config& r, int64_t done,
+                    const std::map<int64_t, std::vector<inference::request_output>>& ahead);
 
 /// One iteration's data, passed from phase to phase (NOTE [rl iteration]).
 struct iteration_state {
@@ -130,6 +145,7 @@ private:
                                 const std::vector<std::pair<std::string, std::string>>& fresh);
   expected<void> release_after(iteration_state& s, std::string_view phase);
   expected<void> save_checkpoint();
+  expected<std::string> snapshot_ahead();
   std::vector<example> rows_of(int64_t it) const;
   std::vector<inference::generate_request> gen_requests(int64_t it) const;
   /// Appends one prompt's samples (output `out` of row `row`) to `s`.
@@ -150,7 +166,10 @@ private:
                                                            std::vector<example>& rows) const;
   /// NOTE [staleness]: requests the batches of iterations it+1 .. it+k not
   /// yet requested.
-  void submit_ahead(int64_t it);
+  expected<void> submit_ahead(int64_t it);
+  /// Puts the checkpoint's snapshot of the batches ahead back into the
+  /// rollout (NOTE [batches ahead]).
+  expected<void> restore_ahead();
   /// Waits for the batches in flight of iterations [first, last].
   expected<void> collect_ahead(int64_t first, int64_t last);
   bool ahead_in_flight() const;

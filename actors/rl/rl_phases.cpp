@@ -218,8 +218,7 @@ expected<void> rl_driver::gen(iteration_state& s) {
   for (const auto& row : s.token_version_rows)
     versions.emplace_back(row.begin(), row.end());
   s.token_versions = scatter_response_values(s.prompts, versions, length);
-  submit_ahead(s.it);
-  return {};
+  return submit_ahead(s.it);
 }
 
 // NOTE [staleness]: the batches of the next k iterations are requested as
@@ -227,71 +226,69 @@ expected<void> rl_driver::gen(iteration_state& s) {
 // synchronously), with the weights loaded now. Those requested together
 // (the first k, or after a resume) go in one call, so the engine admits
 // them at once and schedules them the same way in every run.
-void rl_driver::submit_ahead(int64_t it) {
+expected<void> rl_driver::submit_ahead(int64_t it) {
   const auto& r = ctx_.cfg->rl;
   std::vector<int64_t> missing;
   for (auto next = it + 1; next <= it + r.staleness && next < r.iterations; ++next)
     if (!ahead_.count(next))
       missing.push_back(next);
   if (missing.empty())
-    return;
+    return {};
   std::vector<inference::generate_request> requests;
-  std::vector<size_t> ends; // each batch's end in the call's outputs
-  for (auto next : missing) {
-    auto part = gen_requests(next);
-    requests.insert(requests.end(), std::make_move_iterator(part.begin()),
-                    std::make_move_iterator(part.end()));
-    ends.push_back(requests.size());
-  }
-  auto* self = ctx_.self;
-  const auto timeout = ctx_.timeout_of(request_kind::generate);
-  using handle = decltype(self->request(rollout(), timeout, inference::generate_atom::value,
-                                        std::move(requests)));
-  auto h = std::make_shared<handle>(
-      self->request(rollout(), timeout, inference::generate_atom::value, std::move(requests)));
-  // The call's answer, split into its batches when the first is collected.
-  using outputs = std::vector<inference::request_output>;
-  auto parts = std::make_shared<std::optional<expected<std::vector<outputs>>>>();
-  for (size_t b = 0; b < missing.size(); ++b)
-    ahead_[missing[b]].wait = [this, h, parts, ends, b, timeout]() -> expected<outputs> {
-      if (!*parts) {
-        expected<std::vector<outputs>> got = make_error(errc::internal, "no reply");
-        h->receive(
-            [&](inference::generation& g) {
-              auto all = take_generation(ctx_, std::move(g));
-              std::vector<outputs> split;
-              size_t begin = 0;
-              for (auto end : ends) {
-                split.emplace_back(std::make_move_iterator(all.begin() + static_cast<long>(begin)),
-                                   std::make_move_iterator(all.begin() + static_cast<long>(end)));
-                begin = end;
-              }
-              got = std::move(split);
-            },
-            [&](caf::error& e) { got = request_error(e, "rollout: gen (ahead)", timeout); });
-        *parts = std::move(got);
-      }
-      if (!**parts)
-        return (**parts).error();
-      return std::move((***parts)[b]);
-    };
+  std::map<int64_t, std::vector<std::string>> ids;
+  for (auto next : missing)
+    for (auto& q : gen_requests(next)) {
+      ids[next].push_back(q.id);
+      requests.push_back(std::move(q));
+    }
+  // NOTE [batches ahead]: queued now, collected when their iteration comes.
+  auto queued = ask<int64_t>(ctx_.self, rollout(), ctx_.timeout_of(request_kind::generate),
+                             "rollout: gen (ahead)", inference::generate_atom::value,
+                             inference::ahead_atom::value, std::move(requests));
+  if (!queued)
+    return queued.error();
+  for (auto& [next, batch_ids] : ids)
+    ahead_[next].in_rollout = std::move(batch_ids);
+  return {};
 }
 
 expected<void> rl_driver::collect_ahead(int64_t first, int64_t last) {
+  std::vector<std::string> ids;
+  std::vector<std::pair<int64_t, ahead_batch*>> batches;
   for (auto& [it, batch] : ahead_) {
-    if (it < first || it > last || !batch.wait)
+    if (it < first || it > last || batch.in_rollout.empty())
       continue;
-    auto outs = std::exchange(batch.wait, nullptr)();
-    if (!outs)
-      return outs.error();
-    batch.outputs = std::move(*outs);
+    ids.insert(ids.end(), batch.in_rollout.begin(), batch.in_rollout.end());
+    batches.emplace_back(it, &batch);
+  }
+  if (ids.empty())
+    return {};
+  auto got =
+      ask<inference::generation>(ctx_.self, rollout(), ctx_.timeout_of(request_kind::generate),
+                                 "rollout: gen (collect)", inference::collect_atom::value, ids);
+  if (!got)
+    return got.error();
+  auto outs = take_generation(ctx_, std::move(*got));
+  if (outs.size() != ids.size())
+    return make_error(errc::internal, "rollout: collect answered " + std::to_string(outs.size()) +
+                                          " of " + std::to_string(ids.size()) + " requests");
+  size_t at = 0;
+  for (auto [it, batch] : batches) {
+    auto n = batch->in_rollout.size();
+    batch->outputs.assign(std::make_move_iterator(outs.begin() + static_cast<long>(at)),
+                          std::make_move_iterator(outs.begin() + static_cast<long>(at + n)));
+    at += n;
+    batch->in_rollout.clear();
+    if (std::exchange(batch->restored, false))
+      if (auto ok = check_ahead_batches(ctx_.cfg->rl, it, {{it, batch->outputs}}); !ok)
+        return with_prefix(ok.error(), "resumed batches ahead");
   }
   return {};
 }
 
 bool rl_driver::ahead_in_flight() const {
   return std::any_of(ahead_.begin(), ahead_.end(),
-                     [](const auto& kv) { return kv.second.wait != nullptr; });
+                     [](const auto& kv) { return !kv.second.in_rollout.empty(); });
 }
 
 namespace {

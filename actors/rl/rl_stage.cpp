@@ -53,14 +53,19 @@
 // log-probs; a stale token's advantage is multiplied by min(π_policy /
 // π_behaviour, stale_is_cap) with the behaviour log-prob taken when it was
 // sampled (truncated importance sampling; correct_stale_tokens), and
-// rollout/staleness/* report the tokens' lags. A checkpoint holds the
-// batches sampled ahead for its next iterations (ahead_batches.bin: the
-// engine's tokens, behaviour log-probs and versions; batches in flight are
-// waited for first), and a resumed run trains on them as the
-// uninterrupted run does: without in-flight updates a resumed run is
-// bit-identical to an uninterrupted one. With them, where a version
-// switch falls inside a batch depends on timing, so two runs — resumed or
-// not — can differ in which version sampled a token.
+// rollout/staleness/* report the tokens' lags. The rollout holds the
+// batches ahead until the driver collects them (NOTE [batches ahead] in
+// actors/inference/rollout.hpp). A checkpoint holds the batches sampled
+// ahead for its next iterations: those collected in ahead_batches.bin (the
+// engine's tokens, behaviour log-probs and versions); those in the rollout
+// waited for first without in-flight updates, and with them its snapshot
+// as they are (rollout_ahead.bin: mid-generation, with their K/V), put
+// back on resume. A resumed run trains on them as the uninterrupted run
+// does: without in-flight updates it is bit-identical to an uninterrupted
+// one, and with them when the rollout is paced (rl.inflight_steps: NOTE
+// [paced rollout]); unpaced, where a version switch falls inside a batch
+// depends on timing, so two runs — resumed or not — can differ in which
+// version sampled a token.
 //
 // NOTE [true on-policy]: with rl.true_on_policy the rollout engine runs every
 // step, and the policy computes every log-prob value, through the
@@ -92,6 +97,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 namespace troupe::actors::rl::detail {
 
@@ -107,6 +113,41 @@ expected<rl_algorithm> rl_algorithm::from(const rl_config& r) {
   a.policy_old_logprobs = r.old_logprobs == logprob_source::policy;
   a.greedy_baseline = a.advantage == kernels::advantage_estimator::remax;
   return a;
+}
+
+// A job resumed with other keys is refused, never trained on a batch it
+// would not have sampled.
+expected<void>
+check_ahead_batches(const rl_config& r, int64_t done,
+                    const std::map<int64_t, std::vector<inference::request_output>>& ahead) {
+  for (const auto& [it, outs] : ahead) {
+    auto at = "the batch sampled ahead for iteration " + std::to_string(it + 1);
+    if (it < done || it > done + r.staleness)
+      return make_error(errc::invalid_config, at + " is beyond rl.staleness " +
+                                                  std::to_string(r.staleness) + " from iteration " +
+                                                  std::to_string(done + 1) +
+                                                  " (was the bound lowered since the checkpoint?)");
+    if (static_cast<int64_t>(outs.size()) != r.prompts_per_iteration)
+      return make_error(errc::invalid_config, at + " has " + std::to_string(outs.size()) +
+                                                  " prompts, rl.prompts_per_iteration is " +
+                                                  std::to_string(r.prompts_per_iteration));
+    for (const auto& o : outs) {
+      if (static_cast<int64_t>(o.samples.size()) != r.samples_per_prompt)
+        return make_error(errc::invalid_config, at + " has " + std::to_string(o.samples.size()) +
+                                                    " samples for request '" + o.id +
+                                                    "', rl.samples_per_prompt is " +
+                                                    std::to_string(r.samples_per_prompt));
+      for (const auto& smp : o.samples)
+        for (auto v : smp.versions)
+          if (it - v > r.staleness)
+            return make_error(errc::invalid_config,
+                              at + " was sampled " + std::to_string(it - v) +
+                                  " versions behind it, beyond rl.staleness " +
+                                  std::to_string(r.staleness) +
+                                  " (was the bound lowered since the checkpoint?)");
+    }
+  }
+  return {};
 }
 
 namespace {
@@ -176,40 +217,41 @@ read_ahead_batches(const std::string& bytes) {
   return out;
 }
 
-// The batches sampled ahead fit the job resumed with them: each for an
-// iteration within its rl.staleness of the checkpoint's, of the batch's
-// shape (a job resumed with other keys is refused, never trained on a
-// batch it would not have sampled).
-expected<void>
-check_ahead_batches(const rl_config& r, int64_t done,
-                    const std::map<int64_t, std::vector<inference::request_output>>& ahead) {
-  for (const auto& [it, outs] : ahead) {
-    auto at = "the batch sampled ahead for iteration " + std::to_string(it + 1);
-    if (it < done || it > done + r.staleness)
-      return make_error(errc::invalid_config, at + " is beyond rl.staleness " +
-                                                  std::to_string(r.staleness) + " from iteration " +
-                                                  std::to_string(done + 1) +
-                                                  " (was the bound lowered since the checkpoint?)");
-    if (static_cast<int64_t>(outs.size()) != r.prompts_per_iteration)
-      return make_error(errc::invalid_config, at + " has " + std::to_string(outs.size()) +
-                                                  " prompts, rl.prompts_per_iteration is " +
-                                                  std::to_string(r.prompts_per_iteration));
-    for (const auto& o : outs) {
-      if (static_cast<int64_t>(o.samples.size()) != r.samples_per_prompt)
-        return make_error(errc::invalid_config, at + " has " + std::to_string(o.samples.size()) +
-                                                    " samples for request '" + o.id +
-                                                    "', rl.samples_per_prompt is " +
-                                                    std::to_string(r.samples_per_prompt));
-      for (const auto& smp : o.samples)
-        for (auto v : smp.versions)
-          if (it - v > r.staleness)
-            return make_error(errc::invalid_config,
-                              at + " was sampled " + std::to_string(it - v) +
-                                  " versions behind it, beyond rl.staleness " +
-                                  std::to_string(r.staleness) +
-                                  " (was the bound lowered since the checkpoint?)");
-    }
-  }
+// With in-flight updates, rollout_ahead.bin: the iterations whose batches
+// the rollout held, its snapshot of them (NOTE [batches ahead]) and the
+// counters the driver had seen, CAF's binary form.
+struct rollout_ahead_record {
+  std::vector<int64_t> iterations;
+  std::string snapshot;
+  inference::engine_metrics seen;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_ahead_record& x) {
+  return f(caf::meta::type_name("rollout_ahead_record"), x.iterations, x.snapshot, x.seen);
+}
+
+// The checkpoint's batches in the rollout: within the bound of `done`.
+expected<void> read_rollout_ahead(const rl_config& r, const std::string& bytes, rl_progress& out) {
+  rollout_ahead_record rec;
+  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
+  if (auto err = source(rec))
+    return make_error(errc::corrupted, "malformed");
+  std::map<int64_t, std::vector<inference::request_output>> shells;
+  for (auto it : rec.iterations)
+    if (it < out.iteration || it > out.iteration + r.staleness)
+      return make_error(errc::invalid_config,
+                        "the batch sampled ahead for iteration " + std::to_string(it + 1) +
+                            " is beyond rl.staleness " + std::to_string(r.staleness) +
+                            " from iteration " + std::to_string(out.iteration + 1) +
+                            " (was the bound lowered since the checkpoint?)");
+  if (!r.inflight_updates)
+    return make_error(errc::invalid_config,
+                      "the rollout held batches ahead, generated with rl.inflight_updates; "
+                      "resume with it on");
+  out.in_rollout = std::move(rec.iterations);
+  out.rollout_snapshot = std::move(rec.snapshot);
+  out.rollout_seen = rec.seen;
   return {};
 }
 
@@ -247,6 +289,10 @@ expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
       return with_prefix(ahead.error(), *dir + ": ahead_batches.bin");
     out.progress.ahead = std::move(*ahead);
   }
+  if (files->count("rollout_ahead.bin")) // NOTE [batches ahead]
+    if (auto ok = read_rollout_ahead(ctx.cfg->rl, files->at("rollout_ahead.bin"), out.progress);
+        !ok)
+      return with_prefix(ok.error(), *dir + ": rollout_ahead.bin");
   out.files = std::move(*files);
   out.dir = *dir;
   return out;
@@ -336,8 +382,13 @@ expected<void> rl_driver::start() {
     fs::remove(path, ec);
   }
   auto& st = progress_;
-  if (st.iteration > 0)
-    return sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), st.iteration);
+  if (st.iteration > 0) {
+    if (auto ok =
+            sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), st.iteration);
+        !ok)
+      return ok;
+    return restore_ahead();
+  }
   iteration_state s;
   s.it = -1;
   if (auto ok = evaluate(s); !ok)
@@ -544,15 +595,79 @@ expected<void> rl_driver::save_checkpoint() {
   nlohmann::json j = {
       {"stage", "rl"}, {"iteration", progress_.iteration}, {"kl_coef", progress_.beta}};
   files["driver.json"] = j.dump() + "\n";
-  if (!ahead_.empty()) { // NOTE [staleness]: the batches sampled ahead, in flight ones once done
+  // NOTE [staleness]: the batches sampled ahead. Without in-flight updates
+  // those in flight are waited for (no version loads while they run); with
+  // them, the rollout's snapshot holds them as they are.
+  if (ahead_in_flight() && !ctx_.cfg->rl.inflight_updates)
     if (auto ok = collect_ahead(progress_.iteration, std::numeric_limits<int64_t>::max()); !ok)
       return ok;
-    auto bytes = write_ahead_batches(ahead_);
+  if (ahead_in_flight()) {
+    auto bytes = snapshot_ahead();
+    if (!bytes)
+      return bytes.error();
+    files["rollout_ahead.bin"] = std::move(*bytes);
+  }
+  std::map<int64_t, ahead_batch> collected;
+  for (const auto& [it, batch] : ahead_)
+    if (batch.in_rollout.empty())
+      collected.emplace(it, batch);
+  if (!collected.empty()) {
+    auto bytes = write_ahead_batches(collected);
     if (!bytes)
       return bytes.error();
     files["ahead_batches.bin"] = std::move(*bytes);
   }
   return commit_checkpoint(ctx_, "rl", progress_.iteration, "iter", files);
+}
+
+// NOTE [batches ahead]: the rollout's snapshot of the batches it holds
+// (with a pace, taken once it stops stepping: NOTE [paced rollout]).
+expected<std::string> rl_driver::snapshot_ahead() {
+  rollout_ahead_record rec;
+  for (const auto& [it, batch] : ahead_)
+    if (!batch.in_rollout.empty())
+      rec.iterations.push_back(it);
+  auto snap = ask<std::string>(ctx_.self, rollout(), ctx_.timeout_of(request_kind::generate),
+                               "rollout: snapshot", inference::snapshot_atom::value);
+  if (!snap)
+    return snap.error();
+  rec.snapshot = std::move(*snap);
+  rec.seen = ctx_.rollout_seen;
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  if (auto err = sink(rec))
+    return make_error(errc::internal, "checkpoint: serialising the rollout's batches ahead");
+  return std::string(buf.begin(), buf.end());
+}
+
+expected<void> rl_driver::restore_ahead() {
+  auto& st = progress_;
+  if (st.in_rollout.empty())
+    return {};
+  auto ids = ask<std::vector<std::string>>(
+      ctx_.self, rollout(), ctx_.timeout_of(request_kind::generate), "rollout: restore",
+      inference::restore_atom::value, std::exchange(st.rollout_snapshot, {}));
+  if (!ids)
+    return ids.error();
+  std::set<std::string> held(ids->begin(), ids->end()), expected_ids;
+  for (auto it : st.in_rollout) {
+    auto& batch = ahead_[it];
+    for (const auto& q : gen_requests(it)) {
+      batch.in_rollout.push_back(q.id);
+      expected_ids.insert(q.id);
+    }
+    batch.restored = true;
+  }
+  if (held != expected_ids)
+    return make_error(errc::corrupted,
+                      "rollout_ahead.bin: the rollout's snapshot holds " +
+                          std::to_string(held.size()) + " requests, not the " +
+                          std::to_string(expected_ids.size()) +
+                          " of the batches ahead it names (was the data or the batch shape "
+                          "changed since the checkpoint?)");
+  ctx_.rollout_seen = st.rollout_seen;
+  st.in_rollout.clear();
+  return {};
 }
 
 // Fault injection (debug.*): the role of `phase` fails its next request.

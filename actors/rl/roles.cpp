@@ -208,6 +208,8 @@ expected<caf::actor> build_rollout(caf::actor_system& sys, const job_config& cfg
     model = std::move(*mine);
     options.driven = true;
     options.keep_alive = std::move(groups); // the model sums over its TP group
+  } else if (cfg.rl.inflight_updates) {     // NOTE [paced rollout]: a driven rank is not paced
+    options.pace = cfg.rl.inflight_steps;
   }
   auto a = inference::spawn_rollout(sys, std::move(model), engine_settings(cfg), options);
   if (!a)

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <random>
 #include <set>
 
@@ -319,6 +320,118 @@ TEST(Engine, AnUpdateWhileASequenceRunsKeepsOrRecomputesItsKv) {
     else
       EXPECT_LT(again, 8) << "recomputed under version 1, its prompt is cached";
   }
+}
+
+// NOTE [engine snapshot]: an engine's requests exported mid-generation —
+// forked samples, some finished, some still waiting for a slot, K/V from
+// two weight versions — and imported into a fresh engine at the same
+// version finish exactly as the uninterrupted engine finishes them, and
+// its counters go on from the exported ones.
+TEST(Engine, ASnapshotImportedIntoAFreshEngineFinishesAsTheOriginalWould) {
+  auto v0 = tiny_model(1), v1 = tiny_model(2);
+  engine_config c;
+  c.max_num_seqs = 3; // the last requests wait for a slot
+  std::mt19937 rng(11);
+  std::vector<generate_request> requests;
+  for (int i = 0; i < 5; ++i) {
+    auto sp = random_sampling(4 + 2 * i, 100 + static_cast<uint64_t>(i));
+    sp.n = i % 2 == 0 ? 2 : 1;
+    requests.push_back({"r" + std::to_string(i), random_prompt(rng, 3, 9), sp});
+  }
+  auto start = [&] {
+    auto e = make_engine(copy_of(v0, models::head_kind::lm), c);
+    EXPECT_TRUE(e->add_requests(requests));
+    std::map<std::string, request_output> done;
+    auto steps = [&](int n) {
+      for (int i = 0; i < n; ++i) {
+        auto outs = e->step();
+        EXPECT_TRUE(outs);
+        for (auto& o : *outs)
+          done.emplace(o.id, o);
+      }
+    };
+    steps(3);
+    EXPECT_TRUE(e->load_weights(1, models::export_hf_weights(v1)));
+    steps(4);
+    return std::make_pair(std::move(e), std::move(done));
+  };
+  auto [straight, done_straight] = start();
+  auto [saved, done_saved] = start();
+  auto snap = saved->export_state();
+  ASSERT_TRUE(snap) << describe(snap.error());
+  auto fresh = make_engine(copy_of(v0, models::head_kind::lm), c);
+  ASSERT_TRUE(fresh->load_weights(1, models::export_hf_weights(v1)));
+  auto ids = fresh->import_state(*snap);
+  ASSERT_TRUE(ids) << describe(ids.error());
+  EXPECT_EQ(ids->size() + done_saved.size(), requests.size());
+  EXPECT_EQ(fresh->metrics().generated_tokens, saved->metrics().generated_tokens);
+  EXPECT_EQ(fresh->metrics().waiting, saved->metrics().waiting);
+  EXPECT_GT(fresh->metrics().waiting, 0) << "a request still waits for a slot";
+  auto rest = fresh->run_until_idle();
+  auto rest_straight = straight->run_until_idle();
+  ASSERT_TRUE(rest && rest_straight);
+  for (auto& o : *rest)
+    done_saved.emplace(o.id, o);
+  for (auto& o : *rest_straight)
+    done_straight.emplace(o.id, o);
+  ASSERT_EQ(done_saved.size(), requests.size());
+  bool mixed = false;
+  for (const auto& [id, a] : done_straight) {
+    const auto& b = done_saved.at(id);
+    ASSERT_EQ(a.samples.size(), b.samples.size()) << id;
+    for (size_t k = 0; k < a.samples.size(); ++k) {
+      EXPECT_EQ(a.samples[k].tokens, b.samples[k].tokens) << id << " sample " << k;
+      EXPECT_EQ(a.samples[k].logprobs, b.samples[k].logprobs) << id << " sample " << k;
+      EXPECT_EQ(a.samples[k].versions, b.samples[k].versions) << id << " sample " << k;
+      EXPECT_EQ(a.samples[k].finish_reason, b.samples[k].finish_reason) << id;
+      mixed = mixed || (a.samples[k].versions.front() == 0 && a.samples[k].versions.back() == 1);
+    }
+  }
+  EXPECT_TRUE(mixed) << "a sample spans the update";
+  EXPECT_EQ(fresh->metrics().generated_tokens, straight->metrics().generated_tokens);
+  EXPECT_EQ(fresh->metrics().steps, straight->metrics().steps);
+  fresh->clear_prefix_cache();
+  EXPECT_EQ(fresh->free_blocks(), fresh->metrics().num_blocks) << "no block leaked";
+}
+
+// A snapshot goes only into an engine that holds no requests, at its weight
+// version; a refused import leaves the engine as it was.
+TEST(Engine, ASnapshotIsRefusedByABusyEngineAnotherVersionOrBadBytes) {
+  auto m = tiny_model();
+  auto e = make_engine(m);
+  ASSERT_TRUE(e->add_request({"a", {1, 2, 3}, greedy(6)}));
+  ASSERT_TRUE(e->step());
+  auto snap = e->export_state();
+  ASSERT_TRUE(snap) << describe(snap.error());
+
+  auto busy = make_engine(m);
+  ASSERT_TRUE(busy->add_request({"b", {4, 5}, greedy(2)}));
+  auto refused = busy->import_state(*snap);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error()).find("requests are in the engine already"), std::string::npos)
+      << describe(refused.error());
+
+  auto newer = make_engine(m);
+  ASSERT_TRUE(newer->load_weights(3, models::export_hf_weights(m)));
+  refused = newer->import_state(*snap);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(describe(refused.error()).find("weight version 0, the engine holds version 3"),
+            std::string::npos)
+      << describe(refused.error());
+  EXPECT_EQ(newer->free_blocks(), newer->metrics().num_blocks);
+
+  auto other = make_engine(m);
+  refused = other->import_state(snap->substr(0, snap->size() / 2));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(code_of(refused.error()), errc::corrupted);
+  EXPECT_TRUE(other->idle());
+  EXPECT_EQ(other->free_blocks(), other->metrics().num_blocks);
+  // The good snapshot still goes in, and finishes the request.
+  ASSERT_TRUE(other->import_state(*snap));
+  EXPECT_TRUE(other->holds("a"));
+  auto outs = other->run_until_idle();
+  ASSERT_TRUE(outs && outs->size() == 1);
+  EXPECT_EQ(outs->front().samples[0].tokens, greedy_reference(m, {1, 2, 3}, 6));
 }
 
 TEST(Engine, TenThousandRandomRequestsLeaveThePoolEmpty) {

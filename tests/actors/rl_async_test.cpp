@@ -203,3 +203,111 @@ TEST(RlAsync, ANegativeBoundIsRefused) {
   EXPECT_NE(describe(bad.error()).find("rl.staleness: must be >= 0"), std::string::npos)
       << describe(bad.error());
 }
+
+namespace {
+
+const std::vector<std::string> paced_inflight{"rl.staleness=2", "rl.inflight_updates=true",
+                                              "rl.inflight_steps=3", "rl.generation.max_tokens=12",
+                                              "rl.rollout.batch_invariant=true"};
+
+std::vector<std::string> with_paced(std::vector<std::string> sets) {
+  sets.insert(sets.end(), paced_inflight.begin(), paced_inflight.end());
+  return sets;
+}
+
+} // namespace
+
+// NOTE [paced rollout]: at a pace of 3 steps the batches ahead take each
+// version at a point the messages fix, so they mix versions the same way
+// in every run; a run stopped after iteration 2 checkpoints the rollout's
+// batches mid-generation (rollout_ahead.bin: tokens, versions, random
+// streams, K/V) and nothing it had collected.
+TEST(RlAsync, PacedInflightUpdatesMixVersionsAndCheckpointTheRolloutsBatches) {
+  test::temp_dir tmp;
+  auto rl = rl_lines_of(tmp, with_paced({}));
+  ASSERT_EQ(rl.size(), 6u);
+  bool mixed = false;
+  for (int step = 1; step <= 5; ++step) {
+    const auto& j = rl[static_cast<size_t>(step)];
+    EXPECT_LE(j["rollout/staleness/max"].get<double>(), std::min(step - 1, 2)) << step;
+    auto fr = lag_fractions(j, 2);
+    mixed = mixed || (fr[0] > 0 && fr[0] < 1) || (fr[1] > 0 && fr[1] < 1);
+  }
+  EXPECT_TRUE(mixed) << "a batch ahead spans a version switch";
+  auto stopped =
+      parse(tiny_job(tmp.file("stopped")),
+            with_paced({"stages=[sft, rl]", "rl.iterations=5", "rl.checkpoint_every=0"}));
+  ASSERT_TRUE(stopped) << describe(stopped.error());
+  std::atomic<bool> stop{false};
+  auto partial = run(*stopped, stop_after_rl_step(stop, 2));
+  ASSERT_TRUE(partial.summary) << describe(partial.summary.error());
+  auto latest = runtime::latest_checkpoint(tmp.file("stopped") + "/rl/checkpoints");
+  ASSERT_TRUE(latest) << describe(latest.error());
+  auto files = runtime::read_checkpoint(*latest);
+  ASSERT_TRUE(files) << describe(files.error());
+  EXPECT_TRUE(files->count("rollout_ahead.bin"));
+  EXPECT_FALSE(files->count("ahead_batches.bin")) << "every batch ahead is in the rollout";
+  // Resumed without in-flight updates, the rollout's batches are refused.
+  auto off = parse(tiny_job(tmp.file("stopped")),
+                   {"stages=[sft, rl]", "rl.iterations=5", "rl.checkpoint_every=0",
+                    "rl.staleness=2", "rl.generation.max_tokens=12"});
+  ASSERT_TRUE(off);
+  run_options again;
+  again.resume = true;
+  auto refused = run(*off, again);
+  ASSERT_FALSE(refused.summary);
+  EXPECT_NE(describe(refused.summary.error()).find("resume with it on"), std::string::npos)
+      << describe(refused.summary.error());
+}
+
+// NOTE [paced rollout]: staleness 2 with paced in-flight updates, stopped
+// after iteration 2 and resumed, is the uninterrupted run: metric for
+// metric, and the final weights bit for bit.
+TEST(RlAsync, PacedInflightUpdatesWithStalenessTwoResumeExactly) {
+  expect_resume_continues_exactly(with_paced({"rl.iterations=5", "rl.checkpoint_every=0"}));
+}
+
+TEST(RlAsync, InflightStepsPaceInflightUpdatesOfAOneRankRollout) {
+  test::temp_dir tmp;
+  auto expect_refused = [&](const std::string& yaml, std::vector<std::string> sets,
+                            const std::string& why) {
+    auto bad = parse(yaml, std::move(sets));
+    ASSERT_FALSE(bad) << why;
+    EXPECT_NE(describe(bad.error()).find(why), std::string::npos) << describe(bad.error());
+  };
+  expect_refused(tiny_job(tmp.file("a")), {"rl.staleness=1", "rl.inflight_steps=2"},
+                 "rl.inflight_steps: paces in-flight updates: needs rl.inflight_updates true");
+  expect_refused(tiny_job(tmp.file("b")),
+                 {"rl.staleness=1", "rl.inflight_updates=true", "rl.inflight_steps=-1"},
+                 "rl.inflight_steps: must be >= 0");
+  expect_refused(tiny_job(tmp.file("c")) + "placement:\n  roles: [{role: rollout, tp: 2}]\n",
+                 {"rl.staleness=1", "rl.inflight_updates=true", "rl.inflight_steps=2"},
+                 "paced in-flight updates need the rollout's tp 1");
+}
+
+// Unpaced in-flight updates checkpoint the rollout's batches as they are
+// (nothing is waited for, no sample lost): the resumed run takes them back
+// and finishes, every token within the bound.
+TEST(RlAsync, UnpacedInflightUpdatesResumeWithTheRolloutsBatches) {
+  test::temp_dir tmp;
+  const std::vector<std::string> sets{"stages=[sft, rl]",         "rl.iterations=5",
+                                      "rl.checkpoint_every=0",    "rl.staleness=2",
+                                      "rl.inflight_updates=true", "rl.generation.max_tokens=12"};
+  auto cfg = parse(tiny_job(tmp.file("run")), sets);
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  std::atomic<bool> stop{false};
+  auto first = run(*cfg, stop_after_rl_step(stop, 2));
+  ASSERT_TRUE(first.summary) << describe(first.summary.error());
+  auto files = runtime::read_checkpoint(
+      runtime::latest_checkpoint(tmp.file("run") + "/rl/checkpoints").value());
+  ASSERT_TRUE(files && files->count("rollout_ahead.bin"));
+  run_options again;
+  again.resume = true;
+  auto second = run(*cfg, again);
+  ASSERT_TRUE(second.summary) << describe(second.summary.error());
+  EXPECT_FALSE(second.summary->stopped);
+  auto rl = stage_lines(second.metrics, "rl");
+  ASSERT_EQ(rl.size(), 6u);
+  for (int step = 3; step <= 5; ++step)
+    EXPECT_LE(rl[static_cast<size_t>(step)]["rollout/staleness/max"].get<double>(), 2.0) << step;
+}

@@ -22,4 +22,14 @@ generate_on(caf::actor_system& sys, const rollout_actor& r, std::vector<generate
   return out;
 }
 
+/// Any request to a rollout actor: its answer, or the error.
+template <class R, class... Ts>
+expected<R> ask_rollout(caf::actor_system& sys, const rollout_actor& r, Ts... xs) {
+  caf::scoped_actor self{sys};
+  expected<R> out = make_error(errc::timeout, "no answer");
+  self->request(r, std::chrono::seconds(60), xs...)
+      .receive([&](R& x) { out = std::move(x); }, [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
 } // namespace troupe::actors::inference::testing
