@@ -10,7 +10,8 @@
 //  2. disaggregated step time (rollout in one worker, the other roles in
 //     another, one compute thread each) with rl.staleness 1 and 2 — the
 //     next batches generated while this one trains — without and with
-//     in-flight weight updates, vs synchronous; and each as a share of the
+//     in-flight weight updates (and paced ones, rl.inflight_steps), vs
+//     synchronous; and each as a share of the
 //     ideal overlap: the synchronous step's generation G and the rest T
 //     give the ideal step max(G, T), and a mode's share is how much of the
 //     possible saving (G + T − max(G, T)) it realises.
@@ -191,6 +192,10 @@ int async_section(const std::string& root, int iterations, int hidden, int layer
       {"staleness 2", {"rl.staleness=2"}},
       {"staleness 1 in-flight", {"rl.staleness=1", "rl.inflight_updates=true"}},
       {"staleness 2 in-flight", {"rl.staleness=2", "rl.inflight_updates=true"}},
+      // NOTE [paced rollout]: reproducible switch points, half a batch's
+      // decode steps per batch ahead.
+      {"staleness 2 paced (48)",
+       {"rl.staleness=2", "rl.inflight_updates=true", "rl.inflight_steps=48"}},
   };
   std::vector<outcome> got;
   for (const auto& m : modes) {

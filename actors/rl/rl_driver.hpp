@@ -46,6 +46,9 @@ struct rl_progress {
   int64_t iteration = 0;
   double beta = 0;
   std::map<int64_t, std::vector<inference::request_output>> ahead;
+  /// The latest iteration that asked for its batches ahead (NOTE
+  /// [staleness]): a resumed iteration that had asked does not again.
+  int64_t ahead_asked = -1;
   /// With in-flight updates: the iterations whose batches the rollout
   /// held, its snapshot of them (NOTE [batches ahead]), and the rollout
   /// counters the driver had seen (NOTE [busy on replies]).

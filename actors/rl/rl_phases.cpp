@@ -228,11 +228,21 @@ expected<void> rl_driver::gen(iteration_state& s) {
 // them at once and schedules them the same way in every run.
 expected<void> rl_driver::submit_ahead(int64_t it) {
   const auto& r = ctx_.cfg->rl;
+  // Resumed from a checkpoint taken after this iteration asked (a boundary
+  // after gen): the rollout's snapshot already holds what it asked for,
+  // and a paced rollout has run its steps.
+  if (it <= progress_.ahead_asked)
+    return {};
+  progress_.ahead_asked = it;
   std::vector<int64_t> missing;
   for (auto next = it + 1; next <= it + r.staleness && next < r.iterations; ++next)
     if (!ahead_.count(next))
       missing.push_back(next);
-  if (missing.empty())
+  // NOTE [paced rollout]: a paced rollout steps its pace after each call,
+  // so one goes out every iteration, empty once no batch is left to ask
+  // for: the last batches ahead get their steps too.
+  const bool paced = r.inflight_updates && r.inflight_steps > 0;
+  if (missing.empty() && !paced)
     return {};
   std::vector<inference::generate_request> requests;
   std::map<int64_t, std::vector<std::string>> ids;

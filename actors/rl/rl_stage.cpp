@@ -275,6 +275,7 @@ expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
     return make_error(errc::corrupted, *dir + ": driver.json is malformed");
   out.progress.iteration = j["iteration"].get<int64_t>();
   out.progress.beta = j["kl_coef"].get<double>();
+  out.progress.ahead_asked = j.value("ahead_asked", out.progress.iteration - 1);
   if (files->count("ahead.bin")) // one batch, without token versions
     return make_error(errc::corrupted,
                       *dir + ": ahead.bin was written by an earlier troupe (one batch sampled "
@@ -592,8 +593,10 @@ expected<void> rl_driver::save_checkpoint() {
     if (auto ok = save_role_state(ctx_, trainer(role), name, name, files); !ok)
       return ok;
   }
-  nlohmann::json j = {
-      {"stage", "rl"}, {"iteration", progress_.iteration}, {"kl_coef", progress_.beta}};
+  nlohmann::json j = {{"stage", "rl"},
+                      {"iteration", progress_.iteration},
+                      {"kl_coef", progress_.beta},
+                      {"ahead_asked", progress_.ahead_asked}};
   files["driver.json"] = j.dump() + "\n";
   // NOTE [staleness]: the batches sampled ahead. Without in-flight updates
   // those in flight are waited for (no version loads while they run); with

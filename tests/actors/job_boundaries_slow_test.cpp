@@ -16,11 +16,21 @@ const std::vector<std::string> boundaries{
     "",       "gen", "old_log_prob",  "ref",          "values",
     "reward", "adv", "update_critic", "update_actor", "weight_sync"};
 
-job_config ppo(const std::string& dir) {
-  auto cfg =
-      parse_job(tiny_job(dir), {"stages=[rl]", "rl.critic.init=base", "rl.checkpoint_every=0"});
+job_config ppo(const std::string& dir, std::vector<std::string> more = {}) {
+  std::vector<std::string> sets{"stages=[rl]", "rl.critic.init=base", "rl.checkpoint_every=0"};
+  sets.insert(sets.end(), more.begin(), more.end());
+  auto cfg = parse_job(tiny_job(dir), sets);
   EXPECT_TRUE(cfg) << describe(cfg.error());
   return *cfg;
+}
+
+// NOTE [paced rollout]: two batches ahead, in-flight updates at a pace of 3
+// engine steps, 5 iterations (so step 3's boundaries find batches ahead
+// mid-generation in the rollout).
+job_config paced_async_ppo(const std::string& dir) {
+  return ppo(dir, {"rl.iterations=5", "rl.staleness=2", "rl.inflight_updates=true",
+                   "rl.inflight_steps=3", "rl.generation.max_tokens=12",
+                   "rl.rollout.batch_invariant=true"});
 }
 
 std::string weights(const std::string& dir) {
@@ -29,8 +39,8 @@ std::string weights(const std::string& dir) {
   return w ? *w : std::string{};
 }
 
-std::string breakpoint_at(const std::string& phase) {
-  return "rl:2" + (phase.empty() ? "" : ":" + phase);
+std::string breakpoint_at(const std::string& phase, int step = 2) {
+  return "rl:" + std::to_string(step) + (phase.empty() ? "" : ":" + phase);
 }
 
 struct run_out {
@@ -73,16 +83,21 @@ TEST(JobBoundaries, PauseAndResumeAtEveryBoundaryOfAStepChangesNothing) {
   EXPECT_TRUE(paused.weights == straight.weights) << "final weights differ";
 }
 
-TEST(JobBoundaries, CancelAndResumeAtEveryBoundaryOfAStepChangesNothing) {
-  test::temp_dir tmp;
-  auto straight = run(ppo(tmp.file("a")), {});
-  for (const auto& phase : boundaries) {
+namespace {
+
+// Cancelled at each of `phases` of step `step` (a run each) and resumed:
+// every run equals the uninterrupted one.
+void expect_cancel_and_resume_change_nothing(const test::temp_dir& tmp,
+                                             job_config (*make)(const std::string&),
+                                             const std::vector<std::string>& phases, int step) {
+  auto straight = run(make(tmp.file("a")), {});
+  for (const auto& phase : phases) {
     auto dir = tmp.file("cancel-" + (phase.empty() ? std::string{"start"} : phase));
-    auto cfg = ppo(dir);
+    auto cfg = make(dir);
     {
       job_harness h;
       ASSERT_TRUE(h.spawn(cfg));
-      ASSERT_TRUE(h.ask(job::pause_at_atom::value, breakpoint_at(phase)));
+      ASSERT_TRUE(h.ask(job::pause_at_atom::value, breakpoint_at(phase, step)));
       ASSERT_TRUE(h.ask(job::start_atom::value));
       ASSERT_TRUE(h.events->wait_for_state(job::job_state::paused)) << phase;
       ASSERT_TRUE(h.ask(job::cancel_atom::value, false));
@@ -98,4 +113,20 @@ TEST(JobBoundaries, CancelAndResumeAtEveryBoundaryOfAStepChangesNothing) {
       EXPECT_EQ(resumed.rl[i], straight.rl[i]) << phase << ": line " << i;
     EXPECT_TRUE(resumed.weights == straight.weights) << phase << ": final weights differ";
   }
+}
+
+} // namespace
+
+TEST(JobBoundaries, CancelAndResumeAtEveryBoundaryOfAStepChangesNothing) {
+  test::temp_dir tmp;
+  expect_cancel_and_resume_change_nothing(
+      tmp, [](const std::string& d) { return ppo(d); }, boundaries, 2);
+}
+
+// NOTE [paced rollout]: with two batches ahead and paced in-flight updates,
+// a cancel at any boundary of step 3 — its checkpoint holding the rollout's
+// batches mid-generation — and a resume give the uninterrupted run.
+TEST(JobBoundaries, CancelAndResumeWithPacedInflightUpdatesChangesNothing) {
+  test::temp_dir tmp;
+  expect_cancel_and_resume_change_nothing(tmp, paced_async_ppo, boundaries, 3);
 }
