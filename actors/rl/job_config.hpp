@@ -421,9 +421,10 @@ struct rl_config {
   /// instead of the driver waiting for them before weight_sync.
   bool inflight_updates = false;
   /// NOTE [paced rollout]: with in-flight updates, the engine steps the
-  /// rollout runs after each batch ahead is requested before it takes the
-  /// next version — where versions switch is then reproducible (and a
-  /// checkpoint's resumption exact); 0 = it steps until the version arrives.
+  /// rollout runs each iteration after the batch ahead is requested, before
+  /// it takes the next version — where versions switch is then
+  /// reproducible (and a checkpoint's resumption exact); 0 = it steps until
+  /// the version arrives.
   int64_t inflight_steps = 0;
   /// Cap of the importance weight π_policy / π_behaviour of stale samples.
   double stale_is_cap = 2.0;
@@ -485,9 +486,9 @@ void visit(V& v, rl_config& c) {
           "generates ahead (tokens tagged with their versions), instead of waiting for those "
           "batches first");
   v.field("inflight_steps", c.inflight_steps,
-          "With in-flight updates: engine steps the rollout runs after each batch ahead is "
-          "requested, then it takes the next version (reproducible switch points, exact "
-          "resume); 0 = it steps until the version arrives (timing-dependent)");
+          "With in-flight updates: engine steps the rollout runs each iteration after the "
+          "batch ahead is requested, then it takes the next version (reproducible switch "
+          "points, exact resume); 0 = it steps until the version arrives (timing-dependent)");
   v.field("stale_is_cap", c.stale_is_cap,
           "Cap of the per-token importance weight correcting stale samples' advantages");
   v.section("dynamic_sampling", c.dynamic_sampling,

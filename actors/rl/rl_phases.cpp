@@ -184,7 +184,6 @@ expected<void> rl_driver::gen_scored(iteration_state& s) {
 
 expected<void> rl_driver::gen(iteration_state& s) {
   const auto& r = ctx_.cfg->rl;
-  auto* self = ctx_.self;
   if (auto ahead = ahead_.find(s.it); ahead != ahead_.end()) { // NOTE [staleness]
     if (auto ok = collect_ahead(s.it, s.it); !ok)
       return ok;

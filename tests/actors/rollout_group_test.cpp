@@ -192,6 +192,34 @@ TEST_F(RolloutGroup, BackToBackCallsThroughProxiesAreAllAnswered) {
   caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
 }
 
+// NOTE [batches ahead]: a TP group queues requests ahead on every rank and
+// collects what one engine on the whole model generates; its snapshot
+// (each rank's part, taken between the same steps) put back into it
+// finishes them again the same way. Through role proxies, as in a job.
+TEST_F(RolloutGroup, BatchesAheadAreCollectedAndTheGroupsSnapshotGoesBack) {
+  auto dense = tiny_model(57);
+  auto group = spawn_group(dense, 2, /*proxied=*/true);
+  auto reqs = batch("h", 3, 300, true);
+  auto want = make_engine(dense, small_engine())->generate(reqs);
+  ASSERT_TRUE(want);
+  auto queued = ask<int64_t>(group, generate_atom::value, ahead_atom::value, reqs);
+  ASSERT_TRUE(queued) << describe(queued.error());
+  EXPECT_EQ(*queued, 3);
+  auto snap = ask<std::string>(group, snapshot_atom::value);
+  ASSERT_TRUE(snap) << describe(snap.error());
+  std::vector<std::string> ids{"h0", "h1", "h2"};
+  auto first = ask<generation>(group, collect_atom::value, ids);
+  ASSERT_TRUE(first) << describe(first.error());
+  expect_like(*want, first->outputs, "collected");
+  auto back = ask<std::vector<std::string>>(group, restore_atom::value, *snap);
+  ASSERT_TRUE(back) << describe(back.error());
+  EXPECT_EQ(back->size(), 3u);
+  auto again = ask<generation>(group, collect_atom::value, ids);
+  ASSERT_TRUE(again) << describe(again.error());
+  expect_like(*want, again->outputs, "restored and collected");
+  caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
+}
+
 // A weight version reaches every rank, whole, and each keeps its part: by
 // load_weights (in process) and through a channel every rank receives
 // from (alias); the broadcast channel, which reaches one receiver, is
