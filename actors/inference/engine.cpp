@@ -4,10 +4,8 @@
 #include "actors/inference/prefix_cache.hpp"
 #include "models/batch_invariant.hpp"
 #include "models/llama.hpp"
+#include "runtime/binary_form.hpp"
 #include "runtime/torch_guard.hpp"
-
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
 
 #include <torch/torch.h>
 
@@ -933,6 +931,12 @@ bool engine::holds(const std::string& id) const {
 
 namespace {
 
+// Bytes of one block's K (or V) in one layer; 0 while the pool is released.
+int64_t layer_block_bytes(const models::paged_kv_cache& kv) {
+  return kv.k.empty() ? 0
+                      : kv.k.front()[0].numel() * static_cast<int64_t>(kv.k.front().element_size());
+}
+
 // The bytes of blocks `ids` of every layer's K then V (CPU, contiguous).
 std::string kv_bytes(const models::paged_kv_cache& kv, const std::vector<int32_t>& ids) {
   std::string out;
@@ -996,18 +1000,12 @@ expected<std::string> engine::export_state() const {
     return make_error(errc::internal,
                       "engine: export_state: blocks are held while the KV pool is released");
   st.blocks = static_cast<int64_t>(ids.size());
-  if (!d.kv.k.empty())
-    st.block_bytes =
-        d.kv.k.front()[0].numel() * static_cast<int64_t>(d.kv.k.front().element_size());
+  st.block_bytes = layer_block_bytes(d.kv);
   auto kv = guarded("engine: export_state", [&] { return kv_bytes(d.kv, ids); });
   if (!kv)
     return kv.error();
   st.kv = std::move(*kv);
-  std::vector<char> buf;
-  caf::binary_serializer sink{nullptr, buf};
-  if (auto err = sink(st))
-    return make_error(errc::internal, "engine: export_state: serialising the requests");
-  return std::string(buf.begin(), buf.end());
+  return runtime::to_bytes(st, "engine: export_state: the requests");
 }
 
 namespace {
@@ -1044,21 +1042,97 @@ expected<void> check_state(const state_record& st, int64_t version, int64_t bloc
 
 } // namespace
 
+namespace {
+
+// Writes the snapshot's K/V (every layer's K, then V, of its blocks in
+// order) into the pool's blocks `fresh`.
+void copy_kv_in(models::paged_kv_cache& kv, const state_record& st,
+                const std::vector<int32_t>& fresh) {
+  if (fresh.empty())
+    return;
+  torch::NoGradGuard ng;
+  auto index = torch::tensor(std::vector<int64_t>(fresh.begin(), fresh.end()), torch::kLong);
+  const char* at = st.kv.data();
+  for (auto* side : {&kv.k, &kv.v})
+    for (auto& layer : *side) {
+      auto shape = layer.sizes().vec();
+      shape[0] = st.blocks;
+      auto part = torch::from_blob(const_cast<char*>(at), shape,
+                                   torch::TensorOptions().dtype(layer.dtype()));
+      layer.index_copy_(0, index.to(layer.device()), part.to(layer.device()));
+      at += st.blocks * st.block_bytes;
+    }
+}
+
+// Gives each block as many owners as the snapshot's sequences that hold it
+// (allocate gave each one).
+void set_owners(block_allocator& blocks, const state_record& st,
+                const std::vector<int32_t>& fresh) {
+  std::vector<int32_t> owners(fresh.size(), 0);
+  for (const auto& r : st.requests)
+    for (const auto& q : r.samples)
+      for (auto b : q.blocks)
+        ++owners[static_cast<size_t>(b)];
+  for (size_t b = 0; b < fresh.size(); ++b) {
+    if (owners[b] == 0)
+      (void)blocks.release(fresh[b]);
+    for (int32_t k = 1; k < owners[b]; ++k)
+      (void)blocks.retain(fresh[b]);
+  }
+}
+
+// The request of record `r`, its samples on blocks `fresh`.
+std::unique_ptr<request_state> request_of(request_record& r, const std::vector<int32_t>& fresh,
+                                          int64_t& next_seq_id) {
+  const auto now = clock_type::now();
+  auto state = std::make_unique<request_state>();
+  state->arrived = now;
+  state->first_token_at = now;
+  state->has_first_token = r.has_first_token;
+  state->version_first = r.version_first;
+  state->forked = r.forked;
+  state->remaining = r.remaining;
+  state->request = std::move(r.request);
+  for (auto& q : r.samples) {
+    auto s = std::make_unique<sequence>();
+    s->id = next_seq_id++;
+    s->req = state.get();
+    s->sample_index = q.sample_index;
+    s->tokens = std::move(q.tokens);
+    s->logprobs = std::move(q.logprobs);
+    s->versions = std::move(q.versions);
+    s->mixed_kv = q.mixed_kv;
+    s->num_computed = q.num_computed;
+    for (auto b : q.blocks)
+      s->blocks.push_back(fresh[static_cast<size_t>(b)]);
+    s->rng.s0 = q.rng0;
+    s->rng.s1 = q.rng1;
+    s->last_token_at = now;
+    s->finished = q.finished;
+    s->finish_reason = std::move(q.finish_reason);
+    state->samples.push_back(std::move(s));
+  }
+  return state;
+}
+
+} // namespace
+
+// NOTE [engine snapshot]: checked, K/V copied into fresh blocks, requests
+// rebuilt, queues placed; a failure leaves the engine as it was.
 expected<std::vector<std::string>> engine::import_state(const std::string& bytes) {
   auto& d = *impl_;
   state_record st;
-  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
-  if (auto err = source(st))
-    return make_error(errc::corrupted, "engine: import_state: malformed snapshot");
+  if (auto ok = runtime::from_bytes(bytes, st, "engine: import_state: the snapshot"); !ok)
+    return ok.error();
   if (!d.requests.empty())
     return make_error(errc::invalid_argument,
                       "engine: import_state: " + std::to_string(d.requests.size()) +
                           " requests are in the engine already");
   if (auto ok = d.ensure_kv(); !ok)
     return ok.error();
-  const auto block_bytes =
-      d.kv.k.front()[0].numel() * static_cast<int64_t>(d.kv.k.front().element_size());
-  if (auto ok = check_state(st, d.version, d.config.block_size, block_bytes, d.kv.k.size()); !ok)
+  if (auto ok =
+          check_state(st, d.version, d.config.block_size, layer_block_bytes(d.kv), d.kv.k.size());
+      !ok)
     return ok.error();
   if (d.prefixes && d.blocks->num_free() < st.blocks)
     d.prefixes->clear();
@@ -1069,69 +1143,15 @@ expected<std::vector<std::string>> engine::import_state(const std::string& bytes
                                              " KV blocks, the pool has " +
                                              std::to_string(d.blocks->num_free()) + " free");
   const auto& fresh = *taken;
-  auto copied = guarded("engine: import_state", [&] {
-    torch::NoGradGuard ng;
-    if (fresh.empty())
-      return 0;
-    auto index = torch::tensor(std::vector<int64_t>(fresh.begin(), fresh.end()), torch::kLong);
-    const char* at = st.kv.data();
-    for (auto* side : {&d.kv.k, &d.kv.v})
-      for (auto& layer : *side) {
-        auto shape = layer.sizes().vec();
-        shape[0] = st.blocks;
-        auto part = torch::from_blob(const_cast<char*>(at), shape,
-                                     torch::TensorOptions().dtype(layer.dtype()));
-        layer.index_copy_(0, index.to(layer.device()), part.to(layer.device()));
-        at += st.blocks * block_bytes;
-      }
-    return 0;
-  });
-  if (!copied) {
+  if (auto copied = guarded("engine: import_state", [&] { copy_kv_in(d.kv, st, fresh); });
+      !copied) {
     (void)d.blocks->release_all(fresh);
     return copied.error();
   }
-  // Each block's owners are the sequences that hold it; allocate gave one.
-  std::vector<int32_t> owners(fresh.size(), 0);
-  for (const auto& r : st.requests)
-    for (const auto& q : r.samples)
-      for (auto b : q.blocks)
-        ++owners[static_cast<size_t>(b)];
-  for (size_t b = 0; b < fresh.size(); ++b) {
-    if (owners[b] == 0)
-      (void)d.blocks->release(fresh[b]);
-    for (int32_t k = 1; k < owners[b]; ++k)
-      (void)d.blocks->retain(fresh[b]);
-  }
+  set_owners(*d.blocks, st, fresh);
   std::vector<std::string> ids;
-  const auto now = clock_type::now();
   for (auto& r : st.requests) {
-    auto state = std::make_unique<request_state>();
-    state->arrived = now;
-    state->first_token_at = now;
-    state->has_first_token = r.has_first_token;
-    state->version_first = r.version_first;
-    state->forked = r.forked;
-    state->remaining = r.remaining;
-    state->request = std::move(r.request);
-    for (auto& q : r.samples) {
-      auto s = std::make_unique<sequence>();
-      s->id = d.next_seq_id++;
-      s->req = state.get();
-      s->sample_index = q.sample_index;
-      s->tokens = std::move(q.tokens);
-      s->logprobs = std::move(q.logprobs);
-      s->versions = std::move(q.versions);
-      s->mixed_kv = q.mixed_kv;
-      s->num_computed = q.num_computed;
-      for (auto b : q.blocks)
-        s->blocks.push_back(fresh[static_cast<size_t>(b)]);
-      s->rng.s0 = q.rng0;
-      s->rng.s1 = q.rng1;
-      s->last_token_at = now;
-      s->finished = q.finished;
-      s->finish_reason = std::move(q.finish_reason);
-      state->samples.push_back(std::move(s));
-    }
+    auto state = request_of(r, fresh, d.next_seq_id);
     ids.push_back(state->request.id);
     d.requests.emplace(state->request.id, std::move(state));
   }

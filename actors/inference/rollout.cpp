@@ -2,13 +2,12 @@
 
 #include "actors/exceptions.hpp"
 
+#include "runtime/binary_form.hpp"
 #include "runtime/compute.hpp"
 
 #include "models/llama.hpp"
 
 #include <caf/all.hpp>
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
 
 #include <torch/torch.h>
 
@@ -278,11 +277,7 @@ expected<std::string> snapshot(self_ptr self) {
   if (!engine)
     return with_prefix(engine.error(), "rollout snapshot");
   rec.engine = std::move(*engine);
-  std::vector<char> buf;
-  caf::binary_serializer sink{nullptr, buf};
-  if (auto err = sink(rec))
-    return make_error(errc::internal, "rollout snapshot: serialising");
-  return std::string(buf.begin(), buf.end());
+  return runtime::to_bytes(rec, "rollout snapshot");
 }
 
 expected<std::vector<std::string>> restore(self_ptr self, const std::string& bytes) {
@@ -290,9 +285,8 @@ expected<std::vector<std::string>> restore(self_ptr self, const std::string& byt
   if (!st.calls.empty() || !st.ahead_open.empty() || !st.ahead_done.empty())
     return make_error(errc::illegal_state, "rollout restore: the rollout holds requests already");
   rollout_record rec;
-  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
-  if (auto err = source(rec))
-    return make_error(errc::corrupted, "rollout restore: malformed snapshot");
+  if (auto ok = runtime::from_bytes(bytes, rec, "rollout restore: the snapshot"); !ok)
+    return ok.error();
   auto open = st.eng->import_state(rec.engine);
   if (!open)
     return with_prefix(open.error(), "rollout restore");

@@ -1,10 +1,9 @@
 #include "actors/inference/rollout_group.hpp"
 
 #include "actors/fan_out.hpp"
+#include "runtime/binary_form.hpp"
 
 #include <caf/all.hpp>
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
 
 #include <algorithm>
 #include <deque>
@@ -321,20 +320,15 @@ caf::result<generation> fleet_collect(self_ptr self, const std::vector<std::stri
 // A group's snapshot: its members', one after the other (NOTE [engine
 // snapshot] of each).
 expected<std::string> pack(std::vector<std::string>& parts) {
-  std::vector<char> buf;
-  caf::binary_serializer sink{nullptr, buf};
-  if (auto err = sink(parts))
-    return make_error(errc::internal, "rollout group snapshot: serialising");
-  return std::string(buf.begin(), buf.end());
+  return runtime::to_bytes(parts, "rollout group snapshot");
 }
 
 // Puts each member's snapshot back; a fleet learns where each request is.
 caf::result<std::vector<std::string>> restore_members(self_ptr self, bool fleet,
                                                       const std::string& bytes) {
   std::vector<std::string> parts;
-  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
-  if (auto err = source(parts))
-    return make_error(errc::corrupted, "rollout group restore: malformed snapshot");
+  if (auto ok = runtime::from_bytes(bytes, parts, "rollout group restore: the snapshot"); !ok)
+    return ok.error();
   auto ranks = self->state.ranks;
   if (parts.size() != ranks.size())
     return make_error(errc::invalid_config,

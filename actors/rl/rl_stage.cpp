@@ -88,6 +88,7 @@
 #include "actors/rl/rl_driver.hpp"
 
 #include "actors/rl/role_traits.hpp"
+#include "runtime/binary_form.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/torch_guard.hpp"
 
@@ -115,18 +116,30 @@ expected<rl_algorithm> rl_algorithm::from(const rl_config& r) {
   return a;
 }
 
+namespace {
+
+// A batch ahead for iteration `it` fits a job that has done `done`.
+expected<void> check_ahead_iteration(const rl_config& r, int64_t done, int64_t it) {
+  if (it < done || it > done + r.staleness)
+    return make_error(errc::invalid_config,
+                      "the batch sampled ahead for iteration " + std::to_string(it + 1) +
+                          " is beyond rl.staleness " + std::to_string(r.staleness) +
+                          " from iteration " + std::to_string(done + 1) +
+                          " (was the bound lowered since the checkpoint?)");
+  return {};
+}
+
+} // namespace
+
 // A job resumed with other keys is refused, never trained on a batch it
 // would not have sampled.
 expected<void>
 check_ahead_batches(const rl_config& r, int64_t done,
                     const std::map<int64_t, std::vector<inference::request_output>>& ahead) {
   for (const auto& [it, outs] : ahead) {
+    if (auto ok = check_ahead_iteration(r, done, it); !ok)
+      return ok;
     auto at = "the batch sampled ahead for iteration " + std::to_string(it + 1);
-    if (it < done || it > done + r.staleness)
-      return make_error(errc::invalid_config, at + " is beyond rl.staleness " +
-                                                  std::to_string(r.staleness) + " from iteration " +
-                                                  std::to_string(done + 1) +
-                                                  " (was the bound lowered since the checkpoint?)");
     if (static_cast<int64_t>(outs.size()) != r.prompts_per_iteration)
       return make_error(errc::invalid_config, at + " has " + std::to_string(outs.size()) +
                                                   " prompts, rl.prompts_per_iteration is " +
@@ -197,19 +210,14 @@ expected<std::string> write_ahead_batches(const std::map<int64_t, ahead_batch>& 
   std::vector<ahead_record> records;
   for (const auto& [it, batch] : ahead)
     records.push_back({it, batch.outputs});
-  std::vector<char> buf;
-  caf::binary_serializer sink{nullptr, buf};
-  if (auto err = sink(records))
-    return make_error(errc::internal, "checkpoint: serialising the batches sampled ahead");
-  return std::string(buf.begin(), buf.end());
+  return runtime::to_bytes(records, "checkpoint: the batches sampled ahead");
 }
 
 expected<std::map<int64_t, std::vector<inference::request_output>>>
 read_ahead_batches(const std::string& bytes) {
   std::vector<ahead_record> records;
-  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
-  if (auto err = source(records))
-    return make_error(errc::corrupted, "malformed");
+  if (auto ok = runtime::from_bytes(bytes, records, "the batches"); !ok)
+    return ok.error();
   std::map<int64_t, std::vector<inference::request_output>> out;
   for (auto& r : records)
     if (!out.emplace(r.iteration, std::move(r.outputs)).second)
@@ -234,17 +242,11 @@ typename Inspector::result_type inspect(Inspector& f, rollout_ahead_record& x) {
 // The checkpoint's batches in the rollout: within the bound of `done`.
 expected<void> read_rollout_ahead(const rl_config& r, const std::string& bytes, rl_progress& out) {
   rollout_ahead_record rec;
-  caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
-  if (auto err = source(rec))
-    return make_error(errc::corrupted, "malformed");
-  std::map<int64_t, std::vector<inference::request_output>> shells;
+  if (auto ok = runtime::from_bytes(bytes, rec, "the rollout's batches"); !ok)
+    return ok;
   for (auto it : rec.iterations)
-    if (it < out.iteration || it > out.iteration + r.staleness)
-      return make_error(errc::invalid_config,
-                        "the batch sampled ahead for iteration " + std::to_string(it + 1) +
-                            " is beyond rl.staleness " + std::to_string(r.staleness) +
-                            " from iteration " + std::to_string(out.iteration + 1) +
-                            " (was the bound lowered since the checkpoint?)");
+    if (auto ok = check_ahead_iteration(r, out.iteration, it); !ok)
+      return ok;
   if (!r.inflight_updates)
     return make_error(errc::invalid_config,
                       "the rollout held batches ahead, generated with rl.inflight_updates; "
@@ -636,11 +638,7 @@ expected<std::string> rl_driver::snapshot_ahead() {
     return snap.error();
   rec.snapshot = std::move(*snap);
   rec.seen = ctx_.rollout_seen;
-  std::vector<char> buf;
-  caf::binary_serializer sink{nullptr, buf};
-  if (auto err = sink(rec))
-    return make_error(errc::internal, "checkpoint: serialising the rollout's batches ahead");
-  return std::string(buf.begin(), buf.end());
+  return runtime::to_bytes(rec, "checkpoint: the rollout's batches ahead");
 }
 
 expected<void> rl_driver::restore_ahead() {
