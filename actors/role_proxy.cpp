@@ -36,8 +36,8 @@ caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, s
   self->set_down_handler([self](caf::down_msg& dm) {
     if (dm.source != self->state.target.address())
       return;
-    auto err = make_error(errc::unavailable, self->state.label + " went down: " +
-                                                 self->system().render(dm.reason));
+    auto err = make_error(errc::lost,
+                          self->state.label + " went down: " + self->system().render(dm.reason));
     for (auto& [id, rp] : self->state.open)
       rp.deliver(err);
     self->state.open.clear();

@@ -7,9 +7,11 @@
 // message (requests as requests, with their answers relayed back: the
 // answer types of the role interfaces are listed in role_proxy.cpp), monitors
 // the remote actor and, when it goes down, fails every request still open
-// with an error naming the role and where it ran, and answers every later
+// with an error naming the role and where it ran (errc::lost: NOTE
+// [supervision] in actors/rl/supervision.hpp), and answers every later
 // request with it. Ending the proxy (an exit message from the driver) ends
-// the remote actor.
+// the remote actor. Roles in the driver's own process sit behind one too:
+// CAF 0.17 answers nothing for a request a local actor held when it ended.
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>

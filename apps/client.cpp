@@ -184,10 +184,19 @@ void print_status(const cluster::job_view& v) {
   }
   if (!v.roles.empty()) {
     std::printf("roles:\n");
-    for (const auto& r : v.roles)
-      std::printf("  %-4s %-10s rank %d  %-8s %s%s%s pid %lld%s%s\n", r.stage.c_str(), r.role.c_str(), r.rank,
-                  r.status.c_str(), r.process.c_str(), r.node.empty() ? "" : " on ", r.node.c_str(),
-                  static_cast<long long>(r.pid), r.reason.empty() ? "" : "  ", r.reason.c_str());
+    for (const auto& r : v.roles) {
+      // NOTE [supervision]: how often it restarted, and the last one's time.
+      std::string restarts;
+      if (r.attempt > 0)
+        restarts =
+            "  restarts " + std::to_string(r.attempt) +
+            (r.recover_s > 0 ? " (last took " + std::to_string(r.recover_s).substr(0, 5) + " s)"
+                             : "");
+      std::printf("  %-4s %-10s rank %d  %-10s %s%s%s pid %lld%s%s%s\n", r.stage.c_str(),
+                  r.role.c_str(), r.rank, r.status.c_str(), r.process.c_str(),
+                  r.node.empty() ? "" : " on ", r.node.c_str(), static_cast<long long>(r.pid),
+                  restarts.c_str(), r.reason.empty() ? "" : "  ", r.reason.c_str());
+    }
   }
 }
 

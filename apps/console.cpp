@@ -107,6 +107,14 @@ bool console_view::on_event(const j::event& e) {
     end_line();
     std::fprintf(stderr, "role %s (%s, pid %lld) failed in phase %s\n", r->role.c_str(),
                  r->process.c_str(), static_cast<long long>(r->pid), r->phase.c_str());
+  } else if (r && r->rank == 0 && r->status == "restarting") { // NOTE [supervision]
+    end_line();
+    std::fprintf(stderr, "role %s lost in phase %s: restarting (attempt %d): %s\n", r->role.c_str(),
+                 r->phase.c_str(), r->attempt, r->reason.c_str());
+  } else if (r && r->rank == 0 && r->status == "restarted") {
+    end_line();
+    std::fprintf(stderr, "role %s restarted in %.2f s (%s, pid %lld)\n", r->role.c_str(),
+                 r->recover_s, r->process.c_str(), static_cast<long long>(r->pid));
   } else if (auto* st = std::get_if<j::state_changed>(&e.body)) {
     if (st->to == j::job_state::paused || (st->from == j::job_state::paused && !j::is_final(st->to))) {
       end_line();

@@ -6,9 +6,15 @@
 //     spent computing) / (step wall time), on the quickstart's model shape —
 //     with no job command pending, and with the job actor consulted at every
 //     phase boundary while a subscriber takes every event (the job actor's
-//     worst case; same run).
+//     worst case; same run);
+//  3. the exporters' share (the job without its TensorBoard files);
+//  4. the cost of supervision's readiness (NOTE [supervision]): the job's
+//     roles behind their role proxies, as troupe runs them, against the
+//     same roles reached directly (a host that builds them without proxies,
+//     as troupe did before supervision).
 #include "actors/actor_system.hpp"
 #include "actors/rl/job.hpp"
+#include "actors/rl/roles.hpp"
 #include "runtime/config.hpp"
 
 #include <caf/all.hpp>
@@ -74,13 +80,28 @@ struct job_measure {
   std::vector<double> share, step, phases;
 };
 
+// Roles in this process reached directly, without role proxies.
+class direct_host final : public actors::rl::role_host {
+public:
+  expected<std::vector<caf::actor>> spawn(caf::actor_system& sys,
+                                          const actors::rl::role_spec& spec) override {
+    return actors::rl::spawn_ranks(
+        spec, stores_, store_host(),
+        [&](const actors::rl::role_spec& s) { return actors::rl::spawn_role(sys, s); });
+  }
+
+private:
+  std::vector<std::shared_ptr<void>> stores_;
+};
+
 // Runs a PPO job of `iterations` and reads its metrics; `forced`: a
 // subscriber and a pending command (NOTE [job boundaries]) the whole run;
 // `tensorboard`: the job writes its TensorBoard files too.
-std::optional<job_measure> measure_job(int iterations, bool forced, bool tensorboard = true) {
+std::optional<job_measure> measure_job(int iterations, bool forced, bool tensorboard = true,
+                                       actors::rl::role_host* host = nullptr) {
   auto dir = std::filesystem::temp_directory_path() /
              ("troupe_bench_job_" + std::to_string(::getpid()) + (forced ? "_f" : "") +
-              (tensorboard ? "" : "_n"));
+              (tensorboard ? "" : "_n") + (host ? "_d" : ""));
   std::filesystem::remove_all(dir);
   std::string yaml = "run: {dir: '" + dir.string() +
                      "', progress: none}\n"
@@ -102,6 +123,7 @@ std::optional<job_measure> measure_job(int iterations, bool forced, bool tensorb
     caf::actor_system sys{sc};
     actors::rl::run_options o;
     o.tensorboard = tensorboard;
+    o.host = host;
     o.on_spawn = [&](const actors::job::job_actor& job) {
       if (!forced)
         return;
@@ -177,7 +199,10 @@ int main(int argc, char** argv) {
   auto forced = measure_job(iterations, true);
   // 3. the exporters' share: the same job without its TensorBoard files.
   auto bare = measure_job(iterations, false, false);
-  if (!fast || !forced || !bare)
+  // 4. supervision's readiness: the same job with its roles reached directly.
+  direct_host direct;
+  auto unproxied = measure_job(iterations, false, true, &direct);
+  if (!fast || !forced || !bare || !unproxied)
     return 1;
   for (const auto* m : {&*fast, &*forced})
     std::printf("%-34s step median %.3f s over %zu iterations, orchestration share median "
@@ -195,5 +220,10 @@ int main(int argc, char** argv) {
   std::printf("PPO step with TensorBoard files: median %.3f s; without: %.3f s; ratio %.3fx "
               "(orchestration share %.2f%% vs %.2f%%)\n",
               with_tb, without, with_tb / without, 100 * med, 100 * percentile(bare->share, 0.5));
+  double direct_step = percentile(unproxied->step, 0.5);
+  std::printf("PPO step with role proxies (supervision-ready): median %.3f s; roles reached "
+              "directly: %.3f s; ratio %.3fx (orchestration share %.2f%% vs %.2f%%)\n",
+              with_tb, direct_step, with_tb / direct_step, 100 * med,
+              100 * percentile(unproxied->share, 0.5));
   return 0;
 }

@@ -20,6 +20,7 @@
 #include "actors/actor_system.hpp"
 #include "actors/rl/job.hpp"
 #include "actors/rl/placement.hpp"
+#include "bench/bench_jobs.hpp"
 #include "cluster/role_host.hpp"
 #include "cluster/workers.hpp"
 #include "runtime/config.hpp"
@@ -63,31 +64,8 @@ struct outcome {
 // Runs the job; the step times of the iterations after the first `warmup`.
 expected<outcome> run_once(const std::string& dir, int iterations, int hidden, int layers,
                            const std::vector<std::string>& sets, int warmup = 1) {
-  std::string yaml =
-      "run: {dir: '" + dir + "', seed: 5, progress: none}\n"
-      "stages: [rl]\n"
-      "data: {task: sort, min_digits: 3, max_digits: 5, train_size: 256, eval_size: 8}\n"
-      "model: {hidden_size: " + std::to_string(hidden) + ", intermediate_size: " +
-      std::to_string(hidden * 8 / 3) + ", num_layers: " + std::to_string(layers) +
-      ", num_heads: 8, num_kv_heads: 8, max_position_embeddings: 64}\n"
-      "rl:\n"
-      "  iterations: " + std::to_string(iterations) + "\n"
-      "  prompts_per_iteration: 8\n"
-      "  samples_per_prompt: 2\n"
-      "  minibatches: 2\n"
-      "  eval_every: 0\n"
-      "  eval_samples: 1\n"
-      "  checkpoint_every: 0\n"
-      "  critic: {init: base}\n"
-      "  generation: {max_tokens: 8}\n"
-      "  rollout: {kv_cache_mb: 256}\n";
-  auto doc = runtime::yaml_document::from_text(yaml, "bench.yaml");
-  if (!doc)
-    return doc.error();
-  for (const auto& x : sets)
-    if (auto ok = doc->set(x); !ok)
-      return ok.error();
-  auto cfg = runtime::load_config<actors::rl::job_config>(*doc);
+  std::string yaml = bench::placed_job_yaml(dir, iterations, hidden, layers);
+  auto cfg = bench::load_bench_job(yaml, sets);
   if (!cfg)
     return cfg.error();
   auto plan = actors::rl::make_plan(*cfg);

@@ -24,6 +24,9 @@ void count(job_totals& t, const j::event_body& b) {
     ++t.weight_syncs, t.weight_sync_bytes += w->bytes, t.weight_sync_seconds += w->seconds;
   else if (auto* c = std::get_if<j::checkpoint_saved>(&b))
     ++t.checkpoints, t.checkpoint_bytes += c->bytes;
+  else if (auto* r = std::get_if<j::role_changed>(&b);
+           r && r->rank == 0 && r->status == "restarting")
+    t.role_restarts[r->role] += 1;
 }
 
 // ---- driver.json ---------------------------------------------------------

@@ -81,12 +81,14 @@ struct job_totals {
   double weight_sync_seconds = 0;
   int64_t checkpoints = 0;
   int64_t checkpoint_bytes = 0;
+  /// Restarts begun, by role (NOTE [supervision]).
+  actors::job::metric_map role_restarts;
 };
 template <class F>
 void fields(F& f, job_totals& x) {
   f("weight_syncs", x.weight_syncs), f("weight_sync_bytes", x.weight_sync_bytes),
       f("weight_sync_seconds", x.weight_sync_seconds), f("checkpoints", x.checkpoints),
-      f("checkpoint_bytes", x.checkpoint_bytes);
+      f("checkpoint_bytes", x.checkpoint_bytes), f("role_restarts", x.role_restarts);
 }
 /// Adds one event to the sums.
 void count(job_totals& t, const actors::job::event_body& b);

@@ -31,6 +31,8 @@ grpc::StatusCode grpc_code_of(errc code) noexcept {
   case errc::process_failed: return StatusCode::ABORTED;
   case errc::internal: return StatusCode::INTERNAL;
   case errc::illegal_state: return StatusCode::FAILED_PRECONDITION;
+  case errc::lost:
+    return StatusCode::UNAVAILABLE;
   }
   return StatusCode::INTERNAL;
 }

@@ -4,8 +4,13 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
 #include <thread>
 
 #include <fcntl.h>
@@ -53,7 +58,60 @@ void local_process::kill_and_reap() {
   }
 }
 
+namespace {
+
+// PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not
+// its process: a child forked from a thread that ends early (a job's
+// driver actor restarting a worker: NOTE [supervision]) would die with
+// it. Every child is forked on this one thread, which lives as long as the
+// process (never joined: it ends with the process).
+class fork_thread {
+public:
+  static fork_thread& get() {
+    static auto* t = new fork_thread();
+    return *t;
+  }
+
+  template <class F>
+  auto run(F f) -> decltype(f()) {
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto done = task.get_future();
+    {
+      std::lock_guard lock{mu_};
+      queue_.emplace_back([&task] { task(); });
+    }
+    cv_.notify_one();
+    return done.get();
+  }
+
+private:
+  fork_thread() {
+    std::thread([this] {
+      while (true) {
+        std::function<void()> next;
+        {
+          std::unique_lock lock{mu_};
+          cv_.wait(lock, [this] { return !queue_.empty(); });
+          next = std::move(queue_.front());
+          queue_.pop_front();
+        }
+        next();
+      }
+    }).detach();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+};
+
+} // namespace
+
 expected<local_process> local_process::spawn(const process_spec& spec) {
+  return fork_thread::get().run([&spec] { return spawn_here(spec); });
+}
+
+expected<local_process> local_process::spawn_here(const process_spec& spec) {
   if (spec.argv.empty())
     return make_error(errc::invalid_argument, spec.name + ": empty argv");
   // Everything the child needs is prepared before fork: after it, only

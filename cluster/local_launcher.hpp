@@ -72,6 +72,8 @@ public:
 private:
   // SIGKILL and reap a process that still runs (members untouched).
   void kill_and_reap();
+  // spawn's work, on the thread that forks every child.
+  static expected<local_process> spawn_here(const process_spec& spec);
 
   pid_t pid_ = -1;
   std::string name_;

@@ -187,6 +187,25 @@ std::string prometheus_text(const std::vector<job_view>& jobs) {
   per_job(out, jobs, "troupe_job_checkpoints_total", "counter", "Checkpoints committed.",
           [](const job_view& v) { return static_cast<double>(v.totals.checkpoints); });
   {
+    // NOTE [supervision]: each role of the job's cast, restarted or not.
+    family f{out, "troupe_role_restarts_total", "counter",
+             "Restarts of a lost role (supervision)."};
+    for (const auto& v : jobs) {
+      if (!live(v))
+        continue;
+      std::set<std::string> roles;
+      for (const auto& r : v.roles)
+        roles.insert(r.role);
+      for (const auto& [role, n] : v.totals.role_restarts)
+        roles.insert(role);
+      for (const auto& role : roles) {
+        auto it = v.totals.role_restarts.find(role);
+        f.sample({{"job_id", v.status.id}, {"role", role}},
+                 it == v.totals.role_restarts.end() ? 0.0 : it->second);
+      }
+    }
+  }
+  {
     family f{out, "troupe_process_resident_memory_bytes", "gauge",
              "Resident memory of each process of a live job on this machine."};
     for (const auto& v : jobs)

@@ -7,6 +7,7 @@
 #include <caf/all.hpp>
 
 #include <filesystem>
+#include <set>
 
 namespace troupe::cluster {
 
@@ -46,6 +47,11 @@ expected<std::vector<caf::actor>> worker_host::spawn(caf::actor_system& sys,
     return make_error(errc::invalid_argument, spec.role + ": " + std::to_string(spec.layout.ranks()) +
                                                   " ranks but " + std::to_string(a->devices.size()) +
                                                   " devices placed");
+  auto& built = built_on_[spec.role];
+  for (int32_t r = 0; r < spec.layout.ranks(); ++r) {
+    auto d = a->devices[static_cast<size_t>(r)];
+    built[d] = workers_.generation(static_cast<int>(d));
+  }
   return actors::rl::spawn_ranks(spec, stores_, store_host_, [&](const actors::rl::role_spec& rs) -> expected<caf::actor> {
     auto device = a->devices[static_cast<size_t>(rs.rank)];
     const auto& w = workers_.workers()[static_cast<size_t>(device)];
@@ -91,7 +97,39 @@ actors::rl::role_host::place worker_host::where(const std::string& role, int ran
 
 int worker_host::exit_signal(const std::string& role, int rank, int64_t timeout_ms) {
   auto d = plan_.device_of(role, rank);
-  return d < 0 ? 0 : workers_.exit_signal(static_cast<int>(d), timeout_ms);
+  if (d < 0)
+    return 0;
+  // The process the role was built on, which may have been replaced since.
+  auto built = built_on_.find(role);
+  int generation = -1;
+  if (built != built_on_.end())
+    if (auto b = built->second.find(d); b != built->second.end())
+      generation = b->second;
+  return workers_.exit_signal(static_cast<int>(d), timeout_ms, generation);
+}
+
+expected<void> worker_host::revive(const actors::rl::role_spec& spec) {
+  std::set<int64_t> devices;
+  for (int32_t r = 0; r < spec.layout.ranks(); ++r)
+    devices.insert(plan_.device_of(spec.role, r));
+  const auto& built = built_on_[spec.role];
+  for (auto d : devices) {
+    if (d < 0)
+      continue;
+    // Started again since the role was built there (for a role lost with
+    // it): the old process is gone already.
+    auto b = built.find(d);
+    if (b != built.end() && workers_.generation(static_cast<int>(d)) > b->second)
+      continue;
+    if (auto ok = workers_.revive(static_cast<int>(d)); !ok)
+      return ok;
+  }
+  return {};
+}
+
+std::string worker_host::loss_detail(const std::string& role, int rank) const {
+  auto d = plan_.device_of(role, rank);
+  return d < 0 ? "" : workers_.hung(static_cast<int>(d));
 }
 
 caf::error worker_host::check() { return workers_.check(); }
@@ -113,6 +151,7 @@ expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
     return actors::rl::run_job(sys, cfg, opts);
   if (options.log_dir.empty())
     options.log_dir = (std::filesystem::absolute(cfg.run.dir) / "workers").string();
+  options.heartbeat_ms = static_cast<int64_t>(cfg.supervision.heartbeat_s * 1000);
   if (options.executable.empty()) {
     auto exe = self_executable();
     if (!exe)

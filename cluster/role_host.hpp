@@ -12,6 +12,7 @@
 #include "actors/rl/roles.hpp"
 #include "cluster/workers.hpp"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ public:
   std::string address_of(const std::string& role, int rank) const override;
   place where(const std::string& role, int rank) const override;
   int exit_signal(const std::string& role, int rank, int64_t timeout_ms) override;
+  expected<void> revive(const actors::rl::role_spec& spec) override;
+  std::string loss_detail(const std::string& role, int rank) const override;
   /// The first failure of a worker so far (see worker_set::check).
   caf::error check();
 
@@ -48,6 +51,10 @@ private:
   actors::rl::placement_plan plan_;
   int64_t timeout_ms_ = 30000;
   std::vector<std::shared_ptr<void>> stores_;
+  /// The worker generation each role's ranks were built on, by device
+  /// (NOTE [supervision]: a role lost with a worker already started again
+  /// is rebuilt at once).
+  std::map<std::string, std::map<int64_t, int>> built_on_;
 };
 
 /// Runs a job where its placement says: in this process (in_process), or

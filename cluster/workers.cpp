@@ -16,14 +16,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <unistd.h>
 
 namespace troupe::cluster {
 
 namespace {
+
+/// Inside a worker: a role built on its own thread, back to the worker actor.
+using role_built_atom = caf::atom_constant<caf::atom("rolebuilt")>;
 
 using clock_type = std::chrono::steady_clock;
 
@@ -37,6 +42,8 @@ struct registry {
   bool shutting_down = false;
   /// Workers whose connection closed after the shutdown began.
   size_t gone = 0;
+  /// (rank, why) of workers the watchdog found hung (NOTE [heartbeats]).
+  std::vector<std::pair<size_t, std::string>> hung;
 };
 
 std::string describe_worker(const worker_info& w) {
@@ -81,6 +88,79 @@ caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> 
   };
 }
 
+using heartbeat_tick_atom = caf::atom_constant<caf::atom("hbtick")>;
+
+// NOTE [heartbeats]: the driver pings every worker eight times each
+// heartbeat interval; one that has not answered for 2 intervals is hung
+// (stopped, deadlocked, swapping) — found within 3 intervals — and is
+// killed (SIGKILL; a worker on a node is left to its connection's
+// timeout), which its roles' proxies see as their loss (NOTE
+// [supervision] in actors/rl/supervision.hpp). The worker actor answers
+// on a thread of its own, whatever its roles are doing.
+struct watchdog_state {
+  struct seen {
+    caf::actor_addr who;
+    clock_type::time_point answered;
+  };
+  std::vector<seen> workers;
+  int64_t seq = 0;
+  static inline const char* name = "worker_watchdog";
+};
+
+caf::behavior watchdog(caf::stateful_actor<watchdog_state>* self, std::shared_ptr<registry> reg,
+                       std::chrono::milliseconds interval) {
+  const auto tick = std::max(std::chrono::milliseconds(1), interval / 8);
+  const auto silence = interval * 2;
+  self->send(self, heartbeat_tick_atom::value);
+  return {
+      [=](heartbeat_tick_atom) {
+        std::vector<std::optional<worker_info>> slots;
+        {
+          std::lock_guard lock{reg->mu};
+          if (reg->shutting_down)
+            return;
+          slots = reg->slots;
+        }
+        auto& ws = self->state.workers;
+        ws.resize(slots.size());
+        const auto now = clock_type::now();
+        const auto seq = self->state.seq++;
+        for (size_t r = 0; r < slots.size(); ++r) {
+          if (!slots[r])
+            continue;
+          auto& w = ws[r];
+          const auto info = *slots[r];
+          if (w.who != info.handle.address())
+            w = {info.handle.address(), now}; // a new worker: its silence counts from now
+          if (!w.who)
+            continue;
+          if (now - w.answered > silence) {
+            std::lock_guard lock{reg->mu};
+            reg->hung.emplace_back(
+                r, describe_worker(info) + " answered no heartbeat for " +
+                       std::to_string(
+                           std::chrono::duration_cast<std::chrono::milliseconds>(now - w.answered)
+                               .count()) +
+                       " ms");
+            if (info.node.empty())
+              ::kill(static_cast<pid_t>(info.pid), SIGKILL);
+            w.who = caf::actor_addr{}; // once
+            continue;
+          }
+          self->request(info.handle, silence, worker_ping_atom::value, seq)
+              .then(
+                  [=](int64_t, int32_t) {
+                    auto& x = self->state.workers[r];
+                    if (x.who == info.handle.address())
+                      x.answered = std::max(x.answered, clock_type::now());
+                  },
+                  [](caf::error&) {});
+        }
+        self->delayed_send(self, tick, heartbeat_tick_atom::value);
+      },
+  };
+}
+
 } // namespace
 
 void configure_network(caf::actor_system_config& cfg) {
@@ -112,10 +192,20 @@ int run_worker(const worker_options& o) {
   auto d = *driver;
   // Detached: building a role loads a model and may wait in a DP
   // rendezvous. The roles it built end with it.
+  // NOTE [heartbeats]: the worker actor answers the driver's pings at
+  // once, so each role is built on a thread of its own (building loads a
+  // model and may wait in a DP rendezvous) and handed back to it.
+  struct built {
+    std::mutex mu;
+    std::vector<caf::actor> roles;
+    std::map<uint64_t, caf::response_promise> open;
+    uint64_t next = 0;
+  };
   auto self_actor = sys.spawn<caf::detached>([=](caf::event_based_actor* self) -> caf::behavior {
-    auto roles = std::make_shared<std::vector<caf::actor>>();
-    self->attach_functor([roles](const caf::error&) {
-      for (const auto& r : *roles)
+    auto st = std::make_shared<built>();
+    self->attach_functor([st](const caf::error&) {
+      std::lock_guard lock{st->mu};
+      for (const auto& r : st->roles)
         caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
     });
     self->monitor(d);
@@ -128,11 +218,33 @@ int run_worker(const worker_options& o) {
     return {
         [=](worker_ping_atom, int64_t x) { return std::make_tuple(x, rank); },
         [=](spawn_role_atom, const actors::rl::role_spec& spec) -> caf::result<caf::actor> {
-          auto a = actors::rl::spawn_role(self->system(), spec, process_factories());
-          if (!a)
-            return with_prefix(a.error(), where);
-          roles->push_back(*a);
-          return *a;
+          auto id = st->next++;
+          st->open.emplace(id, self->make_response_promise());
+          auto me = caf::actor_cast<caf::actor>(self);
+          std::thread([=, &sys = self->system()] {
+            auto a = actors::rl::spawn_role(sys, spec, process_factories());
+            if (!a) {
+              caf::anon_send(me, role_built_atom::value, id, caf::actor{},
+                             with_prefix(a.error(), where));
+              return;
+            }
+            {
+              std::lock_guard lock{st->mu};
+              st->roles.push_back(*a);
+            }
+            caf::anon_send(me, role_built_atom::value, id, *a, caf::error{});
+          }).detach();
+          return caf::delegated<caf::actor>{};
+        },
+        [=](role_built_atom, uint64_t id, caf::actor& a, caf::error& err) {
+          auto it = st->open.find(id);
+          if (it == st->open.end())
+            return;
+          if (err)
+            it->second.deliver(std::move(err));
+          else
+            it->second.deliver(std::move(a));
+          st->open.erase(it);
         },
         [=](shutdown_atom) { self->quit(); },
     };
@@ -179,12 +291,23 @@ struct worker_set::impl {
   std::vector<local_process> procs;
   std::vector<worker_info> infos;
   std::vector<std::string> logs;
+  /// Local workers: how often each was started again (NOTE [supervision]),
+  /// and the signal that ended each earlier process.
+  std::vector<int> restarts;
+  std::vector<std::vector<int>> ended_signals;
+  launch_options options;
+  /// NOTE [heartbeats]: pings the workers (unset: heartbeats off).
+  caf::actor dog;
+  /// How long revive waits for a lost worker's process to be reaped.
+  static constexpr int64_t revive_wait_ms = 2000;
 
   ~impl() {
     {
       std::lock_guard lock{reg->mu};
       reg->shutting_down = true;
     }
+    if (dog)
+      caf::anon_send_exit(dog, caf::exit_reason::user_shutdown);
     procs.clear(); // SIGKILL + reap whatever still runs
     if (registrar) {
       [[maybe_unused]] auto ok = sys->middleman().unpublish(registrar, 0);
@@ -251,30 +374,88 @@ struct worker_set::impl {
     return host + ":" + std::to_string(port);
   }
 
-  expected<void> start_local(const launch_options& o) {
-    if (!o.log_dir.empty()) {
+  // Starts local worker `r` (its output in `log`, "" = inherited).
+  expected<local_process> start_one(size_t r, const std::string& log) const {
+    worker_start ws;
+    ws.rank = static_cast<int32_t>(r);
+    ws.world = static_cast<int32_t>(roles.size());
+    ws.label = roles[r];
+    ws.driver = registrar_address(options);
+    ws.timeout_ms = options.timeout_ms;
+    process_spec spec;
+    spec.name = "worker " + std::to_string(r);
+    spec.argv = worker_argv(options.executable, ws);
+    spec.output_path = log;
+    auto p = local_process::spawn(spec);
+    if (!p)
+      return with_prefix(p.error(), "launch workers: rank " + std::to_string(r));
+    return p;
+  }
+
+  std::string log_path(size_t r, int restart) const {
+    if (options.log_dir.empty())
+      return "";
+    auto name = "worker-" + std::to_string(r) +
+                (restart > 0 ? ".restart-" + std::to_string(restart) : "") + ".log";
+    return (std::filesystem::path{options.log_dir} / name).string();
+  }
+
+  expected<void> start_local() {
+    if (!options.log_dir.empty()) {
       std::error_code ec;
-      std::filesystem::create_directories(o.log_dir, ec);
+      std::filesystem::create_directories(options.log_dir, ec);
     }
     for (size_t r = 0; r < roles.size(); ++r) {
-      worker_start ws;
-      ws.rank = static_cast<int32_t>(r);
-      ws.world = static_cast<int32_t>(roles.size());
-      ws.label = roles[r];
-      ws.driver = registrar_address(o);
-      ws.timeout_ms = o.timeout_ms;
-      process_spec spec;
-      spec.name = "worker " + std::to_string(r);
-      spec.argv = worker_argv(o.executable, ws);
-      if (!o.log_dir.empty())
-        spec.output_path = (std::filesystem::path{o.log_dir} / ("worker-" + std::to_string(r) + ".log")).string();
-      logs.push_back(spec.output_path);
-      auto p = local_process::spawn(spec);
+      logs.push_back(log_path(r, 0));
+      auto p = start_one(r, logs.back());
       if (!p)
-        return with_prefix(p.error(), "launch workers: rank " + std::to_string(r));
+        return p.error();
       procs.push_back(std::move(*p));
     }
+    restarts.assign(roles.size(), 0);
+    ended_signals.assign(roles.size(), {});
     return {};
+  }
+
+  bool connection_lost(size_t r) {
+    std::lock_guard lock{reg->mu};
+    return std::any_of(reg->lost.begin(), reg->lost.end(),
+                       [r](const auto& l) { return l.first == r; });
+  }
+
+  // NOTE [supervision]: worker `r` again, when its process ended or lost
+  // its connection (killed first: fencing); a worker that still runs
+  // connected is kept. The lost role's proxy usually hears of the end
+  // before this process reaps the child: wait a moment for it.
+  expected<void> revive(size_t r) {
+    if (remote())
+      return make_error(errc::unsupported,
+                        "restarting " + name(r) +
+                            ": restarting a worker on a node is not available yet");
+    auto ended = procs[r].wait_for(revive_wait_ms);
+    if (!ended && !connection_lost(r))
+      return {}; // its actor ended, not the process
+    if (!ended) {
+      procs[r].kill(SIGKILL);
+      ended = procs[r].wait_for(options.timeout_ms);
+    }
+    ended_signals[r].push_back(ended ? ended->signal : 0);
+    {
+      std::lock_guard lock{reg->mu};
+      reg->slots[r].reset();
+      reg->lost.erase(std::remove_if(reg->lost.begin(), reg->lost.end(),
+                                     [r](const auto& l) { return l.first == r; }),
+                      reg->lost.end());
+      reg->hung.erase(std::remove_if(reg->hung.begin(), reg->hung.end(),
+                                     [r](const auto& l) { return l.first == r; }),
+                      reg->hung.end());
+    }
+    logs[r] = log_path(r, ++restarts[r]);
+    auto p = start_one(r, logs[r]);
+    if (!p)
+      return p.error();
+    procs[r] = std::move(*p);
+    return await_registrations(options.timeout_ms);
   }
 
   // NOTE [remote workers]: the controller hears of them on the driver link
@@ -325,6 +506,7 @@ struct worker_set::impl {
       }
     }
     std::lock_guard lock{reg->mu};
+    infos.clear();
     for (auto& slot : reg->slots)
       infos.push_back(*slot);
     return {};
@@ -366,10 +548,13 @@ expected<worker_set> worker_set::launch(caf::actor_system& sys, const launch_opt
   }
   if (auto ok = d.publish(o); !ok)
     return ok.error();
-  if (auto ok = o.remote ? d.request_remote(o) : d.start_local(o); !ok)
+  d.options = o;
+  if (auto ok = o.remote ? d.request_remote(o) : d.start_local(); !ok)
     return ok.error();
   if (auto ok = d.await_registrations(o.timeout_ms); !ok)
     return ok.error();
+  if (o.heartbeat_ms > 0)
+    d.dog = sys.spawn(watchdog, d.reg, std::chrono::milliseconds(o.heartbeat_ms));
   return out;
 }
 
@@ -400,9 +585,34 @@ caf::error worker_set::wait_for_failure(int64_t timeout_ms) {
   }
 }
 
-int worker_set::exit_signal(int rank, int64_t timeout_ms) {
+expected<void> worker_set::revive(int rank) {
+  if (!impl_ || rank < 0 || static_cast<size_t>(rank) >= impl_->roles.size())
+    return make_error(errc::out_of_range, "revive: no worker " + std::to_string(rank));
+  return impl_->revive(static_cast<size_t>(rank));
+}
+
+std::string worker_set::hung(int rank) const {
+  if (!impl_)
+    return "";
+  std::lock_guard lock{impl_->reg->mu};
+  for (const auto& [r, why] : impl_->reg->hung)
+    if (r == static_cast<size_t>(rank))
+      return why;
+  return "";
+}
+
+int worker_set::generation(int rank) const {
+  if (!impl_ || rank < 0 || static_cast<size_t>(rank) >= impl_->restarts.size())
+    return 0;
+  return impl_->restarts[static_cast<size_t>(rank)];
+}
+
+int worker_set::exit_signal(int rank, int64_t timeout_ms, int generation) {
   if (!impl_ || rank < 0 || static_cast<size_t>(rank) >= impl_->procs.size())
     return 0;
+  const auto& earlier = impl_->ended_signals[static_cast<size_t>(rank)];
+  if (generation >= 0 && static_cast<size_t>(generation) < earlier.size())
+    return earlier[static_cast<size_t>(generation)];
   auto st = impl_->procs[static_cast<size_t>(rank)].wait_for(timeout_ms);
   return st ? st->signal : 0;
 }
@@ -415,6 +625,8 @@ expected<void> worker_set::shutdown(int64_t timeout_ms) {
     std::lock_guard lock{d.reg->mu};
     d.reg->shutting_down = true;
   }
+  if (d.dog)
+    caf::anon_send_exit(d.dog, caf::exit_reason::user_shutdown);
   for (const auto& w : d.infos)
     caf::anon_send(w.handle, shutdown_atom::value);
   std::string failures;

@@ -78,6 +78,9 @@ struct launch_options {
   std::string log_dir;
   /// Bound on starting and registering all workers, and on each request.
   int64_t timeout_ms = 30000;
+  /// NOTE [heartbeats]: the heartbeat interval (supervision.heartbeat_s);
+  /// a worker silent for 2 of them is killed as hung. 0 = no pings.
+  int64_t heartbeat_ms = 0;
   /// Set: the workers run on nodes, started by their agents; unset: they
   /// are this process's children.
   std::optional<remote_launch> remote;
@@ -116,9 +119,21 @@ public:
   /// Waits up to `timeout_ms` for a failure; returns it, or an empty error
   /// when none happened.
   caf::error wait_for_failure(int64_t timeout_ms);
+  /// NOTE [supervision]: starts worker `rank` again when its process ended
+  /// or lost its connection (then killed first), and waits for it to
+  /// register; a worker that runs connected is kept. Remote workers:
+  /// errc::unsupported.
+  expected<void> revive(int rank);
+  /// Why the watchdog killed worker `rank` ("" when it did not: NOTE
+  /// [heartbeats]).
+  std::string hung(int rank) const;
+  /// How often worker `rank` was started again (0: never, or remote).
+  int generation(int rank) const;
   /// The signal that ended worker `rank`, waiting up to `timeout_ms` for it
   /// to be reaped; 0 when it runs, exited normally or is remote.
-  int exit_signal(int rank, int64_t timeout_ms);
+  /// With `generation` (see generation()): the signal that ended that
+  /// process of the worker, once it was started again.
+  int exit_signal(int rank, int64_t timeout_ms, int generation = -1);
 
   /// Asks every worker to exit, waits up to `timeout_ms`, kills stragglers
   /// (remote ones: waits for their connections to close; their agents end

@@ -22,6 +22,8 @@ std::string_view to_string(errc x) noexcept {
     case errc::version_mismatch: return "version_mismatch";
     case errc::corrupted: return "corrupted";
     case errc::process_failed: return "process_failed";
+    case errc::lost:
+      return "lost";
     case errc::internal: return "internal";
     case errc::illegal_state: return "illegal_state";
   }

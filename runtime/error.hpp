@@ -56,10 +56,16 @@ enum class errc : uint8_t {
   /// A command that the object's current state does not allow (resume a
   /// running job, pause a finished one).
   illegal_state = 16,
+  /// A role's actor or process went away while the job needed it: it
+  /// died, was killed, or missed its heartbeats (NOTE [supervision] in
+  /// actors/rl/supervision.hpp). Only the side that saw it go (a role
+  /// proxy, a request to a dead actor) says so; an error a role returns
+  /// never has this code.
+  lost = 17,
 };
 
 /// Number of errc values (for exhaustive tests and mappings).
-inline constexpr uint8_t errc_count = 17;
+inline constexpr uint8_t errc_count = 18;
 
 /// The stable lowercase name of an errc value ("invalid_argument").
 std::string_view to_string(errc x) noexcept;

@@ -61,6 +61,8 @@ struct rollout_state {
   bool stepping = false;
   bool threads_set = false;
   transport_cache transports;
+  /// NOTE [kill injection]: fires at the next message that changes work.
+  kill_switch kill;
   static inline const char* name = "rollout";
 };
 
@@ -89,6 +91,8 @@ void schedule_step(self_ptr self) {
 // a pace, always now.
 void when_settled(self_ptr self, std::function<void()> apply) {
   auto& st = self->state;
+  if (st.kill.fire(self))
+    return; // the call's promise goes unanswered
   if (st.options.pace == 0 || (st.held.empty() && !may_step(st)))
     apply();
   else
@@ -370,6 +374,7 @@ rollout_actor::behavior_type rollout_behavior(self_ptr self, std::shared_ptr<eng
         });
       },
       [=](metrics_atom) { return self->state.eng->metrics(); },
+      [=](inject_kill_atom, bool whole) { self->state.kill.arm(whole); },
       [=](clear_cache_atom) {
         return settled<int64_t>(self, [self]() -> expected<int64_t> {
           self->state.eng->clear_prefix_cache();

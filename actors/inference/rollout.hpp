@@ -36,6 +36,7 @@
 // the same versions.
 
 #include "actors/inference/engine.hpp"
+#include "actors/kill_switch.hpp"
 #include "actors/weight_channel.hpp"
 
 #include <caf/atom.hpp>
@@ -109,7 +110,10 @@ using rollout_actor = caf::typed_actor<
     /// only so.
     caf::replies_to<drive_atom>::with<bool>,
     /// Internal: runs one engine step.
-    caf::reacts_to<step_atom>>;
+    caf::reacts_to<step_atom>,
+    /// NOTE [kill injection] (actors/kill_switch.hpp); a group or fleet
+    /// passes it to its first member.
+    caf::reacts_to<inject_kill_atom, bool>>;
 
 struct rollout_options {
   /// Steps only when told (drive_atom), never on its own.

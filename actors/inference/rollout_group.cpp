@@ -402,6 +402,9 @@ rollout_actor::behavior_type members_behavior(self_ptr self, std::vector<rollout
                                 "alias, shm or disk)");
         return to_all<sync_bytes>(self, same_bytes, receive_weights_atom::value, version, c);
       },
+      [=](inject_kill_atom, bool whole) {
+        self->send(self->state.ranks.front(), inject_kill_atom::value, whole);
+      },
       [=](metrics_atom) -> caf::result<engine_metrics> {
         auto ranks = self->state.ranks;
         auto n = fleet ? ranks.size() : 1; // a TP group's ranks count the same work

@@ -197,21 +197,27 @@ struct role_changed {
   /// "driver" (the job's own process) or the worker's label.
   std::string process;
   int64_t pid = 0;
-  /// started | ready | failed.
+  /// started | ready | failed | restarting | restarted (NOTE [supervision]).
   std::string status;
+  /// Why it failed or restarts (the loss).
   std::string reason;
-  /// The signal that ended the role's process (failed), else 0.
+  /// The signal that ended the role's process (failed, restarting), else 0.
   int32_t signal = 0;
-  /// The phase it failed in ("" outside one).
+  /// The phase it failed or was lost in ("" outside one).
   std::string phase;
   /// The node of its process ("" = the driver's machine).
   std::string node;
+  /// restarting / restarted: the role's restart count, from 1.
+  int32_t attempt = 0;
+  /// restarted: seconds from the loss being seen to the role working again.
+  double recover_s = 0;
 };
 template <class F>
 void fields(F& f, role_changed& x) {
   f("stage", x.stage), f("role", x.role), f("rank", x.rank), f("process", x.process),
       f("pid", x.pid), f("status", x.status), f("reason", x.reason), f("signal", x.signal),
-      f("phase", x.phase), f("node", x.node);
+      f("phase", x.phase), f("node", x.node), f("attempt", added(x.attempt)),
+      f("recover_s", added(x.recover_s));
 }
 
 struct eval_sample {

@@ -21,13 +21,30 @@ cast::~cast() {
 }
 
 void cast::announce(const role_spec& spec, const char* status, const std::string& reason) const {
+  job::role_changed ev;
+  ev.status = status;
+  ev.reason = reason;
+  announce(spec, std::move(ev));
+}
+
+void cast::announce(const role_spec& spec, job::role_changed ev) const {
   if (!env_.emit)
     return;
+  ev.stage = spec.stage;
+  ev.role = spec.role;
   for (int32_t r = 0; r < spec.layout.ranks(); ++r) {
     auto place = env_.host->where(spec.role, r);
-    env_.emit(job::role_changed{spec.stage, spec.role, r, place.process, place.pid, status, reason,
-                                0, "", place.node});
+    ev.rank = r;
+    ev.process = place.process;
+    ev.pid = place.pid;
+    ev.node = place.node;
+    env_.emit(ev);
   }
+}
+
+void cast::announce(role_id role, job::role_changed ev) const {
+  if (const auto* m = member(role))
+    announce(m->spec, std::move(ev));
 }
 
 namespace {
@@ -84,28 +101,72 @@ expected<void> cast::spawn(role_id role, const std::string& model_dir) {
   m.traits = &traits;
   m.spec = std::move(spec);
   m.ranks = std::move(*ranks);
-  if (m.ranks.size() == 1) {
-    m.handle = m.ranks.front();
-  } else if (traits.actor_in(stage_) == role_actor::rollout) {
-    auto group = rollout_handle(*env_.sys, m.ranks, m.spec.layout.tp);
-    if (!group) {
-      for (auto& a : m.ranks)
-        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-      return with_prefix(group.error(), stage_name + ": " + m.spec.role);
-    }
-    m.handle = caf::actor_cast<caf::actor>(*group);
-  } else {
-    // The other roles with several ranks are train engines (the plan
-    // refuses the rest): one group actor (NOTE [tensor-parallel dispatch]).
-    std::vector<train::engine_actor> typed;
-    for (auto& a : m.ranks)
-      typed.push_back(caf::actor_cast<train::engine_actor>(a));
-    auto strategy = env_.strategy_of ? env_.strategy_of(role) : train::dp_strategy::ddp;
-    m.handle = caf::actor_cast<caf::actor>(train::spawn_engine_group(
-        *env_.sys, m.spec.role, std::move(typed), strategy, m.spec.layout.tp, m.spec.layout.pp));
-  }
+  auto handle = handle_of(m);
+  if (!handle)
+    return handle.error();
+  m.handle = std::move(*handle);
   members_.push_back(std::move(m));
   return {};
+}
+
+expected<caf::actor> cast::handle_of(const cast_member& m) const {
+  if (m.ranks.size() == 1)
+    return m.ranks.front();
+  if (m.traits->actor_in(stage_) == role_actor::rollout) {
+    auto group = rollout_handle(*env_.sys, m.ranks, m.spec.layout.tp);
+    if (!group) {
+      for (const auto& a : m.ranks)
+        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      return with_prefix(group.error(), m.spec.stage + ": " + m.spec.role);
+    }
+    return caf::actor_cast<caf::actor>(*group);
+  }
+  // The other roles with several ranks are train engines (the plan
+  // refuses the rest): one group actor (NOTE [tensor-parallel dispatch]).
+  std::vector<train::engine_actor> typed;
+  for (const auto& a : m.ranks)
+    typed.push_back(caf::actor_cast<train::engine_actor>(a));
+  auto strategy = env_.strategy_of ? env_.strategy_of(m.traits->id) : train::dp_strategy::ddp;
+  return caf::actor_cast<caf::actor>(train::spawn_engine_group(
+      *env_.sys, m.spec.role, std::move(typed), strategy, m.spec.layout.tp, m.spec.layout.pp));
+}
+
+expected<void> cast::respawn(role_id role) {
+  auto it = std::find_if(members_.begin(), members_.end(),
+                         [role](const cast_member& m) { return m.traits->id == role; });
+  if (it == members_.end())
+    return make_error(errc::not_found,
+                      "respawn: " + std::string{to_string(role)} + " is not in the cast");
+  // The old instance ends (its proxies end their ranks, where they still run).
+  caf::anon_send_exit(it->handle, caf::exit_reason::user_shutdown);
+  auto spec = it->spec;
+  // NOTE [supervision]: the new generation's groups meet under a prefix
+  // of their own, so a rank of an older one cannot join them.
+  spec.group_name = spec.stage + "/" + spec.role + "/g" + std::to_string(it->generation + 1);
+  const auto where = spec.stage + ": restarting " + spec.role;
+  if (auto ok = env_.host->revive(spec); !ok)
+    return with_prefix(ok.error(), where);
+  auto ranks = env_.host->spawn(*env_.sys, spec);
+  if (!ranks)
+    return with_prefix(ranks.error(), where);
+  it->ranks = std::move(*ranks);
+  it->spec = std::move(spec);
+  auto handle = handle_of(*it);
+  if (!handle)
+    return handle.error();
+  it->handle = std::move(*handle);
+  ++it->generation;
+  return {};
+}
+
+bool cast::kill(role_id role, int rank) {
+  const auto* m = member(role);
+  if (!m || rank < 0 || static_cast<size_t>(rank) >= m->ranks.size())
+    return false;
+  // A rank in the driver's process ends alone; one in a worker, its process.
+  const bool whole = env_.host->where(m->spec.role, rank).process != "driver";
+  env_.self->send(m->ranks[static_cast<size_t>(rank)], actors::inject_kill_atom::value, whole);
+  return true;
 }
 
 const cast_member* cast::member(role_id role) const {

@@ -116,9 +116,25 @@ public:
   /// bumps the role's generation. A DP group's ranks are not swapped yet:
   /// errc::unsupported.
   expected<void> replace(role_id role, int rank, caf::actor fresh);
+  /// NOTE [supervision]: builds `role` again, every rank of it, in place
+  /// of the instance that was lost (ended first): the host revives its
+  /// processes, the groups meet under the next generation's prefix, and
+  /// the generation is bumped. The new instance starts as the first did
+  /// (its model from the same directory); bringing it to the job's state
+  /// is the driver's.
+  expected<void> respawn(role_id role);
+  /// NOTE [kill injection]: rank `rank` of `role` dies at its next request
+  /// (its process, where a worker hosts it); false when there is no such rank.
+  bool kill(role_id role, int rank);
+  /// Emits `ev` (status, reason, phase, attempt...) for every rank of
+  /// `role`, with each rank's place filled in.
+  void announce(role_id role, job::role_changed ev) const;
 
 private:
   void announce(const role_spec& spec, const char* status, const std::string& reason) const;
+  void announce(const role_spec& spec, job::role_changed ev) const;
+  /// The handle the driver talks to for `m`'s ranks.
+  expected<caf::actor> handle_of(const cast_member& m) const;
 
   cast_env env_;
   stage_id stage_;

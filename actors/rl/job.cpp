@@ -100,7 +100,7 @@ caf::error request_error(const caf::error& err, const std::string& what, caf::ti
                           std::to_string(std::chrono::duration<double>(timeout).count()) +
                           " s (run.timeouts)");
   if (err == caf::sec::request_receiver_down)
-    return make_error(errc::unavailable, what + ": the role's actor is down");
+    return make_error(errc::lost, what + ": the role's actor is down");
   if (err.category() == error_category())
     return with_prefix(err, what);
   return make_error(errc::internal, what + ": " + caf::to_string(err));
@@ -177,9 +177,34 @@ expected<actors::weight_channel> weight_channel_for(job_context& ctx, const std:
   return c;
 }
 
+namespace {
+
+// `now`'s counters on top of `base`'s (a lost rollout's last seen); the
+// gauges are `now`'s.
+inference::engine_metrics counted_on(const inference::engine_metrics& base,
+                                     inference::engine_metrics now) {
+  now.steps += base.steps;
+  now.prompt_tokens += base.prompt_tokens;
+  now.prefill_tokens_computed += base.prefill_tokens_computed;
+  now.generated_tokens += base.generated_tokens;
+  now.recomputed_tokens += base.recomputed_tokens;
+  now.preemptions += base.preemptions;
+  now.finished_requests += base.finished_requests;
+  now.busy_seconds += base.busy_seconds;
+  now.ttft_ms_sum += base.ttft_ms_sum;
+  now.itl_ms_sum += base.itl_ms_sum;
+  now.itl_count += base.itl_count;
+  now.fused_decode_steps += base.fused_decode_steps;
+  now.aten_decode_steps += base.aten_decode_steps;
+  return now;
+}
+
+} // namespace
+
 std::vector<inference::request_output> take_generation(job_context& ctx, inference::generation&& g) {
-  if (g.engine.steps >= ctx.rollout_seen.steps)
-    ctx.rollout_seen = g.engine;
+  auto seen = counted_on(ctx.rollout_base, std::move(g.engine));
+  if (seen.steps >= ctx.rollout_seen.steps)
+    ctx.rollout_seen = std::move(seen);
   return std::move(g.outputs);
 }
 
@@ -225,10 +250,10 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
                                           "policy: publish weights", train::publish_atom::value,
                                           version, channel);
     if (sent)
-      got = ask<actors::sync_bytes>(self, rollout, ctx.timeout_of(request_kind::weights),
-                                    "rollout: receive weights",
-                                    inference::receive_weights_atom::value, version, channel);
+      got = receive_weights(self, ctx, stage, rollout, version);
   }
+  if (sent)
+    ctx.published[stage] = version;
   if (!sent)
     return sent.error();
   if (!got)
@@ -242,6 +267,24 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
                               std::string{to_string(role_id::rollout)}, sent->temporary,
                               got->temporary});
   return {};
+}
+
+expected<actors::sync_bytes> receive_weights(caf::blocking_actor* self, job_context& ctx,
+                                             const std::string& stage,
+                                             const inference::rollout_actor& rollout,
+                                             int64_t version) {
+  auto ch = weight_channel_for(ctx, stage);
+  if (!ch)
+    return ch.error();
+  if (runtime::traits_of(ch->kind).both_ends_at_once)
+    return make_error(errc::unsupported,
+                      "rollout: receive weights: a weight_sync transport of kind " +
+                          std::string{to_string(ch->kind)} +
+                          " meets its ends in a collective, which a restarted rollout cannot "
+                          "join yet");
+  return ask<actors::sync_bytes>(self, rollout, ctx.timeout_of(request_kind::weights),
+                                 "rollout: receive weights", inference::receive_weights_atom::value,
+                                 version, *ch);
 }
 
 namespace {

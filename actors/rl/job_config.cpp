@@ -414,6 +414,55 @@ void check_debug(const job_config& c, runtime::config_checks& checks) {
                  "'" + c.debug.fail_phase + "' is not a phase of role '" + c.debug.fail_role + "'");
 }
 
+// debug.kills: a role of the rl stage, a phase of the iteration, a rank it has.
+void check_kills(const job_config& c, runtime::config_checks& checks) {
+  for (size_t i = 0; i < c.debug.kills.size(); ++i) {
+    const auto& k = c.debug.kills[i];
+    const auto at = "debug.kills[" + std::to_string(i) + "]";
+    const auto* role = find_role(k.role);
+    checks.require(role != nullptr, at + ".role",
+                   "expected one of " + role_names([](const role_traits&) { return true; }) +
+                       ", got '" + k.role + "'");
+    checks.require(k.phase.empty() || role_of_phase(k.phase) != nullptr, at + ".phase",
+                   "'" + k.phase + "' is not a phase in which a role is asked for work");
+    checks.require(k.iteration >= 1, at + ".iteration", "must be >= 1 (iterations count from 1)");
+    if (!role)
+      continue;
+    const auto p = placement_keys(c, k.role);
+    const auto ranks = p.dp * p.tp * p.pp;
+    checks.require(k.rank >= 0 && k.rank < ranks, at + ".rank",
+                   "must be in [0, " + std::to_string(ranks) + ") (the ranks of " + k.role + ")");
+  }
+}
+
+// supervision: known roles, once each, limits in range; trainers do not
+// restart yet (NOTE [supervision]).
+void check_supervision(const job_config& c, runtime::config_checks& checks) {
+  const auto& s = c.supervision;
+  checks.require(s.budget >= 0, "supervision.budget", "must be >= 0");
+  checks.require(s.heartbeat_s == 0 || (s.heartbeat_s >= 0.01 && s.heartbeat_s <= 3600),
+                 "supervision.heartbeat_s", "must be 0 (off) or in [0.01, 3600]");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < s.roles.size(); ++i) {
+    const auto& r = s.roles[i];
+    const auto at = "supervision.roles[" + std::to_string(i) + "]";
+    const auto* role = find_role(r.role);
+    checks.require(role != nullptr, at + ".role",
+                   "expected one of " + role_names([](const role_traits&) { return true; }) +
+                       ", got '" + r.role + "'");
+    checks.require(seen.insert(r.role).second, at + ".role", r.role + " is listed twice");
+    checks.require(r.max_restarts >= -1, at + ".max_restarts", "must be >= 0 (or -1: the default)");
+    checks.require(r.window_s > 0, at + ".window_s", "must be > 0");
+    checks.require(r.backoff_ms >= 0 && r.backoff_ms <= 600000, at + ".backoff_ms",
+                   "must be in [0, 600000]");
+    checks.require(!role || !role->trains_in(stage_id::rl) || r.max_restarts <= 0,
+                   at + ".max_restarts",
+                   "restarting a trainer (" + r.role +
+                       ") is not available yet: a lost trainer fails the job; resume it from "
+                       "its last checkpoint (troupe run --resume)");
+  }
+}
+
 } // namespace
 
 void check(const job_config& c, runtime::config_checks& checks) {
@@ -429,6 +478,8 @@ void check(const job_config& c, runtime::config_checks& checks) {
   check_placement(c, checks);
   check_true_on_policy(c, checks);
   check_debug(c, checks);
+  check_kills(c, checks);
+  check_supervision(c, checks);
 }
 
 expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides) {

@@ -648,18 +648,81 @@ void visit(V& v, placement_config& c) {
   v.list("roles", c.roles, "Role → pool and dp; roles not listed go to the first pool");
 }
 
+/// NOTE [supervision] (supervision.hpp): how often a lost role of the rl
+/// stage is restarted. A role not listed takes its default (role_traits:
+/// rollout, reward and reference 3 restarts, the trainers none).
+struct role_restart_config {
+  std::string role;
+  /// -1 = the role's default (role_traits::default_restarts).
+  int64_t max_restarts = -1;
+  double window_s = 600;
+  int64_t backoff_ms = 200;
+};
+template <class V>
+void visit(V& v, role_restart_config& c) {
+  v.field("role", c.role, "policy | critic | reference | reward | rollout");
+  v.field("max_restarts", c.max_restarts,
+          "Restarts allowed within window_s; 0 = a loss fails the job; -1 = the role's default "
+          "(3 for rollout, reward and reference; 0 for the trainers, whose restart is not "
+          "available yet)");
+  v.field("window_s", c.window_s, "The sliding window max_restarts counts in, seconds");
+  v.field("backoff_ms", c.backoff_ms, "Pause before a restart, milliseconds");
+}
+
+struct supervision_config {
+  /// Restarts of all roles together the job may take; 0 = none.
+  int64_t budget = 10;
+  /// NOTE [heartbeats] (cluster/workers.cpp): the driver's ping interval
+  /// to each worker process; 0 = off.
+  double heartbeat_s = 2;
+  std::vector<role_restart_config> roles;
+};
+template <class V>
+void visit(V& v, supervision_config& c) {
+  v.field("budget", c.budget,
+          "Restarts of all roles together before a loss fails the job (0 = every loss fails it)");
+  v.field("heartbeat_s", c.heartbeat_s,
+          "Heartbeat interval to each worker process: one silent for 2 intervals (stopped, "
+          "deadlocked) is killed and its roles are lost, so a hang is found within 3; 0 = off");
+  v.list("roles", c.roles,
+         "Per role: max_restarts, window_s, backoff_ms (unlisted: rollout, reward and "
+         "reference restart up to 3 times in 600 s, the trainers never)");
+}
+
+/// NOTE [kill injection]: the role (rank `rank`) dies at its first request
+/// of `phase` ("" = any) in iteration `iteration` (from 1) of the rl stage.
+struct kill_point {
+  std::string role;
+  std::string phase;
+  int64_t iteration = 0;
+  int64_t rank = 0;
+};
+template <class V>
+void visit(V& v, kill_point& c) {
+  v.field("role", c.role, "The role that dies");
+  v.field("phase", c.phase,
+          "The rl phase whose request it dies at (\"\" = its first that iteration)");
+  v.field("iteration", c.iteration, "The rl iteration, from 1");
+  v.field("rank", c.rank, "Its rank");
+}
+
 /// Fault injection for tests of failure handling: the role fails (an error
-/// from its actor) when asked to do `phase` in iteration `iteration`.
+/// from its actor) when asked to do `phase` in iteration `iteration`; the
+/// kills end roles (processes) as a crash would.
 struct debug_config {
   std::string fail_role;
   std::string fail_phase;
   int64_t fail_iteration = 0;
+  std::vector<kill_point> kills;
 };
 template <class V>
 void visit(V& v, debug_config& c) {
   v.field("fail_role", c.fail_role, "Testing only: role that fails (\"\" = none)");
   v.field("fail_phase", c.fail_phase, "Testing only: phase in which it fails");
   v.field("fail_iteration", c.fail_iteration, "Testing only: iteration in which it fails");
+  v.list("kills", c.kills,
+         "Testing only: roles killed (their process in a worker, their actor in the driver's) "
+         "at a request, as a crash would (docs/supervision.md)");
 }
 
 struct job_config {
@@ -674,6 +737,7 @@ struct job_config {
   weight_sync_config weight_sync;
   resources_config resources;
   placement_config placement;
+  supervision_config supervision;
   debug_config debug;
 };
 template <class V>
@@ -689,6 +753,8 @@ void visit(V& v, job_config& c) {
   v.section("weight_sync", c.weight_sync, "Trainer → rollout weight transfer");
   v.section("resources", c.resources, "Nodes and devices the job may use");
   v.section("placement", c.placement, "Which processes host which roles (troupe plan shows it)");
+  v.section("supervision", c.supervision,
+            "Restarting a role of the rl stage that was lost (docs/supervision.md)");
   v.section("debug", c.debug);
 }
 

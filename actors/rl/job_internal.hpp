@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -69,6 +70,13 @@ struct job_context {
   /// answer.
   double roles_busy_s = 0;
   inference::engine_metrics rollout_seen;
+  /// NOTE [supervision]: the counters of rollouts lost so far (the last
+  /// seen of each), added to the current one's so rollout_seen keeps
+  /// counting up across a restart.
+  inference::engine_metrics rollout_base;
+  /// The latest weight version the trainer published, by stage (a
+  /// restarted rollout receives it again).
+  std::map<std::string, int64_t> published;
 
   job_context() = default;
   job_context(const job_context&) = delete;
@@ -190,6 +198,14 @@ expected<actors::weight_channel> weight_channel_for(job_context& ctx, const std:
 expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const std::string& stage,
                             const train::engine_actor& trainer,
                             const inference::rollout_actor& rollout, int64_t version);
+
+/// The rollout receives and loads `version`, already published on the
+/// stage's channel (a restarted rollout: NOTE [supervision]). Not for a
+/// channel whose ends meet in a collective (errc::unsupported).
+expected<actors::sync_bytes> receive_weights(caf::blocking_actor* self, job_context& ctx,
+                                             const std::string& stage,
+                                             const inference::rollout_actor& rollout,
+                                             int64_t version);
 
 /// An empty cast of `stage` on the job's host, with the job's timeouts,
 /// plan and events (NOTE [the cast]).

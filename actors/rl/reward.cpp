@@ -70,6 +70,7 @@ namespace {
 struct reward_state {
   std::vector<weighted_backend> backends;
   bool fail_next = false;
+  actors::kill_switch kill; // NOTE [kill injection]
   static inline const char* name = "reward";
 };
 
@@ -110,6 +111,8 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
   return {
       [=](reward_atom, const reward_request& req) -> caf::result<train::served_batch> {
         auto& st = self->state;
+        if (st.kill.fire(self))
+          return caf::delegated<train::served_batch>{};
         if (st.fail_next) {
           st.fail_next = false;
           throw std::runtime_error("reward: score: injected failure");
@@ -133,6 +136,7 @@ reward_actor::behavior_type behavior(self_ptr self, reward_state init) {
         return train::served_bytes{freed, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
       },
       [=](train::inject_failure_atom) { self->state.fail_next = true; },
+      [=](actors::inject_kill_atom, bool whole) { self->state.kill.arm(whole); },
   };
 }
 

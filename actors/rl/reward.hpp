@@ -24,13 +24,14 @@ using reward_atom = caf::atom_constant<caf::atom("reward")>;
 /// backend's scores under its key and its extras (weighted "token_scores",
 /// "extra/<name>") (with the seconds it took: NOTE [busy on
 /// replies]).
-using reward_actor = caf::typed_actor<
-    caf::replies_to<reward_atom, reward_request>::with<train::served_batch>,
-    /// Co-located offload: each backend frees what it holds (a reward
-    /// model's weights, to a file in the folder) until the next score;
-    /// answers the bytes freed (0 for a rule).
-    caf::replies_to<actors::release_atom, std::string>::with<train::served_bytes>,
-    caf::reacts_to<train::inject_failure_atom>>;
+using reward_actor =
+    caf::typed_actor<caf::replies_to<reward_atom, reward_request>::with<train::served_batch>,
+                     /// Co-located offload: each backend frees what it holds (a reward
+                     /// model's weights, to a file in the folder) until the next score;
+                     /// answers the bytes freed (0 for a rule).
+                     caf::replies_to<actors::release_atom, std::string>::with<train::served_bytes>,
+                     caf::reacts_to<train::inject_failure_atom>,
+                     caf::reacts_to<actors::inject_kill_atom, bool>>;
 
 /// The response text for the rule: tokens up to the first EOS (exclusive),
 /// special tokens skipped.

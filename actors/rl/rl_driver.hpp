@@ -7,6 +7,7 @@
 #include "actors/rl/job_internal.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/settings.hpp"
+#include "actors/rl/supervision.hpp"
 #include "kernels/advantages.hpp"
 #include "kernels/kl.hpp"
 
@@ -112,7 +113,8 @@ struct iteration_state {
 class rl_driver {
 public:
   rl_driver(job_context& ctx, cast roles, rl_algorithm algo, rl_progress progress)
-      : ctx_(ctx), cast_(std::move(roles)), algo_(algo), progress_(std::move(progress)) {
+      : ctx_(ctx), cast_(std::move(roles)), algo_(algo), progress_(std::move(progress)),
+        restarts_(ctx.cfg->supervision) {
     // A resumed run continues with the batches sampled ahead.
     for (auto& [it, outputs] : progress_.ahead)
       ahead_[it].outputs = std::move(outputs);
@@ -183,6 +185,18 @@ private:
   void warn_groups_of_one(const iteration_state& s, const at::Tensor& group_ids) const;
   void inject(std::string_view phase, int64_t it);
   void role_failed(const iteration_state& s, std::string_view phase, const caf::error& err);
+  /// The role an error of `phase` is about: the one it names first
+  /// ("rollout: gen: ..."), else the phase's ("" when neither).
+  std::string role_in_error(std::string_view phase, const caf::error& err) const;
+  /// NOTE [supervision] (rl_recovery.cpp): restarts the role `loss` is
+  /// about when the policy admits it, brings it to the job's state and
+  /// readies `s` for `phase` to run again; else the error to fail with.
+  expected<void> recover(iteration_state& s, std::string_view phase, const caf::error& loss);
+  /// A restarted rollout: the version last published, the batches ahead
+  /// it held asked for again (in their order), its counters kept counting.
+  expected<void> restore_rollout(const iteration_state& s, std::string_view phase);
+  /// Drops what a failed run of `phase` left in `s`.
+  void reset_phase(iteration_state& s, std::string_view phase) const;
   void stop_roles();
   train::engine_actor trainer(role_id role) const { return cast_.handle_as<train::engine_actor>(role); }
   inference::rollout_actor rollout() const {
@@ -196,6 +210,8 @@ private:
   /// Settings recorded by an earlier run of this job, not yet applied.
   std::vector<recorded_setting> replay_;
   stopwatch stage_clock_;
+  /// NOTE [supervision]: which lost roles may restart, and the restarts so far.
+  restart_policy restarts_;
   /// The batches sampled ahead, by iteration (NOTE [staleness]); the
   /// current iteration's is kept until the iteration completes, as a
   /// checkpoint at a boundary before its updates holds it.

@@ -232,7 +232,6 @@ expected<void> rl_driver::submit_ahead(int64_t it) {
   // and a paced rollout has run its steps.
   if (it <= progress_.ahead_asked)
     return {};
-  progress_.ahead_asked = it;
   std::vector<int64_t> missing;
   for (auto next = it + 1; next <= it + r.staleness && next < r.iterations; ++next)
     if (!ahead_.count(next))
@@ -241,8 +240,10 @@ expected<void> rl_driver::submit_ahead(int64_t it) {
   // so one goes out every iteration, empty once no batch is left to ask
   // for: the last batches ahead get their steps too.
   const bool paced = r.inflight_updates && r.inflight_steps > 0;
-  if (missing.empty() && !paced)
+  if (missing.empty() && !paced) {
+    progress_.ahead_asked = it;
     return {};
+  }
   std::vector<inference::generate_request> requests;
   std::map<int64_t, std::vector<std::string>> ids;
   for (auto next : missing)
@@ -255,7 +256,8 @@ expected<void> rl_driver::submit_ahead(int64_t it) {
                              "rollout: gen (ahead)", inference::generate_atom::value,
                              inference::ahead_atom::value, std::move(requests));
   if (!queued)
-    return queued.error();
+    return queued.error(); // asked again if the phase runs again (NOTE [supervision])
+  progress_.ahead_asked = it;
   for (auto& [next, batch_ids] : ids)
     ahead_[next].in_rollout = std::move(batch_ids);
   return {};
@@ -644,6 +646,14 @@ expected<void> rl_driver::gen_wait(iteration_state& s) {
 }
 
 expected<void> rl_driver::weight_sync(iteration_state& s) {
+  // NOTE [supervision]: a rollout restarted after the version went out
+  // receives it again (a trainer publishes a version once).
+  if (auto p = ctx_.published.find("rl"); p != ctx_.published.end() && p->second == s.it + 1) {
+    auto got = receive_weights(ctx_.self, ctx_, "rl", rollout(), s.it + 1);
+    if (!got)
+      return got.error();
+    return {};
+  }
   return sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), s.it + 1);
 }
 

@@ -515,6 +515,14 @@ expected<rl_driver::flow> rl_driver::run_phase(iteration_state& s, const char* p
   inject(phase, s.it);
   stopwatch t;
   auto ok = guarded(phase, [&] { return (this->*fn)(s); });
+  // NOTE [supervision]: a lost role restarts, and the phase runs again.
+  while (!ok && code_of(ok.error()) == errc::lost) {
+    if (auto back = recover(s, phase, ok.error()); !back) {
+      ok = back.error();
+      break;
+    }
+    ok = guarded(phase, [&] { return (this->*fn)(s); });
+  }
   auto seconds = t.seconds();
   bool evaluating = std::string_view{phase} == "evaluate";
   s.m[std::string{"timing_s/"} + (evaluating ? "testing" : phase)] += seconds;
@@ -671,9 +679,15 @@ expected<void> rl_driver::restore_ahead() {
   return {};
 }
 
-// Fault injection (debug.*): the role of `phase` fails its next request.
+// Fault injection (debug.*): the role of `phase` fails its next request;
+// the kills of this iteration and phase (the first phase, gen, for a kill
+// without one) arm their ranks (NOTE [kill injection]).
 void rl_driver::inject(std::string_view phase, int64_t it) {
   const auto& d = ctx_.cfg->debug;
+  for (const auto& k : d.kills)
+    if (k.iteration == it + 1 && (k.phase.empty() ? phase == "gen" : k.phase == phase))
+      if (const auto* t = find_role(k.role))
+        cast_.kill(t->id, static_cast<int>(k.rank));
   const auto* t = role_of_phase(phase);
   if (d.fail_role.empty() || it + 1 != d.fail_iteration ||
       (!d.fail_phase.empty() && d.fail_phase != phase) || !t || t->name != d.fail_role)
@@ -681,21 +695,25 @@ void rl_driver::inject(std::string_view phase, int64_t it) {
   cast_.inject(t->id);
 }
 
-// The role-failed event of a phase's error: the role named first in the
-// error ("rollout: gen: ..."), else the phase's role.
-void rl_driver::role_failed(const iteration_state& s, std::string_view phase,
-                            const caf::error& err) {
+std::string rl_driver::role_in_error(std::string_view phase, const caf::error& err) const {
   auto text = context_of(err);
   const auto* phase_role = role_of_phase(phase);
   std::string role{phase_role ? phase_role->name : std::string_view{}};
   for (const auto& t : all_roles())
     if (text.rfind(std::string{t.name} + ":", 0) == 0)
       role = t.name;
+  return role;
+}
+
+// The role-failed event of a phase's error (the role it is about).
+void rl_driver::role_failed(const iteration_state& s, std::string_view phase,
+                            const caf::error& err) {
+  auto role = role_in_error(phase, err);
   if (role.empty())
     return;
   auto place = ctx_.host->where(role, 0);
   auto code = code_of(err);
-  int signal = code == errc::unavailable || code == errc::process_failed
+  int signal = code == errc::lost || code == errc::unavailable || code == errc::process_failed
                    ? ctx_.host->exit_signal(role, 0, 2000)
                    : 0;
   ctx_.emit(job::role_changed{"rl", role, 0, place.process, place.pid, "failed", describe(err),

@@ -52,6 +52,9 @@ struct role_traits {
   std::string_view rl_idle_after;
   /// debug.fail_role may name it (its actor fails its next request on demand).
   bool injectable;
+  /// Restarts allowed in supervision's window when the job file does not
+  /// say (NOTE [supervision]); 0 = a loss fails the job.
+  int64_t default_restarts;
 
   bool trains_in(stage_id stage) const {
     for (auto s : trained_in)

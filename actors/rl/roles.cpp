@@ -8,6 +8,7 @@
 #include "actors/rl/placement.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/stage_table.hpp"
+#include "actors/role_proxy.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "runtime/collectives.hpp"
 #include "runtime/compute.hpp"
@@ -397,8 +398,12 @@ expected<std::vector<caf::actor>> spawn_ranks(
 
 expected<std::vector<caf::actor>> in_process_host::spawn(caf::actor_system& sys,
                                                           const role_spec& spec) {
-  return spawn_ranks(spec, stores_, store_host(),
-                     [&](const role_spec& s) { return spawn_role(sys, s, factories_); });
+  return spawn_ranks(spec, stores_, store_host(), [&](const role_spec& s) -> expected<caf::actor> {
+    auto a = spawn_role(sys, s, factories_);
+    if (!a)
+      return a.error();
+    return spawn_role_proxy(sys, std::move(*a), rank_name(s.role, s.layout, s.rank) + " (driver)");
+  });
 }
 
 } // namespace troupe::actors::rl

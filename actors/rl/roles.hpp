@@ -158,9 +158,19 @@ public:
   /// The signal that ended the process of `role`'s rank `rank` (waiting up
   /// to `timeout_ms` for it to be reaped); 0 when it runs or is this one.
   virtual int exit_signal(const std::string& role, int rank, int64_t timeout_ms) { return 0; }
+  /// Before `spec`'s role is built again after it was lost (NOTE
+  /// [supervision]): makes the processes of its ranks able to host it
+  /// again — a worker that ended is started anew (one that still runs but
+  /// lost its connection is killed first: fencing). Nothing to do here.
+  virtual expected<void> revive(const role_spec& spec) { return {}; }
+  /// What the host knows of how rank `rank` of `role` was lost ("" when
+  /// nothing): a worker found hung by its heartbeats.
+  virtual std::string loss_detail(const std::string& role, int rank) const { return ""; }
 };
 
-/// Every role in the calling process, built with `factories`.
+/// Every role in the calling process, built with `factories`; each rank
+/// behind a role proxy (NOTE [role proxy]), so a rank that ends while it
+/// holds a request fails it as lost.
 class in_process_host final : public role_host {
 public:
   explicit in_process_host(role_factories factories = {}) : factories_(std::move(factories)) {}

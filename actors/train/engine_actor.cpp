@@ -1,6 +1,7 @@
 #include "actors/train/engine_actor.hpp"
 
 #include "actors/exceptions.hpp"
+#include "actors/kill_switch.hpp"
 
 #include "runtime/compute.hpp"
 #include "runtime/torch_guard.hpp"
@@ -20,6 +21,8 @@ struct engine_state {
   std::shared_ptr<train_engine> eng;
   std::string role;
   bool fail_next = false;
+  /// NOTE [kill injection].
+  actors::kill_switch kill;
   actors::transport_cache transports;
   static inline const char* name = "train_engine";
 };
@@ -46,6 +49,8 @@ expected<served<T>> run(self_ptr self, const char* request, F&& f) {
 // A request whose reply carries its serving time (NOTE [busy on replies]).
 template <class T, class F>
 caf::result<served<T>> serve_timed(self_ptr self, const char* request, F&& f) {
+  if (self->state.kill.fire(self)) // NOTE [kill injection]: nothing answers
+    return caf::delegated<served<T>>{};
   auto r = run<T>(self, request, std::forward<F>(f));
   if (!r)
     return r.error();
@@ -55,6 +60,8 @@ caf::result<served<T>> serve_timed(self_ptr self, const char* request, F&& f) {
 // A request that answers its value alone.
 template <class T, class F>
 caf::result<T> serve(self_ptr self, const char* request, F&& f) {
+  if (self->state.kill.fire(self))
+    return caf::delegated<T>{};
   auto r = run<T>(self, request, std::forward<F>(f));
   if (!r)
     return r.error();
@@ -178,6 +185,7 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
         });
       },
       [=](inject_failure_atom) { self->state.fail_next = true; },
+      [=](actors::inject_kill_atom, bool whole_process) { self->state.kill.arm(whole_process); },
   };
 }
 

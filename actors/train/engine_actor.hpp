@@ -6,9 +6,10 @@
 // that throws ends the actor, and callers see that error or, at worst, their
 // own timeout — never a hang.
 
-#include "actors/weight_channel.hpp"
+#include "actors/kill_switch.hpp"
 #include "actors/train/served.hpp"
 #include "actors/train/train_engine.hpp"
+#include "actors/weight_channel.hpp"
 
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
@@ -98,7 +99,9 @@ using engine_actor = caf::typed_actor<
     /// trainer's optimizer state (gradients freed), a frozen model's
     /// weights; answers the bytes freed.
     caf::replies_to<actors::release_atom, std::string>::with<served_bytes>,
-    caf::reacts_to<inject_failure_atom>>;
+    caf::reacts_to<inject_failure_atom>,
+    /// NOTE [kill injection] (actors/kill_switch.hpp).
+    caf::reacts_to<actors::inject_kill_atom, bool>>;
 
 /// Co-located offload of `e` to a file in `dir` named after `role` (the
 /// release message of the engine and reward actors): a trainer's optimizer

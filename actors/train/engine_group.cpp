@@ -409,6 +409,10 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         return to_all<served_bytes>(self, slowest(sum_bytes), a, dir);
       },
       [=](inject_failure_atom) { self->send(rank(0), inject_failure_atom::value); },
+      // The cast sends kills to the rank it names (NOTE [kill injection]).
+      [=](actors::inject_kill_atom, bool whole) {
+        self->send(rank(0), actors::inject_kill_atom::value, whole);
+      },
   };
 }
 

@@ -183,16 +183,6 @@ std::vector<pid_t> children_of(pid_t pid) {
   return out;
 }
 
-// Gone, or a zombie waiting for its new parent to reap it.
-bool ended(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(in, stat))
-    return true;
-  auto close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
-}
-
 void wait_for_file(const std::filesystem::path& path, pid_t pid) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
   while (!std::filesystem::exists(path)) {
@@ -284,9 +274,9 @@ TEST(RunCli, SigtermEndsARunStuckOnAFrozenWorkerAndTheWorkersWithIt) {
   expect_sigterm_ends(pid);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (auto w : workers) {
-    while (!ended(w) && std::chrono::steady_clock::now() < deadline)
+    while (!test::process_ended(w) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    EXPECT_TRUE(ended(w)) << "worker " << w << " outlived troupe run";
+    EXPECT_TRUE(test::process_ended(w)) << "worker " << w << " outlived troupe run";
   }
 }
 

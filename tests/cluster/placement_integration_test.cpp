@@ -230,7 +230,9 @@ TEST(Placement, KillingAWorkerFailsTheJobNamingTheRoleWithin10s) {
                            "  mode: hybrid\n"
                            "  pools: [{name: a, devices: 1}, {name: b, devices: 1}]\n"
                            "  roles: [{role: rollout, pool: b}]\n",
-                       {"rl.iterations=100000", "stages=[rl]", "rl.eval_every=0", "rl.critic.init=base"});
+                       // Without restarts (NOTE [supervision]): the loss fails the job.
+                       {"rl.iterations=100000", "stages=[rl]", "rl.eval_every=0",
+                        "rl.critic.init=base", "supervision.budget=0"});
   ASSERT_TRUE(cfg) << describe(cfg.error());
   auto plan = make_plan(*cfg);
   ASSERT_TRUE(plan) << describe(plan.error());

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -15,6 +16,16 @@
 #include <unistd.h>
 
 namespace troupe::test {
+
+/// Whether `pid` has ended: gone, or a zombie not yet reaped.
+inline bool process_ended(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat))
+    return true;
+  auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+}
 
 /// Runs `cmd` through the shell; `status` receives pclose's status.
 inline std::string run_command(const std::string& cmd, int& status) {

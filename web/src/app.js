@@ -360,8 +360,16 @@
               h("div", { class: "muted" }, info ? (info.alive ? fmtBytes(info.rss_bytes) : "exited") : name ? "on node " + name : "–"),
               h("div", {}, p.ranks.map((r) => {
                 const v = (job.weight_versions || {})[r.role];
-                return h("span", { class: `rank ${r.status === "failed" ? "failed" : ""}`, title: r.reason || r.status },
-                  `${r.role}:${r.rank} ${r.status}${v !== undefined ? ` v${v}` : ""}`);
+                const restarts = num(r.attempt || 0);
+                return h("span", {
+                  class : `rank ${
+                      r.status === "failed"       ? "failed"
+                      : r.status === "restarting" ? "restarting"
+                                                  : ""}`,
+                  title : r.reason || r.status
+                },
+                         `${r.role}:${r.rank} ${r.status}${restarts ? ` ×${restarts}` : ""}${
+                             v !== undefined ? ` v${v}` : ""}`);
               })));
           }))));
       els.placement.replaceChildren(...nodes);
@@ -377,7 +385,8 @@
     const addEvent = (e) => {
       if (e.kind === "metrics") return;
       const bad = (e.kind === "state" && (e.to === "failed")) || (e.kind === "role" && e.status === "failed") || (e.kind === "log" && e.level === "error");
-      const warn = e.kind === "log" && e.level === "warning";
+      const warn = (e.kind === "log" && e.level === "warning") ||
+                   (e.kind === "role" && (e.status === "restarting" || e.status === "restarted"));
       const { seq, time_us, kind, ...rest } = e;
       const text = kind === "log" ? rest.text : Object.entries(rest).filter(([, v]) => v !== "" && v !== 0 && typeof v !== "object").map(([k, v]) => `${k}=${v}`).join(" ");
       els.events.prepend(h("tr", { class: bad ? "bad" : warn ? "warn" : "", "data-kind": kind },

@@ -1,0 +1,209 @@
+// NOTE [supervision] with roles in real `troupe worker` processes: a role
+// killed inside its worker (debug.kills: the process SIGKILLs itself while
+// it holds a request, NOTE [kill injection]) or from outside (kill -9 of
+// its worker) is lost; its worker is started again, the role rebuilt
+// there, and the run ends exactly where the uninterrupted one does.
+#include "actors/rl/job.hpp"
+#include "actors/rl/placement.hpp"
+#include "cluster/role_host.hpp"
+#include "tests/actors/job_yaml.hpp"
+#include "tests/cluster/networked_system.hpp"
+#include "tests/cluster/placed_runs.hpp"
+#include "tests/cluster/same_learning.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/temp_dir.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <set>
+#include <thread>
+
+#include <unistd.h>
+
+using namespace troupe;
+using namespace troupe::actors::rl;
+using troupe::actors::rl::testing::events_of;
+using troupe::actors::rl::testing::parse_job;
+using troupe::actors::rl::testing::tiny_job;
+
+namespace {
+
+// The trainers in worker 0, the rollout alone in worker 1, the reference
+// and the reward together in worker 2.
+const std::string three_workers =
+    "placement:\n"
+    "  mode: hybrid\n"
+    "  pools: [{name: train, devices: 1}, {name: gen, devices: 1}, {name: judge, devices: 1}]\n"
+    "  roles:\n"
+    "    - {role: rollout, pool: gen}\n"
+    "    - {role: reward, pool: judge}\n"
+    "    - {role: reference, pool: judge}\n";
+
+const std::vector<std::string> quick = {
+    "stages=[sft, rl]", "rl.iterations=4", "rl.eval_every=0",
+    "supervision.roles=[{role: rollout, backoff_ms: 0}, {role: reference, backoff_ms: 0}, "
+    "{role: reward, backoff_ms: 0}]"};
+
+struct restart_seen {
+  std::string role, phase;
+  int attempt = 0;
+  int signal = 0;
+  int64_t pid = 0;
+  double recover_s = 0;
+};
+
+// The restarted events of a run (rank 0), and the signals of their restarting ones.
+std::vector<restart_seen> restarts_of(const std::string& run_dir) {
+  std::vector<restart_seen> out;
+  int signal = 0;
+  for (const auto& e : events_of(run_dir, "role")) {
+    if (e.at("rank") != 0)
+      continue;
+    if (e.at("status") == "restarting")
+      signal = e.at("signal").get<int>();
+    if (e.at("status") != "restarted")
+      continue;
+    out.push_back({e.at("role").get<std::string>(), e.at("phase").get<std::string>(),
+                   e.at("attempt").get<int>(), signal, e.at("pid").get<int64_t>(),
+                   e.at("recover_s").get<double>()});
+  }
+  return out;
+}
+
+} // namespace
+
+TEST(SupervisionWorkers, KilledWorkersAreStartedAgainAndTheRunEndsAsAnUninterruptedOne) {
+  test::temp_dir tmp;
+  auto plain = parse_job(tiny_job(tmp.file("plain")) + three_workers, quick);
+  ASSERT_TRUE(plain) << describe(plain.error());
+  auto a = test::run_placed(*plain, tmp);
+  ASSERT_TRUE(a) << describe(a.error());
+  auto sets = quick;
+  // The reference's kill ends worker 2, so the reward there is lost too
+  // (seen at its next request, in the same iteration).
+  sets.push_back("debug.kills=[{role: rollout, iteration: 2, phase: gen}, "
+                 "{role: reference, iteration: 2, phase: ref}, "
+                 "{role: rollout, iteration: 3, phase: weight_sync}]");
+  auto killed = parse_job(tiny_job(tmp.file("killed")) + three_workers, sets);
+  ASSERT_TRUE(killed) << describe(killed.error());
+  auto b = test::run_placed(*killed, tmp);
+  ASSERT_TRUE(b) << describe(b.error());
+  EXPECT_EQ(test::metrics_of(killed->run.dir), test::metrics_of(plain->run.dir));
+  auto seen = restarts_of(killed->run.dir);
+  ASSERT_EQ(seen.size(), 4u);
+  std::vector<std::string> what;
+  std::set<int64_t> pids;
+  for (const auto& r : seen) {
+    what.push_back(r.role + " " + r.phase + " #" + std::to_string(r.attempt));
+    EXPECT_EQ(r.signal, SIGKILL) << r.role; // the reward's: the reference's kill ended it
+    EXPECT_GT(r.recover_s, 0);
+    EXPECT_LT(r.recover_s, 10) << r.role << " back within 10 s";
+    pids.insert(r.pid);
+    std::printf("[ recovery ] %s in %s: %.2f s\n", r.role.c_str(), r.phase.c_str(), r.recover_s);
+  }
+  EXPECT_EQ(what, (std::vector<std::string>{"rollout gen #1", "reference ref #1",
+                                            "reward reward #1", "rollout weight_sync #2"}));
+  // Two new rollout processes and one new judge process.
+  EXPECT_EQ(pids.size(), 3u);
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("logs") + "/worker-1.restart-2.log"));
+  EXPECT_TRUE(std::filesystem::exists(tmp.file("logs") + "/worker-2.restart-1.log"));
+}
+
+namespace {
+
+// What run_signalled saw.
+struct signalled {
+  int64_t victim = 0;
+  int64_t successor = 0;
+  std::vector<restart_seen> restarts;
+  std::vector<nlohmann::json> role_events;
+};
+
+// Runs `sets` on the three workers twice: as is, and with `signal` sent
+// to the rollout's worker once the RL loop runs (`after` is called right
+// then with its pid); the second run must finish with the first's metrics.
+void run_signalled(std::vector<std::string> sets, int signal, int64_t heartbeat_ms,
+                   const std::function<void(int64_t)>& after, signalled& out) {
+  test::temp_dir tmp;
+  auto plain = parse_job(tiny_job(tmp.file("plain")) + three_workers, sets);
+  ASSERT_TRUE(plain) << describe(plain.error());
+  ASSERT_TRUE(test::run_placed(*plain, tmp));
+  auto cfg = parse_job(tiny_job(tmp.file("run")) + three_workers, sets);
+  ASSERT_TRUE(cfg) << describe(cfg.error());
+  auto plan = make_plan(*cfg);
+  ASSERT_TRUE(plan) << describe(plan.error());
+  test::networked_system ns;
+  auto options = test::launcher(tmp);
+  options.heartbeat_ms = heartbeat_ms; // as run_placed_job sets it from the job
+  auto host = cluster::worker_host::launch(*ns.sys, *plan, options);
+  ASSERT_TRUE(host) << describe(host.error());
+  out.victim = (*host)->workers().at(1).pid;
+  run_options opts;
+  opts.host = host->get();
+  auto job = std::async(std::launch::async, [&] { return run_job(*ns.sys, *cfg, opts); });
+  // Once the RL loop runs (step 0 and an iteration logged).
+  for (int i = 0; i < 1200 && test::metrics_of(cfg->run.dir).size() < 5; ++i)
+    ASSERT_NE(job.wait_for(std::chrono::milliseconds(50)), std::future_status::ready);
+  ASSERT_EQ(::kill(static_cast<pid_t>(out.victim), signal), 0);
+  after(out.victim);
+  ASSERT_EQ(job.wait_for(std::chrono::seconds(120)), std::future_status::ready);
+  auto r = job.get();
+  ASSERT_TRUE(r) << describe(r.error());
+  EXPECT_EQ(test::metrics_of(cfg->run.dir), test::metrics_of(plain->run.dir));
+  out.restarts = restarts_of(cfg->run.dir);
+  out.role_events = events_of(cfg->run.dir, "role");
+  out.successor = (*host)->workers().at(1).pid;
+  EXPECT_TRUE((*host)->shutdown(10000));
+}
+
+} // namespace
+
+TEST(SupervisionWorkers, ARolloutWorkerKilledFromOutsideIsStartedAgain) {
+  auto sets = quick;
+  sets[1] = "rl.iterations=8";
+  signalled got;
+  run_signalled(
+      sets, SIGKILL, 0, [](int64_t) {}, got);
+  ASSERT_EQ(got.restarts.size(), 1u);
+  EXPECT_EQ(got.restarts[0].role, "rollout");
+  EXPECT_EQ(got.restarts[0].signal, SIGKILL);
+  EXPECT_NE(got.restarts[0].pid, got.victim);
+  EXPECT_EQ(got.restarts[0].pid, got.successor);
+}
+
+// NOTE [heartbeats]: a worker that stops answering (SIGSTOP) is found by
+// the driver's pings within 3 × heartbeat_s, killed, and its role restarts.
+TEST(SupervisionWorkers, AStoppedRolloutWorkerIsFoundByItsHeartbeatsKilledAndRestarted) {
+  auto sets = quick;
+  sets[1] = "rl.iterations=8";
+  sets.push_back("supervision.heartbeat_s=1");
+  double found = 0;
+  signalled got;
+  run_signalled(
+      sets, SIGSTOP, 1000,
+      [&](int64_t victim) {
+        const auto t0 = std::chrono::steady_clock::now();
+        while (!test::process_ended(static_cast<pid_t>(victim)) &&
+               std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        found = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      got);
+  std::printf("[ heartbeats ] a stopped worker was killed %.2f s after SIGSTOP (heartbeat_s 1)\n",
+              found);
+  EXPECT_LT(found, 3.0) << "not found within 3 × heartbeat_s";
+  ASSERT_EQ(got.restarts.size(), 1u);
+  EXPECT_EQ(got.restarts[0].role, "rollout");
+  bool named = false;
+  for (const auto& e : got.role_events)
+    if (e.at("status") == "restarting")
+      named = named ||
+              e.at("reason").get<std::string>().find("answered no heartbeat") != std::string::npos;
+  EXPECT_TRUE(named) << "the restart says the worker was silent";
+}
