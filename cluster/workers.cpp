@@ -417,6 +417,12 @@ struct worker_set::impl {
     return {};
   }
 
+  bool killed_as_hung(size_t r) {
+    std::lock_guard lock{reg->mu};
+    return std::any_of(reg->hung.begin(), reg->hung.end(),
+                       [r](const auto& h) { return h.first == r; });
+  }
+
   bool connection_lost(size_t r) {
     std::lock_guard lock{reg->mu};
     return std::any_of(reg->lost.begin(), reg->lost.end(),
@@ -646,7 +652,8 @@ expected<void> worker_set::shutdown(int64_t timeout_ms) {
       d.procs[r].kill(SIGKILL);
       failures += (failures.empty() ? "" : "; ") + d.name(r) + " did not exit within " +
                   std::to_string(timeout_ms) + " ms (killed)";
-    } else if (!st->ok()) {
+    } else if (!st->ok() && !d.killed_as_hung(r)) {
+      // (one the watchdog killed as hung was dealt with: NOTE [heartbeats])
       failures += (failures.empty() ? "" : "; ") + d.name(r) + " " + st->describe() + d.log_hint(r);
     }
   }

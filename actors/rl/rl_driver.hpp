@@ -197,6 +197,9 @@ private:
   expected<void> restore_rollout(const iteration_state& s, std::string_view phase);
   /// Drops what a failed run of `phase` left in `s`.
   void reset_phase(iteration_state& s, std::string_view phase) const;
+  /// Whether the job was cancelled while `phase` ran (its other orders
+  /// kept for the next iteration).
+  bool cancel_pending(iteration_state& s, std::string_view phase);
   void stop_roles();
   train::engine_actor trainer(role_id role) const { return cast_.handle_as<train::engine_actor>(role); }
   inference::rollout_actor rollout() const {
@@ -212,6 +215,8 @@ private:
   stopwatch stage_clock_;
   /// NOTE [supervision]: which lost roles may restart, and the restarts so far.
   restart_policy restarts_;
+  /// Runtime settings that came with a boundary inside a phase.
+  std::vector<std::pair<std::string, std::string>> deferred_settings_;
   /// The batches sampled ahead, by iteration (NOTE [staleness]); the
   /// current iteration's is kept until the iteration completes, as a
   /// checkpoint at a boundary before its updates holds it.

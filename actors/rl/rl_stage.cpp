@@ -440,7 +440,9 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
     return orders.error();
   if (auto f = obey(s, *orders); !f || *f == flow::stop)
     return f;
-  if (auto ok = apply_settings(it, orders->settings); !ok)
+  auto settings = std::exchange(deferred_settings_, {});
+  settings.insert(settings.end(), orders->settings.begin(), orders->settings.end());
+  if (auto ok = apply_settings(it, settings); !ok)
     return ok.error();
   // NOTE [busy on replies]: the roles' compute time arrives with their answers.
   const double busy0 = ctx_.roles_busy_s;
@@ -515,8 +517,14 @@ expected<rl_driver::flow> rl_driver::run_phase(iteration_state& s, const char* p
   inject(phase, s.it);
   stopwatch t;
   auto ok = guarded(phase, [&] { return (this->*fn)(s); });
-  // NOTE [supervision]: a lost role restarts, and the phase runs again.
+  // NOTE [supervision]: a lost role restarts, and the phase runs again —
+  // unless the job was cancelled meanwhile (a cancel that came while the
+  // phase was stuck on a hung role that was then killed): it stops so.
   while (!ok && code_of(ok.error()) == errc::lost) {
+    if (cancel_pending(s, phase)) {
+      ctx_.emit(job::phase_finished{"rl", step, phase, t.seconds(), false});
+      return flow::stop;
+    }
     if (auto back = recover(s, phase, ok.error()); !back) {
       ok = back.error();
       break;
@@ -538,6 +546,17 @@ expected<rl_driver::flow> rl_driver::run_phase(iteration_state& s, const char* p
     return orders.error();
   s.held_s += orders->held_s;
   return obey(s, *orders);
+}
+
+bool rl_driver::cancel_pending(iteration_state& s, std::string_view phase) {
+  auto orders = ctx_.boundary({"rl", s.it + 1, std::string{phase}, false}, {});
+  if (!orders)
+    return false;
+  s.held_s += orders->held_s;
+  // Settings are applied at the next iteration's start.
+  deferred_settings_.insert(deferred_settings_.end(), orders->settings.begin(),
+                            orders->settings.end());
+  return orders->cancel;
 }
 
 // NOTE [job boundaries]: a cancel stops here when the state is consistent

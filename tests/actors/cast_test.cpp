@@ -68,7 +68,12 @@ public:
           stub, spec.role + (spec.layout.ranks() > 1 ? "/" + std::to_string(r) : ""), log_));
     return out;
   }
+  expected<void> revive(const role_spec& spec) override {
+    revived.push_back(spec.role + " " + spec.group_name);
+    return {};
+  }
   std::vector<role_spec> specs;
+  std::vector<std::string> revived;
   std::string fail_role;
 
 private:
@@ -329,6 +334,42 @@ TEST(Cast, ReplacesARankAndBumpsItsGeneration) {
   ASSERT_EQ(critic->ranks.size(), 2u);
   EXPECT_NE(critic->handle, critic->ranks[0]);
   EXPECT_EQ(code_of(c.replace(role_id::critic, 1, fresh).error()), errc::unsupported);
+}
+
+// NOTE [supervision]: a lost role is built again in place, every rank of
+// it, its processes revived first and its groups under the next
+// generation's prefix; the old instance is ended.
+TEST(Cast, RespawnsALostRoleUnderItsNextGeneration) {
+  fixture f;
+  auto c = f.make(stage_id::rl, [](role_id r) { return r == role_id::rollout ? 2 : 1; });
+  ASSERT_TRUE(c.spawn(role_id::reference, "ref-model"));
+  ASSERT_TRUE(c.spawn(role_id::rollout, "m"));
+  auto old = c.handle(role_id::reference);
+  ASSERT_TRUE(c.respawn(role_id::reference));
+  EXPECT_TRUE(f.ended(old)) << "the lost instance is ended";
+  EXPECT_NE(c.handle(role_id::reference), old);
+  EXPECT_EQ(c.generation(role_id::reference), 1u);
+  EXPECT_EQ(c.generation(role_id::rollout), 0u);
+  ASSERT_TRUE(c.respawn(role_id::rollout));
+  ASSERT_TRUE(c.respawn(role_id::rollout));
+  EXPECT_EQ(c.generation(role_id::rollout), 2u);
+  EXPECT_EQ(c.member(role_id::rollout)->ranks.size(), 2u);
+  EXPECT_EQ(f.host.revived, (strings{"reference rl/reference/g1", "rollout rl/rollout/g1",
+                                     "rollout rl/rollout/g2"}));
+  // Built from the same model, as the first instance was.
+  EXPECT_EQ(f.host.specs.back().model_dir, "m");
+  EXPECT_EQ(f.host.specs.at(2).model_dir, "ref-model");
+  EXPECT_EQ(f.host.specs.at(2).group_name, "rl/reference/g1");
+  // The new one answers.
+  double busy = 0;
+  ASSERT_TRUE(c.release_after("ref", {}, busy));
+  EXPECT_EQ(f.log->take(), (strings{"reference: release offload"}));
+  EXPECT_EQ(code_of(c.respawn(role_id::critic).error()), errc::not_found);
+  f.host.fail_role = "reference";
+  auto failed = c.respawn(role_id::reference);
+  ASSERT_FALSE(failed);
+  EXPECT_NE(describe(failed.error()).find("rl: restarting reference"), std::string::npos)
+      << describe(failed.error());
 }
 
 TEST(Cast, StopEndsEveryMemberAndTheirRanks) {
