@@ -417,10 +417,13 @@ struct worker_set::impl {
     return {};
   }
 
-  bool killed_as_hung(size_t r) {
+  // Why the watchdog killed worker `r` ("" when it did not: NOTE [heartbeats]).
+  std::string hung_reason(size_t r) const {
     std::lock_guard lock{reg->mu};
-    return std::any_of(reg->hung.begin(), reg->hung.end(),
-                       [r](const auto& h) { return h.first == r; });
+    for (const auto& [rank, why] : reg->hung)
+      if (rank == r)
+        return why;
+    return "";
   }
 
   bool connection_lost(size_t r) {
@@ -598,13 +601,7 @@ expected<void> worker_set::revive(int rank) {
 }
 
 std::string worker_set::hung(int rank) const {
-  if (!impl_)
-    return "";
-  std::lock_guard lock{impl_->reg->mu};
-  for (const auto& [r, why] : impl_->reg->hung)
-    if (r == static_cast<size_t>(rank))
-      return why;
-  return "";
+  return impl_ && rank >= 0 ? impl_->hung_reason(static_cast<size_t>(rank)) : "";
 }
 
 int worker_set::generation(int rank) const {
@@ -652,7 +649,7 @@ expected<void> worker_set::shutdown(int64_t timeout_ms) {
       d.procs[r].kill(SIGKILL);
       failures += (failures.empty() ? "" : "; ") + d.name(r) + " did not exit within " +
                   std::to_string(timeout_ms) + " ms (killed)";
-    } else if (!st->ok() && !d.killed_as_hung(r)) {
+    } else if (!st->ok() && d.hung_reason(r).empty()) {
       // (one the watchdog killed as hung was dealt with: NOTE [heartbeats])
       failures += (failures.empty() ? "" : "; ") + d.name(r) + " " + st->describe() + d.log_hint(r);
     }
