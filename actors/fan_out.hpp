@@ -19,30 +19,50 @@ struct gathering {
   std::vector<R> parts;
   size_t left = 0;
   bool done = false;
+  /// A rank's errc::unavailable, held back (NOTE [the cause first]).
+  caf::error held;
 };
 
 /// Sends one request per rank (send(r) → the response handle) and calls
 /// done(the replies in rank order) once all arrived, or done(the first
 /// error) — once.
+/// NOTE [the cause first]: a rank whose collective failed because a peer's
+/// connection closed answers errc::unavailable, a consequence; the peer
+/// that went away answers errc::lost (its proxy), the cause, which the
+/// caller must see to recover (NOTE [supervision] in actors/rl/
+/// supervision.hpp). So an unavailable answer is held until every rank
+/// has answered, and a lost one among them comes first.
 template <class R, class Send, class Done>
 void gather_replies(size_t n, Send send, Done done) {
   auto g = std::make_shared<gathering<R>>();
   g->parts.resize(n);
   g->left = n;
+  auto settle = [g, done]() mutable {
+    if (--g->left > 0)
+      return;
+    g->done = true;
+    if (g->held)
+      done(expected<std::vector<R>>{std::move(g->held)});
+    else
+      done(expected<std::vector<R>>{std::move(g->parts)});
+  };
   for (size_t r = 0; r < n; ++r)
     send(r).then(
         [=](R& x) mutable {
           if (g->done)
             return;
           g->parts[r] = std::move(x);
-          if (--g->left > 0)
-            return;
-          g->done = true;
-          done(expected<std::vector<R>>{std::move(g->parts)});
+          settle();
         },
         [=](caf::error& e) mutable {
           if (g->done)
             return;
+          if (code_of(e) == errc::unavailable) {
+            if (!g->held)
+              g->held = std::move(e);
+            settle();
+            return;
+          }
           g->done = true;
           done(expected<std::vector<R>>{std::move(e)});
         });

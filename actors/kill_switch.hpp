@@ -14,10 +14,15 @@
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 
+#include <functional>
+#include <memory>
+
 namespace troupe::actors {
 
 /// Driver → role: die at your next request; the flag says whether the
-/// whole process goes (a worker's) or the actor alone (the driver's).
+/// whole process goes (a worker's) or the actor alone (the driver's). A
+/// DP rank of a trainer also takes (bool, n): die at the n-th operation of
+/// its DP group from now on (NOTE [kill inside a collective]).
 using inject_kill_atom = caf::atom_constant<caf::atom("injkill")>;
 
 class kill_switch {
@@ -32,9 +37,18 @@ public:
   /// nothing. False when not armed.
   bool fire(caf::scheduled_actor* self);
 
+  /// NOTE [kill inside a collective]: the hook a DP group runs before the
+  /// operation the rank dies in: it ends the process (whole_process), or
+  /// marks this switch and throws, failing the request that made the call.
+  std::function<void()> dying_hook(bool whole_process);
+  /// After a request: when the dying hook fired in it, makes `self` quit
+  /// with exit reason kill and answers true (the caller answers nothing).
+  bool fired_inside(caf::scheduled_actor* self);
+
 private:
   bool armed_ = false;
   bool whole_process_ = false;
+  std::shared_ptr<bool> died_inside_ = std::make_shared<bool>(false);
 };
 
 } // namespace troupe::actors

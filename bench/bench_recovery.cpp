@@ -6,7 +6,14 @@
 //    worker in generation, then the judges' worker in the reference's
 //    phase (the reward there is lost with it and rebuilt in the new
 //    process), then the rollout's again in a weight sync;
-//  - in one process: the same kills end the roles' actors.
+//  - in one process: the same kills end the roles' actors;
+//  - trainer DP ranks: policy and critic as dp 2 over two workers (rank r
+//    of each in worker r); a policy rank dies inside a collective of its
+//    update (its worker ends, the critic's rank there with it), then a
+//    critic rank at its update's request (the policy's rank with it) —
+//    each restarts from its surviving peer's state (NOTE [peer state]);
+//  - the cost of being ready: the same dp 2 job without kills, its
+//    trainers restartable (each update first keeps the state) or not.
 // Each restart reports recover_s (loss seen → role ready: process start,
 // model load, the weights received again) and the lost time of its
 // iteration: its step time minus the median step of the run without kills.
@@ -46,6 +53,22 @@ const std::vector<std::string> three_workers = {
 const std::string kills = "debug.kills=[{role: rollout, iteration: 2, phase: gen}, "
                           "{role: reference, iteration: 3, phase: ref}, "
                           "{role: rollout, iteration: 4, phase: weight_sync}]";
+
+const std::vector<std::string> dp_workers = {
+    "placement.mode=hybrid",
+    "placement.pools=[{name: train, devices: 2}, {name: gen, devices: 1}, {name: judge, devices: "
+    "1}]",
+    "placement.roles=[{role: policy, pool: train, dp: 2}, {role: critic, pool: train, dp: 2}, "
+    "{role: rollout, pool: gen}, {role: reward, pool: judge}, {role: reference, pool: judge}]"};
+
+const std::string trainers_restart =
+    "supervision.roles=[{role: rollout, backoff_ms: 0}, {role: reference, backoff_ms: 0}, "
+    "{role: reward, backoff_ms: 0}, {role: policy, max_restarts: 3, backoff_ms: 0}, "
+    "{role: critic, max_restarts: 3, backoff_ms: 0}]";
+
+const std::string trainer_kills =
+    "debug.kills=[{role: policy, iteration: 2, phase: update_actor, rank: 1, collective: 3}, "
+    "{role: critic, iteration: 3, phase: update_critic, rank: 1}]";
 
 struct restart {
   std::string role, phase;
@@ -110,22 +133,26 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-int section(const std::string& root, const char* name, bool workers, int iterations, int hidden,
-            int layers) {
-  auto sets = workers ? three_workers : std::vector<std::string>{};
+// The median step of iterations 2.. (the first pays for warm-up).
+double median_step(const outcome& o) {
+  std::vector<double> steps;
+  for (const auto& [it, s] : o.step_s)
+    if (it > 1)
+      steps.push_back(s);
+  return median(steps);
+}
+
+int section(const std::string& root, const char* name, bool workers, std::vector<std::string> sets,
+            const std::string& kill_list, int iterations, int hidden, int layers) {
   auto plain = run_once(root + "/plain", iterations, hidden, layers, workers, sets);
-  sets.push_back(kills);
+  sets.push_back(kill_list);
   auto killed = run_once(root + "/killed", iterations, hidden, layers, workers, sets);
   for (auto* r : {&plain, &killed})
     if (!*r) {
       std::fprintf(stderr, "bench_recovery (%s): %s\n", name, describe(r->error()).c_str());
       return 1;
     }
-  std::vector<double> steps;
-  for (const auto& [it, s] : plain->step_s)
-    if (it > 1)
-      steps.push_back(s);
-  const double med = median(steps);
+  const double med = median_step(*plain);
   std::printf("%s: step median without kills %.3f s (iterations 2..%d)\n", name, med, iterations);
   std::printf("  %-10s %-12s %10s %22s\n", "role", "lost in", "recover s", "iteration's extra s");
   for (const auto& r : killed->restarts) {
@@ -133,6 +160,31 @@ int section(const std::string& root, const char* name, bool workers, int iterati
     std::printf("  %-10s %-12s %10.2f %22.2f\n", r.role.c_str(), r.phase.c_str(), r.recover_s,
                 s - med);
   }
+  return 0;
+}
+
+// NOTE [peer state]: what readiness costs — each update of a restartable
+// trainer first serialises its state — as the median step, alternating
+// runs without and with it.
+int readiness(const std::string& root, int iterations, int hidden, int layers) {
+  std::vector<double> off, on;
+  for (int round = 0; round < 2; ++round)
+    for (bool ready : {false, true}) {
+      auto sets = dp_workers;
+      if (ready)
+        sets.push_back(trainers_restart);
+      auto o = run_once(root + "/ready", iterations, hidden, layers, true, sets);
+      if (!o) {
+        std::fprintf(stderr, "bench_recovery (readiness): %s\n", describe(o.error()).c_str());
+        return 1;
+      }
+      (ready ? on : off).push_back(median_step(*o));
+    }
+  const double a = median(off), b = median(on);
+  std::printf("cost of being ready (dp 2 trainers in workers, no kills): step median %.3f s "
+              "without, %.3f s with the state kept before each update (%.3fx; runs %.3f/%.3f, "
+              "%.3f/%.3f)\n",
+              a, b, b / a, off[0], on[0], off[1], on[1]);
   return 0;
 }
 
@@ -152,9 +204,18 @@ int main(int argc, char** argv) {
   auto root = (std::filesystem::temp_directory_path() /
                ("troupe_bench_recovery_" + std::to_string(::getpid())))
                   .string();
-  int rc = section(root + "/workers", "worker processes", true, iterations, hidden, layers);
+  int rc = section(root + "/workers", "worker processes", true, three_workers, kills, iterations,
+                   hidden, layers);
   if (rc == 0)
-    rc = section(root + "/inproc", "one process", false, iterations, hidden, layers);
+    rc = section(root + "/inproc", "one process", false, {}, kills, iterations, hidden, layers);
+  if (rc == 0) {
+    auto sets = dp_workers;
+    sets.push_back(trainers_restart);
+    rc = section(root + "/trainers", "trainer DP ranks in worker processes", true, sets,
+                 trainer_kills, iterations, hidden, layers);
+  }
+  if (rc == 0)
+    rc = readiness(root + "/readiness", iterations, hidden, layers);
   std::filesystem::remove_all(root);
   return rc;
 }

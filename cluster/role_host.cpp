@@ -127,6 +127,16 @@ expected<void> worker_host::revive(const actors::rl::role_spec& spec) {
   return {};
 }
 
+bool worker_host::stale(const std::string& role) const {
+  auto built = built_on_.find(role);
+  if (built == built_on_.end())
+    return false;
+  for (const auto& [device, generation] : built->second)
+    if (workers_.generation(static_cast<int>(device)) > generation)
+      return true;
+  return false;
+}
+
 std::string worker_host::loss_detail(const std::string& role, int rank) const {
   auto d = plan_.device_of(role, rank);
   return d < 0 ? "" : workers_.hung(static_cast<int>(d));

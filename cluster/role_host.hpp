@@ -37,6 +37,7 @@ public:
   int exit_signal(const std::string& role, int rank, int64_t timeout_ms) override;
   expected<void> revive(const actors::rl::role_spec& spec) override;
   std::string loss_detail(const std::string& role, int rank) const override;
+  bool stale(const std::string& role) const override;
   /// The first failure of a worker so far (see worker_set::check).
   caf::error check();
 

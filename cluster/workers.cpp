@@ -298,8 +298,10 @@ struct worker_set::impl {
   launch_options options;
   /// NOTE [heartbeats]: pings the workers (unset: heartbeats off).
   caf::actor dog;
-  /// How long revive waits for a lost worker's process to be reaped.
+  /// How long revive waits for a lost worker's process to be reaped, and
+  /// for a sign (its end, its connection's) that a worker was lost at all.
   static constexpr int64_t revive_wait_ms = 2000;
+  static constexpr int64_t revive_settle_ms = 300;
 
   ~impl() {
     {
@@ -435,15 +437,23 @@ struct worker_set::impl {
   // NOTE [supervision]: worker `r` again, when its process ended or lost
   // its connection (killed first: fencing); a worker that still runs
   // connected is kept. The lost role's proxy usually hears of the end
-  // before this process reaps the child: wait a moment for it.
+  // before this process reaps the child, and the registry of the closed
+  // connection at about the same moment: wait a moment for either (a DP
+  // role's surviving ranks' workers run on: they cost this moment only).
   expected<void> revive(size_t r) {
     if (remote())
       return make_error(errc::unsupported,
                         "restarting " + name(r) +
                             ": restarting a worker on a node is not available yet");
-    auto ended = procs[r].wait_for(revive_wait_ms);
-    if (!ended && !connection_lost(r))
-      return {}; // its actor ended, not the process
+    auto ended = procs[r].wait_for(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!ended && !connection_lost(r)) {
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(revive_settle_ms))
+        return {}; // its actor ended, not the process
+      ended = procs[r].wait_for(20);
+    }
+    if (!ended) // its connection closed: a moment to end before the kill
+      ended = procs[r].wait_for(revive_wait_ms);
     if (!ended) {
       procs[r].kill(SIGKILL);
       ended = procs[r].wait_for(options.timeout_ms);

@@ -91,6 +91,8 @@ expected<void> cast::spawn(role_id role, const std::string& model_dir) {
     spec.layout = env_.layout_of(role);
   spec.timeout_ms = env_.group_timeout_ms;
   announce(spec, "started", "");
+  if (env_.rollbacks > 0) // NOTE [rollback]
+    spec.group_name = group_name(spec, 0);
   auto ranks = env_.host->spawn(*env_.sys, spec);
   if (!ranks) {
     announce(spec, "failed", describe(ranks.error()));
@@ -131,6 +133,26 @@ expected<caf::actor> cast::handle_of(const cast_member& m) const {
       *env_.sys, m.spec.role, std::move(typed), strategy, m.spec.layout.tp, m.spec.layout.pp));
 }
 
+std::string cast::group_name(const role_spec& spec, uint64_t generation) const {
+  auto name = spec.stage + "/" + spec.role + "/";
+  if (env_.rollbacks > 0)
+    name += "r" + std::to_string(env_.rollbacks);
+  if (generation > 0)
+    name += "g" + std::to_string(generation);
+  return name;
+}
+
+expected<void> cast::revive(role_id role) {
+  role_spec spec;
+  spec.stage = std::string{to_string(stage_)};
+  spec.role = std::string{to_string(role)};
+  if (env_.layout_of)
+    spec.layout = env_.layout_of(role);
+  if (auto ok = env_.host->revive(spec); !ok)
+    return with_prefix(ok.error(), spec.stage + ": restarting " + spec.role + "'s processes");
+  return {};
+}
+
 expected<void> cast::respawn(role_id role) {
   auto it = std::find_if(members_.begin(), members_.end(),
                          [role](const cast_member& m) { return m.traits->id == role; });
@@ -142,7 +164,7 @@ expected<void> cast::respawn(role_id role) {
   auto spec = it->spec;
   // NOTE [supervision]: the new generation's groups meet under a prefix
   // of their own, so a rank of an older one cannot join them.
-  spec.group_name = spec.stage + "/" + spec.role + "/g" + std::to_string(it->generation + 1);
+  spec.group_name = group_name(spec, it->generation + 1);
   const auto where = spec.stage + ": restarting " + spec.role;
   if (auto ok = env_.host->revive(spec); !ok)
     return with_prefix(ok.error(), where);
@@ -159,13 +181,17 @@ expected<void> cast::respawn(role_id role) {
   return {};
 }
 
-bool cast::kill(role_id role, int rank) {
+bool cast::kill(role_id role, int rank, int64_t collective) {
   const auto* m = member(role);
   if (!m || rank < 0 || static_cast<size_t>(rank) >= m->ranks.size())
     return false;
   // A rank in the driver's process ends alone; one in a worker, its process.
   const bool whole = env_.host->where(m->spec.role, rank).process != "driver";
-  env_.self->send(m->ranks[static_cast<size_t>(rank)], actors::inject_kill_atom::value, whole);
+  const auto& target = m->ranks[static_cast<size_t>(rank)];
+  if (collective > 0)
+    env_.self->send(target, actors::inject_kill_atom::value, whole, collective);
+  else
+    env_.self->send(target, actors::inject_kill_atom::value, whole);
   return true;
 }
 

@@ -53,6 +53,9 @@ struct cast_env {
   caf::timespan state_timeout{std::chrono::seconds(600)};
   /// Where trainers write their offloaded state.
   std::string offload_dir;
+  /// NOTE [rollback]: the stage's rollbacks so far; after one, the roles'
+  /// groups meet under a prefix of the rollback's.
+  int rollbacks = 0;
 };
 
 struct cast_member {
@@ -123,9 +126,14 @@ public:
   /// (its model from the same directory); bringing it to the job's state
   /// is the driver's.
   expected<void> respawn(role_id role);
+  /// NOTE [rollback]: starts again the processes of `role` that ended
+  /// (the host's revive), before the cast is spawned anew.
+  expected<void> revive(role_id role);
   /// NOTE [kill injection]: rank `rank` of `role` dies at its next request
-  /// (its process, where a worker hosts it); false when there is no such rank.
-  bool kill(role_id role, int rank);
+  /// (its process, where a worker hosts it) — with `collective` n > 0,
+  /// inside the n-th operation of its DP group instead (NOTE [kill inside
+  /// a collective]); false when there is no such rank.
+  bool kill(role_id role, int rank, int64_t collective = 0);
   /// Emits `ev` (status, reason, phase, attempt...) for every rank of
   /// `role`, with each rank's place filled in.
   void announce(role_id role, job::role_changed ev) const;
@@ -135,6 +143,8 @@ private:
   void announce(const role_spec& spec, job::role_changed ev) const;
   /// The handle the driver talks to for `m`'s ranks.
   expected<caf::actor> handle_of(const cast_member& m) const;
+  /// The rendezvous prefix of `spec`'s groups in generation `generation`.
+  std::string group_name(const role_spec& spec, uint64_t generation) const;
 
   cast_env env_;
   stage_id stage_;

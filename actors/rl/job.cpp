@@ -123,8 +123,9 @@ void remove_default_weight_dir(const job_context& ctx, const std::string& stage)
 
 } // namespace
 
-cast make_cast(job_context& ctx, stage_id stage) {
+cast make_cast(job_context& ctx, stage_id stage, int rollbacks) {
   cast_env env;
+  env.rollbacks = rollbacks;
   env.sys = ctx.sys;
   env.self = ctx.self;
   env.host = ctx.host;

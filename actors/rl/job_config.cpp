@@ -432,11 +432,17 @@ void check_kills(const job_config& c, runtime::config_checks& checks) {
     const auto ranks = p.dp * p.tp * p.pp;
     checks.require(k.rank >= 0 && k.rank < ranks, at + ".rank",
                    "must be in [0, " + std::to_string(ranks) + ") (the ranks of " + k.role + ")");
+    checks.require(k.collective == 0 || (k.collective > 0 && role->trains_in(stage_id::rl) &&
+                                         p.dp >= 2 && k.phase == role->rl_update_phase),
+                   at + ".collective",
+                   "a kill inside a collective is for a trainer's DP rank (dp >= 2) in its "
+                   "update phase (" +
+                       k.role + ": dp " + std::to_string(p.dp) + ", phase '" + k.phase +
+                       "'); n counts from 1");
   }
 }
 
-// supervision: known roles, once each, limits in range; trainers do not
-// restart yet (NOTE [supervision]).
+// supervision: known roles, once each, limits in range (NOTE [supervision]).
 void check_supervision(const job_config& c, runtime::config_checks& checks) {
   const auto& s = c.supervision;
   checks.require(s.budget >= 0, "supervision.budget", "must be >= 0");
@@ -455,11 +461,6 @@ void check_supervision(const job_config& c, runtime::config_checks& checks) {
     checks.require(r.window_s > 0, at + ".window_s", "must be > 0");
     checks.require(r.backoff_ms >= 0 && r.backoff_ms <= 600000, at + ".backoff_ms",
                    "must be in [0, 600000]");
-    checks.require(!role || !role->trains_in(stage_id::rl) || r.max_restarts <= 0,
-                   at + ".max_restarts",
-                   "restarting a trainer (" + r.role +
-                       ") is not available yet: a lost trainer fails the job; resume it from "
-                       "its last checkpoint (troupe run --resume)");
   }
 }
 

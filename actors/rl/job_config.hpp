@@ -663,8 +663,9 @@ void visit(V& v, role_restart_config& c) {
   v.field("role", c.role, "policy | critic | reference | reward | rollout");
   v.field("max_restarts", c.max_restarts,
           "Restarts allowed within window_s; 0 = a loss fails the job; -1 = the role's default "
-          "(3 for rollout, reward and reference; 0 for the trainers, whose restart is not "
-          "available yet)");
+          "(3 for rollout, reward and reference; 0 for the trainers, which restart from a "
+          "surviving DP peer under ddp, else by rolling the rl stage back to its last "
+          "checkpoint)");
   v.field("window_s", c.window_s, "The sliding window max_restarts counts in, seconds");
   v.field("backoff_ms", c.backoff_ms, "Pause before a restart, milliseconds");
 }
@@ -686,16 +687,20 @@ void visit(V& v, supervision_config& c) {
           "deadlocked) is killed and its roles are lost, so a hang is found within 3; 0 = off");
   v.list("roles", c.roles,
          "Per role: max_restarts, window_s, backoff_ms (unlisted: rollout, reward and "
-         "reference restart up to 3 times in 600 s, the trainers never)");
+         "reference restart up to 3 times in 600 s, the trainers never unless listed)");
 }
 
 /// NOTE [kill injection]: the role (rank `rank`) dies at its first request
-/// of `phase` ("" = any) in iteration `iteration` (from 1) of the rl stage.
+/// of `phase` ("" = any) in iteration `iteration` (from 1) of the rl stage;
+/// with `collective` n > 0, a trainer's DP rank dies inside the n-th
+/// operation of its DP group in that phase instead (NOTE [kill inside a
+/// collective]).
 struct kill_point {
   std::string role;
   std::string phase;
   int64_t iteration = 0;
   int64_t rank = 0;
+  int64_t collective = 0;
 };
 template <class V>
 void visit(V& v, kill_point& c) {
@@ -704,6 +709,9 @@ void visit(V& v, kill_point& c) {
           "The rl phase whose request it dies at (\"\" = its first that iteration)");
   v.field("iteration", c.iteration, "The rl iteration, from 1");
   v.field("rank", c.rank, "Its rank");
+  v.field("collective", c.collective,
+          "0 = at the request; n > 0 = inside the n-th collective operation of its DP group "
+          "(a trainer with dp >= 2, in its update phase)");
 }
 
 /// Fault injection for tests of failure handling: the role fails (an error

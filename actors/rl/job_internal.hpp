@@ -209,7 +209,7 @@ expected<actors::sync_bytes> receive_weights(caf::blocking_actor* self, job_cont
 
 /// An empty cast of `stage` on the job's host, with the job's timeouts,
 /// plan and events (NOTE [the cast]).
-cast make_cast(job_context& ctx, stage_id stage);
+cast make_cast(job_context& ctx, stage_id stage, int rollbacks = 0);
 
 /// NOTE [supervised stages]: sft, rm and dpo train one role a step at a
 /// time over a seeded data stream. One loop runs them — its step boundaries

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
 
 namespace troupe::actors::rl::detail {
@@ -74,6 +75,26 @@ expected<void>
 check_ahead_batches(const rl_config& r, int64_t done,
                     const std::map<int64_t, std::vector<inference::request_output>>& ahead);
 
+/// NOTE [rollback] (rl_recovery.cpp): what a driver whose lost trainer
+/// no DP peer can restore hands the next driver, which runs the stage again
+/// from the last checkpoint (or its start) with a new cast.
+struct rollback_carry {
+  restart_policy restarts;
+  stopwatch stage_clock;
+  /// The restart the rollback serves (its restarting event, sent again as
+  /// restarted once the new cast has the checkpoint's state), and when the
+  /// loss was seen (stage clock seconds).
+  role_id role = role_id::policy;
+  job::role_changed event;
+  double lost_at_s = 0;
+  /// Rollbacks so far, this one included (the new cast's groups meet
+  /// under a prefix of their own: NOTE [supervision]).
+  int rollbacks = 0;
+  /// The debug.kills already done (by index): a replayed iteration does
+  /// not die again.
+  std::set<size_t> kills_done;
+};
+
 /// One iteration's data, passed from phase to phase (NOTE [rl iteration]).
 struct iteration_state {
   /// The iteration, from 0 (events and metrics count from 1).
@@ -112,9 +133,18 @@ struct iteration_state {
 
 class rl_driver {
 public:
-  rl_driver(job_context& ctx, cast roles, rl_algorithm algo, rl_progress progress)
+  /// `carry`: the stage runs again after a rollback (NOTE [rollback]).
+  rl_driver(job_context& ctx, cast roles, rl_algorithm algo, rl_progress progress,
+            std::optional<rollback_carry> carry = std::nullopt)
       : ctx_(ctx), cast_(std::move(roles)), algo_(algo), progress_(std::move(progress)),
-        restarts_(ctx.cfg->supervision) {
+        restarts_(carry ? std::move(carry->restarts) : restart_policy{ctx.cfg->supervision}),
+        resumed_(ctx.opts->resume || carry.has_value()) {
+    if (carry) {
+      stage_clock_ = carry->stage_clock;
+      kills_done_ = carry->kills_done;
+      carry->restarts = restart_policy{supervision_config{}}; // moved into restarts_
+      rolled_back_ = std::move(carry);
+    }
     // A resumed run continues with the batches sampled ahead.
     for (auto& [it, outputs] : progress_.ahead)
       ahead_[it].outputs = std::move(outputs);
@@ -123,6 +153,9 @@ public:
 
   /// Runs the iterations left; stops the roles at the end.
   expected<stage_summary> run();
+  /// NOTE [rollback]: set when run() failed because a lost trainer rolls
+  /// the stage back: what the next driver takes.
+  std::optional<rollback_carry> take_rollback() { return std::exchange(rollback_, std::nullopt); }
 
   // The phases (rl_phases.cpp), in order.
   expected<void> gen(iteration_state& s);
@@ -195,6 +228,26 @@ private:
   /// A restarted rollout: the version last published, the batches ahead
   /// it held asked for again (in their order), its counters kept counting.
   expected<void> restore_rollout(const iteration_state& s, std::string_view phase);
+  /// Restarts `t`, lost (`loss`) in `phase` — directly, or as a
+  /// `companion` of the role whose process it shared — and brings it to
+  /// the job's state; or asks for a rollback (NOTE [rollback]).
+  expected<void> restart_role(iteration_state& s, std::string_view phase, const role_traits& t,
+                              const caf::error& loss, bool companion);
+  /// The restarting events of a restart of `t` admitted as `rec`.
+  job::role_changed announce_restart(const role_traits& t, const restart_record& rec,
+                                     const iteration_state& s, std::string_view phase);
+  /// NOTE [rollback]: readies the rollback of `t`'s loss (announced by
+  /// `ev`, seen at `lost_at_s`); answers the error that ends this driver.
+  caf::error roll_back(const role_traits& t, job::role_changed ev, double lost_at_s);
+  /// Sends the restarted event of the rollback this driver serves.
+  void rolled_back();
+  /// Whether a lost `t` can take its state from a surviving DP rank (ddp,
+  /// two ranks or more, no model parallelism: NOTE [peer state]).
+  bool peer_can_restore(const role_traits& t) const;
+  /// NOTE [peer state]: the state a restarted trainer `t` starts from, as
+  /// a surviving DP rank of it holds it (before the update when `phase` is
+  /// its update phase).
+  expected<std::string> peer_state(const role_traits& t, std::string_view phase);
   /// Drops what a failed run of `phase` left in `s`.
   void reset_phase(iteration_state& s, std::string_view phase) const;
   /// Whether the job was cancelled while `phase` ran (its other orders
@@ -215,6 +268,13 @@ private:
   stopwatch stage_clock_;
   /// NOTE [supervision]: which lost roles may restart, and the restarts so far.
   restart_policy restarts_;
+  /// The stage resumes: from a checkpoint of an earlier run, or after a
+  /// rollback (the settings recorded so far are replayed).
+  bool resumed_ = false;
+  /// debug.kills done so far, by index (NOTE [kill injection]).
+  std::set<size_t> kills_done_;
+  /// NOTE [rollback]: the one this driver serves, and the one it asks for.
+  std::optional<rollback_carry> rolled_back_, rollback_;
   /// Runtime settings that came with a boundary inside a phase.
   std::vector<std::pair<std::string, std::string>> deferred_settings_;
   /// The batches sampled ahead, by iteration (NOTE [staleness]); the

@@ -257,10 +257,11 @@ expected<void> read_rollout_ahead(const rl_config& r, const std::string& bytes, 
   return {};
 }
 
-expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo) {
+// The latest checkpoint when `resume` (else, or without one, the stage's start).
+expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo, bool resume) {
   rl_resume out;
   out.progress.beta = ctx.cfg->rl.kl.coef;
-  if (!ctx.opts->resume)
+  if (!resume)
     return out;
   auto dir = runtime::latest_checkpoint((ctx.run_dir / "rl" / "checkpoints").string());
   if (!dir)
@@ -322,8 +323,13 @@ std::string start_dir(job_context& ctx, role_id role, const rl_algorithm& algo) 
 // The cast (NOTE [the cast], NOTE [role hosting] in roles.hpp), in the
 // role table's order; on failure the roles built so far are stopped (the
 // cast's destructor).
-expected<cast> spawn_rl_cast(job_context& ctx, const rl_algorithm& algo) {
-  auto out = make_cast(ctx, stage_id::rl);
+// After a rollback (`carry`), the lost role's processes start again first.
+expected<cast> spawn_rl_cast(job_context& ctx, const rl_algorithm& algo,
+                             const rollback_carry* carry) {
+  auto out = make_cast(ctx, stage_id::rl, carry ? carry->rollbacks : 0);
+  if (carry)
+    if (auto ok = out.revive(carry->role); !ok)
+      return ok.error();
   for (auto role : stage_cast(stage_id::rl, *ctx.cfg))
     if (auto ok = out.spawn(role, start_dir(ctx, role, algo)); !ok)
       return ok.error();
@@ -352,17 +358,31 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
   auto algo = rl_algorithm::from(ctx.cfg->rl);
   if (!algo)
     return algo.error();
-  auto res = find_resume(ctx, *algo);
-  if (!res)
-    return res.error();
-  ctx.emit(job::stage_started{"rl", ctx.cfg->rl.iterations, res->progress.iteration});
-  auto roles = spawn_rl_cast(ctx, *algo);
-  if (!roles)
-    return roles.error();
-  if (auto ok = load_resume_state(ctx, *roles, *res); !ok)
-    return ok.error(); // the cast stops its roles
-  rl_driver driver{ctx, std::move(*roles), *algo, res->progress};
-  return driver.run();
+  // NOTE [rollback]: the stage runs again from the last checkpoint while a
+  // lost trainer asks for it, with the config it began with (the settings
+  // recorded since are replayed at their iterations).
+  const job_config initial = ctx.live;
+  std::optional<rollback_carry> carry;
+  for (;;) {
+    auto res = find_resume(ctx, *algo, ctx.opts->resume || carry);
+    if (!res)
+      return res.error();
+    ctx.emit(job::stage_started{"rl", ctx.cfg->rl.iterations, res->progress.iteration});
+    auto roles = spawn_rl_cast(ctx, *algo, carry ? &*carry : nullptr);
+    if (!roles)
+      return roles.error();
+    if (auto ok = load_resume_state(ctx, *roles, *res); !ok)
+      return ok.error(); // the cast stops its roles
+    rl_driver driver{ctx, std::move(*roles), *algo, res->progress, std::move(carry)};
+    auto done = driver.run();
+    carry = driver.take_rollback();
+    if (done || !carry)
+      return done;
+    ctx.live = initial;
+    ctx.published.clear();
+    ctx.rollout_seen = {};
+    ctx.rollout_base = {};
+  }
 }
 
 // ---- the driver ---------------------------------------------------------------
@@ -375,7 +395,7 @@ void rl_driver::stop_roles() {
 // the starting point's held-out score (the SFT model's; iteration 0 only).
 expected<void> rl_driver::start() {
   auto path = (ctx_.run_dir / "settings.jsonl").string();
-  if (ctx_.opts->resume) {
+  if (resumed_) {
     auto rec = read_settings(path);
     if (!rec)
       return rec.error();
@@ -413,6 +433,7 @@ expected<stage_summary> rl_driver::run() {
   };
   if (auto ok = start(); !ok)
     return finish(ok.error());
+  rolled_back();
   sum.steps = progress_.iteration;
   for (int64_t it = progress_.iteration; it < ctx_.cfg->rl.iterations; ++it) {
     auto f = iteration(it, sum);
@@ -536,7 +557,8 @@ expected<rl_driver::flow> rl_driver::run_phase(iteration_state& s, const char* p
   s.m[std::string{"timing_s/"} + (evaluating ? "testing" : phase)] += seconds;
   ctx_.emit(job::phase_finished{"rl", step, phase, seconds, static_cast<bool>(ok)});
   if (!ok) {
-    role_failed(s, phase, ok.error());
+    if (!rollback_) // a rollback is a restart (NOTE [rollback])
+      role_failed(s, phase, ok.error());
     return with_prefix(ok.error(), "rl iteration " + std::to_string(step) + ", phase " + phase);
   }
   if (evaluating)
@@ -703,10 +725,12 @@ expected<void> rl_driver::restore_ahead() {
 // without one) arm their ranks (NOTE [kill injection]).
 void rl_driver::inject(std::string_view phase, int64_t it) {
   const auto& d = ctx_.cfg->debug;
-  for (const auto& k : d.kills)
+  for (size_t i = 0; i < d.kills.size(); ++i) {
+    const auto& k = d.kills[i];
     if (k.iteration == it + 1 && (k.phase.empty() ? phase == "gen" : k.phase == phase))
-      if (const auto* t = find_role(k.role))
-        cast_.kill(t->id, static_cast<int>(k.rank));
+      if (const auto* t = find_role(k.role); t && kills_done_.insert(i).second)
+        cast_.kill(t->id, static_cast<int>(k.rank), k.collective);
+  }
   const auto* t = role_of_phase(phase);
   if (d.fail_role.empty() || it + 1 != d.fail_iteration ||
       (!d.fail_phase.empty() && d.fail_phase != phase) || !t || t->name != d.fail_role)

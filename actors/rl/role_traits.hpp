@@ -55,6 +55,9 @@ struct role_traits {
   /// Restarts allowed in supervision's window when the job file does not
   /// say (NOTE [supervision]); 0 = a loss fails the job.
   int64_t default_restarts;
+  /// The RL phase that updates its weights ("" = none): a DP rank lost in
+  /// it hands its replacement the state from before it (NOTE [peer state]).
+  std::string_view rl_update_phase;
 
   bool trains_in(stage_id stage) const {
     for (auto s : trained_in)

@@ -8,6 +8,7 @@
 #include "actors/rl/placement.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/stage_table.hpp"
+#include "actors/rl/supervision.hpp"
 #include "actors/role_proxy.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "runtime/collectives.hpp"
@@ -294,6 +295,13 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
   if (groups)
     if (auto ok = (*engine)->join_data_parallel(groups, {placed.strategy, placed.bucket_mb}); !ok)
       return ok.error();
+  // NOTE [peer state]: a trainer that may restart from a peer keeps the
+  // state its updates begin from.
+  if (s.stage == "rl" && recipe->optim && detail::peer_restorable(l, placed.strategy))
+    if (const auto* t = find_role(s.role);
+        t && detail::restart_limits(cfg.supervision, t->id).max_restarts > 0)
+      if (auto ok = (*engine)->keep_state_before_updates(true); !ok)
+        return with_prefix(ok.error(), "supervision.roles: " + s.role);
   return caf::actor_cast<caf::actor>(
       train::spawn_engine_actor(sys, rank_name(s.role, s.layout, s.rank), std::move(*engine)));
 }

@@ -166,6 +166,10 @@ public:
   /// What the host knows of how rank `rank` of `role` was lost ("" when
   /// nothing): a worker found hung by its heartbeats.
   virtual std::string loss_detail(const std::string& role, int rank) const { return ""; }
+  /// Whether a process hosting a rank of `role` was started again since
+  /// the role was built there (another role's restart revived it): the
+  /// role went with the old process. Never here.
+  virtual bool stale(const std::string& role) const { return false; }
 };
 
 /// Every role in the calling process, built with `factories`; each rank

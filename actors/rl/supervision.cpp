@@ -8,9 +8,13 @@ namespace troupe::actors::rl::detail {
 restart_policy::restart_policy(supervision_config config) : config_(std::move(config)) {}
 
 role_restart_config restart_policy::limits(role_id role) const {
+  return restart_limits(config_, role);
+}
+
+role_restart_config restart_limits(const supervision_config& config, role_id role) {
   const auto& t = traits_of(role);
   role_restart_config out;
-  for (const auto& r : config_.roles)
+  for (const auto& r : config.roles)
     if (r.role == t.name)
       out = r;
   out.role = std::string{t.name};

@@ -24,12 +24,26 @@
 
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/role_traits.hpp"
+#include "actors/rl/roles.hpp"
+#include "actors/train/dp_strategy.hpp"
 #include "runtime/error.hpp"
 
 #include <string>
 #include <vector>
 
 namespace troupe::actors::rl::detail {
+
+/// The effective restart limits of `role` under `config` (its entry, else
+/// its defaults from role_traits).
+role_restart_config restart_limits(const supervision_config& config, role_id role);
+
+/// NOTE [peer state]: whether a trainer laid out as `layout` under
+/// `strategy` can take a lost rank's state from a surviving one: every
+/// rank holds the whole state (ddp, no model parallelism) and there is
+/// another rank.
+inline bool peer_restorable(const parallel_layout& layout, train::dp_strategy strategy) {
+  return layout.dp >= 2 && layout.tp == 1 && layout.pp == 1 && strategy == train::dp_strategy::ddp;
+}
 
 /// One restart, for the events and the final error.
 struct restart_record {

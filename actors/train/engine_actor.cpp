@@ -52,6 +52,8 @@ caf::result<served<T>> serve_timed(self_ptr self, const char* request, F&& f) {
   if (self->state.kill.fire(self)) // NOTE [kill injection]: nothing answers
     return caf::delegated<served<T>>{};
   auto r = run<T>(self, request, std::forward<F>(f));
+  if (self->state.kill.fired_inside(self)) // NOTE [kill inside a collective]
+    return caf::delegated<served<T>>{};
   if (!r)
     return r.error();
   return std::move(*r);
@@ -63,6 +65,8 @@ caf::result<T> serve(self_ptr self, const char* request, F&& f) {
   if (self->state.kill.fire(self))
     return caf::delegated<T>{};
   auto r = run<T>(self, request, std::forward<F>(f));
+  if (self->state.kill.fired_inside(self))
+    return caf::delegated<T>{};
   if (!r)
     return r.error();
   return std::move(r->value);
@@ -186,6 +190,17 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
       },
       [=](inject_failure_atom) { self->state.fail_next = true; },
       [=](actors::inject_kill_atom, bool whole_process) { self->state.kill.arm(whole_process); },
+      [=](actors::inject_kill_atom, bool whole_process, int64_t nth) {
+        // Its DP group is the engine's; an engine in none dies at its next request.
+        auto& st = self->state;
+        if (!st.eng->die_in_collective(nth, st.kill.dying_hook(whole_process)))
+          st.kill.arm(whole_process);
+      },
+      [=](peer_state_atom, bool before_update) {
+        return serve<std::string>(self, "peer_state", [&](train_engine& e) {
+          return before_update ? e.state_before_update() : e.save_state();
+        });
+      },
   };
 }
 

@@ -40,6 +40,8 @@ using save_state_atom = caf::atom_constant<caf::atom("savestate")>;
 using load_state_atom = caf::atom_constant<caf::atom("loadstate")>;
 using save_shards_atom = caf::atom_constant<caf::atom("saveshards")>;
 using load_shards_atom = caf::atom_constant<caf::atom("loadshards")>;
+/// NOTE [peer state]: a DP rank's training state for a restarted peer.
+using peer_state_atom = caf::atom_constant<caf::atom("peerstate")>;
 /// Testing: the next request of any kind fails by throwing (an actor crash).
 using inject_failure_atom = caf::atom_constant<caf::atom("injfail")>;
 
@@ -95,13 +97,20 @@ using engine_actor = caf::typed_actor<
     /// under any DP size and strategy (answers the step count).
     caf::replies_to<save_shards_atom>::with<state_shards>,
     caf::replies_to<load_shards_atom, state_shards>::with<int64_t>,
+    /// NOTE [peer state]: the training state (save_state's bytes) — with
+    /// true, as it was before the last update (train_engine::
+    /// state_before_update) — for a restarted peer of this rank's group.
+    caf::replies_to<peer_state_atom, bool>::with<std::string>,
     /// Co-located offload to a file in the folder, until next needed: a
     /// trainer's optimizer state (gradients freed), a frozen model's
     /// weights; answers the bytes freed.
     caf::replies_to<actors::release_atom, std::string>::with<served_bytes>,
     caf::reacts_to<inject_failure_atom>,
     /// NOTE [kill injection] (actors/kill_switch.hpp).
-    caf::reacts_to<actors::inject_kill_atom, bool>>;
+    caf::reacts_to<actors::inject_kill_atom, bool>,
+    /// NOTE [kill inside a collective]: dies at the n-th operation of its
+    /// DP group from now on (at its next request when it is in none).
+    caf::reacts_to<actors::inject_kill_atom, bool, int64_t>>;
 
 /// Co-located offload of `e` to a file in `dir` named after `role` (the
 /// release message of the engine and reward actors): a trainer's optimizer

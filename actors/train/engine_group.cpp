@@ -154,20 +154,30 @@ caf::typed_response_promise<R> with_peers(self_ptr self, Ask ask, Peer peer) {
     std::optional<R> answer;
     size_t left = 0;
     bool done = false;
+    caf::error held; // NOTE [the cause first] in actors/fan_out.hpp
   };
   auto g = std::make_shared<state>();
   g->left = self->state.ranks.size();
   auto finish = [=]() mutable {
     if (--g->left == 0 && !g->done) {
       g->done = true;
-      rp.deliver(std::move(*g->answer));
+      if (g->held)
+        rp.deliver(std::move(g->held));
+      else
+        rp.deliver(std::move(*g->answer));
     }
   };
   auto fail = [=](caf::error& e) mutable {
-    if (!g->done) {
-      g->done = true;
-      rp.deliver(std::move(e));
+    if (g->done)
+      return;
+    if (code_of(e) == errc::unavailable) {
+      if (!g->held)
+        g->held = std::move(e);
+      finish();
+      return;
     }
+    g->done = true;
+    rp.deliver(std::move(e));
   };
   ask(self->state.ranks[0])
       .then(
@@ -412,6 +422,13 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
       // The cast sends kills to the rank it names (NOTE [kill injection]).
       [=](actors::inject_kill_atom, bool whole) {
         self->send(rank(0), actors::inject_kill_atom::value, whole);
+      },
+      [=](actors::inject_kill_atom, bool whole, int64_t nth) {
+        self->send(rank(0), actors::inject_kill_atom::value, whole, nth);
+      },
+      // NOTE [peer state]: a survivor is asked directly; from the group, rank 0's.
+      [=](peer_state_atom a, bool before_update) -> caf::result<std::string> {
+        return self->delegate(self->state.ranks[0], a, before_update);
       },
   };
 }

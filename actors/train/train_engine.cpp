@@ -10,6 +10,7 @@
 #include "models/batch_invariant.hpp"
 #include "models/llama.hpp"
 #include "runtime/gradient_reducer.hpp"
+#include "runtime/hooked_backend.hpp"
 #include "runtime/safetensors.hpp"
 #include "runtime/seeded_random.hpp"
 #include "runtime/torch_guard.hpp"
@@ -107,6 +108,11 @@ struct train_engine::impl {
 
   /// The file of the offloaded optimizer state ("" = resident).
   std::string offloaded;
+
+  /// NOTE [peer state]: whether each update first keeps the training state,
+  /// and the state before the last update (save_state's bytes).
+  bool keep_before_update = false;
+  std::optional<std::string> before_update;
 
   // Reads an offloaded optimizer state back (and removes its file).
   expected<void> reload_optimizer() {
@@ -1352,6 +1358,8 @@ expected<metric_map> train_engine::update_policy(const runtime::tensor_batch& ba
     return make_error(errc::invalid_argument, "update_policy: lr must be >= 0 (0 = keep)");
   if (o.lr > 0)
     impl_->opts->lr = o.lr;
+  if (auto ok = keep_state_before_update(); !ok)
+    return with_prefix(ok.error(), "update_policy");
   return guarded("update_policy", [&]() -> expected<metric_map> {
     metric_sum sums;
     auto spec = o.loss;
@@ -1409,6 +1417,8 @@ expected<metric_map> train_engine::update_critic(const runtime::tensor_batch& ba
     return ok.error();
   if (impl_->model->head() != models::head_kind::value)
     return make_error(errc::invalid_argument, "update_critic: the model has no value head");
+  if (auto ok = keep_state_before_update(); !ok)
+    return with_prefix(ok.error(), "update_critic");
   return guarded("update_critic", [&]() -> expected<metric_map> {
     metric_sum sums;
     kernels::value_loss_options vo;
@@ -1643,6 +1653,56 @@ expected<int64_t> train_engine::gather_weights() const {
       impl_->pipeline_export(nullptr, 0); // received and dropped: another replica exports
     return bytes;
   });
+}
+
+// NOTE [peer state]: under ddp every rank holds the whole training state,
+// so a surviving rank can hand a restarted one the state it needs. When the
+// lost rank interrupted an update, the survivors may have stepped part of
+// it (up to the collective the lost rank never came to), and the phase
+// runs again from the start: so each update first keeps the state as it
+// was, and the survivor hands over that copy. Kept in memory, one copy,
+// replaced by the next update; the cost is a serialisation of the state
+// per update (docs/benchmarks.md, issue 33).
+expected<void> train_engine::keep_state_before_updates(bool on) {
+  auto& d = *impl_;
+  if (on && !d.strategy)
+    return make_error(errc::invalid_argument,
+                      "keep_state_before_updates: a frozen engine has no training state");
+  if (on &&
+      (d.strategy->kind() != dp_strategy::ddp || d.model->tp().active() || d.model->pp().active()))
+    return make_error(errc::unsupported,
+                      "keep_state_before_updates: a rank holds the whole state under ddp only "
+                      "(this one holds a shard or a part of the model)");
+  d.keep_before_update = on;
+  if (!on)
+    d.before_update.reset();
+  return {};
+}
+
+expected<void> train_engine::keep_state_before_update() {
+  if (!impl_->keep_before_update)
+    return {};
+  auto bytes = save_state();
+  if (!bytes)
+    return with_prefix(bytes.error(), "keeping the state before the update");
+  impl_->before_update = std::move(*bytes);
+  return {};
+}
+
+expected<std::string> train_engine::state_before_update() const {
+  if (impl_->before_update)
+    return *impl_->before_update;
+  return save_state();
+}
+
+expected<void> train_engine::die_in_collective(int64_t nth, std::function<void()> die) {
+  auto& d = *impl_;
+  if (!d.dp)
+    return make_error(errc::invalid_argument, "die_in_collective: the engine is in no DP group");
+  if (nth < 1)
+    return make_error(errc::invalid_argument, "die_in_collective: nth counts from 1");
+  d.dp->group = runtime::dying_at(std::move(d.dp->group), nth, std::move(die));
+  return {};
 }
 
 expected<std::string> train_engine::save_state() const {

@@ -28,6 +28,7 @@
 #include "runtime/weight_transport.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -227,6 +228,21 @@ public:
   expected<std::string> save_shard() const;
   expected<void> load_shards(const std::vector<std::string>& shards);
 
+  /// NOTE [peer state]: with `on`, every update (update_policy,
+  /// update_critic) first keeps the training state as it was, so that this
+  /// rank, surviving a DP peer lost during the update, can hand the
+  /// peer's replacement the state the update began from. ddp only (a rank
+  /// holds the whole state); errc::unsupported under a sharding strategy
+  /// or a model part. Call after join_data_parallel.
+  expected<void> keep_state_before_updates(bool on);
+  /// The state (save_state's bytes) before the last update when one was
+  /// kept, else the state now.
+  expected<std::string> state_before_update() const;
+  /// NOTE [kill inside a collective]: the `nth` operation (from 1) this
+  /// rank's DP group makes from now on calls `die` first (which ends the
+  /// process, or throws: the operation's caller then fails).
+  expected<void> die_in_collective(int64_t nth, std::function<void()> die);
+
   /// Joins a data-parallel group (NOTE [data-parallel training]) under a
   /// strategy (NOTE [training strategies]), before the first optimizer step:
   /// the parameters are broadcast from rank 0, and every optimizer step from
@@ -299,6 +315,7 @@ public:
 
 private:
   train_engine();
+  expected<void> keep_state_before_update();
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -89,10 +89,7 @@ inline void expect_resume_continues_exactly(const std::vector<std::string>& sets
   ASSERT_EQ(a.metrics.size(), b2.metrics.size());
   for (size_t i = 0; i < a.metrics.size(); ++i)
     EXPECT_EQ(deterministic_part(a.metrics[i]), deterministic_part(b2.metrics[i])) << "line " << i;
-  auto wa = runtime::read_file((tmp.path() / "a" / "rl" / "model" / "model.safetensors").string());
-  auto wb = runtime::read_file((tmp.path() / "b" / "rl" / "model" / "model.safetensors").string());
-  ASSERT_TRUE(wa && wb);
-  EXPECT_TRUE(*wa == *wb) << "final weights differ";
+  expect_same_final_weights((tmp.path() / "a").string(), (tmp.path() / "b").string());
 }
 
 } // namespace troupe::actors::rl::testing

@@ -3,6 +3,7 @@
 // overrides, and a tiny job, for the job tests.
 
 #include "actors/rl/job_config.hpp"
+#include "runtime/file_io.hpp"
 #include "runtime/weight_transport.hpp"
 
 #include <gtest/gtest.h>
@@ -37,6 +38,17 @@ inline nlohmann::json deterministic_part(nlohmann::json j) {
       ++it;
   }
   return j;
+}
+
+/// The two runs' final policies (<run dir>/rl/model) are the same bytes.
+inline void expect_same_final_weights(const std::string& run_a, const std::string& run_b) {
+  auto read = [](const std::string& dir) {
+    return runtime::read_file(
+        (std::filesystem::path{dir} / "rl" / "model" / "model.safetensors").string());
+  };
+  auto wa = read(run_a), wb = read(run_b);
+  ASSERT_TRUE(wa && wb) << run_a << ", " << run_b;
+  EXPECT_TRUE(*wa == *wb) << "the final weights differ";
 }
 
 // A job small enough for a unit test: 2-layer width-32 model, 3-digit sorting.

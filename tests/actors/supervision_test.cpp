@@ -4,6 +4,7 @@
 // injection]): a lost rollout, reference or reward restarts and the run
 // ends exactly where an uninterrupted one does; a lost trainer, or a loss
 // past the budget, fails the job naming every restart.
+#include "actors/rl/roles.hpp"
 #include "actors/rl/supervision.hpp"
 #include "tests/actors/job_runs.hpp"
 #include "tests/actors/job_yaml.hpp"
@@ -25,12 +26,51 @@ expected<job_config> parse(const std::string& yaml, const std::vector<std::strin
   return parse_job(yaml, sets);
 }
 
-// The metrics lines without the wall-clock ones.
-std::vector<nlohmann::json> deterministic(const std::vector<nlohmann::json>& lines) {
-  std::vector<nlohmann::json> out;
-  for (const auto& l : lines)
-    out.push_back(deterministic_part(l));
-  return out;
+// Both trainers as two DP ranks (`extra` added to their entries), every
+// role in one pool of two devices.
+std::string two_dp_ranks(const std::string& extra) {
+  return "placement:\n"
+         "  mode: colocated\n"
+         "  pools: [{name: all, devices: 2}]\n"
+         "  roles:\n"
+         "    - {role: policy, pool: all, dp: 2" +
+         extra +
+         "}\n"
+         "    - {role: critic, pool: all, dp: 2" +
+         extra + "}\n";
+}
+
+// Runs the tiny job with `extra` and `sets` twice, each in this process on
+// its own host: as is, and with debug.kills=`kills`; the killed run must
+// end as the other (its metrics but the wall-clock ones, its final
+// weights). Answers the killed run's run directory ("" when it failed).
+std::string killed_ends_as_plain(const test::temp_dir& tmp, const std::string& extra,
+                                 std::vector<std::string> sets, const std::string& kills) {
+  actors::rl::in_process_host host_a, host_b;
+  run_options on_a, on_b;
+  on_a.host = &host_a;
+  on_b.host = &host_b;
+  auto plain = parse_job(tiny_job(tmp.file("plain")) + extra, sets);
+  EXPECT_TRUE(plain) << describe(plain.error());
+  if (!plain)
+    return "";
+  auto want = run(*plain, on_a);
+  EXPECT_TRUE(want.summary) << describe(want.summary.error());
+  sets.push_back("debug.kills=" + kills);
+  auto killed = parse_job(tiny_job(tmp.file("killed")) + extra, sets);
+  EXPECT_TRUE(killed) << describe(killed.error());
+  if (!killed || !want.summary)
+    return "";
+  auto got = run(*killed, on_b);
+  EXPECT_TRUE(got.summary) << describe(got.summary.error());
+  if (!got.summary)
+    return "";
+  EXPECT_EQ(got.metrics.size(), want.metrics.size());
+  for (size_t i = 0; i < std::min(got.metrics.size(), want.metrics.size()); ++i)
+    EXPECT_EQ(deterministic_part(got.metrics[i]), deterministic_part(want.metrics[i]))
+        << "line " << i;
+  expect_same_final_weights(plain->run.dir, killed->run.dir);
+  return killed->run.dir;
 }
 
 } // namespace
@@ -91,6 +131,8 @@ TEST(RestartPolicy, ATrainerIsNotRestarted) {
 
 TEST(SupervisionConfig, BadEntriesAreRefusedWithTheirPath) {
   test::temp_dir tmp;
+  const std::string dp2 = two_dp_ranks("");
+  const std::string zero1 = two_dp_ranks(", strategy: zero1");
   struct bad {
     std::string yaml;
     std::string path;
@@ -104,8 +146,14 @@ TEST(SupervisionConfig, BadEntriesAreRefusedWithTheirPath) {
             "supervision.roles[0].window_s"},
            {"supervision: {roles: [{role: reward, backoff_ms: -5}]}\n",
             "supervision.roles[0].backoff_ms"},
-           {"supervision: {roles: [{role: policy, max_restarts: 2}]}\n",
+           {"supervision: {roles: [{role: policy, max_restarts: -2}]}\n",
             "supervision.roles[0].max_restarts"},
+           {dp2 + "debug: {kills: [{role: policy, iteration: 1, phase: old_log_prob, "
+                  "collective: 1}]}\n",
+            "debug.kills[0].collective"},
+           {"debug: {kills: [{role: critic, iteration: 1, phase: update_critic, "
+            "collective: 1}]}\n",
+            "debug.kills[0].collective"},
            {"debug: {kills: [{role: rollout, iteration: 0}]}\n", "debug.kills[0].iteration"},
            {"debug: {kills: [{role: rollout, iteration: 1, phase: genn}]}\n",
             "debug.kills[0].phase"},
@@ -122,6 +170,16 @@ TEST(SupervisionConfig, BadEntriesAreRefusedWithTheirPath) {
                     "{role: rollout, max_restarts: 1, window_s: 60, backoff_ms: 0}]}\n"
                     "debug: {kills: [{role: reference, iteration: 2, phase: ref}]}\n");
   EXPECT_TRUE(fine) << describe(fine.error());
+  // A trainer restarts from a DP peer (ddp) or by a rollback (any layout).
+  for (const auto& layout : {std::string{}, dp2, zero1}) {
+    auto trainers = parse(tiny_job(tmp.file("run")) + layout +
+                          "supervision: {roles: [{role: policy, max_restarts: 1}]}\n");
+    EXPECT_TRUE(trainers) << layout << describe(trainers.error());
+  }
+  auto collective = parse(tiny_job(tmp.file("run")) + dp2 +
+                          "debug: {kills: [{role: policy, iteration: 2, phase: update_actor, "
+                          "rank: 1, collective: 2}]}\n");
+  EXPECT_TRUE(collective) << describe(collective.error());
 }
 
 // NOTE [kill injection]: in one process a killed role's actor ends while it
@@ -129,26 +187,18 @@ TEST(SupervisionConfig, BadEntriesAreRefusedWithTheirPath) {
 // built again, and the phase runs again with the same requests and seeds.
 TEST(SupervisionInProcess, KilledRolloutReferenceAndRewardRecoverAndEndAsAnUninterruptedRun) {
   test::temp_dir tmp;
-  const std::vector<std::string> sets = {
-      "stages=[sft, rl]", "rl.eval_every=0",
-      "supervision.roles=[{role: rollout, backoff_ms: 0}, "
-      "{role: reference, backoff_ms: 0}, {role: reward, backoff_ms: 0}]"};
-  auto plain = parse(tiny_job(tmp.file("plain")), sets);
-  ASSERT_TRUE(plain) << describe(plain.error());
-  auto want = run(*plain);
-  ASSERT_TRUE(want.summary) << describe(want.summary.error());
-  auto kills = sets;
-  kills.push_back("debug.kills=[{role: rollout, iteration: 2, phase: gen}, "
-                  "{role: reference, iteration: 2, phase: ref}, "
-                  "{role: reward, iteration: 3, phase: reward}, "
-                  "{role: rollout, iteration: 3, phase: weight_sync}]");
-  auto killed = parse(tiny_job(tmp.file("killed")), kills);
-  ASSERT_TRUE(killed) << describe(killed.error());
-  auto got = run(*killed);
-  ASSERT_TRUE(got.summary) << describe(got.summary.error());
-  EXPECT_EQ(deterministic(got.metrics), deterministic(want.metrics));
+  auto dir =
+      killed_ends_as_plain(tmp, "",
+                           {"stages=[sft, rl]", "rl.eval_every=0",
+                            "supervision.roles=[{role: rollout, backoff_ms: 0}, "
+                            "{role: reference, backoff_ms: 0}, {role: reward, backoff_ms: 0}]"},
+                           "[{role: rollout, iteration: 2, phase: gen}, "
+                           "{role: reference, iteration: 2, phase: ref}, "
+                           "{role: reward, iteration: 3, phase: reward}, "
+                           "{role: rollout, iteration: 3, phase: weight_sync}]");
+  ASSERT_FALSE(dir.empty());
   // Each loss: restarting then restarted, with its attempt and time.
-  auto roles = events_of(killed->run.dir, "role");
+  auto roles = events_of(dir, "role");
   std::vector<std::string> seen;
   for (const auto& e : roles) {
     auto status = e.at("status").get<std::string>();
@@ -208,4 +258,77 @@ TEST(SupervisionInProcess, ALostTrainerFailsTheJobAsBefore) {
   EXPECT_EQ(code_of(r.summary.error()), errc::lost) << msg;
   EXPECT_NE(msg.find("critic is not restarted"), std::string::npos) << msg;
   EXPECT_EQ(stage_lines(r.metrics, "rl").size(), 2u); // step 0 and iteration 1
+}
+
+// NOTE [peer state]: a lost DP rank of a trainer — the policy's inside a
+// collective of its update (so the surviving rank may have stepped part
+// of it), the critic's at a request, the policy's again while it
+// publishes — restarts from a surviving rank's state; the run's metrics
+// and final weights equal the uninterrupted run's.
+TEST(SupervisionInProcess, LostTrainerDpRanksRestartFromTheirPeersAndEndAsAnUninterruptedRun) {
+  test::temp_dir tmp;
+  auto dir = killed_ends_as_plain(
+      tmp, two_dp_ranks(""),
+      {"stages=[sft, rl]", "rl.eval_every=0",
+       "supervision.roles=[{role: policy, max_restarts: 2, backoff_ms: 0}, "
+       "{role: critic, max_restarts: 2, backoff_ms: 0}]"},
+      "[{role: policy, iteration: 2, phase: update_actor, rank: 1, collective: 3}, "
+      "{role: critic, iteration: 3, phase: values, rank: 0}, "
+      "{role: policy, iteration: 3, phase: weight_sync, rank: 0}]");
+  ASSERT_FALSE(dir.empty());
+  std::vector<std::string> seen;
+  for (const auto& e : events_of(dir, "role")) {
+    if (e.at("status") != "restarted" || e.at("rank") != 0)
+      continue;
+    seen.push_back(e.at("role").get<std::string>() + " " + e.at("phase").get<std::string>() + " #" +
+                   std::to_string(e.at("attempt").get<int>()));
+    EXPECT_LT(e.at("recover_s").get<double>(), 30) << e.dump();
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"policy update_actor #1", "critic values #1",
+                                            "policy weight_sync #2"}));
+}
+
+// NOTE [rollback]: a single-rank trainer has no peer to restore it from:
+// the rl stage runs again from its last checkpoint (the policy lost in
+// iteration 4's update, checkpoints every 2 iterations: back to the one of
+// iteration 2) or from its start (the critic lost in iteration 1, before
+// any checkpoint); the iterations since are trained again, metrics.jsonl
+// holds each step once, and the run ends as the uninterrupted one.
+TEST(SupervisionInProcess, ALostSingleRankTrainerRollsTheStageBackAndEndsAsAnUninterruptedRun) {
+  test::temp_dir tmp;
+  auto dir = killed_ends_as_plain(
+      tmp, "",
+      {"stages=[sft, rl]", "rl.eval_every=0", "rl.iterations=5", "rl.checkpoint_every=2",
+       "supervision.roles=[{role: policy, max_restarts: 1, backoff_ms: 0}, "
+       "{role: critic, max_restarts: 1, backoff_ms: 0}]"},
+      "[{role: critic, iteration: 1, phase: update_critic}, "
+      "{role: policy, iteration: 4, phase: update_actor}]");
+  ASSERT_FALSE(dir.empty());
+  std::vector<std::string> seen;
+  for (const auto& e : events_of(dir, "role"))
+    if (e.at("status") == "restarted")
+      seen.push_back(e.at("role").get<std::string>() + ": " + e.at("reason").get<std::string>());
+  EXPECT_EQ(seen, (std::vector<std::string>{
+                      "critic: rolled back to the rl stage's start; the iterations since run again",
+                      "policy: rolled back to the checkpoint of iteration 2; the iterations since "
+                      "run again"}));
+}
+
+// NOTE [rollback] under ZeRO: the lost rank held the only copy of its
+// shard of the optimizer state, so a policy rank killed inside a
+// collective of its update rolls the stage back to the last checkpoint.
+TEST(SupervisionInProcess, ALostZeroRankRollsTheStageBackAndEndsAsAnUninterruptedRun) {
+  test::temp_dir tmp;
+  auto dir = killed_ends_as_plain(
+      tmp, two_dp_ranks(", strategy: zero1"),
+      {"stages=[sft, rl]", "rl.eval_every=0", "rl.iterations=4", "rl.checkpoint_every=2",
+       "supervision.roles=[{role: policy, max_restarts: 1, backoff_ms: 0}]"},
+      "[{role: policy, iteration: 3, phase: update_actor, rank: 0, collective: 2}]");
+  ASSERT_FALSE(dir.empty());
+  int rolled = 0;
+  for (const auto& e : events_of(dir, "role"))
+    rolled += e.at("status") == "restarted" && e.at("rank") == 0 &&
+              e.at("reason") == "rolled back to the checkpoint of iteration 2; the iterations "
+                                "since run again";
+  EXPECT_EQ(rolled, 1);
 }

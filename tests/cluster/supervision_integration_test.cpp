@@ -18,9 +18,11 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -85,8 +87,8 @@ TEST(SupervisionWorkers, KilledWorkersAreStartedAgainAndTheRunEndsAsAnUninterrup
   auto a = test::run_placed(*plain, tmp);
   ASSERT_TRUE(a) << describe(a.error());
   auto sets = quick;
-  // The reference's kill ends worker 2, so the reward there is lost too
-  // (seen at its next request, in the same iteration).
+  // The reference's kill ends worker 2, so the reward there is lost too:
+  // restarted right after the reference (its companion in that process).
   sets.push_back("debug.kills=[{role: rollout, iteration: 2, phase: gen}, "
                  "{role: reference, iteration: 2, phase: ref}, "
                  "{role: rollout, iteration: 3, phase: weight_sync}]");
@@ -107,8 +109,8 @@ TEST(SupervisionWorkers, KilledWorkersAreStartedAgainAndTheRunEndsAsAnUninterrup
     pids.insert(r.pid);
     std::printf("[ recovery ] %s in %s: %.2f s\n", r.role.c_str(), r.phase.c_str(), r.recover_s);
   }
-  EXPECT_EQ(what, (std::vector<std::string>{"rollout gen #1", "reference ref #1",
-                                            "reward reward #1", "rollout weight_sync #2"}));
+  EXPECT_EQ(what, (std::vector<std::string>{"rollout gen #1", "reference ref #1", "reward ref #1",
+                                            "rollout weight_sync #2"}));
   // Two new rollout processes and one new judge process.
   EXPECT_EQ(pids.size(), 3u);
   EXPECT_TRUE(std::filesystem::exists(tmp.file("logs") + "/worker-1.restart-2.log"));
@@ -206,4 +208,97 @@ TEST(SupervisionWorkers, AStoppedRolloutWorkerIsFoundByItsHeartbeatsKilledAndRes
       named = named ||
               e.at("reason").get<std::string>().find("answered no heartbeat") != std::string::npos;
   EXPECT_TRUE(named) << "the restart says the worker was silent";
+}
+
+namespace {
+
+// The trainers as two DP ranks over two workers (rank r of each on worker
+// r), the rollout alone, the reference and the reward together.
+const std::string four_workers = troupe::actors::rl::testing::disaggregated_placement;
+
+struct kill_hook {
+  std::string role, phase;
+  bool collective = false; // a trainer's rank, inside its update's n-th group operation
+};
+
+// The kills the chaos test draws from: every role at a request of each of
+// its phases, and the trainers inside a collective of their update.
+const std::vector<kill_hook> collective_hooks = {{"policy", "update_actor", true},
+                                                 {"critic", "update_critic", true}};
+const std::vector<kill_hook> request_hooks = {
+    {"rollout", "gen"},         {"reference", "ref"},       {"reward", "reward"},
+    {"policy", "old_log_prob"}, {"critic", "values"},       {"rollout", "weight_sync"},
+    {"policy", "update_actor"}, {"critic", "update_critic"}};
+
+// Three kills drawn by `gen` over iterations 1..`iterations`, the first
+// inside a collective, no two at the same iteration and phase; as the
+// debug.kills value. The trainers' kills all hit one rank (one worker):
+// the other must survive to hand its state over (NOTE [peer state]).
+std::string draw_kills(std::mt19937_64& gen, int iterations) {
+  std::set<std::pair<int, std::string>> taken;
+  const int trainer_rank = static_cast<int>(gen() % 2);
+  std::string out = "[";
+  for (int k = 0; k < 3; ++k) {
+    kill_hook h;
+    int it = 0;
+    do {
+      const auto& from = k == 0 ? collective_hooks : request_hooks;
+      h = from[gen() % from.size()];
+      it = 1 + static_cast<int>(gen() % static_cast<uint64_t>(iterations));
+    } while (!taken.insert({it, h.phase}).second);
+    const bool ranked = h.role == "policy" || h.role == "critic";
+    const int rank = ranked ? trainer_rank : 0;
+    out += std::string{k ? ", " : ""} + "{role: " + h.role + ", phase: " + h.phase +
+           ", iteration: " + std::to_string(it) + ", rank: " + std::to_string(rank);
+    if (h.collective)
+      out += ", collective: " + std::to_string(1 + gen() % 3);
+    out += "}";
+  }
+  return out + "]";
+}
+
+} // namespace
+
+// The chaos test: three kills drawn by a seeded generator (the
+// first inside a collective of a trainer's update: the whole worker ends
+// while its peer waits in that collective), over worker processes; the job
+// finishes with the uninterrupted run's metrics and final weights.
+// TROUPE_CHAOS_SEED replays another draw.
+TEST(SupervisionWorkers, ThreeSeededKillsOneInsideACollectiveEndAsAnUninterruptedRun) {
+  uint64_t seed = 20261128;
+  if (const char* s = std::getenv("TROUPE_CHAOS_SEED"))
+    seed = std::strtoull(s, nullptr, 10);
+  std::mt19937_64 gen(seed);
+  const auto kills = draw_kills(gen, 4);
+  std::printf("[ chaos ] seed %llu: debug.kills=%s\n", static_cast<unsigned long long>(seed),
+              kills.c_str());
+  test::temp_dir tmp;
+  std::vector<std::string> sets = {
+      "stages=[sft, rl]", "rl.iterations=4", "rl.eval_every=0",
+      "supervision.roles=[{role: rollout, backoff_ms: 0}, {role: reference, backoff_ms: 0}, "
+      "{role: reward, backoff_ms: 0}, {role: policy, max_restarts: 3, backoff_ms: 0}, "
+      "{role: critic, max_restarts: 3, backoff_ms: 0}]"};
+  auto plain = parse_job(tiny_job(tmp.file("plain")) + four_workers, sets);
+  ASSERT_TRUE(plain) << describe(plain.error());
+  auto a = test::run_placed(*plain, tmp);
+  ASSERT_TRUE(a) << describe(a.error());
+  sets.push_back("debug.kills=" + kills);
+  auto killed = parse_job(tiny_job(tmp.file("killed")) + four_workers, sets);
+  ASSERT_TRUE(killed) << describe(killed.error());
+  auto b = test::run_placed(*killed, tmp);
+  ASSERT_TRUE(b) << describe(b.error());
+  EXPECT_EQ(test::metrics_of(killed->run.dir), test::metrics_of(plain->run.dir));
+  troupe::actors::rl::testing::expect_same_final_weights(plain->run.dir, killed->run.dir);
+  auto seen = restarts_of(killed->run.dir);
+  bool trainer = false;
+  for (const auto& r : seen) {
+    std::printf("[ recovery ] %s in %s (#%d): %.2f s\n", r.role.c_str(), r.phase.c_str(), r.attempt,
+                r.recover_s);
+    trainer = trainer || r.role == "policy" || r.role == "critic";
+    EXPECT_LT(r.recover_s, r.role == "policy" || r.role == "critic" ? 30 : 10) << r.role;
+  }
+  // Each kill restarted at least its role; a trainer worker's end also
+  // takes the other trainer's rank with it.
+  EXPECT_GE(seen.size(), 2u);
+  EXPECT_TRUE(trainer) << "the kill inside a collective restarted no trainer";
 }
