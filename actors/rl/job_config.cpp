@@ -423,8 +423,12 @@ void check_kills(const job_config& c, runtime::config_checks& checks) {
     checks.require(role != nullptr, at + ".role",
                    "expected one of " + role_names([](const role_traits&) { return true; }) +
                        ", got '" + k.role + "'");
-    checks.require(k.phase.empty() || role_of_phase(k.phase) != nullptr, at + ".phase",
-                   "'" + k.phase + "' is not a phase in which a role is asked for work");
+    checks.require(k.phase.empty() || role_of_phase(k.phase) != nullptr ||
+                       (k.phase == "checkpoint" && role && role->trains_in(stage_id::rl)),
+                   at + ".phase",
+                   "'" + k.phase +
+                       "' is not a phase in which a role is asked for work (or checkpoint, "
+                       "for a trainer)");
     checks.require(k.iteration >= 1, at + ".iteration", "must be >= 1 (iterations count from 1)");
     if (!role)
       continue;

@@ -233,6 +233,10 @@ private:
   /// the job's state; or asks for a rollback (NOTE [rollback]).
   expected<void> restart_role(iteration_state& s, std::string_view phase, const role_traits& t,
                               const caf::error& loss, bool companion);
+  /// Runs `f` — a checkpoint, an offload: `what` — again after each
+  /// restart of a role it found lost.
+  expected<void> recovering(iteration_state& s, const char* what,
+                            const std::function<expected<void>()>& f);
   /// The restarting events of a restart of `t` admitted as `rec`.
   job::role_changed announce_restart(const role_traits& t, const restart_record& rec,
                                      const iteration_state& s, std::string_view phase);

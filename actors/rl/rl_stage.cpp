@@ -493,7 +493,7 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
     auto f = run_phase(s, p.phase, p.fn);
     if (!f || *f == flow::stop)
       return f;
-    if (auto ok = release_after(s, p.phase); !ok)
+    if (auto ok = recovering(s, "offload", [&] { return release_after(s, p.phase); }); !ok)
       return ok.error();
   }
   double step_s = std::max(1e-9, step_clock.seconds() - s.held_s);
@@ -525,10 +525,25 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
   sum.metrics = s.m;
   sum.steps = it + 1;
   bool stop = s.cancel_at_end;
-  if (last || stop || (r.checkpoint_every > 0 && (it + 1) % r.checkpoint_every == 0))
-    if (auto ok = save_checkpoint(); !ok)
+  if (last || stop || (r.checkpoint_every > 0 && (it + 1) % r.checkpoint_every == 0)) {
+    inject("checkpoint", it);
+    if (auto ok = recovering(s, "checkpoint", [&] { return save_checkpoint(); }); !ok)
       return ok.error();
+  }
   return stop && !last ? flow::stop : flow::go;
+}
+
+// NOTE [supervision]: `what` between phases (a checkpoint, an offload),
+// done again after each restart a lost role asks for.
+expected<void> rl_driver::recovering(iteration_state& s, const char* what,
+                                     const std::function<expected<void>()>& f) {
+  auto ok = f();
+  while (!ok && code_of(ok.error()) == errc::lost) {
+    if (auto back = recover(s, what, ok.error()); !back)
+      return back.error();
+    ok = f();
+  }
+  return ok;
 }
 
 // Runs one phase with its events and timing, then serves the boundary after it.

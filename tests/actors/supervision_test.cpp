@@ -157,6 +157,8 @@ TEST(SupervisionConfig, BadEntriesAreRefusedWithTheirPath) {
            {"debug: {kills: [{role: rollout, iteration: 0}]}\n", "debug.kills[0].iteration"},
            {"debug: {kills: [{role: rollout, iteration: 1, phase: genn}]}\n",
             "debug.kills[0].phase"},
+           {"debug: {kills: [{role: rollout, iteration: 1, phase: checkpoint}]}\n",
+            "debug.kills[0].phase"},
            {"debug: {kills: [{role: rollout, iteration: 1, rank: 1}]}\n", "debug.kills[0].rank"},
            {"debug: {kills: [{role: nobody, iteration: 1}]}\n", "debug.kills[0].role"},
        }) {
@@ -262,9 +264,10 @@ TEST(SupervisionInProcess, ALostTrainerFailsTheJobAsBefore) {
 
 // NOTE [peer state]: a lost DP rank of a trainer — the policy's inside a
 // collective of its update (so the surviving rank may have stepped part
-// of it), the critic's at a request, the policy's again while it
-// publishes — restarts from a surviving rank's state; the run's metrics
-// and final weights equal the uninterrupted run's.
+// of it), the critic's while it saves its state for a checkpoint and at a
+// request, the policy's again while it publishes — restarts from a
+// surviving rank's state; the run's metrics and final weights equal the
+// uninterrupted run's.
 TEST(SupervisionInProcess, LostTrainerDpRanksRestartFromTheirPeersAndEndAsAnUninterruptedRun) {
   test::temp_dir tmp;
   auto dir = killed_ends_as_plain(
@@ -273,6 +276,7 @@ TEST(SupervisionInProcess, LostTrainerDpRanksRestartFromTheirPeersAndEndAsAnUnin
        "supervision.roles=[{role: policy, max_restarts: 2, backoff_ms: 0}, "
        "{role: critic, max_restarts: 2, backoff_ms: 0}]"},
       "[{role: policy, iteration: 2, phase: update_actor, rank: 1, collective: 3}, "
+      "{role: critic, iteration: 2, phase: checkpoint, rank: 1}, "
       "{role: critic, iteration: 3, phase: values, rank: 0}, "
       "{role: policy, iteration: 3, phase: weight_sync, rank: 0}]");
   ASSERT_FALSE(dir.empty());
@@ -284,8 +288,8 @@ TEST(SupervisionInProcess, LostTrainerDpRanksRestartFromTheirPeersAndEndAsAnUnin
                    std::to_string(e.at("attempt").get<int>()));
     EXPECT_LT(e.at("recover_s").get<double>(), 30) << e.dump();
   }
-  EXPECT_EQ(seen, (std::vector<std::string>{"policy update_actor #1", "critic values #1",
-                                            "policy weight_sync #2"}));
+  EXPECT_EQ(seen, (std::vector<std::string>{"policy update_actor #1", "critic checkpoint #1",
+                                            "critic values #2", "policy weight_sync #2"}));
 }
 
 // NOTE [rollback]: a single-rank trainer has no peer to restore it from:

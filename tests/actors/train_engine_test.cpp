@@ -244,8 +244,14 @@ TEST(TrainEngine, FlatAdamWStepsAsTorchAdamW) {
   }
   auto got = (*engine)->export_weights();
   auto want = models::export_hf_weights(ref);
+  // Within 1e-5 of torch's weights after 3 steps of lr 3e-3 (an update's
+  // size): the engine's gradients and torch's differ in the last bits
+  // (their forwards sum in other orders, and OpenBLAS picks its kernels by
+  // CPU: 2.3e-6 on an AMD Zen 5, under 1e-6 on Zen 4), and AdamW scales a
+  // near-zero gradient's moments up to a whole step. A wrong AdamW (a bias
+  // correction or eps misplaced) is off by a fraction of lr.
   for (const auto& [name, t] : want)
-    EXPECT_LT((got.at(name) - t).abs().max().item<double>(), 1e-6) << name;
+    EXPECT_LT((got.at(name) - t).abs().max().item<double>(), 1e-5) << name;
 }
 
 TEST(TrainEngine, StateRoundTripsExactly) {
