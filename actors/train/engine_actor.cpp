@@ -72,6 +72,32 @@ caf::result<T> serve(self_ptr self, const char* request, F&& f) {
   return std::move(r->value);
 }
 
+// NOTE [sharded state]: this rank's shard, and a state from every rank's.
+caf::result<state_shards> save_shards(self_ptr self) {
+  return serve<state_shards>(self, "save_shards", [&](train_engine& e) -> expected<state_shards> {
+    auto bytes = e.save_shard();
+    if (!bytes)
+      return bytes.error();
+    return state_shards{{std::move(*bytes)}};
+  });
+}
+
+caf::result<int64_t> load_shards(self_ptr self, const state_shards& shards) {
+  return serve<int64_t>(self, "load_shards", [&](train_engine& e) -> expected<int64_t> {
+    if (auto ok = e.load_shards(shards.shards); !ok)
+      return ok.error();
+    return e.steps();
+  });
+}
+
+// NOTE [kill inside a collective]: the engine's DP group dies at its nth
+// operation; an engine in none dies at its next request.
+void arm_kill_in_collective(self_ptr self, bool whole_process, int64_t nth) {
+  auto& st = self->state;
+  if (!st.eng->die_in_collective(nth, st.kill.dying_hook(whole_process)))
+    st.kill.arm(whole_process);
+}
+
 engine_actor::behavior_type behavior(self_ptr self, std::string role,
                                      std::shared_ptr<train_engine> eng) {
   self->state.eng = std::move(eng);
@@ -167,22 +193,8 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
           return e.steps();
         });
       },
-      [=](save_shards_atom) {
-        return serve<state_shards>(self, "save_shards",
-                                   [&](train_engine& e) -> expected<state_shards> {
-                                     auto bytes = e.save_shard();
-                                     if (!bytes)
-                                       return bytes.error();
-                                     return state_shards{{std::move(*bytes)}};
-                                   });
-      },
-      [=](load_shards_atom, const state_shards& shards) {
-        return serve<int64_t>(self, "load_shards", [&](train_engine& e) -> expected<int64_t> {
-          if (auto ok = e.load_shards(shards.shards); !ok)
-            return ok.error();
-          return e.steps();
-        });
-      },
+      [=](save_shards_atom) { return save_shards(self); },
+      [=](load_shards_atom, const state_shards& shards) { return load_shards(self, shards); },
       [=](actors::release_atom, const std::string& dir) {
         return serve_timed<int64_t>(self, "release", [&](train_engine& e) {
           return release_engine(e, dir, self->state.role);
@@ -191,10 +203,7 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
       [=](inject_failure_atom) { self->state.fail_next = true; },
       [=](actors::inject_kill_atom, bool whole_process) { self->state.kill.arm(whole_process); },
       [=](actors::inject_kill_atom, bool whole_process, int64_t nth) {
-        // Its DP group is the engine's; an engine in none dies at its next request.
-        auto& st = self->state;
-        if (!st.eng->die_in_collective(nth, st.kill.dying_hook(whole_process)))
-          st.kill.arm(whole_process);
+        arm_kill_in_collective(self, whole_process, nth);
       },
       [=](peer_state_atom, bool before_update) {
         return serve<std::string>(self, "peer_state", [&](train_engine& e) {

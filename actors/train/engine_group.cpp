@@ -307,6 +307,28 @@ caf::result<int64_t> load_shards(self_ptr self, const state_shards& shards) {
       first_answer<int64_t>);
 }
 
+// minibatch: rank r steps through its slice of every minibatch, unshuffled.
+template <class Atom, class Options>
+caf::result<served_metrics> minibatch_update(self_ptr self, Atom atom, const tensor_batch& b,
+                                             const Options& o, const char* what) {
+  auto shares = minibatch_shares(b, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle,
+                                 self->state.replicas());
+  if (!shares)
+    return with_prefix(shares.error(), self->state.role + ": " + what);
+  auto local = o;
+  local.epochs = 1;
+  local.minibatches = o.epochs * o.minibatches;
+  local.shuffle = false;
+  auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*shares));
+  return fan_out<served_metrics, served_metrics>(
+      self, self->state.ranks.size(),
+      [=](size_t r) {
+        return self->request(self->state.ranks[r], caf::infinite, atom,
+                             (*shared)[r / static_cast<size_t>(self->state.width())], local);
+      },
+      slowest(group_metrics));
+}
+
 engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
                                            std::vector<engine_actor> ranks, dp_strategy strategy,
                                            int tp, int pp) {
@@ -316,11 +338,7 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
   self->state.tp = tp;
   self->state.pp = pp;
   bind_to_ranks(self);
-  auto n = [self] { return self->state.ranks.size(); };
   auto rank = [self](size_t r) { return self->state.ranks[r]; };
-  auto prefixed = [self](const caf::error& e, const char* what) {
-    return with_prefix(e, self->state.role + ": " + what);
-  };
 
   // Requests to the ranks relay the caller's: NOTE [relayed waits] in
   // actors/role_proxy.cpp (the group monitors its ranks and ends with the
@@ -331,26 +349,6 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
     return [self, atom](const engine_actor& a, const tensor_batch& p) {
       return self->request(a, caf::infinite, atom, p);
     };
-  };
-  // minibatch: rank r steps through its slice of every minibatch, unshuffled.
-  auto minibatch_update = [=](auto atom, const tensor_batch& b, const auto& o,
-                              const char* what) -> caf::result<served_metrics> {
-    auto shares = minibatch_shares(b, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle,
-                                   self->state.replicas());
-    if (!shares)
-      return prefixed(shares.error(), what);
-    auto local = o;
-    local.epochs = 1;
-    local.minibatches = o.epochs * o.minibatches;
-    local.shuffle = false;
-    auto shared = std::make_shared<std::vector<tensor_batch>>(std::move(*shares));
-    return fan_out<served_metrics, served_metrics>(
-        self, n(),
-        [=](size_t r) {
-          return self->request(rank(r), caf::infinite, atom,
-                               (*shared)[r / static_cast<size_t>(self->state.width())], local);
-        },
-        slowest(group_metrics));
   };
   return {
       [=](log_probs_atom, const tensor_batch& b, double temperature, bool entropy) {
@@ -368,10 +366,10 @@ engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
         return split<served_batch>(self, b, "scores", "", ask(scores_atom::value), slowest(concat_rows));
       },
       [=](update_policy_atom a, const tensor_batch& b, const policy_update_options& o) {
-        return minibatch_update(a, b, o, "update_policy");
+        return minibatch_update(self, a, b, o, "update_policy");
       },
       [=](update_critic_atom a, const tensor_batch& b, const critic_update_options& o) {
-        return minibatch_update(a, b, o, "update_critic");
+        return minibatch_update(self, a, b, o, "update_critic");
       },
       [=](sft_step_atom a, const tensor_batch& b) {
         return split<metric_map>(self, b, "sft_step", "rows", ask(a), group_metrics);
