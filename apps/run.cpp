@@ -182,10 +182,14 @@ int driver_command(const std::string& job_dir, bool resume, bool on_nodes) {
       std::fprintf(stderr, "troupe driver: cannot publish the driver link: %s\n", describe(front.error()).c_str());
       return 1;
     }
-    if (lo.remote)
+    if (lo.remote) {
       lo.remote->ask_for_workers = [f = *front](const cluster::worker_request_file& w) {
         caf::anon_send(f, cluster::workers_atom::value, w);
       };
+      lo.remote->replace_worker = [&sys, f = *front](const cluster::worker_entry& x) {
+        return cluster::ask_for_worker_again(sys, f, x);
+      };
+    }
     actors::rl::run_options ro;
     ro.resume = resume;
     ro.factories = cluster::process_factories();

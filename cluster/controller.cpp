@@ -115,7 +115,7 @@ job_view controller::impl::view_of(const job_entry& e) const {
   if (e.cfg)
     v.stages = e.cfg->stages;
   v.nodes = e.nodes;
-  if (e.state() == ctl_state::queued)
+  if (e.state() == ctl_state::queued || !e.replacements.empty())
     v.wait_reason = e.wait_reason;
   return v;
 }

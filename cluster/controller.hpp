@@ -115,7 +115,8 @@ struct job_view {
   /// The nodes of its workers, by the plan's node index (NOTE [remote
   /// workers] in job_nodes.hpp); empty when they run on this machine.
   std::vector<std::string> nodes;
-  /// Why a queued job waits.
+  /// Why a queued job waits, or a running one waits for a node to start a
+  /// lost worker on (NOTE [replacing a worker] in job_nodes.hpp).
   std::string wait_reason;
 };
 

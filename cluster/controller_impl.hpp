@@ -88,6 +88,13 @@ struct job_entry {
   std::vector<int64_t> node_need;
   bool need_known = false;
   bool workers_sent = false;
+  /// The driver's request for its workers, its front (NOTE [driver link]),
+  /// and the workers it asked for again that have no node yet (NOTE
+  /// [replacing a worker] in job_nodes.hpp).
+  std::optional<worker_request_file> asked;
+  caf::actor front;
+  std::vector<worker_entry> replacements;
+  /// Why a queued job waits, or a running one waits for a node.
   std::string wait_reason;
   /// The controller's own reason for failing the job (a node lost), kept
   /// ahead of whatever the driver says.
@@ -124,6 +131,17 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   std::vector<std::pair<std::string, worker_exit>> worker_exits;
   /// Commands for agents, sent by the supervisor once `mu` is released.
   std::vector<std::pair<std::string, node_command>> outbox;
+  /// NOTE [replacing a worker]: a StartWorker for a worker started again,
+  /// and the answer its driver gets once the node took it.
+  struct replacement_send {
+    std::string job;
+    worker_entry entry;
+    std::string node;
+    worker_start start;
+    caf::actor front;
+    worker_replaced answer;
+  };
+  std::vector<replacement_send> replacement_sends;
   /// NOTE [supervision by events]: wakes the supervisor when a driver
   /// process ends or a file lands in a starting job's folder (driver.json,
   /// workers.json). Declared after `mu` and `cv`, which its thread uses: it
@@ -214,6 +232,21 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   // Lost nodes and worker exits the registry reported.
   void handle_node_news();
 
+  // ---- replacing workers (NOTE [replacing a worker]; mu held) ----
+
+  // Whether every worker of `e` on node `node` may be restarted by its
+  // driver (which then asks for them again).
+  bool recoverable_on(const job_entry& e, const std::string& node) const;
+
+  // Starts each of the job's replacements that a node can take now and
+  // answers its driver; the others wait, the reason in wait_reason.
+  void place_replacements(job_entry& e);
+  std::optional<std::string> place_replacement(job_entry& e, const worker_entry& x,
+                                               const std::vector<node_view>& ready,
+                                               const std::map<std::string, int64_t>& used);
+  // Without `mu`: the StartWorkers, and each answer once its node took it.
+  void send_replacements(const std::vector<replacement_send>& sends);
+
   void start_driver(job_entry& e);
 
   // Drivers that ended, and drivers whose job actor is ready to attach.
@@ -226,6 +259,7 @@ struct controller::impl : std::enable_shared_from_this<impl> {
   /// What the driver link answered (NOTE [driver link]); without `mu`.
   void on_workers(const std::string& id, const worker_request_file& w);
   void on_job(const std::string& id, const j::job_actor& job);
+  void on_replace(const std::string& id, const worker_entry& x);
 
   void supervise();
   /// The earliest time the supervisor must look again without news.
@@ -260,10 +294,12 @@ struct controller::impl : std::enable_shared_from_this<impl> {
 };
 
 // The controller's end of a driver link (NOTE [driver link]): asks the
-// driver's front for its workers (`wants_workers`) and its job actor,
-// subscribes to the job's events from `from`, hands each to the
-// controller, and tells it when the driver's connection goes down.
-caf::behavior driver_contact(caf::event_based_actor* self, std::weak_ptr<controller::impl> ctl, std::string id,
-                             caf::actor front, bool wants_workers, int64_t from, double timeout_s);
+// driver's front for its job actor and, for a job on nodes, its workers
+// and then each worker it wants again; subscribes to the job's events
+// from `from`, hands each to the controller, and tells it when the
+// driver's connection goes down.
+caf::behavior driver_contact(caf::event_based_actor* self, std::weak_ptr<controller::impl> ctl,
+                             std::string id, caf::actor front, bool on_nodes, int64_t from,
+                             double timeout_s);
 
 } // namespace troupe::cluster

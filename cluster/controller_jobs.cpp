@@ -130,6 +130,7 @@ std::optional<std::string> controller::impl::request_workers(job_entry& e, const
       return "worker " + std::to_string(x.rank) + ": " + describe(ok.error());
     outbox.emplace_back(e.nodes[static_cast<size_t>(x.node)], s);
   }
+  e.asked = w;
   return std::nullopt;
 }
 
@@ -177,6 +178,11 @@ void controller::impl::on_node_lost(job_entry& e, const node_view& n) {
   if (!e.on_nodes || std::find(e.nodes.begin(), e.nodes.end(), n.name) == e.nodes.end())
     return;
   bool just_failed = e.state() == ctl_state::failed && (e.driver_alive || now_us() - e.rec.end_time_us < 30'000'000);
+  if (!just_failed && e.driver_alive && recoverable_on(e, n.name)) {
+    std::fprintf(stderr, "troupe controller: job %s: %s; its driver restarts them\n",
+                 e.rec.id.c_str(), loss_reason(e, n).c_str());
+    return;
+  }
   if (!just_failed)
     return fail_job(e, loss_reason(e, n));
   if (!e.verdict.empty())
@@ -278,6 +284,8 @@ void controller::impl::on_driver_exit(job_entry& e, const std::string& how) {
   e.driver_alive = false;
   e.attach_deadline_us = 0;
   e.proc.reset();
+  e.replacements.clear();
+  e.front = caf::actor{};
   // Whatever is left of it on its nodes ends there too.
   if (e.on_nodes)
     for (const auto& n : e.nodes)
@@ -302,16 +310,20 @@ void controller::impl::supervise() {
     std::vector<std::pair<std::string, driver_info>> to_attach;
     std::vector<std::function<void()>> wake;
     handle_node_news();
+    for (auto& [id, e] : jobs)
+      place_replacements(*e); // a node may have joined
     poll_drivers(to_attach, wake);
     admit();
     auto sends = std::exchange(outbox, {});
-    if (!to_attach.empty() || !wake.empty() || !sends.empty()) {
+    auto moves = std::exchange(replacement_sends, {});
+    if (!to_attach.empty() || !wake.empty() || !sends.empty() || !moves.empty()) {
       lock.unlock();
       for (auto& w : wake)
         w();
       for (auto& [id, info] : to_attach)
         attach(id, info);
       send_to_agents(sends);
+      send_replacements(moves);
       lock.lock();
       continue;
     }
@@ -387,10 +399,25 @@ void deliver(const std::weak_ptr<controller::impl>& ctl, const std::string& id, 
     w();
 }
 
+// NOTE [replacing a worker]: each worker the driver wants again, for as
+// long as the link lasts.
+void ask_for_replacements(caf::event_based_actor* self, std::weak_ptr<controller::impl> ctl,
+                          std::string id, caf::actor front) {
+  self->request(front, caf::infinite, replace_worker_atom::value)
+      .then(
+          [=](const worker_entry& x) {
+            if (auto c = ctl.lock())
+              c->on_replace(id, x);
+            ask_for_replacements(self, ctl, id, front);
+          },
+          [self](caf::error&) { self->quit(); });
+}
+
 } // namespace
 
-caf::behavior driver_contact(caf::event_based_actor* self, std::weak_ptr<controller::impl> ctl, std::string id,
-                             caf::actor front, bool wants_workers, int64_t from, double timeout_s) {
+caf::behavior driver_contact(caf::event_based_actor* self, std::weak_ptr<controller::impl> ctl,
+                             std::string id, caf::actor front, bool on_nodes, int64_t from,
+                             double timeout_s) {
   self->monitor(front);
   self->set_down_handler([self, ctl](caf::down_msg&) {
     if (auto c = ctl.lock())
@@ -398,13 +425,15 @@ caf::behavior driver_contact(caf::event_based_actor* self, std::weak_ptr<control
     self->quit();
   });
   // No deadline of their own: NOTE [driver link].
-  if (wants_workers)
+  if (on_nodes)
     self->request(front, caf::infinite, workers_atom::value)
-        .then([ctl, id](const worker_request_file& w) {
-                if (auto c = ctl.lock())
-                  c->on_workers(id, w);
-              },
-              [self](caf::error&) { self->quit(); });
+        .then(
+            [=](const worker_request_file& w) {
+              if (auto c = ctl.lock())
+                c->on_workers(id, w);
+              ask_for_replacements(self, ctl, id, front);
+            },
+            [self](caf::error&) { self->quit(); });
   self->request(front, caf::infinite, driver_job_atom::value)
       .then(
           [=](const caf::actor& job) {
@@ -434,15 +463,21 @@ void controller::impl::attach(const std::string& id, const driver_info& info) {
     return;
   }
   e->attach_deadline_us = 0;
-  e->feed = sys.spawn(driver_contact, weak_from_this(), id, *front, e->on_nodes && !e->workers_sent,
+  e->front = *front;
+  e->feed = sys.spawn(driver_contact, weak_from_this(), id, *front, e->on_nodes,
                       e->rec.last_seq + 1, opt.command_timeout_s);
 }
 
 void controller::impl::on_workers(const std::string& id, const worker_request_file& w) {
   std::lock_guard lock{mu};
   auto e = find(id);
-  if (!e || !e->driver_alive || !e->on_nodes || e->workers_sent)
+  if (!e || !e->driver_alive || !e->on_nodes)
     return;
+  if (e->workers_sent) { // a driver attached again: its workers run
+    if (!e->asked && w.pid == e->rec.driver_pid)
+      e->asked = w;
+    return;
+  }
   if (auto refused = request_workers(*e, w))
     fail_job(*e, *refused);
   cv.notify_all(); // the supervisor sends the StartWorkers

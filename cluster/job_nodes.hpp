@@ -57,6 +57,10 @@ struct worker_entry {
   int64_t node = 0;
   /// "pool:role+role".
   std::string label;
+  /// Every role of the worker may be restarted (NOTE [supervision] in
+  /// actors/rl/supervision.hpp): a lost node is then the driver's to
+  /// recover from (NOTE [replacing a worker]), not the job's end.
+  bool restartable = false;
 };
 
 /// The workers a driver waits for (a message on the driver link).
@@ -75,7 +79,33 @@ expected<void> check_worker_requests(const worker_request_file& w);
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_entry& x) {
-  return f(caf::meta::type_name("worker_entry"), x.rank, x.node, x.label);
+  return f(caf::meta::type_name("worker_entry"), x.rank, x.node, x.label, x.restartable);
+}
+
+/// NOTE [replacing a worker]: a driver whose worker on a node was lost
+/// asks the controller, over the driver link, for that worker again
+/// (its worker_entry). The controller starts it on the node its plan node
+/// runs on when that node is still ready (the process died, the node
+/// lives), else on another ready node with the plan node's devices free,
+/// which then plays that plan node for the rest of the job. While no node
+/// has room, the job waits — running, with the reason in its status
+/// (`waiting:`) — and the controller tries again whenever a node joins.
+/// The answer names the node (or says why it cannot be had), and the
+/// driver waits for the new worker to register. Fencing: the new worker's
+/// roles rendezvous under a new generation's prefix, and an old worker
+/// cut off from the driver exits when it sees the driver's connection go.
+struct worker_replaced {
+  int32_t rank = 0;
+  /// The node it was started on: its name and address.
+  std::string node;
+  std::string host;
+  /// Non-empty: it was not started, and why.
+  std::string error;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_replaced& x) {
+  return f(caf::meta::type_name("worker_replaced"), x.rank, x.node, x.host, x.error);
 }
 
 template <class Inspector>

@@ -115,8 +115,10 @@ public:
                     " does not exist on this node (nodes need the job's files at the same path: a shared "
                     "filesystem)");
     std::lock_guard lock{mu_};
-    for (const auto& r : running_)
-      if (r.start.job_id == s.job_id && r.start.rank == s.rank)
+    // (One that ended, not reaped yet, is being started again: NOTE
+    // [replacing a worker] in job_nodes.hpp.)
+    for (auto& r : running_)
+      if (r.start.job_id == s.job_id && r.start.rank == s.rank && !r.proc.poll())
         return refuse("worker " + std::to_string(s.rank) + " of job " + s.job_id + " already runs (pid " +
                       std::to_string(r.proc.pid()) + ")");
     auto log_dir = fs::path{dir_} / "jobs" / s.job_id;

@@ -59,4 +59,27 @@ expected<std::vector<std::string>> assign_nodes(const std::vector<int64_t>& need
                                            " free devices; ready: " + (have.empty() ? "none" : have));
 }
 
+expected<std::string> replacement_node(const std::vector<std::string>& job_nodes,
+                                       const std::vector<int64_t>& need, size_t index,
+                                       const std::vector<node_view>& nodes,
+                                       const std::map<std::string, int64_t>& used) {
+  if (index >= job_nodes.size() || index >= need.size())
+    return make_error(errc::out_of_range, "node " + std::to_string(index) + " of a plan of " +
+                                              std::to_string(job_nodes.size()) + " nodes");
+  const auto& current = job_nodes[index];
+  for (const auto& n : nodes)
+    if (n.name == current && n.state == node_state::ready)
+      return current;
+  std::vector<node_view> others;
+  for (const auto& n : nodes)
+    if (std::find(job_nodes.begin(), job_nodes.end(), n.name) == job_nodes.end())
+      others.push_back(n);
+  auto picked = assign_nodes({need[index]}, others, used);
+  if (!picked)
+    return make_error(errc::unavailable,
+                      "node " + current + " is not ready and no other node can take its place (" +
+                          context_of(picked.error()) + ")");
+  return picked->front();
+}
+
 } // namespace troupe::cluster

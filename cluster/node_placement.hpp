@@ -29,4 +29,15 @@ expected<std::vector<std::string>> assign_nodes(const std::vector<int64_t>& need
                                                 const std::vector<node_view>& nodes,
                                                 const std::map<std::string, int64_t>& used);
 
+/// NOTE [replacing a worker] in job_nodes.hpp: the node that plays node
+/// `index` of a running job's plan (`job_nodes`, `need` devices each) when
+/// a worker there is asked for again: the node that played it while it is
+/// ready, else a ready node the job does not use with the devices free
+/// (`used`: the devices other jobs hold, per node). Fails with why none
+/// fits.
+expected<std::string> replacement_node(const std::vector<std::string>& job_nodes,
+                                       const std::vector<int64_t>& need, size_t index,
+                                       const std::vector<node_view>& nodes,
+                                       const std::map<std::string, int64_t>& used);
+
 } // namespace troupe::cluster

@@ -1,6 +1,8 @@
 #include "cluster/role_host.hpp"
 
+#include "actors/rl/supervision.hpp"
 #include "actors/role_proxy.hpp"
+#include "runtime/enum_names.hpp"
 
 #include "cluster/local_launcher.hpp"
 
@@ -146,6 +148,26 @@ caf::error worker_host::check() { return workers_.check(); }
 
 expected<void> worker_host::shutdown(int64_t timeout_ms) { return workers_.shutdown(timeout_ms); }
 
+namespace {
+
+// Per worker of `plan`: whether the supervision may restart every role
+// rank it hosts (NOTE [replacing a worker] in job_nodes.hpp).
+std::vector<bool> restartable_workers(const actors::rl::placement_plan& plan,
+                                      const actors::rl::supervision_config& s) {
+  std::vector<bool> out;
+  for (const auto& d : plan.devices) {
+    bool all = s.budget > 0 && !d.ranks.empty();
+    for (const auto& rank : d.ranks) {
+      auto role = enum_from_name<actors::rl::role_id>(rank.substr(0, rank.find('[')));
+      all = all && role && actors::rl::detail::restart_limits(s, *role).max_restarts > 0;
+    }
+    out.push_back(all);
+  }
+  return out;
+}
+
+} // namespace
+
 expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
                                                  const actors::rl::job_config& cfg,
                                                  actors::rl::run_options opts,
@@ -162,6 +184,8 @@ expected<actors::rl::job_summary> run_placed_job(caf::actor_system& sys,
   if (options.log_dir.empty())
     options.log_dir = (std::filesystem::absolute(cfg.run.dir) / "workers").string();
   options.heartbeat_ms = static_cast<int64_t>(cfg.supervision.heartbeat_s * 1000);
+  if (options.remote)
+    options.remote->restartable = restartable_workers(*plan, cfg.supervision);
   if (options.executable.empty()) {
     auto exe = self_executable();
     if (!exe)

@@ -44,6 +44,9 @@ struct registry {
   size_t gone = 0;
   /// (rank, why) of workers the watchdog found hung (NOTE [heartbeats]).
   std::vector<std::pair<size_t, std::string>> hung;
+  /// Per worker: its role label, its node's name ("" = this machine) and
+  /// address; a replaced worker's node changes (NOTE [replacing a worker]).
+  std::vector<std::string> roles, nodes, hosts;
 };
 
 std::string describe_worker(const worker_info& w) {
@@ -51,9 +54,7 @@ std::string describe_worker(const worker_info& w) {
          (w.node.empty() ? "" : ", node " + w.node) + ", pid " + std::to_string(w.pid) + ")";
 }
 
-caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> reg,
-                        std::vector<std::string> roles, std::vector<std::string> nodes,
-                        std::vector<std::string> hosts) {
+caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> reg) {
   self->set_down_handler([=](caf::down_msg& dm) {
     std::lock_guard lock{reg->mu};
     if (reg->shutting_down) {
@@ -81,7 +82,7 @@ caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> 
                             "register: rank " + std::to_string(rank) + " is already registered");
         self->monitor(who);
         auto r = static_cast<size_t>(rank);
-        reg->slots[r] = worker_info{rank, roles[r], pid, who, nodes[r], hosts[r]};
+        reg->slots[r] = worker_info{rank, reg->roles[r], pid, who, reg->nodes[r], reg->hosts[r]};
         reg->cv.notify_all();
         return true;
       },
@@ -170,6 +171,8 @@ void configure_network(caf::actor_system_config& cfg) {
   cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
   cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(5)});
   cfg.add_message_type<worker_request_file>("troupe.worker_request");
+  cfg.add_message_type<worker_entry>("troupe.worker_entry");
+  cfg.add_message_type<worker_replaced>("troupe.worker_replaced");
 }
 
 // ---- the worker process ------------------------------------------------------------
@@ -359,7 +362,8 @@ struct worker_set::impl {
   expected<void> publish(const launch_options& o) {
     reg = std::make_shared<registry>();
     reg->slots.resize(roles.size());
-    registrar = sys->spawn(cluster::registrar, reg, roles, nodes, hosts);
+    reg->roles = roles, reg->nodes = nodes, reg->hosts = hosts;
+    registrar = sys->spawn(cluster::registrar, reg);
     auto bind = o.remote ? o.remote->bind_host : std::string{"127.0.0.1"};
     auto p = sys->middleman().publish(registrar, 0, bind.c_str());
     if (!p)
@@ -414,8 +418,6 @@ struct worker_set::impl {
         return p.error();
       procs.push_back(std::move(*p));
     }
-    restarts.assign(roles.size(), 0);
-    ended_signals.assign(roles.size(), {});
     return {};
   }
 
@@ -442,9 +444,7 @@ struct worker_set::impl {
   // role's surviving ranks' workers run on: they cost this moment only).
   expected<void> revive(size_t r) {
     if (remote())
-      return make_error(errc::unsupported,
-                        "restarting " + name(r) +
-                            ": restarting a worker on a node is not available yet");
+      return revive_remote(r);
     auto ended = procs[r].wait_for(0);
     const auto t0 = std::chrono::steady_clock::now();
     while (!ended && !connection_lost(r)) {
@@ -459,22 +459,59 @@ struct worker_set::impl {
       ended = procs[r].wait_for(options.timeout_ms);
     }
     ended_signals[r].push_back(ended ? ended->signal : 0);
-    {
-      std::lock_guard lock{reg->mu};
-      reg->slots[r].reset();
-      reg->lost.erase(std::remove_if(reg->lost.begin(), reg->lost.end(),
-                                     [r](const auto& l) { return l.first == r; }),
-                      reg->lost.end());
-      reg->hung.erase(std::remove_if(reg->hung.begin(), reg->hung.end(),
-                                     [r](const auto& l) { return l.first == r; }),
-                      reg->hung.end());
-    }
+    forget(r);
     logs[r] = log_path(r, ++restarts[r]);
     auto p = start_one(r, logs[r]);
     if (!p)
       return p.error();
     procs[r] = std::move(*p);
-    return await_registrations(options.timeout_ms);
+    return await_registration(r, options.timeout_ms);
+  }
+
+  // Worker `r`'s registration and the news of its loss are forgotten: a
+  // new process takes its place.
+  void forget(size_t r) {
+    std::lock_guard lock{reg->mu};
+    reg->slots[r].reset();
+    auto of_r = [r](const auto& l) { return l.first == r; };
+    reg->lost.erase(std::remove_if(reg->lost.begin(), reg->lost.end(), of_r), reg->lost.end());
+    reg->hung.erase(std::remove_if(reg->hung.begin(), reg->hung.end(), of_r), reg->hung.end());
+  }
+
+  // NOTE [replacing a worker]: a worker on a node whose connection closed
+  // (its process or its node ended; a hung one once its connection times
+  // out) is asked of the controller again; one still connected is kept.
+  expected<void> revive_remote(size_t r) {
+    const auto t0 = clock_type::now();
+    // A hung worker's connection times out (the middleman's 5 s) before
+    // its agent may start it again.
+    const auto settle =
+        std::chrono::milliseconds(hung_reason(r).empty() ? revive_settle_ms : 10'000);
+    while (!connection_lost(r)) {
+      if (clock_type::now() - t0 > settle)
+        return {}; // its actor ended, not the worker
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const auto& remote = *options.remote;
+    if (!remote.replace_worker)
+      return make_error(errc::unsupported,
+                        "restarting " + name(r) + ": no controller to ask for it again");
+    worker_entry x{static_cast<int32_t>(r), remote.node_of[r], roles[r],
+                   r < remote.restartable.size() && remote.restartable[r]};
+    forget(r); // before the new one may register
+    auto placed = remote.replace_worker(x);
+    if (!placed)
+      return with_prefix(placed.error(), "restarting " + name(r));
+    {
+      std::lock_guard lock{reg->mu};
+      reg->nodes[r] = nodes[r] = placed->name;
+      reg->hosts[r] = hosts[r] = placed->host;
+      if (reg->slots[r]) // it registered before this answer came
+        reg->slots[r]->node = placed->name, reg->slots[r]->host = placed->host;
+    }
+    ended_signals[r].push_back(0);
+    ++restarts[r];
+    return await_registration(r, options.timeout_ms);
   }
 
   // NOTE [remote workers]: the controller hears of them on the driver link
@@ -487,7 +524,8 @@ struct worker_set::impl {
     w.cwd = std::filesystem::current_path(ec).string();
     w.timeout_ms = o.timeout_ms;
     for (size_t r = 0; r < roles.size(); ++r)
-      w.workers.push_back({static_cast<int32_t>(r), o.remote->node_of[r], roles[r]});
+      w.workers.push_back({static_cast<int32_t>(r), o.remote->node_of[r], roles[r],
+                           r < o.remote->restartable.size() && o.remote->restartable[r]});
     if (!o.remote->ask_for_workers)
       return make_error(errc::invalid_argument, "launch workers: on nodes, but no controller to ask");
     o.remote->ask_for_workers(w);
@@ -504,6 +542,39 @@ struct worker_set::impl {
       if (!reg->slots[r])
         out += (out.empty() ? "" : ", ") + name(r) + log_hint(r);
     return out;
+  }
+
+  // Worker `r` ended again, or lost its connection; empty when well.
+  caf::error failure_of(size_t r) {
+    if (!remote())
+      if (auto st = procs[r].poll())
+        return make_error(errc::process_failed, name(r) + " " + st->describe() + log_hint(r));
+    std::lock_guard lock{reg->mu};
+    for (const auto& [rank, why] : reg->lost)
+      if (rank == r)
+        return make_error(errc::unavailable, why);
+    return {};
+  }
+
+  // Waits for worker `r`'s registration (a revived one: the others may be
+  // lost too, each revived in its turn), watching it meanwhile.
+  expected<void> await_registration(size_t r, int64_t timeout_ms) {
+    auto deadline = clock_type::now() + std::chrono::milliseconds(timeout_ms);
+    while (true) {
+      {
+        std::unique_lock lock{reg->mu};
+        reg->cv.wait_for(lock, std::chrono::milliseconds(20));
+        if (reg->slots[r]) {
+          infos[r] = *reg->slots[r];
+          return {};
+        }
+      }
+      if (auto err = failure_of(r))
+        return with_prefix(err, "restarting " + name(r) + ": before registering");
+      if (clock_type::now() >= deadline)
+        return make_error(errc::timeout, "restarting " + name(r) + ": not registered after " +
+                                             std::to_string(timeout_ms) + " ms" + log_hint(r));
+    }
   }
 
   // Waits for every registration, watching the processes meanwhile.
@@ -570,6 +641,8 @@ expected<worker_set> worker_set::launch(caf::actor_system& sys, const launch_opt
   d.options = o;
   if (auto ok = o.remote ? d.request_remote(o) : d.start_local(); !ok)
     return ok.error();
+  d.restarts.assign(n, 0);
+  d.ended_signals.assign(n, {});
   if (auto ok = d.await_registrations(o.timeout_ms); !ok)
     return ok.error();
   if (o.heartbeat_ms > 0)

@@ -67,6 +67,13 @@ struct remote_launch {
   std::vector<int64_t> node_of;
   /// Tells the controller which workers to start (NOTE [driver link]).
   std::function<void(const worker_request_file&)> ask_for_workers;
+  /// Per worker: whether every role it hosts may be restarted (unset:
+  /// none may).
+  std::vector<bool> restartable;
+  /// NOTE [replacing a worker]: asks the controller for a lost worker
+  /// again and waits for the node it was started on (unset: a lost
+  /// worker on a node is not restarted).
+  std::function<expected<job_node>(const worker_entry&)> replace_worker;
 };
 
 struct launch_options {
@@ -121,13 +128,14 @@ public:
   caf::error wait_for_failure(int64_t timeout_ms);
   /// NOTE [supervision]: starts worker `rank` again when its process ended
   /// or lost its connection (then killed first), and waits for it to
-  /// register; a worker that runs connected is kept. Remote workers:
-  /// errc::unsupported.
+  /// register; a worker that runs connected is kept. A worker on a node
+  /// is asked of the controller again (NOTE [replacing a worker] in
+  /// job_nodes.hpp), on its node or another.
   expected<void> revive(int rank);
   /// Why the watchdog killed worker `rank` ("" when it did not: NOTE
   /// [heartbeats]).
   std::string hung(int rank) const;
-  /// How often worker `rank` was started again (0: never, or remote).
+  /// How often worker `rank` was started again (0: never).
   int generation(int rank) const;
   /// The signal that ended worker `rank`, waiting up to `timeout_ms` for it
   /// to be reaped; 0 when it runs, exited normally or is remote.

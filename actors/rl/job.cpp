@@ -159,6 +159,8 @@ expected<actors::weight_channel> weight_channel_for(job_context& ctx, const std:
                    ctx.timeout_of(request_kind::weights))
                    .count();
   if (runtime::traits_of(c.kind).needs_group) {
+    if (ctx.channel_generation > 0)
+      c.channel += ".r" + std::to_string(ctx.channel_generation);
     if (!ctx.weight_store) {
       runtime::store_options so;
       so.host = ctx.host->store_host();
@@ -255,6 +257,10 @@ expected<void> sync_weights(caf::blocking_actor* self, job_context& ctx, const s
   }
   if (sent)
     ctx.published[stage] = version;
+  // NOTE [the cause first]: a rollout lost inside the collective fails the
+  // policy's side of it too; the loss explains both.
+  if (!got && code_of(got.error()) == errc::lost)
+    return got.error();
   if (!sent)
     return sent.error();
   if (!got)

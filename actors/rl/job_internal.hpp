@@ -64,6 +64,10 @@ struct job_context {
   std::string channel_prefix;
   /// The TCPStore of broadcast weight channels (opened on first use).
   std::shared_ptr<void> weight_store;
+  /// NOTE [supervision]: a channel whose ends meet in a collective
+  /// (broadcast) is named anew after a rollout restart or a rollback, so
+  /// both ends open a new group (weight_channel_for).
+  int64_t channel_generation = 0;
   std::string weight_store_addr;
   /// NOTE [busy on replies]: seconds the trainers and the reward spent on
   /// this job's requests so far, and the rollout's counters of its latest

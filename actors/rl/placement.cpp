@@ -1,4 +1,5 @@
 #include "actors/rl/placement.hpp"
+#include "actors/rl/supervision.hpp"
 
 #include "actors/rl/data.hpp"
 #include "actors/rl/role_traits.hpp"
@@ -243,6 +244,12 @@ std::vector<train::memory_term> role_terms(const job_config& cfg, const models::
                       : int64_t{1};
   auto out = trains ? training_memory(cfg, m, *st, *t, rank).terms()
                     : untrained_terms(cfg, m, *t, tp, transport);
+  // NOTE [peer state]: a restartable trainer's copy of the state its
+  // updates begin from (its weights and AdamW moments, as saved).
+  if (trains && detail::keeps_state_before_updates(cfg, stage, t->id)) {
+    const auto kept = training_memory(cfg, m, *st, *t, rank);
+    out.push_back({"state kept before each update (supervision)", kept.weights + kept.optimizer});
+  }
   // Its TP group's sums and its pipeline line's hand-offs go through
   // shared segments that each of their ranks maps (NOTE [shm all-reduce],
   // NOTE [shm point-to-point]; a line across nodes uses none): a rank

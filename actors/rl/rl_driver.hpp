@@ -228,6 +228,10 @@ private:
   /// A restarted rollout: the version last published, the batches ahead
   /// it held asked for again (in their order), its counters kept counting.
   expected<void> restore_rollout(const iteration_state& s, std::string_view phase);
+  /// Weight `version`, published already, to a restarted rollout: received
+  /// again over a stored channel, sent again by the policy over a
+  /// collective one (which it can while it holds that version).
+  expected<void> resend_weights(int64_t version);
   /// Restarts `t`, lost (`loss`) in `phase` — directly, or as a
   /// `companion` of the role whose process it shared — and brings it to
   /// the job's state; or asks for a rollback (NOTE [rollback]).
@@ -279,6 +283,9 @@ private:
   std::set<size_t> kills_done_;
   /// NOTE [rollback]: the one this driver serves, and the one it asks for.
   std::optional<rollback_carry> rolled_back_, rollback_;
+  /// The policy's update began since its last publish: its weights are
+  /// no longer the version published (resend_weights).
+  bool policy_moved_ = false;
   /// Runtime settings that came with a boundary inside a phase.
   std::vector<std::pair<std::string, std::string>> deferred_settings_;
   /// The batches sampled ahead, by iteration (NOTE [staleness]); the

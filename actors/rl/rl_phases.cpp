@@ -616,6 +616,7 @@ expected<void> rl_driver::update_critic(iteration_state& s) {
 expected<void> rl_driver::update_actor(iteration_state& s) {
   const auto& r = ctx_.cfg->rl;
   s.updating = true;
+  policy_moved_ = true;
   train::policy_update_options o;
   o.epochs = r.epochs;
   o.minibatches = r.minibatches;
@@ -649,12 +650,13 @@ expected<void> rl_driver::weight_sync(iteration_state& s) {
   // NOTE [supervision]: a rollout restarted after the version went out
   // receives it again (a trainer publishes a version once).
   if (auto p = ctx_.published.find("rl"); p != ctx_.published.end() && p->second == s.it + 1) {
-    auto got = receive_weights(ctx_.self, ctx_, "rl", rollout(), s.it + 1);
-    if (!got)
-      return got.error();
-    return {};
+    policy_moved_ = false;
+    return resend_weights(s.it + 1);
   }
-  return sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), s.it + 1);
+  auto ok = sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), s.it + 1);
+  if (ctx_.published["rl"] == s.it + 1)
+    policy_moved_ = false;
+  return ok;
 }
 
 expected<void> rl_driver::evaluate(iteration_state& s) {

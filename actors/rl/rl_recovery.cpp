@@ -2,6 +2,7 @@
 // supervision.hpp).
 
 #include "actors/rl/rl_driver.hpp"
+#include "runtime/weight_transport.hpp"
 
 #include <chrono>
 #include <thread>
@@ -176,15 +177,42 @@ expected<std::string> rl_driver::peer_state(const role_traits& t, std::string_vi
   return with_prefix(why, "no surviving DP rank of " + name + " could hand over its state");
 }
 
+expected<void> rl_driver::resend_weights(int64_t version) {
+  auto ch = weight_channel_for(ctx_, "rl");
+  if (!ch)
+    return ch.error();
+  if (!runtime::traits_of(ch->kind).both_ends_at_once) {
+    auto got = receive_weights(ctx_.self, ctx_, "rl", rollout(), version);
+    if (!got)
+      return got.error();
+    return {};
+  }
+  if (policy_moved_)
+    return make_error(
+        errc::unsupported,
+        "rollout: receive weights: the policy's update began after it sent version " +
+            std::to_string(version) + ", which a " + std::string{to_string(ch->kind)} +
+            " channel keeps nowhere else (use weight_sync.transport disk or shm to restart a "
+            "rollout lost then)");
+  return sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), version);
+}
+
 expected<void> rl_driver::restore_rollout(const iteration_state& s, std::string_view phase) {
   // Its counters start again from zero: count on from the lost one's.
   ctx_.rollout_base = ctx_.rollout_seen;
+  auto ch = weight_channel_for(ctx_, "rl");
+  if (!ch)
+    return ch.error();
+  const bool collective = runtime::traits_of(ch->kind).both_ends_at_once;
+  if (collective)
+    ++ctx_.channel_generation; // the policy's group with the lost one is gone
   // The version last published; during weight_sync, the phase run again
-  // receives the new one itself.
-  if (auto p = ctx_.published.find("rl"); p != ctx_.published.end() && p->second > 0 &&
-                                          !(phase == "weight_sync" && p->second == s.it + 1))
-    if (auto got = receive_weights(ctx_.self, ctx_, "rl", rollout(), p->second); !got)
-      return got.error();
+  // sends the new one itself.
+  if (auto p = ctx_.published.find("rl");
+      p != ctx_.published.end() && p->second > 0 &&
+      !(phase == "weight_sync" && (collective || p->second == s.it + 1)))
+    if (auto ok = resend_weights(p->second); !ok)
+      return ok;
   // The batches ahead it held, as one call in their iterations' order, as
   // they were asked for (the same requests and seeds).
   std::vector<inference::generate_request> requests;

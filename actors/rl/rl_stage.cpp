@@ -380,6 +380,7 @@ expected<stage_summary> run_rl_stage(job_context& ctx) {
       return done;
     ctx.live = initial;
     ctx.published.clear();
+    ++ctx.channel_generation; // a new policy and rollout: a new broadcast group
     ctx.rollout_seen = {};
     ctx.rollout_base = {};
   }

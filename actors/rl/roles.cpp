@@ -297,11 +297,10 @@ expected<caf::actor> build(caf::actor_system& sys, const job_config& cfg, const 
       return ok.error();
   // NOTE [peer state]: a trainer that may restart from a peer keeps the
   // state its updates begin from.
-  if (s.stage == "rl" && recipe->optim && detail::peer_restorable(l, placed.strategy))
-    if (const auto* t = find_role(s.role);
-        t && detail::restart_limits(cfg.supervision, t->id).max_restarts > 0)
-      if (auto ok = (*engine)->keep_state_before_updates(true); !ok)
-        return with_prefix(ok.error(), "supervision.roles: " + s.role);
+  if (const auto* t = find_role(s.role);
+      t && recipe->optim && detail::keeps_state_before_updates(cfg, s.stage, t->id))
+    if (auto ok = (*engine)->keep_state_before_updates(true); !ok)
+      return with_prefix(ok.error(), "supervision.roles: " + s.role);
   return caf::actor_cast<caf::actor>(
       train::spawn_engine_actor(sys, rank_name(s.role, s.layout, s.rank), std::move(*engine)));
 }

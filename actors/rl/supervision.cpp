@@ -1,5 +1,7 @@
 #include "actors/rl/supervision.hpp"
 
+#include "actors/rl/placement.hpp"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -21,6 +23,15 @@ role_restart_config restart_limits(const supervision_config& config, role_id rol
   if (out.max_restarts < 0)
     out.max_restarts = t.default_restarts;
   return out;
+}
+
+bool keeps_state_before_updates(const job_config& cfg, std::string_view stage, role_id role) {
+  if (stage != "rl" || restart_limits(cfg.supervision, role).max_restarts <= 0)
+    return false;
+  const auto placed = placement_keys(cfg, traits_of(role).name);
+  const parallel_layout layout{static_cast<int32_t>(placed.dp), static_cast<int32_t>(placed.tp),
+                               static_cast<int32_t>(placed.pp)};
+  return peer_restorable(layout, placed.strategy);
 }
 
 expected<restart_record> restart_policy::admit(role_id role, double at_s, int64_t step,

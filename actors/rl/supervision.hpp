@@ -45,6 +45,12 @@ inline bool peer_restorable(const parallel_layout& layout, train::dp_strategy st
   return layout.dp >= 2 && layout.tp == 1 && layout.pp == 1 && strategy == train::dp_strategy::ddp;
 }
 
+/// NOTE [peer state]: whether the ranks of trainer `role` keep, in
+/// `stage`, the state each of its updates begins from: the rl stage, the
+/// role may restart, and a peer can restore it (its layout and strategy
+/// as the job places it). The plan's memory estimate counts the copy.
+bool keeps_state_before_updates(const job_config& cfg, std::string_view stage, role_id role);
+
 /// One restart, for the events and the final error.
 struct restart_record {
   role_id role = role_id::rollout;

@@ -3,11 +3,10 @@
 #include "actors/job/job_actor.hpp"
 #include "actors/job/metrics_sink.hpp"
 #include "runtime/file_io.hpp"
+#include "tests/support/caf_round_trip.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include <caf/all.hpp>
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -125,13 +124,7 @@ TEST(JobEvents, EventsAndStatusCrossProcessesThroughCafsSerialiser) {
   troupe::actors::configure(cfg);
   caf::actor_system sys{cfg};
   for (auto e : one_of_each()) {
-    std::vector<char> buf;
-    caf::binary_serializer sink{sys, buf};
-    ASSERT_FALSE(sink(e));
-    event back;
-    caf::binary_deserializer source{sys, buf};
-    ASSERT_FALSE(source(back));
-    EXPECT_EQ(to_json(back), to_json(e));
+    EXPECT_EQ(to_json(troupe::test::round_trip(sys, e)), to_json(e));
   }
   job_status st;
   st.id = "7-1";
@@ -139,12 +132,7 @@ TEST(JobEvents, EventsAndStatusCrossProcessesThroughCafsSerialiser) {
   st.stage = "rl";
   st.iteration = 3;
   st.weight_versions["rollout"] = 3;
-  std::vector<char> buf;
-  caf::binary_serializer sink{sys, buf};
-  ASSERT_FALSE(sink(st));
-  job_status back;
-  caf::binary_deserializer source{sys, buf};
-  ASSERT_FALSE(source(back));
+  auto back = troupe::test::round_trip(sys, st);
   EXPECT_EQ(back.state, job_state::paused);
   EXPECT_EQ(back.weight_versions.at("rollout"), 3);
 }

@@ -501,6 +501,32 @@ TEST(Placement, LayoutSuggestionsSpanTpAndPpCheapestCommunicationFirst) {
   EXPECT_FALSE(all.back().fits);
 }
 
+// NOTE [peer state]: a trainer that may restart from a DP peer keeps a
+// copy of its weights and AdamW moments from the start of each update
+// (4 + 8 bytes a parameter in fp32); the plan counts it on each rank. A
+// trainer that would roll back instead (zero1) keeps none.
+TEST(Placement, ARestartableDdpTrainerCountsTheStateItKeeps) {
+  const std::string kept = "state kept before each update (supervision)";
+  const std::string restartable = "supervision.roles=[{role: policy, max_restarts: 1}]";
+  auto plain = plan_of(troupe::actors::rl::testing::disaggregated_placement, {});
+  auto ddp = plan_of(troupe::actors::rl::testing::disaggregated_placement, {restartable});
+  std::string sharded = troupe::actors::rl::testing::disaggregated_placement;
+  sharded.replace(sharded.find("{role: policy, pool: train, dp: 2}"), 34,
+                  "{role: policy, pool: train, dp: 2, strategy: zero1}");
+  auto zero1 = plan_of(sharded, {restartable});
+  ASSERT_TRUE(plain) << describe(plain.error());
+  ASSERT_TRUE(ddp) << describe(ddp.error());
+  ASSERT_TRUE(zero1) << describe(zero1.error());
+  ASSERT_EQ(ddp->devices[0].peak_stage, "rl");
+  const double P = static_cast<double>(ddp->parameters);
+  EXPECT_DOUBLE_EQ(term(*ddp, "policy[dp 0]", kept), 12 * P);
+  EXPECT_DOUBLE_EQ(term(*ddp, "policy[dp 1]", kept), 12 * P);
+  EXPECT_EQ(term(*ddp, "critic[dp 0]", kept), -1.0) << "the critic may not restart";
+  EXPECT_EQ(term(*plain, "policy[dp 0]", kept), -1.0);
+  EXPECT_EQ(term(*zero1, "policy[dp 0]", kept), -1.0);
+  EXPECT_DOUBLE_EQ(ddp->devices[0].peak_bytes - plain->devices[0].peak_bytes, 12 * P);
+}
+
 // NOTE [rank memory]: over 2 ranks a policy rank's states are 4 + 4 + 8
 // bytes a parameter under ddp, 4 + (4 + 4/2) + 8/2 under zero1, 4 + 4/2 +
 // 8/2 under zero2 and 16/2 under zero3, which keeps only each layer's input

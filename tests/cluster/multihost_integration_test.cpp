@@ -4,7 +4,9 @@
 // its rollout on another and learns as in one process, weights going by
 // broadcast; a host whose agent and workers are killed, or that is cut off
 // the network, fails the job within 5 s naming the node, its ranks and the
-// phase; a job that needs more nodes
+// phase when its roles may not be restarted, and when they may, its
+// workers move to a node that joins and the job finishes; a job that
+// needs more nodes
 // than are ready waits queued with the reason and starts nothing; and no
 // worker is left anywhere afterwards.
 
@@ -23,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 using namespace troupe;
 using troupe::actors::rl::testing::parse_job;
@@ -143,12 +146,14 @@ struct cluster_on_hosts {
     return j.is_object() ? j : nlohmann::json::object();
   }
 
-  // Submits the disaggregated job with endless RL on both nodes and waits
-  // for its first RL step; its id ("" and a failure when it did not get
-  // there).
+  // Submits the disaggregated job with endless RL on both nodes, no role
+  // restartable (a lost node ends it), and waits for its first RL step;
+  // its id ("" and a failure when it did not get there).
   std::string submit_endless() {
     auto spec = tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
-    auto r = cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless)}, 60);
+    auto r = cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless),
+                  "--set", "supervision.budget=0"},
+                 60);
     EXPECT_EQ(r.code, 0) << r.err;
     auto id = r.out.substr(0, r.out.find('\n'));
     bool stepped = r.code == 0 && test::eventually(
@@ -313,6 +318,86 @@ TEST_F(MultiHost, AHostCutOffTheNetworkMidRunFailsTheJobWithin5sNamingIt) {
   // (it is stopped with the cluster, and they die with it).
   auto host1 = c.agents[0]->pid();
   EXPECT_TRUE(test::eventually([&] { return children_of(host1).empty(); }, 10)) << c.agents[0]->log();
+}
+
+// NOTE [replacing a worker]: host-2's roles (the rollout, the reference
+// and the reward) may be restarted (their default), so losing host-2 is
+// for the driver to recover from: it asks the controller for those
+// workers again. No other node is ready (host-1 plays the job's other
+// node), so the job waits, saying why, until a node joins; that node
+// takes host-2's place and the job ends as it would have.
+TEST_F(MultiHost, AKilledHostsWorkersMoveToANodeThatJoinsAndTheJobFinishes) {
+  auto& c = *cluster;
+  const std::vector<std::string> sets = {"rl.iterations=12"};
+  auto local = parse_job(tiny_job(c.tmp.file("local")), sets);
+  ASSERT_TRUE(local) << describe(local.error());
+  {
+    test::networked_system ns;
+    auto ran = cluster::run_placed_job(*ns.sys, *local, {}, {});
+    ASSERT_TRUE(ran) << describe(ran.error());
+  }
+  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
+  auto r = c.cli({"submit", spec, "--set", sets[0]}, 60);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto id = r.out.substr(0, r.out.find('\n'));
+  nlohmann::json s;
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        s = c.status(id);
+        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
+      },
+      300))
+      << s.dump(2) << c.logs();
+
+  auto agent = c.agents[1]->pid();
+  auto children = children_of(agent);
+  ASSERT_FALSE(children.empty()) << "host-2 runs the rollout and the judges";
+  c.agents[1]->signal(SIGKILL);
+  for (int pid : children)
+    ::kill(pid, SIGKILL);
+
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        s = c.status(id);
+        return s.value("wait_reason", "").find("waits for a node") != std::string::npos;
+      },
+      60))
+      << s.dump(2) << c.logs();
+  EXPECT_EQ(s.value("state", ""), "running") << s.dump(2);
+  EXPECT_NE(s.value("wait_reason", "").find("host-2 is not ready"), std::string::npos) << s.dump(2);
+
+  // A node joins where host-2 was.
+  c.agents.push_back(std::make_unique<test::node_process>());
+  c.agents.back()->start(c.ctl, "host-3", {"--tls-ca", c.cert, "--cores", "2"}, {}, lab->on(2, {}));
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        s = c.status(id);
+        auto state = s.value("state", "");
+        return state == "succeeded" || state == "failed";
+      },
+      300))
+      << s.dump(2) << c.logs();
+  ASSERT_EQ(s.value("state", ""), "succeeded") << s.dump(2) << c.logs();
+  EXPECT_EQ(s["nodes"], nlohmann::json::array({"host-1", "host-3"}));
+  EXPECT_EQ(s.value("wait_reason", ""), "");
+  auto run_dir = s.value("run_dir", "");
+  test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(run_dir));
+
+  // Each of host-2's roles was restarted, on host-3.
+  std::set<std::string> moved;
+  for (const auto& e : events_of(run_dir, "role"))
+    if (e.value("status", "") == "restarted") {
+      EXPECT_EQ(e.value("node", ""), "host-3") << e.dump();
+      moved.insert(e.value("role", ""));
+    }
+  EXPECT_EQ(moved, (std::set<std::string>{"rollout", "reference", "reward"}));
+  EXPECT_NE(c.agents[2]->log().find("started worker 2 of job " + id), std::string::npos)
+      << c.logs();
+  EXPECT_NE(c.agents[2]->log().find("started worker 3 of job " + id), std::string::npos)
+      << c.logs();
+  EXPECT_NE(c.ctl.log().find("host-3 takes the place of lost node host-2"), std::string::npos)
+      << c.ctl.log();
+  EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at(lab->address(0)).empty(); }, 10));
 }
 
 TEST(NodeQueue, AJobNeedingMoreNodesThanAreReadyWaitsQueuedAndStartsNothing) {

@@ -2,18 +2,21 @@
 // controller and a driver exchange for a job on nodes (nodes.json, the
 // driver link's worker request), and the checks an agent makes before it
 // runs a StartWorker from the wire.
+#include "cluster/driver_link.hpp"
 #include "cluster/job_nodes.hpp"
 #include "cluster/node_placement.hpp"
 #include "cluster/workers.hpp"
+#include "tests/support/caf_round_trip.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include "runtime/file_io.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
-#include <caf/binary_deserializer.hpp>
-#include <caf/binary_serializer.hpp>
+#include <caf/all.hpp>
 #include <gtest/gtest.h>
+
+#include <future>
 
 using namespace troupe;
 using namespace troupe::cluster;
@@ -63,6 +66,34 @@ TEST(NodePlacement, EachNodeOfThePlanGetsADistinctReadyNodeThatFitsIt) {
   EXPECT_NE(context_of(got.error()).find("ready: none"), std::string::npos);
 }
 
+// NOTE [replacing a worker]: a lost worker's node plays its plan node
+// again while it is ready; else a node the job does not use, with room.
+TEST(NodePlacement, ALostWorkerGoesBackToItsNodeOrToAFreeNodeTheJobDoesNotUse) {
+  const std::vector<std::string> job{"a", "b"};
+  const std::vector<int64_t> need{2, 2};
+  // b is ready: its process died, not the node.
+  auto got = replacement_node(job, need, 1, {node("a", 2), node("b", 2), node("c", 4)}, {});
+  ASSERT_TRUE(got) << describe(got.error());
+  EXPECT_EQ(*got, "b");
+  // b is lost: c (free) takes its place, never a (the job's other node).
+  std::vector<node_view> nodes{node("a", 8), node("b", 2, 0, node_state::lost), node("c", 4),
+                               node("d", 2)};
+  got = replacement_node(job, need, 1, nodes, {});
+  ASSERT_TRUE(got) << describe(got.error());
+  EXPECT_EQ(*got, "d") << "the tightest fit";
+  got = replacement_node(job, need, 1, nodes, {{"d", 1}});
+  ASSERT_TRUE(got) << describe(got.error());
+  EXPECT_EQ(*got, "c") << "other jobs' devices count";
+  // None fits: why, naming the lost node.
+  got = replacement_node(job, need, 1,
+                         {node("a", 8), node("b", 2, 0, node_state::lost), node("c", 1)}, {});
+  ASSERT_FALSE(got);
+  EXPECT_EQ(context_of(got.error()), "node b is not ready and no other node can take its place "
+                                     "(waiting for nodes: the plan needs 1 node "
+                                     "with 2 free devices; ready: c (1 of 1 free))");
+  EXPECT_FALSE(replacement_node(job, need, 2, nodes, {})) << "no node 2 in the plan";
+}
+
 TEST(JobNodes, TheControllersChoiceAndTheDriversRequestRoundTrip) {
   test::temp_dir tmp;
   auto dir = tmp.path().string();
@@ -75,23 +106,31 @@ TEST(JobNodes, TheControllersChoiceAndTheDriversRequestRoundTrip) {
   EXPECT_EQ(n->nodes[1].host, "10.1.0.3");
 
   // The driver's request crosses the driver link as a CAF message.
-  worker_request_file w{42, "10.1.0.1:5000", "/srv/jobs", 30000, {{0, 0, "train:policy"}, {1, 1, "gen:rollout"}}};
+  worker_request_file w{42,
+                        "10.1.0.1:5000",
+                        "/srv/jobs",
+                        30000,
+                        {{0, 0, "train:policy", false}, {1, 1, "gen:rollout", true}}};
   caf::actor_system_config cfg;
   configure_network(cfg);
   caf::actor_system sys{cfg};
-  std::vector<char> buf;
-  caf::binary_serializer sink{sys, buf};
-  ASSERT_FALSE(sink(w));
-  worker_request_file r;
-  caf::binary_deserializer source{sys, buf};
-  ASSERT_FALSE(source(r));
+  auto r = test::round_trip(sys, w);
   EXPECT_EQ(r.pid, 42);
   EXPECT_EQ(r.driver, "10.1.0.1:5000");
   EXPECT_EQ(r.timeout_ms, 30000);
   ASSERT_EQ(r.workers.size(), 2u);
   EXPECT_EQ(r.workers[1].node, 1);
   EXPECT_EQ(r.workers[1].label, "gen:rollout");
+  EXPECT_FALSE(r.workers[0].restartable);
+  EXPECT_TRUE(r.workers[1].restartable);
   EXPECT_TRUE(check_worker_requests(r));
+
+  // NOTE [replacing a worker]: the driver's ask and the controller's answer.
+  auto back = test::round_trip(sys, worker_replaced{3, "host-3", "10.1.0.4", ""});
+  EXPECT_EQ(back.rank, 3);
+  EXPECT_EQ(back.node, "host-3");
+  EXPECT_EQ(back.host, "10.1.0.4");
+  EXPECT_EQ(back.error, "");
 
   // Workers out of rank order are refused, naming the entry.
   r.workers[0].rank = 1;
@@ -100,6 +139,58 @@ TEST(JobNodes, TheControllersChoiceAndTheDriversRequestRoundTrip) {
   EXPECT_NE(describe(bad.error()).find("workers[0]: rank 1 out of order"), std::string::npos) << describe(bad.error());
   ASSERT_TRUE(runtime::write_file_atomic(dir + "/" + nodes_file, "[1, 2"));
   EXPECT_FALSE(read_job_nodes(dir));
+}
+
+// NOTE [replacing a worker]: the driver's ask waits at its front until a
+// controller takes it and answers; an ask taken by a controller that went
+// away without answering (it restarted) goes to the next one.
+TEST(DriverLink, AWorkerAskedForAgainWaitsForTheControllersAnswer) {
+  caf::actor_system_config cfg;
+  configure_network(cfg);
+  caf::actor_system sys{cfg};
+  auto front = spawn_driver_front(sys);
+  auto take = [&](caf::scoped_actor& controller) {
+    worker_entry x;
+    x.rank = -1;
+    controller->request(front, std::chrono::seconds(10), replace_worker_atom::value)
+        .receive([&](const worker_entry& got) { x = got; },
+                 [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    return x;
+  };
+  auto driver = std::async(std::launch::async, [&] {
+    return ask_for_worker_again(sys, front, {2, 1, "gen:rollout", true});
+  });
+  {
+    caf::scoped_actor first{sys};
+    auto x = take(first);
+    EXPECT_EQ(x.rank, 2);
+    EXPECT_EQ(x.node, 1);
+    EXPECT_EQ(x.label, "gen:rollout");
+  }
+  EXPECT_EQ(driver.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "not answered yet";
+  caf::scoped_actor second{sys};
+  EXPECT_EQ(take(second).rank, 2) << "handed to the next controller";
+  caf::anon_send(front, replace_worker_atom::value, worker_replaced{2, "host-3", "10.0.0.9", ""});
+  ASSERT_EQ(driver.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto got = driver.get();
+  ASSERT_TRUE(got) << describe(got.error());
+  EXPECT_EQ(got->name, "host-3");
+  EXPECT_EQ(got->host, "10.0.0.9");
+
+  // A refusal is the driver's error.
+  auto refused = std::async(std::launch::async, [&] {
+    return ask_for_worker_again(sys, front, {1, 0, "train:policy", false});
+  });
+  EXPECT_EQ(take(second).rank, 1);
+  caf::anon_send(front, replace_worker_atom::value, worker_replaced{1, "", "", "no node has room"});
+  ASSERT_EQ(refused.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  auto r = refused.get();
+  ASSERT_FALSE(r);
+  EXPECT_NE(describe(r.error()).find("cannot start worker 1 again: no node has room"),
+            std::string::npos)
+      << describe(r.error());
+  caf::anon_send_exit(front, caf::exit_reason::user_shutdown);
 }
 
 TEST(JobNodes, AnAgentRunsOnlyAWorkerWithHarmlessValues) {

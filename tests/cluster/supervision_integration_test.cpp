@@ -78,26 +78,42 @@ std::vector<restart_seen> restarts_of(const std::string& run_dir) {
   return out;
 }
 
+// Runs `sets` on the three workers as is, then with `kills` (a
+// debug.kills setting); the second run must end with the first's metrics.
+// Answers the second's run folder ("" after a failure).
+std::string killed_run_ends_as_plain(test::temp_dir& tmp, std::vector<std::string> sets,
+                                     const std::string& kills) {
+  auto plain = parse_job(tiny_job(tmp.file("plain")) + three_workers, sets);
+  if (!plain || !test::run_placed(*plain, tmp)) {
+    ADD_FAILURE() << "the run without kills failed";
+    return "";
+  }
+  sets.push_back(kills);
+  auto killed = parse_job(tiny_job(tmp.file("killed")) + three_workers, sets);
+  if (!killed) {
+    ADD_FAILURE() << describe(killed.error());
+    return "";
+  }
+  if (auto b = test::run_placed(*killed, tmp); !b) {
+    ADD_FAILURE() << describe(b.error());
+    return "";
+  }
+  EXPECT_EQ(test::metrics_of(killed->run.dir), test::metrics_of(plain->run.dir));
+  return killed->run.dir;
+}
+
 } // namespace
 
 TEST(SupervisionWorkers, KilledWorkersAreStartedAgainAndTheRunEndsAsAnUninterruptedOne) {
   test::temp_dir tmp;
-  auto plain = parse_job(tiny_job(tmp.file("plain")) + three_workers, quick);
-  ASSERT_TRUE(plain) << describe(plain.error());
-  auto a = test::run_placed(*plain, tmp);
-  ASSERT_TRUE(a) << describe(a.error());
-  auto sets = quick;
   // The reference's kill ends worker 2, so the reward there is lost too:
   // restarted right after the reference (its companion in that process).
-  sets.push_back("debug.kills=[{role: rollout, iteration: 2, phase: gen}, "
-                 "{role: reference, iteration: 2, phase: ref}, "
-                 "{role: rollout, iteration: 3, phase: weight_sync}]");
-  auto killed = parse_job(tiny_job(tmp.file("killed")) + three_workers, sets);
-  ASSERT_TRUE(killed) << describe(killed.error());
-  auto b = test::run_placed(*killed, tmp);
-  ASSERT_TRUE(b) << describe(b.error());
-  EXPECT_EQ(test::metrics_of(killed->run.dir), test::metrics_of(plain->run.dir));
-  auto seen = restarts_of(killed->run.dir);
+  auto run_dir = killed_run_ends_as_plain(tmp, quick,
+                                          "debug.kills=[{role: rollout, iteration: 2, phase: gen}, "
+                                          "{role: reference, iteration: 2, phase: ref}, "
+                                          "{role: rollout, iteration: 3, phase: weight_sync}]");
+  ASSERT_FALSE(run_dir.empty());
+  auto seen = restarts_of(run_dir);
   ASSERT_EQ(seen.size(), 4u);
   std::vector<std::string> what;
   std::set<int64_t> pids;
@@ -115,6 +131,34 @@ TEST(SupervisionWorkers, KilledWorkersAreStartedAgainAndTheRunEndsAsAnUninterrup
   EXPECT_EQ(pids.size(), 3u);
   EXPECT_TRUE(std::filesystem::exists(tmp.file("logs") + "/worker-1.restart-2.log"));
   EXPECT_TRUE(std::filesystem::exists(tmp.file("logs") + "/worker-2.restart-1.log"));
+}
+
+// A broadcast channel (the one between nodes) keeps no copy of a version:
+// a restarted rollout's channel is named anew, both ends open a new group
+// and the policy sends the version again — in generation, and in the weight
+// sync whose collective the rollout died in (the policy's side of it fails
+// too; the rollout's loss is what the phase reports).
+TEST(SupervisionWorkers, ARolloutFedByBroadcastIsRestartedAndTheRunEndsAsAnUninterruptedOne) {
+  test::temp_dir tmp;
+  auto sets = quick;
+  sets.push_back("weight_sync.transport=broadcast");
+  auto run_dir = killed_run_ends_as_plain(tmp, sets,
+                                          "debug.kills=[{role: rollout, iteration: 2, phase: gen}, "
+                                          "{role: rollout, iteration: 3, phase: weight_sync}]");
+  ASSERT_FALSE(run_dir.empty());
+  std::vector<std::string> what;
+  for (const auto& r : restarts_of(run_dir))
+    what.push_back(r.role + " " + r.phase + " #" + std::to_string(r.attempt));
+  EXPECT_EQ(what, (std::vector<std::string>{"rollout gen #1", "rollout weight_sync #2"}));
+  // Version 1 went out twice: at its weight sync, and again to the rollout
+  // restarted in iteration 2's generation.
+  std::vector<int64_t> versions;
+  for (const auto& e : events_of(run_dir, "weight_sync")) {
+    EXPECT_EQ(e.value("transport", ""), "broadcast") << e.dump();
+    if (e.value("stage", "") == "rl")
+      versions.push_back(e.value("version", int64_t{0}));
+  }
+  EXPECT_EQ(versions, (std::vector<int64_t>{1, 1, 2, 3, 4}));
 }
 
 namespace {
