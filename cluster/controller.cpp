@@ -444,7 +444,14 @@ void controller::cancel(const std::string& id, bool now, reply done) {
     return done(v);
   }
   lock.unlock();
-  d.forward(id, "cancel", std::move(done), j::cancel_atom::value, now);
+  // NOTE [replacing a worker]: a job waiting for a node is blocked in a
+  // restart: once its job actor holds the cancel, the wait ends so.
+  auto then = [impl = impl_, id, done = std::move(done)](expected<job_view> v) {
+    if (v)
+      impl->give_up_replacements(id, "the job was cancelled while it waited for a node");
+    done(std::move(v));
+  };
+  d.forward(id, "cancel", std::move(then), j::cancel_atom::value, now);
 }
 
 void controller::pause(const std::string& id, reply done) {

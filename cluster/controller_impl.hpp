@@ -246,6 +246,8 @@ struct controller::impl : std::enable_shared_from_this<impl> {
                                                const std::map<std::string, int64_t>& used);
   // Without `mu`: the StartWorkers, and each answer once its node took it.
   void send_replacements(const std::vector<replacement_send>& sends);
+  // Without `mu`: refuses the replacements job `id` waits for (`why`).
+  void give_up_replacements(const std::string& id, const std::string& why);
 
   void start_driver(job_entry& e);
 

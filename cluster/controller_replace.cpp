@@ -108,6 +108,16 @@ controller::impl::place_replacement(job_entry& e, const worker_entry& x,
   return std::nullopt;
 }
 
+void controller::impl::give_up_replacements(const std::string& id, const std::string& why) {
+  std::lock_guard lock{mu};
+  auto e = find(id);
+  if (!e)
+    return;
+  for (const auto& x : std::exchange(e->replacements, {}))
+    caf::anon_send(e->front, replace_worker_atom::value, worker_replaced{x.rank, "", "", why});
+  e->wait_reason.clear();
+}
+
 void controller::impl::send_replacements(const std::vector<replacement_send>& sends) {
   for (const auto& m : sends) {
     if (nodes->send(m.node, m.start)) {

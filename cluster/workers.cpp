@@ -707,9 +707,14 @@ expected<void> worker_set::shutdown(int64_t timeout_ms) {
   if (!impl_)
     return {};
   auto& d = *impl_;
+  size_t connected = 0; // the connections to see close: a lost one closed already
   {
     std::lock_guard lock{d.reg->mu};
     d.reg->shutting_down = true;
+    for (size_t r = 0; r < d.reg->slots.size(); ++r)
+      if (d.reg->slots[r] && std::none_of(d.reg->lost.begin(), d.reg->lost.end(),
+                                          [r](const auto& l) { return l.first == r; }))
+        ++connected;
   }
   if (d.dog)
     caf::anon_send_exit(d.dog, caf::exit_reason::user_shutdown);
@@ -720,10 +725,10 @@ expected<void> worker_set::shutdown(int64_t timeout_ms) {
   if (d.remote()) {
     // Their agents see the processes end; here, their connections close.
     std::unique_lock lock{d.reg->mu};
-    if (!d.reg->cv.wait_until(lock, deadline, [&] { return d.reg->gone >= d.infos.size(); }))
-      failures = std::to_string(d.infos.size() - d.reg->gone) + " of " + std::to_string(d.infos.size()) +
-                 " remote workers did not close their connections within " + std::to_string(timeout_ms) +
-                 " ms (their agents end them)";
+    if (!d.reg->cv.wait_until(lock, deadline, [&] { return d.reg->gone >= connected; }))
+      failures = std::to_string(connected - d.reg->gone) + " of " + std::to_string(connected) +
+                 " remote workers did not close their connections within " +
+                 std::to_string(timeout_ms) + " ms (their agents end them)";
   }
   for (size_t r = 0; r < d.procs.size(); ++r) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());

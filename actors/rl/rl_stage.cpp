@@ -563,6 +563,12 @@ expected<rl_driver::flow> rl_driver::run_phase(iteration_state& s, const char* p
       return flow::stop;
     }
     if (auto back = recover(s, phase, ok.error()); !back) {
+      // A cancel the restart gave way to (a job waiting for a node: NOTE
+      // [replacing a worker] in cluster/job_nodes.hpp) stops it so.
+      if (cancel_pending(s, phase)) {
+        ctx_.emit(job::phase_finished{"rl", step, phase, t.seconds(), false});
+        return flow::stop;
+      }
       ok = back.error();
       break;
     }

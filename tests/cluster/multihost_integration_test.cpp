@@ -400,6 +400,47 @@ TEST_F(MultiHost, AKilledHostsWorkersMoveToANodeThatJoinsAndTheJobFinishes) {
   EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at(lab->address(0)).empty(); }, 10));
 }
 
+// A job waiting for a node (NOTE [replacing a worker]) is blocked in a
+// restart; a cancel ends the wait and the job, cancelled.
+TEST_F(MultiHost, AJobWaitingForANodeIsCancelled) {
+  auto& c = *cluster;
+  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
+  auto r = c.cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless)}, 60);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto id = r.out.substr(0, r.out.find('\n'));
+  nlohmann::json s;
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        s = c.status(id);
+        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
+      },
+      300))
+      << s.dump(2) << c.logs();
+  auto children = children_of(c.agents[1]->pid());
+  c.agents[1]->signal(SIGKILL);
+  for (int pid : children)
+    ::kill(pid, SIGKILL);
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        s = c.status(id);
+        return s.value("wait_reason", "").find("waits for a node") != std::string::npos;
+      },
+      60))
+      << s.dump(2) << c.logs();
+  auto cancelled = c.cli({"cancel", id}, 60);
+  EXPECT_EQ(cancelled.code, 0) << cancelled.out << cancelled.err;
+  ASSERT_TRUE(test::eventually(
+      [&] {
+        s = c.status(id);
+        return s.value("state", "") == "cancelled" || s.value("state", "") == "failed";
+      },
+      30))
+      << s.dump(2) << c.logs();
+  EXPECT_EQ(s.value("state", ""), "cancelled") << s.dump(2);
+  EXPECT_EQ(s.value("wait_reason", ""), "");
+  EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at(lab->address(0)).empty(); }, 10));
+}
+
 TEST(NodeQueue, AJobNeedingMoreNodesThanAreReadyWaitsQueuedAndStartsNothing) {
   // On loopback: the agents are "nodes" of this machine.
   test::temp_dir tmp;
