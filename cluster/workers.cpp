@@ -2,6 +2,7 @@
 
 #include "actors/actor_system.hpp"
 #include "actors/rl/roles.hpp"
+#include "cluster/heartbeats.hpp"
 #include "cluster/local_launcher.hpp"
 #include "cluster/remote_reward.hpp"
 
@@ -47,7 +48,16 @@ struct registry {
   /// Per worker: its role label, its node's name ("" = this machine) and
   /// address; a replaced worker's node changes (NOTE [replacing a worker]).
   std::vector<std::string> roles, nodes, hosts;
+  /// NOTE [heartbeats]: where the workers send theirs, and how often
+  /// (unset: heartbeats off).
+  std::optional<heartbeat_receiver> beats;
+  int64_t tick_ms = 0;
 };
+
+// Eight heartbeats each interval.
+std::chrono::milliseconds heartbeat_tick(std::chrono::milliseconds interval) {
+  return std::max(std::chrono::milliseconds(1), interval / 8);
+}
 
 std::string describe_worker(const worker_info& w) {
   return "worker " + std::to_string(w.rank) + " (role " + w.role +
@@ -71,7 +81,9 @@ caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> 
       }
   });
   return {
-      [=](register_atom, int32_t rank, int64_t pid, const caf::actor& who) -> caf::result<bool> {
+      // Answers where to send heartbeats and how often (port 0: not at all).
+      [=](register_atom, int32_t rank, int64_t pid,
+          const caf::actor& who) -> caf::result<uint16_t, int64_t> {
         std::lock_guard lock{reg->mu};
         if (rank < 0 || static_cast<size_t>(rank) >= reg->slots.size())
           return make_error(errc::invalid_argument,
@@ -84,33 +96,31 @@ caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> 
         auto r = static_cast<size_t>(rank);
         reg->slots[r] = worker_info{rank, reg->roles[r], pid, who, reg->nodes[r], reg->hosts[r]};
         reg->cv.notify_all();
-        return true;
+        return caf::result<uint16_t, int64_t>{reg->beats ? reg->beats->port() : uint16_t{0},
+                                              reg->tick_ms};
       },
   };
 }
 
 using heartbeat_tick_atom = caf::atom_constant<caf::atom("hbtick")>;
 
-// NOTE [heartbeats]: the driver pings every worker eight times each
-// heartbeat interval; one that has not answered for 2 intervals is hung
-// (stopped, deadlocked, swapping) — found within 3 intervals — and is
-// killed (SIGKILL; a worker on a node is left to its connection's
+// NOTE [heartbeats] (heartbeats.hpp): every tick the watchdog drains the
+// workers' datagrams; a worker none came from for 2 intervals is hung and
+// is killed (SIGKILL; a worker on a node is left to its connection's
 // timeout), which its roles' proxies see as their loss (NOTE
-// [supervision] in actors/rl/supervision.hpp). The worker actor answers
-// on a thread of its own, whatever its roles are doing.
+// [supervision] in actors/rl/supervision.hpp).
 struct watchdog_state {
   struct seen {
     caf::actor_addr who;
     clock_type::time_point answered;
   };
   std::vector<seen> workers;
-  int64_t seq = 0;
   static inline const char* name = "worker_watchdog";
 };
 
 caf::behavior watchdog(caf::stateful_actor<watchdog_state>* self, std::shared_ptr<registry> reg,
                        std::chrono::milliseconds interval) {
-  const auto tick = std::max(std::chrono::milliseconds(1), interval / 8);
+  const auto tick = heartbeat_tick(interval);
   const auto silence = interval * 2;
   self->send(self, heartbeat_tick_atom::value);
   return {
@@ -122,10 +132,11 @@ caf::behavior watchdog(caf::stateful_actor<watchdog_state>* self, std::shared_pt
             return;
           slots = reg->slots;
         }
+        // (The receiver is this actor's alone.)
+        const auto beats = reg->beats ? reg->beats->drain() : std::vector<heartbeat>{};
         auto& ws = self->state.workers;
         ws.resize(slots.size());
         const auto now = clock_type::now();
-        const auto seq = self->state.seq++;
         for (size_t r = 0; r < slots.size(); ++r) {
           if (!slots[r])
             continue;
@@ -135,27 +146,21 @@ caf::behavior watchdog(caf::stateful_actor<watchdog_state>* self, std::shared_pt
             w = {info.handle.address(), now}; // a new worker: its silence counts from now
           if (!w.who)
             continue;
-          if (now - w.answered > silence) {
-            std::lock_guard lock{reg->mu};
-            reg->hung.emplace_back(
-                r, describe_worker(info) + " answered no heartbeat for " +
-                       std::to_string(
-                           std::chrono::duration_cast<std::chrono::milliseconds>(now - w.answered)
-                               .count()) +
-                       " ms");
-            if (info.node.empty())
-              ::kill(static_cast<pid_t>(info.pid), SIGKILL);
-            w.who = caf::actor_addr{}; // once
+          for (const auto& b : beats)
+            if (b.rank == static_cast<int32_t>(r) && b.pid == info.pid)
+              w.answered = now;
+          if (now - w.answered <= silence)
             continue;
-          }
-          self->request(info.handle, silence, worker_ping_atom::value, seq)
-              .then(
-                  [=](int64_t, int32_t) {
-                    auto& x = self->state.workers[r];
-                    if (x.who == info.handle.address())
-                      x.answered = std::max(x.answered, clock_type::now());
-                  },
-                  [](caf::error&) {});
+          std::lock_guard lock{reg->mu};
+          reg->hung.emplace_back(
+              r, describe_worker(info) + " answered no heartbeat for " +
+                     std::to_string(
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - w.answered)
+                             .count()) +
+                     " ms");
+          if (info.node.empty())
+            ::kill(static_cast<pid_t>(info.pid), SIGKILL);
+          w.who = caf::actor_addr{}; // once
         }
         self->delayed_send(self, tick, heartbeat_tick_atom::value);
       },
@@ -257,11 +262,21 @@ int run_worker(const worker_options& o) {
     caf::scoped_actor s{sys};
     s->request(d, std::chrono::milliseconds(o.timeout_ms), register_atom::value, rank,
                static_cast<int64_t>(::getpid()), self_actor)
-        .receive([&](bool) { registered = true; },
-                 [&](caf::error& e) {
-                   std::fprintf(stderr, "%s: registration failed: %s\n", where.c_str(),
-                                sys.render(e).c_str());
-                 });
+        .receive(
+            [&](uint16_t port, int64_t tick_ms) {
+              registered = true;
+              if (port == 0)
+                return;
+              if (auto ok = start_heartbeats(o.driver_host, port,
+                                             {rank, static_cast<int64_t>(::getpid())},
+                                             std::chrono::milliseconds(tick_ms));
+                  !ok)
+                std::fprintf(stderr, "%s: %s\n", where.c_str(), describe(ok.error()).c_str());
+            },
+            [&](caf::error& e) {
+              std::fprintf(stderr, "%s: registration failed: %s\n", where.c_str(),
+                           sys.render(e).c_str());
+            });
   }
   if (!registered) {
     caf::anon_send_exit(self_actor, caf::exit_reason::user_shutdown);
@@ -363,8 +378,15 @@ struct worker_set::impl {
     reg = std::make_shared<registry>();
     reg->slots.resize(roles.size());
     reg->roles = roles, reg->nodes = nodes, reg->hosts = hosts;
-    registrar = sys->spawn(cluster::registrar, reg);
     auto bind = o.remote ? o.remote->bind_host : std::string{"127.0.0.1"};
+    if (o.heartbeat_ms > 0) {
+      auto beats = heartbeat_receiver::open(bind);
+      if (!beats)
+        return with_prefix(beats.error(), "launch workers");
+      reg->beats = std::move(*beats);
+      reg->tick_ms = heartbeat_tick(std::chrono::milliseconds(o.heartbeat_ms)).count();
+    }
+    registrar = sys->spawn(cluster::registrar, reg);
     auto p = sys->middleman().publish(registrar, 0, bind.c_str());
     if (!p)
       return make_error(errc::io_error, "launch workers: cannot publish the registrar on " + bind + ": " +

@@ -3,6 +3,7 @@
 // driver link's worker request), and the checks an agent makes before it
 // runs a StartWorker from the wire.
 #include "cluster/driver_link.hpp"
+#include "cluster/heartbeats.hpp"
 #include "cluster/job_nodes.hpp"
 #include "cluster/node_placement.hpp"
 #include "cluster/workers.hpp"
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <thread>
 
 using namespace troupe;
 using namespace troupe::cluster;
@@ -191,6 +193,40 @@ TEST(DriverLink, AWorkerAskedForAgainWaitsForTheControllersAnswer) {
             std::string::npos)
       << describe(r.error());
   caf::anon_send_exit(front, caf::exit_reason::user_shutdown);
+}
+
+// NOTE [heartbeats]: a worker's heartbeats reach the driver's receiver as
+// datagrams; anything else that arrives there is ignored.
+TEST(Heartbeats, TheDriverHearsAWorkersBeatsAndNothingElse) {
+  auto wire = encode_heartbeat({3, 4242});
+  ASSERT_EQ(wire.size(), 16u);
+  auto h = decode_heartbeat(wire.data(), wire.size());
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->rank, 3);
+  EXPECT_EQ(h->pid, 4242);
+  EXPECT_FALSE(decode_heartbeat(wire.data(), wire.size() - 1));
+  auto bad = wire;
+  bad[0] ^= 1;
+  EXPECT_FALSE(decode_heartbeat(bad.data(), bad.size())) << "not our magic";
+  auto negative = encode_heartbeat({-1, 4242});
+  EXPECT_FALSE(decode_heartbeat(negative.data(), negative.size()));
+
+  auto receiver = heartbeat_receiver::open("127.0.0.1");
+  ASSERT_TRUE(receiver) << describe(receiver.error());
+  EXPECT_GT(receiver->port(), 0);
+  EXPECT_TRUE(receiver->drain().empty());
+  ASSERT_TRUE(
+      start_heartbeats("127.0.0.1", receiver->port(), {2, 77}, std::chrono::milliseconds(5)));
+  std::vector<heartbeat> got;
+  for (int i = 0; i < 400 && got.size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (const auto& b : receiver->drain())
+      got.push_back(b);
+  }
+  ASSERT_GE(got.size(), 3u);
+  EXPECT_EQ(got[0].rank, 2);
+  EXPECT_EQ(got[0].pid, 77);
+  EXPECT_FALSE(heartbeat_receiver::open("not-an-address"));
 }
 
 TEST(JobNodes, AnAgentRunsOnlyAWorkerWithHarmlessValues) {

@@ -100,7 +100,7 @@ TEST(Workers, AWorkerExitsWhenItsDriverGoesAway) {
   auto fake_driver = net.sys->spawn([&](caf::event_based_actor*) -> caf::behavior {
     return {[&](register_atom, int32_t, int64_t, const caf::actor&) {
       registered.set_value();
-      return true;
+      return std::make_tuple(uint16_t{0}, int64_t{0}); // no heartbeats
     }};
   });
   auto port = net.sys->middleman().publish(fake_driver, 0, "127.0.0.1");
