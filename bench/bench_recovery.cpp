@@ -17,7 +17,7 @@
 // Each restart reports recover_s (loss seen → role ready: process start,
 // model load, the weights received again) and the lost time of its
 // iteration: its step time minus the median step of the run without kills.
-// Usage: bench_recovery [iterations=6] [hidden=512] [layers=6]
+// Usage: bench_recovery [iterations=6] [hidden=512] [layers=6] [only=all|readiness]
 #include "actors/actor_system.hpp"
 #include "actors/rl/job.hpp"
 #include "actors/rl/placement.hpp"
@@ -194,6 +194,12 @@ int main(int argc, char** argv) {
   int iterations = argc > 1 ? std::atoi(argv[1]) : 6;
   int hidden = argc > 2 ? std::atoi(argv[2]) : 512;
   int layers = argc > 3 ? std::atoi(argv[3]) : 6;
+  const std::string only = argc > 4 ? argv[4] : "all";
+  if (only != "all" && only != "readiness") {
+    std::fprintf(stderr, "bench_recovery: the 4th argument is all or readiness, not '%s'\n",
+                 only.c_str());
+    return 2;
+  }
   if (iterations < 5) {
     std::fprintf(stderr, "bench_recovery: at least 5 iterations (the kills are in 2..4)\n");
     return 2;
@@ -204,11 +210,13 @@ int main(int argc, char** argv) {
   auto root = (std::filesystem::temp_directory_path() /
                ("troupe_bench_recovery_" + std::to_string(::getpid())))
                   .string();
-  int rc = section(root + "/workers", "worker processes", true, three_workers, kills, iterations,
-                   hidden, layers);
-  if (rc == 0)
+  int rc = 0;
+  if (only == "all")
+    rc = section(root + "/workers", "worker processes", true, three_workers, kills, iterations,
+                 hidden, layers);
+  if (rc == 0 && only == "all")
     rc = section(root + "/inproc", "one process", false, {}, kills, iterations, hidden, layers);
-  if (rc == 0) {
+  if (rc == 0 && only == "all") {
     auto sets = dp_workers;
     sets.push_back(trainers_restart);
     rc = section(root + "/trainers", "trainer DP ranks in worker processes", true, sets,

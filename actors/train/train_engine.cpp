@@ -28,6 +28,13 @@ namespace troupe::actors::train {
 
 namespace {
 
+// A training-state archive's bytes.
+std::string archive_bytes(torch::serialize::OutputArchive& archive) {
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
 at::Tensor need(const runtime::tensor_batch& b, const std::string& name) {
   return value_or_throw(b.get(name));
 }
@@ -110,9 +117,10 @@ struct train_engine::impl {
   std::string offloaded;
 
   /// NOTE [peer state]: whether each update first keeps the training state,
-  /// and the state before the last update (save_state's bytes).
+  /// and the state before the last update (copies of what save_state
+  /// writes, by key).
   bool keep_before_update = false;
-  std::optional<std::string> before_update;
+  std::optional<std::vector<std::pair<std::string, at::Tensor>>> before_update;
 
   // Reads an offloaded optimizer state back (and removes its file).
   expected<void> reload_optimizer() {
@@ -1660,9 +1668,10 @@ expected<int64_t> train_engine::gather_weights() const {
 // lost rank interrupted an update, the survivors may have stepped part of
 // it (up to the collective the lost rank never came to), and the phase
 // runs again from the start: so each update first keeps the state as it
-// was, and the survivor hands over that copy. Kept in memory, one copy,
-// replaced by the next update; the cost is a serialisation of the state
-// per update (docs/benchmarks.md, issue 33).
+// was, and the survivor hands over that copy. Kept in memory, one copy of
+// each tensor (a memory copy per update, not a serialisation: that cost
+// 3x a step; docs/benchmarks.md, issue 33), replaced by the next update,
+// serialised only when a peer asks for it.
 expected<void> train_engine::keep_state_before_updates(bool on) {
   auto& d = *impl_;
   if (on && !d.strategy)
@@ -1680,19 +1689,48 @@ expected<void> train_engine::keep_state_before_updates(bool on) {
 }
 
 expected<void> train_engine::keep_state_before_update() {
-  if (!impl_->keep_before_update)
+  auto& d = *impl_;
+  if (!d.keep_before_update)
     return {};
-  auto bytes = save_state();
-  if (!bytes)
-    return with_prefix(bytes.error(), "keeping the state before the update");
-  impl_->before_update = std::move(*bytes);
-  return {};
+  if (auto ok = d.make_resident(); !ok)
+    return ok.error();
+  return guarded("keeping the state before the update", [&]() -> expected<void> {
+    auto now = d.strategy->whole_state();
+    if (!now)
+      return now.error();
+    for (const auto& p : d.model->named_parameters())
+      now->emplace_back("param/" + p.key(), p.value().detach());
+    now->emplace_back("steps", torch::tensor(d.steps, torch::kLong));
+    torch::NoGradGuard no_grad;
+    // Into the last update's copy when it has the same layout: a memory
+    // copy without new pages (fresh ones cost their page faults each time).
+    auto& kept = d.before_update;
+    bool same = kept && kept->size() == now->size();
+    for (size_t i = 0; same && i < now->size(); ++i)
+      same = (*kept)[i].first == (*now)[i].first &&
+             (*kept)[i].second.sizes() == (*now)[i].second.sizes() &&
+             (*kept)[i].second.scalar_type() == (*now)[i].second.scalar_type();
+    if (same) {
+      for (size_t i = 0; i < now->size(); ++i)
+        (*kept)[i].second.copy_((*now)[i].second);
+      return {};
+    }
+    for (auto& [key, t] : *now)
+      t = t.clone();
+    kept = std::move(*now);
+    return {};
+  });
 }
 
 expected<std::string> train_engine::state_before_update() const {
-  if (impl_->before_update)
-    return *impl_->before_update;
-  return save_state();
+  if (!impl_->before_update)
+    return save_state();
+  return guarded("state_before_update", [&]() -> expected<std::string> {
+    torch::serialize::OutputArchive archive;
+    for (const auto& [key, t] : *impl_->before_update)
+      archive.write(key, t);
+    return archive_bytes(archive);
+  });
 }
 
 expected<void> train_engine::die_in_collective(int64_t nth, std::function<void()> die) {
@@ -1719,9 +1757,7 @@ expected<std::string> train_engine::save_state() const {
     if (impl_->strategy)
       value_or_throw(impl_->strategy->save_state(archive));
     archive.write("steps", torch::tensor(impl_->steps, torch::kLong));
-    std::ostringstream out;
-    archive.save_to(out);
-    return out.str();
+    return archive_bytes(archive);
   });
 }
 
@@ -1751,9 +1787,7 @@ expected<std::string> train_engine::save_shard() const {
     archive.write("shard/total", torch::tensor(part.total, torch::kLong));
     archive.write("optimizer/step", torch::tensor(part.step, torch::kLong));
     archive.write("steps", torch::tensor(impl_->steps, torch::kLong));
-    std::ostringstream out;
-    archive.save_to(out);
-    return out.str();
+    return archive_bytes(archive);
   });
 }
 

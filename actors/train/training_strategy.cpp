@@ -119,6 +119,18 @@ public:
     return {};
   }
 
+  expected<std::vector<std::pair<std::string, at::Tensor>>> whole_state() const override {
+    if (!holds_whole_state())
+      return training_strategy::whole_state();
+    std::vector<std::pair<std::string, at::Tensor>> out{
+        {"optimizer/step", torch::tensor(adam_.t, torch::kLong)}};
+    for (const auto& [name, part] :
+         {std::pair{"exp_avg", adam_.m}, {"exp_avg_sq", adam_.v}, {"master", adam_.master}})
+      if (part.defined())
+        out.emplace_back(std::string{"optimizer/"} + name, part.narrow(0, 0, f_.total));
+    return out;
+  }
+
   expected<void> load_state(torch::serialize::InputArchive& archive) override {
     return guarded("loading the optimizer state", [&]() -> expected<void> {
       auto state = adam_.read_state(archive, f_.total, f_.flat.scalar_type());
@@ -181,6 +193,8 @@ protected:
   virtual int64_t release_own_grads() { return 0; }
   // The whole flat tensor of which `part` is this rank's shard.
   virtual expected<at::Tensor> gather(const at::Tensor& part) const = 0;
+  /// This rank's AdamW holds the whole model's state (gather is the identity).
+  virtual bool holds_whole_state() const { return false; }
 
   // What this rank keeps of an unpadded whole (undefined: none): its
   // shard, padded with zeros — the whole for ddp, whose shard it is.
@@ -236,6 +250,7 @@ private:
   at::Tensor& shard_grad() override { return f_.grads; }
   int64_t shard_offset() const override { return 0; }
   expected<at::Tensor> gather(const at::Tensor& part) const override { return part; }
+  bool holds_whole_state() const override { return true; }
   std::pair<int64_t, int64_t> position() const override {
     return dp_group_ ? std::pair<int64_t, int64_t>{dp_group_->rank(), dp_group_->size()}
                      : std::pair<int64_t, int64_t>{0, 1};

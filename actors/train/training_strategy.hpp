@@ -161,6 +161,13 @@ public:
   /// every rank of the group calls it.
   virtual expected<void> save_state(torch::serialize::OutputArchive& archive) const = 0;
   virtual expected<void> load_state(torch::serialize::InputArchive& archive) = 0;
+  /// NOTE [peer state]: what save_state writes, by key, without a
+  /// collective — views of the live state, valid until the next step —
+  /// where a rank holds the whole state (ddp); errc::unsupported elsewhere.
+  virtual expected<std::vector<std::pair<std::string, at::Tensor>>> whole_state() const {
+    return make_error(errc::unsupported,
+                      "whole_state: this rank holds a shard of the optimizer state");
+  }
 
   /// NOTE [sharded state]: this rank's part of the training state in the
   /// canonical layout — the parameters in order, unpadded, end to end —
