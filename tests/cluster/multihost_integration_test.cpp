@@ -150,10 +150,18 @@ struct cluster_on_hosts {
   // restartable (a lost node ends it), and waits for its first RL step;
   // its id ("" and a failure when it did not get there).
   std::string submit_endless() {
+    return submit_stepping(
+        {"rl.iterations=" + std::to_string(test::endless), "supervision.budget=0"});
+  }
+
+  // Submits the disaggregated job on both nodes with `sets` and waits for
+  // its first RL step; its id ("" and a failure when it did not get there).
+  std::string submit_stepping(const std::vector<std::string>& sets) {
     auto spec = tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
-    auto r = cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless),
-                  "--set", "supervision.budget=0"},
-                 60);
+    std::vector<std::string> args{"submit", spec};
+    for (const auto& x : sets)
+      args.insert(args.end(), {"--set", x});
+    auto r = cli(args, 60);
     EXPECT_EQ(r.code, 0) << r.err;
     auto id = r.out.substr(0, r.out.find('\n'));
     bool stepped = r.code == 0 && test::eventually(
@@ -164,6 +172,27 @@ struct cluster_on_hosts {
                                       300);
     EXPECT_TRUE(stepped) << logs();
     return stepped ? id : std::string{};
+  }
+
+  // Host `agent + 1` goes down hard: its agent and every process it started
+  // (false when it ran none).
+  bool kill_host(size_t agent) {
+    auto children = children_of(agents[agent]->pid());
+    agents[agent]->signal(SIGKILL);
+    for (int pid : children)
+      ::kill(pid, SIGKILL);
+    return !children.empty();
+  }
+
+  // Whether job `id` comes to wait for a node (NOTE [replacing a worker])
+  // within 60 s; `s` its last status.
+  bool waits_for_a_node(const std::string& id, nlohmann::json& s) {
+    return test::eventually(
+        [&] {
+          s = status(id);
+          return s.value("wait_reason", "").find("waits for a node") != std::string::npos;
+        },
+        60);
   }
 
   bool all_ready() {
@@ -336,33 +365,11 @@ TEST_F(MultiHost, AKilledHostsWorkersMoveToANodeThatJoinsAndTheJobFinishes) {
     auto ran = cluster::run_placed_job(*ns.sys, *local, {}, {});
     ASSERT_TRUE(ran) << describe(ran.error());
   }
-  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
-  auto r = c.cli({"submit", spec, "--set", sets[0]}, 60);
-  ASSERT_EQ(r.code, 0) << r.err;
-  auto id = r.out.substr(0, r.out.find('\n'));
+  auto id = c.submit_stepping(sets);
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(c.kill_host(1)) << "host-2 runs the rollout and the judges";
   nlohmann::json s;
-  ASSERT_TRUE(test::eventually(
-      [&] {
-        s = c.status(id);
-        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
-      },
-      300))
-      << s.dump(2) << c.logs();
-
-  auto agent = c.agents[1]->pid();
-  auto children = children_of(agent);
-  ASSERT_FALSE(children.empty()) << "host-2 runs the rollout and the judges";
-  c.agents[1]->signal(SIGKILL);
-  for (int pid : children)
-    ::kill(pid, SIGKILL);
-
-  ASSERT_TRUE(test::eventually(
-      [&] {
-        s = c.status(id);
-        return s.value("wait_reason", "").find("waits for a node") != std::string::npos;
-      },
-      60))
-      << s.dump(2) << c.logs();
+  ASSERT_TRUE(c.waits_for_a_node(id, s)) << s.dump(2) << c.logs();
   EXPECT_EQ(s.value("state", ""), "running") << s.dump(2);
   EXPECT_NE(s.value("wait_reason", "").find("host-2 is not ready"), std::string::npos) << s.dump(2);
 
@@ -404,29 +411,11 @@ TEST_F(MultiHost, AKilledHostsWorkersMoveToANodeThatJoinsAndTheJobFinishes) {
 // restart; a cancel ends the wait and the job, cancelled.
 TEST_F(MultiHost, AJobWaitingForANodeIsCancelled) {
   auto& c = *cluster;
-  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
-  auto r = c.cli({"submit", spec, "--set", "rl.iterations=" + std::to_string(test::endless)}, 60);
-  ASSERT_EQ(r.code, 0) << r.err;
-  auto id = r.out.substr(0, r.out.find('\n'));
+  auto id = c.submit_stepping({"rl.iterations=" + std::to_string(test::endless)});
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(c.kill_host(1)) << "host-2 runs the rollout and the judges";
   nlohmann::json s;
-  ASSERT_TRUE(test::eventually(
-      [&] {
-        s = c.status(id);
-        return s.value("stage", "") == "rl" && s.value("iteration", 0) >= 1;
-      },
-      300))
-      << s.dump(2) << c.logs();
-  auto children = children_of(c.agents[1]->pid());
-  c.agents[1]->signal(SIGKILL);
-  for (int pid : children)
-    ::kill(pid, SIGKILL);
-  ASSERT_TRUE(test::eventually(
-      [&] {
-        s = c.status(id);
-        return s.value("wait_reason", "").find("waits for a node") != std::string::npos;
-      },
-      60))
-      << s.dump(2) << c.logs();
+  ASSERT_TRUE(c.waits_for_a_node(id, s)) << s.dump(2) << c.logs();
   auto cancelled = c.cli({"cancel", id}, 60);
   EXPECT_EQ(cancelled.code, 0) << cancelled.out << cancelled.err;
   ASSERT_TRUE(test::eventually(
