@@ -518,8 +518,9 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
   s.updating = false; // the iteration is complete: its state is the checkpoint's
   bool last = it + 1 == r.iterations;
   if (last || (r.eval_every > 0 && (it + 1) % r.eval_every == 0)) {
+    // A cancel that came while a lost rollout restarted stops here too.
     auto f = run_phase(s, "evaluate", &rl_driver::evaluate);
-    if (!f)
+    if (!f || *f == flow::stop)
       return f;
   }
   ctx_.metrics("rl", it + 1, r.iterations, s.m, stage_clock_.seconds());

@@ -209,6 +209,15 @@ struct cluster_on_hosts {
     std::string out = "controller: " + ctl.log();
     for (auto& a : agents)
       out += "\nagent: " + a->log();
+    // The jobs' drivers, whose side a failure is often on.
+    std::error_code ec;
+    for (const auto& d : std::filesystem::directory_iterator{ctl.state_dir() + "/jobs", ec})
+      for (const auto* name : {"driver.log", "run/troupe.log"}) {
+        auto log = runtime::read_file((d.path() / name).string());
+        if (log && !log->empty())
+          out += "\n" + d.path().filename().string() + "/" + name + ": " +
+                 (log->size() > 6000 ? "..." + log->substr(log->size() - 6000) : *log);
+      }
     return out;
   }
 };
