@@ -35,12 +35,6 @@ namespace {
 
 constexpr const char* kCookie = "troupe_session";
 
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // ---- JSON of the API's messages ----
 
 // A job as the API's JSON (protobuf's JSON mapping of troupe.v1.Job, field
@@ -260,7 +254,7 @@ struct dashboard::impl {
       return std::nullopt;
     std::lock_guard l{mu};
     auto it = sessions.find(id);
-    if (it == sessions.end() || it->second.expires_us < now_us())
+    if (it == sessions.end() || it->second.expires_us < j::now_us())
       return std::nullopt;
     return it->second;
   }
@@ -275,7 +269,7 @@ struct dashboard::impl {
     if (!id || !csrf)
       return make_error(errc::internal, "no randomness for a session");
     std::lock_guard l{mu};
-    auto now = now_us();
+    auto now = j::now_us();
     for (auto it = sessions.begin(); it != sessions.end();)
       it = it->second.expires_us < now ? sessions.erase(it) : std::next(it);
     if (sessions.size() >= 1024) // bounded: the oldest to expire goes
@@ -350,7 +344,8 @@ struct dashboard::impl {
   void login(const httplib::Request& req, httplib::Response& res) {
     auto token = req.get_param_value("token");
     bool ok = same_secret(token, opt.token);
-    (void)ctl.store().audit({now_us(), who(req), "dashboard login", "", ok ? "ok" : "UNAUTHENTICATED: wrong token"});
+    (void)ctl.store().audit(
+        {j::now_us(), who(req), "dashboard login", "", ok ? "ok" : "UNAUTHENTICATED: wrong token"});
     if (!ok) {
       res.status = 401;
       return login_form(res, "Wrong token.");
@@ -429,7 +424,7 @@ struct dashboard::impl {
                const std::string& what) {
     if (!writer(req, res, req.get_header_value("X-CSRF-Token"))) {
       auto refused = res.status == 401 ? "UNAUTHENTICATED: " : "PERMISSION_DENIED: ";
-      (void)ctl.store().audit({now_us(), who(req), "dashboard " + what, id.substr(0, 128),
+      (void)ctl.store().audit({j::now_us(), who(req), "dashboard " + what, id.substr(0, 128),
                                refused + res.body.substr(0, 200)});
       return;
     }
@@ -449,9 +444,10 @@ struct dashboard::impl {
     expected<job_view> v = make_error(errc::timeout, what + ": no answer from the job in time");
     if (f.wait_for(wait) == std::future_status::ready)
       v = f.get();
-    (void)ctl.store().audit({now_us(), who(req), "dashboard " + what, id.substr(0, 128),
-                             v ? "ok" : grpc_status_name(grpc_code_of(code_of(v.error()))) + ": " +
-                                            describe(v.error()).substr(0, 400)});
+    (void)ctl.store().audit({j::now_us(), who(req), "dashboard " + what, id.substr(0, 128),
+                             v ? "ok"
+                               : grpc_status_name(grpc_code_of(code_of(v.error()))) + ": " +
+                                     describe(v.error()).substr(0, 400)});
     if (!v)
       return reply_error(res, v.error());
     reply_json(res, job_json(*v, true));

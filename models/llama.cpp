@@ -40,7 +40,7 @@ void throw_if(const caf::error& err) {
 }
 
 template <class T>
-T value_or_throw(expected<T> x) {
+T value_or_paged_error(expected<T> x) {
   if (!x)
     throw paged_error(x.error());
   return std::move(*x);
@@ -236,7 +236,7 @@ struct attention_impl : nn::Module {
     auto p = project(x, rope);
     throw_if(
         kernels::write_kv(cache.k[layer], cache.v[layer], p.k, p.v, batch.slot_mapping).error());
-    auto out = value_or_throw(kernels::paged_attention(
+    auto out = value_or_paged_error(kernels::paged_attention(
         p.q, cache.k[layer], cache.v[layer], batch.block_tables, batch.context_lens,
         batch.query_start, 1.0 / std::sqrt(static_cast<double>(head_dim))));
     return row_parallel(wo, out.reshape({x.size(0), n_heads * head_dim}), tp);

@@ -13,7 +13,7 @@ namespace {
 // ByteLevel: a token whose characters are all ByteLevel characters becomes
 // their bytes, any other token its own UTF-8; the bytes of all tokens are
 // joined and decoded with one U+FFFD per maximal ill-formed subsequence.
-class byte_level final : public decoder {
+class byte_level_decoder final : public decoder {
 public:
   void apply(std::vector<std::string>& tokens) const override {
     std::string bytes;
@@ -103,9 +103,9 @@ public:
 
 // Strip: up to `start` leading and `stop` trailing `content` characters of
 // every token.
-class strip final : public decoder {
+class strip_decoder final : public decoder {
 public:
-  strip(char32_t content, int64_t start, int64_t stop)
+  strip_decoder(char32_t content, int64_t start, int64_t stop)
       : content_(content), start_(start), stop_(stop) {}
   void apply(std::vector<std::string>& tokens) const override {
     for (auto& t : tokens) {
@@ -127,9 +127,10 @@ private:
   int64_t start_, stop_;
 };
 
-class replace final : public decoder {
+class replace_decoder final : public decoder {
 public:
-  replace(pattern p, std::string content) : pattern_(std::move(p)), content_(std::move(content)) {}
+  replace_decoder(pattern p, std::string content)
+      : pattern_(std::move(p)), content_(std::move(content)) {}
   void apply(std::vector<std::string>& tokens) const override {
     for (auto& t : tokens) {
       std::string out;
@@ -196,9 +197,10 @@ void cleanup(std::string& t, bool with_do_not) {
 }
 
 // WordPiece: "##" pieces join their word, others get a space before them.
-class word_piece final : public decoder {
+class word_piece_decoder final : public decoder {
 public:
-  word_piece(std::string prefix, bool clean) : prefix_(std::move(prefix)), cleanup_(clean) {}
+  word_piece_decoder(std::string prefix, bool clean)
+      : prefix_(std::move(prefix)), cleanup_(clean) {}
   void apply(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       auto& t = tokens[i];
@@ -288,17 +290,18 @@ std::unique_ptr<decoder> decoder_from_json(const json_at& j) {
     return nullptr;
   auto type = j.type();
   if (type == "ByteLevel")
-    return std::make_unique<byte_level>();
+    return std::make_unique<byte_level_decoder>();
   if (type == "ByteFallback")
     return std::make_unique<byte_fallback>();
   if (type == "Fuse")
     return std::make_unique<fuse>();
   if (type == "Strip")
-    return std::make_unique<strip>(one_char(j, "content", " "), j.get("start")->integer(0, 1 << 20),
-                                   j.get("stop")->integer(0, 1 << 20));
+    return std::make_unique<strip_decoder>(one_char(j, "content", " "),
+                                           j.get("start")->integer(0, 1 << 20),
+                                           j.get("stop")->integer(0, 1 << 20));
   if (type == "Replace")
-    return std::make_unique<replace>(pattern::from_json(*j.get("pattern")),
-                                     j.get("content")->string());
+    return std::make_unique<replace_decoder>(pattern::from_json(*j.get("pattern")),
+                                             j.get("content")->string());
   if (type == "Metaspace") {
     auto replacement = j.text("replacement", "\u2581");
     one_char(j, "replacement", "\u2581");
@@ -307,7 +310,7 @@ std::unique_ptr<decoder> decoder_from_json(const json_at& j) {
     return std::make_unique<metaspace>(replacement, prepends);
   }
   if (type == "WordPiece")
-    return std::make_unique<word_piece>(j.text("prefix", "##"), j.flag("cleanup", true));
+    return std::make_unique<word_piece_decoder>(j.text("prefix", "##"), j.flag("cleanup", true));
   if (type == "BPEDecoder")
     return std::make_unique<bpe_suffix>(j.text("suffix", "</w>"));
   if (type == "CTC")

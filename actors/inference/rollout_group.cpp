@@ -35,18 +35,18 @@ struct group_state {
 
 constexpr size_t kept_ids_max = 1 << 14;
 
-using self_ptr = rollout_actor::stateful_pointer<group_state>;
+using group_ptr = rollout_actor::stateful_pointer<group_state>;
 
 // Every rank answers the same request; the group answers combine(answers).
 template <class R, class Out = R, class Combine, class... Ts>
-caf::typed_response_promise<Out> to_all(self_ptr self, Combine combine, const Ts&... xs) {
+caf::typed_response_promise<Out> to_all(group_ptr self, Combine combine, const Ts&... xs) {
   auto ranks = self->state.ranks;
   return fan_out<R, Out>(
       self, ranks.size(), [=](size_t r) { return self->request(ranks[r], caf::infinite, xs...); },
       combine);
 }
 
-void end_group(self_ptr self, const caf::error& reason) {
+void end_group(group_ptr self, const caf::error& reason) {
   for (auto& [id, p] : self->state.open)
     p.deliver(reason);
   self->state.open.clear();
@@ -73,7 +73,7 @@ expected<generation> same_tokens(std::vector<generation>& parts) {
 
 // Steps every rank once, and again while they have work (NOTE [rollout
 // group]).
-void drive(self_ptr self) {
+void drive(group_ptr self) {
   self->state.driving = true;
   self->state.added = false;
   auto ranks = self->state.ranks;
@@ -96,7 +96,7 @@ void drive(self_ptr self) {
 }
 
 // Starts driving a TP group's ranks after a message that may add work.
-void drive_after(self_ptr self) {
+void drive_after(group_ptr self) {
   if (self->state.driving)
     self->state.added = true;
   else
@@ -104,7 +104,7 @@ void drive_after(self_ptr self) {
 }
 
 // Ending the group ends its ranks; a rank that goes down ends the group.
-void bind_to_ranks(self_ptr self) {
+void bind_to_ranks(group_ptr self) {
   auto ranks = self->state.ranks;
   self->attach_functor([ranks](const caf::error&) {
     for (const auto& r : ranks)
@@ -123,14 +123,14 @@ void bind_to_ranks(self_ptr self) {
 
 // Opens a call that end_group fails if the group ends first; answer(id)
 // takes it back (empty when it was failed already).
-std::pair<uint64_t, caf::typed_response_promise<generation>> open_call(self_ptr self) {
+std::pair<uint64_t, caf::typed_response_promise<generation>> open_call(group_ptr self) {
   auto id = self->state.next_call++;
   auto caller = self->make_response_promise<generation>();
   self->state.open.emplace(id, caller);
   return {id, caller};
 }
 
-void answer(self_ptr self, uint64_t id, expected<generation> g) {
+void answer(group_ptr self, uint64_t id, expected<generation> g) {
   auto it = self->state.open.find(id);
   if (it == self->state.open.end())
     return; // failed already by end_group
@@ -143,7 +143,7 @@ void answer(self_ptr self, uint64_t id, expected<generation> g) {
 }
 
 // A TP group: every rank generates every request (NOTE [rollout group]).
-caf::result<generation> tp_generate(self_ptr self, const std::vector<generate_request>& requests) {
+caf::result<generation> tp_generate(group_ptr self, const std::vector<generate_request>& requests) {
   auto [id, caller] = open_call(self);
   auto ranks = self->state.ranks;
   gather_replies<generation>(
@@ -161,7 +161,7 @@ caf::result<generation> tp_generate(self_ptr self, const std::vector<generate_re
 
 // The replica of each request: the one that generated what it extends,
 // else its slice's (NOTE [rollout fleet]).
-std::vector<size_t> replicas_of(self_ptr self, const std::vector<generate_request>& requests) {
+std::vector<size_t> replicas_of(group_ptr self, const std::vector<generate_request>& requests) {
   const auto dp = self->state.ranks.size();
   std::vector<size_t> out(requests.size());
   for (size_t r = 0; r < dp; ++r) {
@@ -176,7 +176,7 @@ std::vector<size_t> replicas_of(self_ptr self, const std::vector<generate_reques
   return out;
 }
 
-void remember_replica(self_ptr self, const std::string& id, size_t replica) {
+void remember_replica(group_ptr self, const std::string& id, size_t replica) {
   auto& st = self->state;
   if (st.replica_of.insert_or_assign(id, replica).second)
     st.kept_ids.push_back(id);
@@ -189,7 +189,7 @@ void remember_replica(self_ptr self, const std::string& id, size_t replica) {
 // The replicas' answers in the caller's order (`where`: each request's
 // replica), with the fleet's counters; an error when a replica answered
 // another number of requests than it was asked.
-expected<generation> in_callers_order(self_ptr self, std::vector<generation>& got,
+expected<generation> in_callers_order(group_ptr self, std::vector<generation>& got,
                                       const std::vector<size_t>& where) {
   std::vector<size_t> asked(got.size(), 0);
   for (auto r : where)
@@ -215,7 +215,7 @@ expected<generation> in_callers_order(self_ptr self, std::vector<generation>& go
 
 // A fleet: each replica generates its requests; the outputs go back in the
 // caller's order (NOTE [rollout fleet]).
-caf::result<generation> fleet_generate(self_ptr self, std::vector<generate_request> requests) {
+caf::result<generation> fleet_generate(group_ptr self, std::vector<generate_request> requests) {
   auto [id, caller] = open_call(self);
   auto ranks = self->state.ranks;
   auto where = replicas_of(self, requests);
@@ -248,7 +248,7 @@ expected<int64_t> sum(std::vector<int64_t>& xs) {
 // NOTE [batches ahead]: a TP group queues them on every rank; a fleet
 // splits them as generate calls, and every replica hears the call (with a
 // pace, each runs its steps: NOTE [paced rollout]).
-caf::result<int64_t> generate_ahead(self_ptr self, bool fleet,
+caf::result<int64_t> generate_ahead(group_ptr self, bool fleet,
                                     std::vector<generate_request> requests) {
   auto ranks = self->state.ranks;
   if (!fleet) {
@@ -272,7 +272,7 @@ caf::result<int64_t> generate_ahead(self_ptr self, bool fleet,
 }
 
 // A TP group's collect: every rank's outputs, which must agree.
-caf::result<generation> tp_collect(self_ptr self, const std::vector<std::string>& ids) {
+caf::result<generation> tp_collect(group_ptr self, const std::vector<std::string>& ids) {
   auto [id, caller] = open_call(self);
   auto ranks = self->state.ranks;
   gather_replies<generation>(
@@ -288,7 +288,7 @@ caf::result<generation> tp_collect(self_ptr self, const std::vector<std::string>
 // A fleet's collect: each replica collects its requests (every replica is
 // asked, so the answer's counters are the fleet's); the outputs go back in
 // the caller's order.
-caf::result<generation> fleet_collect(self_ptr self, const std::vector<std::string>& ids) {
+caf::result<generation> fleet_collect(group_ptr self, const std::vector<std::string>& ids) {
   auto& st = self->state;
   std::vector<size_t> where;
   for (const auto& rid : ids) {
@@ -324,7 +324,7 @@ expected<std::string> pack(std::vector<std::string>& parts) {
 }
 
 // Puts each member's snapshot back; a fleet learns where each request is.
-caf::result<std::vector<std::string>> restore_members(self_ptr self, bool fleet,
+caf::result<std::vector<std::string>> restore_members(group_ptr self, bool fleet,
                                                       const std::string& bytes) {
   std::vector<std::string> parts;
   if (auto ok = runtime::from_bytes(bytes, parts, "rollout group restore: the snapshot"); !ok)
@@ -370,7 +370,7 @@ expected<sync_bytes> same_bytes(std::vector<sync_bytes>& got) {
 }
 
 // A TP group (fleet false) or a fleet of replicas.
-rollout_actor::behavior_type members_behavior(self_ptr self, std::vector<rollout_actor> ranks,
+rollout_actor::behavior_type members_behavior(group_ptr self, std::vector<rollout_actor> ranks,
                                               bool fleet) {
   self->state.ranks = std::move(ranks);
   bind_to_ranks(self);

@@ -28,7 +28,7 @@ struct group_state {
   bool gathers_together() const { return strategy == dp_strategy::zero3 || width() > 1; }
 };
 
-using self_ptr = engine_actor::stateful_pointer<group_state>;
+using group_ptr = engine_actor::stateful_pointer<group_state>;
 
 // Training metrics come back already reduced over the group
 // (train_engine's group_metrics): every rank answers the same values.
@@ -118,7 +118,7 @@ auto of_replicas(int width, Combine combine) {
 // asking each rank; `unit` names the rows when the split must be even ("" =
 // uneven is fine).
 template <class R, class Send, class Combine>
-caf::result<R> split(self_ptr self, const tensor_batch& b, const char* what, const char* unit,
+caf::result<R> split(group_ptr self, const tensor_batch& b, const char* what, const char* unit,
                      Send send, Combine combine) {
   auto n = static_cast<int64_t>(self->state.replicas());
   if (*unit && b.size() % n != 0)
@@ -148,7 +148,7 @@ caf::result<R> split(self_ptr self, const tensor_batch& b, const char* what, con
 // which the ranks gather together, so the others make the same passes at
 // the same time — `peer(rank)` — and their answers are dropped.
 template <class R, class P, class Ask, class Peer>
-caf::typed_response_promise<R> with_peers(self_ptr self, Ask ask, Peer peer) {
+caf::typed_response_promise<R> with_peers(group_ptr self, Ask ask, Peer peer) {
   auto rp = self->template make_response_promise<R>();
   struct state {
     std::optional<R> answer;
@@ -192,7 +192,7 @@ caf::typed_response_promise<R> with_peers(self_ptr self, Ask ask, Peer peer) {
 }
 
 // Ending the group ends its ranks; a rank that goes down ends the group.
-void bind_to_ranks(self_ptr self) {
+void bind_to_ranks(group_ptr self) {
   auto members = self->state.ranks;
   self->attach_functor([members](const caf::error&) {
     for (const auto& r : members)
@@ -215,7 +215,7 @@ void bind_to_ranks(self_ptr self) {
 enum class peers_do { same, gather };
 
 template <class R, class Atom, class... Ts>
-caf::result<R> from_rank0(self_ptr self, peers_do peers, Atom atom, const Ts&... xs) {
+caf::result<R> from_rank0(group_ptr self, peers_do peers, Atom atom, const Ts&... xs) {
   if (!self->state.gathers_together())
     return self->delegate(self->state.ranks[0], atom, xs...);
   auto ask = [=](const engine_actor& a) { return self->request(a, caf::infinite, atom, xs...); };
@@ -228,7 +228,7 @@ caf::result<R> from_rank0(self_ptr self, peers_do peers, Atom atom, const Ts&...
 
 // The same request to every rank, the answers combined.
 template <class R, class Combine, class... Ts>
-caf::typed_response_promise<R> to_all(self_ptr self, Combine combine, Ts... xs) {
+caf::typed_response_promise<R> to_all(group_ptr self, Combine combine, Ts... xs) {
   return fan_out<R, R>(
       self, self->state.ranks.size(),
       [=](size_t r) { return self->request(self->state.ranks[r], caf::infinite, xs...); }, combine);
@@ -251,7 +251,7 @@ expected<T> first_answer(const std::vector<T>& parts) {
 
 // A whole training state is one rank's: under TP or PP each rank holds
 // other parts of the parameters (checkpoints take the shards instead).
-std::optional<caf::error> no_tp_state(self_ptr self, const char* what) {
+std::optional<caf::error> no_tp_state(group_ptr self, const char* what) {
   if (self->state.width() == 1)
     return std::nullopt;
   return make_error(errc::unsupported, self->state.role + ": " + what +
@@ -265,7 +265,7 @@ std::optional<caf::error> no_tp_state(self_ptr self, const char* what) {
 // order; under TP and PP (NOTE [tensor-parallel dispatch]) rank d · w + i
 // of a replica of w ranks loads the shards of position i (the parts of the
 // parameters it holds), from whatever DP size saved them.
-caf::typed_response_promise<state_shards> save_shards(self_ptr self) {
+caf::typed_response_promise<state_shards> save_shards(group_ptr self) {
   const auto tp = self->state.tp, pp = self->state.pp;
   return to_all<state_shards>(
       self,
@@ -280,7 +280,7 @@ caf::typed_response_promise<state_shards> save_shards(self_ptr self) {
       save_shards_atom::value);
 }
 
-caf::result<int64_t> load_shards(self_ptr self, const state_shards& shards) {
+caf::result<int64_t> load_shards(group_ptr self, const state_shards& shards) {
   const auto width = static_cast<size_t>(self->state.width());
   const auto& role = self->state.role;
   if (shards.tp != self->state.tp || shards.pp != self->state.pp)
@@ -309,7 +309,7 @@ caf::result<int64_t> load_shards(self_ptr self, const state_shards& shards) {
 
 // minibatch: rank r steps through its slice of every minibatch, unshuffled.
 template <class Atom, class Options>
-caf::result<served_metrics> minibatch_update(self_ptr self, Atom atom, const tensor_batch& b,
+caf::result<served_metrics> minibatch_update(group_ptr self, Atom atom, const tensor_batch& b,
                                              const Options& o, const char* what) {
   auto shares = minibatch_shares(b, o.epochs, o.minibatches, o.shuffle_seed, o.shuffle,
                                  self->state.replicas());
@@ -329,7 +329,7 @@ caf::result<served_metrics> minibatch_update(self_ptr self, Atom atom, const ten
       slowest(group_metrics));
 }
 
-engine_actor::behavior_type group_behavior(self_ptr self, std::string role,
+engine_actor::behavior_type group_behavior(group_ptr self, std::string role,
                                            std::vector<engine_actor> ranks, dp_strategy strategy,
                                            int tp, int pp) {
   self->state.role = std::move(role);

@@ -12,11 +12,6 @@ using namespace troupe::actors::rl::testing;
 
 namespace {
 
-bool is_state(const job::event& e, job::job_state s) {
-  auto* c = std::get_if<job::state_changed>(&e.body);
-  return c && c->to == s;
-}
-
 job_config tiny(const std::string& dir, std::vector<std::string> sets = {}) {
   sets.insert(sets.begin(), {"stages=[rl]", "rl.critic.init=base"});
   auto cfg = parse_job(tiny_job(dir), sets);
@@ -148,8 +143,9 @@ TEST(JobControl, IllegalCommandsAreRefusedAndAFinishedJobSaysSo) {
   EXPECT_NE(describe(r.error()).find("already paused"), std::string::npos);
   ASSERT_TRUE(h.ask(job::resume_atom::value));
   r = h.ask(job::resume_atom::value);
-  if (!r) // unless the job already finished, it is running now
+  if (!r) { // unless the job already finished, it is running now
     EXPECT_EQ(code_of(r.error()), errc::illegal_state);
+  }
   auto end = h.await();
   ASSERT_TRUE(end);
   EXPECT_EQ(end->state, job::job_state::succeeded) << end->error;

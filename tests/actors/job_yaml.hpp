@@ -83,12 +83,14 @@ inline const char* disaggregated_placement =
     "    - {role: reward, pool: judge}\n"
     "    - {role: reference, pool: judge}\n";
 
-/// The journal's events of `kind` (<run dir>/events.jsonl), in order.
+/// The journal's events of `kind` (<run dir>/events.jsonl), in order; a
+/// line still being written (a running job's) is left out.
 inline std::vector<nlohmann::json> events_of(const std::string& run_dir, const std::string& kind) {
   std::vector<nlohmann::json> out;
   std::ifstream in(std::filesystem::path{run_dir} / "events.jsonl");
   for (std::string line; std::getline(in, line);)
-    if (auto j = nlohmann::json::parse(line); j.value("kind", "") == kind)
+    if (auto j = nlohmann::json::parse(line, nullptr, false);
+        j.is_object() && j.value("kind", "") == kind)
       out.push_back(std::move(j));
   return out;
 }

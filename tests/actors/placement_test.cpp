@@ -471,8 +471,9 @@ TEST(Placement, LayoutSuggestionsSpanTpAndPpCheapestCommunicationFirst) {
     EXPECT_EQ(f.comm.dp > 0, f.layout.dp == 2);
     EXPECT_EQ(f.comm.tp > 0, f.layout.tp == 2);
     EXPECT_EQ(f.comm.pp > 0, f.layout.pp == 2);
-    if (i > 0)
+    if (i > 0) {
       EXPECT_LE(policy[i - 1].comm.total(), f.comm.total());
+    }
   }
   EXPECT_NE(render_layouts(policy).find("dp 1, tp 1, pp 2: fits, its devices peak at "),
             std::string::npos)

@@ -29,10 +29,6 @@ using troupe::actors::rl::testing::tiny_job;
 
 namespace {
 
-expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
-  return parse_job(yaml, std::move(sets));
-}
-
 // The lags' distribution of one metrics line: frac_0 .. frac_k.
 std::vector<double> lag_fractions(const nlohmann::json& j, int k) {
   std::vector<double> out;
@@ -44,7 +40,7 @@ std::vector<double> lag_fractions(const nlohmann::json& j, int k) {
 // The tiny job (sft, then 5 rl iterations) with `sets`: its rl lines.
 std::vector<nlohmann::json> rl_lines_of(const test::temp_dir& tmp, std::vector<std::string> sets) {
   sets.insert(sets.begin(), {"stages=[sft, rl]", "rl.iterations=5"});
-  auto cfg = parse(tiny_job(tmp.file("run")), sets);
+  auto cfg = parse_job(tiny_job(tmp.file("run")), sets);
   EXPECT_TRUE(cfg) << describe(cfg.error());
   if (!cfg)
     return {};
@@ -66,9 +62,9 @@ TEST(RlAsync, StalenessOneSamplesAheadAndCorrectsStaleBatches) {
   // ahead yet); from iteration 2 every batch was sampled by the previous
   // weights and carries importance weights.
   test::temp_dir tmp;
-  auto sync = parse(tiny_job(tmp.file("sync")), {"stages=[sft, rl]", "rl.iterations=4"});
-  auto ahead =
-      parse(tiny_job(tmp.file("ahead")), {"stages=[sft, rl]", "rl.iterations=4", "rl.staleness=1"});
+  auto sync = parse_job(tiny_job(tmp.file("sync")), {"stages=[sft, rl]", "rl.iterations=4"});
+  auto ahead = parse_job(tiny_job(tmp.file("ahead")),
+                         {"stages=[sft, rl]", "rl.iterations=4", "rl.staleness=1"});
   ASSERT_TRUE(sync && ahead);
   auto a = run(*sync), b = run(*ahead);
   ASSERT_TRUE(a.summary) << describe(a.summary.error());
@@ -136,8 +132,9 @@ TEST(RlAsync, StalenessTwoSamplesTwoBatchesAheadAndEveryTokenIsWithinTheBound) {
   }
   // A run stopped after iteration 3 checkpoints the batches of iterations
   // 4 and 5, sampled ahead.
-  auto stopped = parse(tiny_job(tmp.file("stopped")), {"stages=[sft, rl]", "rl.iterations=5",
-                                                       "rl.staleness=2", "rl.checkpoint_every=0"});
+  auto stopped =
+      parse_job(tiny_job(tmp.file("stopped")),
+                {"stages=[sft, rl]", "rl.iterations=5", "rl.staleness=2", "rl.checkpoint_every=0"});
   ASSERT_TRUE(stopped) << describe(stopped.error());
   std::atomic<bool> stop{false};
   auto partial = run(*stopped, stop_after_rl_step(stop, 3));
@@ -151,8 +148,9 @@ TEST(RlAsync, StalenessTwoSamplesTwoBatchesAheadAndEveryTokenIsWithinTheBound) {
   // Resumed with a lower bound, the batch for iteration 4 (sampled two
   // versions before it) would break it: refused with the reason, nothing
   // trained.
-  auto lowered = parse(tiny_job(tmp.file("stopped")), {"stages=[sft, rl]", "rl.iterations=5",
-                                                       "rl.staleness=1", "rl.checkpoint_every=0"});
+  auto lowered =
+      parse_job(tiny_job(tmp.file("stopped")),
+                {"stages=[sft, rl]", "rl.iterations=5", "rl.staleness=1", "rl.checkpoint_every=0"});
   ASSERT_TRUE(lowered) << describe(lowered.error());
   run_options again;
   again.resume = true;
@@ -198,7 +196,7 @@ TEST(RlAsync, StalenessTwoResumesExactly) {
 
 TEST(RlAsync, ANegativeBoundIsRefused) {
   test::temp_dir tmp;
-  auto bad = parse(tiny_job(tmp.file("bad")), {"rl.staleness=-1"});
+  auto bad = parse_job(tiny_job(tmp.file("bad")), {"rl.staleness=-1"});
   ASSERT_FALSE(bad);
   EXPECT_NE(describe(bad.error()).find("rl.staleness: must be >= 0"), std::string::npos)
       << describe(bad.error());
@@ -235,8 +233,8 @@ TEST(RlAsync, PacedInflightUpdatesMixVersionsAndCheckpointTheRolloutsBatches) {
   }
   EXPECT_TRUE(mixed) << "a batch ahead spans a version switch";
   auto stopped =
-      parse(tiny_job(tmp.file("stopped")),
-            with_paced({"stages=[sft, rl]", "rl.iterations=5", "rl.checkpoint_every=0"}));
+      parse_job(tiny_job(tmp.file("stopped")),
+                with_paced({"stages=[sft, rl]", "rl.iterations=5", "rl.checkpoint_every=0"}));
   ASSERT_TRUE(stopped) << describe(stopped.error());
   std::atomic<bool> stop{false};
   auto partial = run(*stopped, stop_after_rl_step(stop, 2));
@@ -248,9 +246,9 @@ TEST(RlAsync, PacedInflightUpdatesMixVersionsAndCheckpointTheRolloutsBatches) {
   EXPECT_TRUE(files->count("rollout_ahead.bin"));
   EXPECT_FALSE(files->count("ahead_batches.bin")) << "every batch ahead is in the rollout";
   // Resumed without in-flight updates, the rollout's batches are refused.
-  auto off = parse(tiny_job(tmp.file("stopped")),
-                   {"stages=[sft, rl]", "rl.iterations=5", "rl.checkpoint_every=0",
-                    "rl.staleness=2", "rl.generation.max_tokens=12"});
+  auto off = parse_job(tiny_job(tmp.file("stopped")),
+                       {"stages=[sft, rl]", "rl.iterations=5", "rl.checkpoint_every=0",
+                        "rl.staleness=2", "rl.generation.max_tokens=12"});
   ASSERT_TRUE(off);
   run_options again;
   again.resume = true;
@@ -271,7 +269,7 @@ TEST(RlAsync, InflightStepsPaceInflightUpdatesOfAOneRankRollout) {
   test::temp_dir tmp;
   auto expect_refused = [&](const std::string& yaml, std::vector<std::string> sets,
                             const std::string& why) {
-    auto bad = parse(yaml, std::move(sets));
+    auto bad = parse_job(yaml, std::move(sets));
     ASSERT_FALSE(bad) << why;
     EXPECT_NE(describe(bad.error()).find(why), std::string::npos) << describe(bad.error());
   };
@@ -293,7 +291,7 @@ TEST(RlAsync, UnpacedInflightUpdatesResumeWithTheRolloutsBatches) {
   const std::vector<std::string> sets{"stages=[sft, rl]",         "rl.iterations=5",
                                       "rl.checkpoint_every=0",    "rl.staleness=2",
                                       "rl.inflight_updates=true", "rl.generation.max_tokens=12"};
-  auto cfg = parse(tiny_job(tmp.file("run")), sets);
+  auto cfg = parse_job(tiny_job(tmp.file("run")), sets);
   ASSERT_TRUE(cfg) << describe(cfg.error());
   std::atomic<bool> stop{false};
   auto first = run(*cfg, stop_after_rl_step(stop, 2));

@@ -15,22 +15,18 @@ using namespace troupe::actors::rl;
 
 namespace {
 
-expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
-  return troupe::actors::rl::testing::parse_job(yaml, std::move(sets));
-}
-
 std::filesystem::path source_dir() { return TROUPE_SOURCE_DIR; }
 
 } // namespace
 
 TEST(RlJobConfig, DefaultsAreValid) {
-  auto c = parse("");
+  auto c = parse_job("");
   ASSERT_TRUE(c) << describe(c.error());
   EXPECT_EQ(c->stages, (std::vector<std::string>{"sft", "rm", "rl"}));
   EXPECT_EQ(resolved_advantage(c->rl), kernels::advantage_estimator::gae);
   EXPECT_TRUE(uses_critic(c->rl));
   EXPECT_FALSE(kl_in_loss(c->rl));
-  auto g = parse("rl: {algorithm: grpo, samples_per_prompt: 4}\n");
+  auto g = parse_job("rl: {algorithm: grpo, samples_per_prompt: 4}\n");
   ASSERT_TRUE(g) << describe(g.error());
   EXPECT_EQ(resolved_advantage(g->rl), kernels::advantage_estimator::grpo);
   EXPECT_FALSE(uses_critic(g->rl));
@@ -94,7 +90,7 @@ TEST(RlJobConfig, BadSpecsNameTheLineAndPath) {
       {"rl:\n  reward:\n    rule: math\n", "rl.reward.rule: expected one of positional, exact"},
   };
   for (const auto& r : table) {
-    auto c = parse(r.yaml);
+    auto c = parse_job(r.yaml);
     ASSERT_FALSE(c) << r.yaml;
     auto msg = describe(c.error());
     EXPECT_NE(msg.find(r.expected), std::string::npos) << "spec:\n"
@@ -103,7 +99,7 @@ TEST(RlJobConfig, BadSpecsNameTheLineAndPath) {
 }
 
 TEST(RlJobConfig, EveryViolationIsReportedAtOnce) {
-  auto c = parse("rl:\n  iterations: 0\n  epochs: 0\n  gamma: 2\n");
+  auto c = parse_job("rl:\n  iterations: 0\n  epochs: 0\n  gamma: 2\n");
   ASSERT_FALSE(c);
   auto msg = describe(c.error());
   for (const char* path : {"job.yaml:2:15: rl.iterations", "job.yaml:3:11: rl.epochs",
@@ -112,10 +108,10 @@ TEST(RlJobConfig, EveryViolationIsReportedAtOnce) {
 }
 
 TEST(RlJobConfig, OverridesAreLocatedAtTheOverride) {
-  auto c = parse("rl: {minibatches: 2}\n", {"rl.prompts_per_iteration=7"});
+  auto c = parse_job("rl: {minibatches: 2}\n", {"rl.prompts_per_iteration=7"});
   ASSERT_FALSE(c);
   EXPECT_NE(describe(c.error()).find("rl.minibatches"), std::string::npos);
-  auto ok = parse("", {"rl.algorithm=grpo", "rl.samples_per_prompt=8"});
+  auto ok = parse_job("", {"rl.algorithm=grpo", "rl.samples_per_prompt=8"});
   ASSERT_TRUE(ok) << describe(ok.error());
   EXPECT_EQ(ok->rl.samples_per_prompt, 8);
 }

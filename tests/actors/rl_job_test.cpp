@@ -34,17 +34,15 @@ using troupe::actors::rl::testing::run;
 using troupe::actors::rl::testing::stage_lines;
 using troupe::actors::rl::testing::tiny_job;
 
-expected<job_config> parse(const std::string& yaml, std::vector<std::string> sets = {}) {
-  return troupe::actors::rl::testing::parse_job(yaml, std::move(sets));
-}
-
 using troupe::actors::rl::testing::deterministic_part;
+using troupe::actors::rl::testing::parse_job;
 
 } // namespace
 
 TEST(RlJob, PpoRunsEveryStageAndLogsVerlMetrics) {
   test::temp_dir tmp;
-  auto cfg = parse(tiny_job(tmp.file("run"), "  reward: {kind: mixed}\n  critic: {init: rm}\n"));
+  auto cfg =
+      parse_job(tiny_job(tmp.file("run"), "  reward: {kind: mixed}\n  critic: {init: rm}\n"));
   ASSERT_TRUE(cfg) << describe(cfg.error());
   std::vector<std::string> seen;
   run_options opts;
@@ -127,10 +125,9 @@ TEST(RlJob, PpoRunsEveryStageAndLogsVerlMetrics) {
 
 TEST(RlJob, GrpoRunsWithoutACritic) {
   test::temp_dir tmp;
-  auto cfg = parse(tiny_job(tmp.file("run"),
-                            "  algorithm: grpo\n  samples_per_prompt: 4\n"
-                            "  kl: {coef: 0.01, estimator: low_var_kl}\n"),
-                   {"stages=[sft, rl]"});
+  auto cfg = parse_job(tiny_job(tmp.file("run"), "  algorithm: grpo\n  samples_per_prompt: 4\n"
+                                                 "  kl: {coef: 0.01, estimator: low_var_kl}\n"),
+                       {"stages=[sft, rl]"});
   ASSERT_TRUE(cfg) << describe(cfg.error());
   auto r = run(*cfg);
   ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -150,8 +147,9 @@ TEST(RlJob, GrpoRunsWithoutACritic) {
 TEST(RlJob, CriticFreeEstimatorsRun) {
   for (const char* adv : {"rloo", "reinforce_pp", "reinforce_pp_baseline"}) {
     test::temp_dir tmp;
-    auto cfg = parse(tiny_job(tmp.file("run"), "  samples_per_prompt: 2\n"),
-                     {"stages=[sft, rl]", "rl.iterations=2", std::string{"rl.advantage="} + adv});
+    auto cfg =
+        parse_job(tiny_job(tmp.file("run"), "  samples_per_prompt: 2\n"),
+                  {"stages=[sft, rl]", "rl.iterations=2", std::string{"rl.advantage="} + adv});
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run(*cfg);
     ASSERT_TRUE(r.summary) << adv << ": " << describe(r.summary.error());
@@ -185,7 +183,7 @@ TEST(RlJob, TheAlgorithmMenuRuns) {
     test::temp_dir tmp;
     auto all = sets;
     all.insert(all.begin(), {"stages=[sft, rl]", "rl.iterations=2"});
-    auto cfg = parse(tiny_job(tmp.file("run")), all);
+    auto cfg = parse_job(tiny_job(tmp.file("run")), all);
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run(*cfg);
     ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -214,11 +212,11 @@ TEST(RlJob, DynamicSamplingDropsUniformGroupsAndRefills) {
   std::vector<std::vector<nlohmann::json>> runs;
   for (int attempt = 0; attempt < 2; ++attempt) {
     test::temp_dir tmp;
-    auto cfg = parse(tiny_job(tmp.file("run")),
-                     {"stages=[sft, rl]", "rl.iterations=2", "rl.algorithm=grpo",
-                      "rl.samples_per_prompt=4", "rl.reward.rule=exact", "data.task=add",
-                      "data.min_digits=1", "data.max_digits=1", "sft.steps=20",
-                      "rl.dynamic_sampling.enabled=true", "rl.dynamic_sampling.max_rounds=2"});
+    auto cfg = parse_job(tiny_job(tmp.file("run")),
+                         {"stages=[sft, rl]", "rl.iterations=2", "rl.algorithm=grpo",
+                          "rl.samples_per_prompt=4", "rl.reward.rule=exact", "data.task=add",
+                          "data.min_digits=1", "data.max_digits=1", "sft.steps=20",
+                          "rl.dynamic_sampling.enabled=true", "rl.dynamic_sampling.max_rounds=2"});
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run(*cfg);
     ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -255,9 +253,9 @@ TEST(RlJob, DynamicSamplingDropsUniformGroupsAndRefills) {
 // margin up and orders most of them as labelled.
 TEST(RlJob, DpoStageLearnsThePreferences) {
   test::temp_dir tmp;
-  auto cfg =
-      parse(tiny_job(tmp.file("run")), {"stages=[sft, dpo]", "dpo.steps=12", "dpo.batch_size=8",
-                                        "dpo.eval_every=6", "dpo.beta=0.5", "dpo.optim.lr=0.003"});
+  auto cfg = parse_job(tiny_job(tmp.file("run")),
+                       {"stages=[sft, dpo]", "dpo.steps=12", "dpo.batch_size=8", "dpo.eval_every=6",
+                        "dpo.beta=0.5", "dpo.optim.lr=0.003"});
   ASSERT_TRUE(cfg) << describe(cfg.error());
   auto r = run(*cfg);
   ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -281,9 +279,9 @@ TEST(RlJob, DpoStageLearnsThePreferences) {
 // advantage its raw score, and the log names a prompt.
 TEST(RlJob, AGroupOfOneGetsItsScoreAndAWarning) {
   test::temp_dir tmp;
-  auto cfg =
-      parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=1", "rl.algorithm=grpo",
-                                        "rl.samples_per_prompt=1", "rl.kl.coef=0"});
+  auto cfg = parse_job(tiny_job(tmp.file("run")),
+                       {"stages=[sft, rl]", "rl.iterations=1", "rl.algorithm=grpo",
+                        "rl.samples_per_prompt=1", "rl.kl.coef=0"});
   ASSERT_TRUE(cfg) << describe(cfg.error());
   auto r = run(*cfg);
   ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -323,9 +321,9 @@ TEST(RlJob, EveryWeightTransportGivesTheSameRun) {
   test::temp_dir tmp;
   std::vector<std::vector<nlohmann::json>> runs;
   for (std::string kind : {"alias", "shm", "disk", "broadcast"}) {
-    auto cfg = parse(tiny_job(tmp.file(kind)), {"stages=[sft, rl]", "rl.iterations=2",
-                                                "weight_sync.transport=" + kind,
-                                                "sft.eval_every=2"});
+    auto cfg =
+        parse_job(tiny_job(tmp.file(kind)), {"stages=[sft, rl]", "rl.iterations=2",
+                                             "weight_sync.transport=" + kind, "sft.eval_every=2"});
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run(*cfg);
     ASSERT_TRUE(r.summary) << kind << ": " << describe(r.summary.error());
@@ -358,7 +356,7 @@ TEST_P(RlJobOffload, GivesTheSameRunAndLeavesNothingBehind) {
   for (std::string offload : {"false", "true"}) {
     auto sets = reward;
     sets.push_back("placement.offload=" + offload);
-    auto cfg = parse(tiny_job(tmp.file(offload)), sets);
+    auto cfg = parse_job(tiny_job(tmp.file(offload)), sets);
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run(*cfg);
     ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -386,8 +384,9 @@ TEST(RlJob, OffloadFreesTheRewardModelsWeightsToo) {
   test::temp_dir tmp;
   std::map<std::string, double> freed;
   for (std::string kind : {"rule", "mixed"}) {
-    auto cfg = parse(tiny_job(tmp.file(kind)), {"stages=[sft, rm, rl]", "rl.reward.kind=" + kind,
-                                                "placement.offload=true"});
+    auto cfg =
+        parse_job(tiny_job(tmp.file(kind)),
+                  {"stages=[sft, rm, rl]", "rl.reward.kind=" + kind, "placement.offload=true"});
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run(*cfg);
     ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -404,7 +403,8 @@ TEST(RlJob, EachStepsRolloutCountersAndBusyTimeAreItsOwn) {
   // come with their answers; the evaluations between steps (here after
   // every one, and before the first) must not leak into the next step.
   test::temp_dir tmp;
-  auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=3", "rl.eval_every=1"});
+  auto cfg = parse_job(tiny_job(tmp.file("run")),
+                       {"stages=[sft, rl]", "rl.iterations=3", "rl.eval_every=1"});
   ASSERT_TRUE(cfg);
   auto r = run(*cfg);
   ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -424,7 +424,7 @@ TEST(RlJob, EachStepsRolloutCountersAndBusyTimeAreItsOwn) {
 
 TEST(RlJob, AStopBeforeAnyUpdateAbandonsTheIterationAndResumes) {
   test::temp_dir tmp;
-  auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=2"});
+  auto cfg = parse_job(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.iterations=2"});
   ASSERT_TRUE(cfg);
   std::atomic<bool> stop{false};
   run_options first;
@@ -457,9 +457,9 @@ TEST(RlJob, AFailingRoleEndsTheJobWithItsNameAndPhase) {
   for (auto f : {fault{"critic", "update_critic"}, fault{"reward", "reward"},
                  fault{"policy", "old_log_prob"}, fault{"reference", "ref"}}) {
     test::temp_dir tmp;
-    auto cfg = parse(tiny_job(tmp.file("run")),
-                     {"stages=[sft, rl]", std::string{"debug.fail_role="} + f.role,
-                      std::string{"debug.fail_phase="} + f.phase, "debug.fail_iteration=2"});
+    auto cfg = parse_job(tiny_job(tmp.file("run")),
+                         {"stages=[sft, rl]", std::string{"debug.fail_role="} + f.role,
+                          std::string{"debug.fail_phase="} + f.phase, "debug.fail_iteration=2"});
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto t0 = std::chrono::steady_clock::now();
     auto r = run(*cfg);
@@ -486,12 +486,12 @@ TEST(RlJob, RunsOnADatasetFileWithVerifiableRules) {
   rows += "{\"q\": \"add:this prompt is far too long=\", \"gt\": {\"value\": 0}}\n";
   auto file = tmp.write("train.jsonl", rows);
   auto cfg =
-      parse(tiny_job(tmp.file("run"), "  algorithm: grpo\n  samples_per_prompt: 2\n"
-                                      "  reward:\n    rules:\n"
-                                      "      - {kind: math, extract: flexible}\n"
-                                      "      - {kind: format, pattern: '\\d+', weight: 0.5}\n"),
-            {"stages=[sft, rl]", "rl.iterations=2", "data.train_file=" + file,
-             "data.eval_split=0.25", "data.fields.prompt=q", "data.fields.answer=gt.value"});
+      parse_job(tiny_job(tmp.file("run"), "  algorithm: grpo\n  samples_per_prompt: 2\n"
+                                          "  reward:\n    rules:\n"
+                                          "      - {kind: math, extract: flexible}\n"
+                                          "      - {kind: format, pattern: '\\d+', weight: 0.5}\n"),
+                {"stages=[sft, rl]", "rl.iterations=2", "data.train_file=" + file,
+                 "data.eval_split=0.25", "data.fields.prompt=q", "data.fields.answer=gt.value"});
   ASSERT_TRUE(cfg) << describe(cfg.error());
   auto r = run(*cfg);
   ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -518,7 +518,7 @@ TEST(RlJob, RunsOnADatasetFileWithVerifiableRules) {
 // bound docs/data-and-rewards.md gives for the ATen paths.
 TEST(RlJob, EngineOldLogProbsReportTheContractFromTheUpdate) {
   test::temp_dir tmp;
-  auto cfg = parse(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.old_logprobs=engine"});
+  auto cfg = parse_job(tiny_job(tmp.file("run")), {"stages=[sft, rl]", "rl.old_logprobs=engine"});
   ASSERT_TRUE(cfg) << describe(cfg.error());
   auto r = run(*cfg);
   ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -562,7 +562,7 @@ TEST(RlJob, TrueOnPolicyShortenedQuickstartIsExact) {
                                   std::string{"rl.old_logprobs="} + mode};
     if (std::string{mode} == "engine")
       sets.push_back("rl.minibatches=1");
-    auto cfg = parse(*yaml, sets);
+    auto cfg = parse_job(*yaml, sets);
     ASSERT_TRUE(cfg) << describe(cfg.error());
     auto r = run(*cfg);
     ASSERT_TRUE(r.summary) << describe(r.summary.error());
@@ -592,14 +592,14 @@ TEST(RlJob, TrueOnPolicyRefusesWhatBreaksIt) {
       {"rl.generation.top_k=5", "rl.generation.top_k"},
       {"rl.generation.top_p=0.9", "rl.generation.top_p"}};
   for (const auto& [set, path] : cases) {
-    auto cfg = parse(yaml, {"rl.true_on_policy=true", set});
+    auto cfg = parse_job(yaml, {"rl.true_on_policy=true", set});
     ASSERT_FALSE(cfg) << set;
     EXPECT_NE(describe(cfg.error()).find(path), std::string::npos) << describe(cfg.error());
     EXPECT_NE(describe(cfg.error()).find("true_on_policy"), std::string::npos);
   }
-  auto tp = parse(yaml + "placement:\n  mode: colocated\n  pools: [{name: all, devices: 2}]\n"
-                         "  roles: [{role: policy, pool: all, tp: 2}]\n",
-                  {"rl.true_on_policy=true"});
+  auto tp = parse_job(yaml + "placement:\n  mode: colocated\n  pools: [{name: all, devices: 2}]\n"
+                             "  roles: [{role: policy, pool: all, tp: 2}]\n",
+                      {"rl.true_on_policy=true"});
   ASSERT_FALSE(tp);
   EXPECT_NE(describe(tp.error()).find("placement.roles[policy].tp"), std::string::npos)
       << describe(tp.error());

@@ -27,7 +27,7 @@ using namespace troupe::actors::inference::testing;
 
 namespace {
 
-engine_config small_engine() {
+engine_config ahead_engine() {
   engine_config c;
   c.num_blocks = 64;
   c.block_size = 4;
@@ -35,7 +35,7 @@ engine_config small_engine() {
   return c;
 }
 
-std::vector<generate_request> batch(const std::string& prefix, int count, uint64_t seed) {
+std::vector<generate_request> ahead_batch(const std::string& prefix, int count, uint64_t seed) {
   std::vector<generate_request> out;
   for (int i = 0; i < count; ++i) {
     std::vector<int64_t> prompt;
@@ -59,7 +59,8 @@ actors::shared_weights weights_of(const models::llama_model& m) {
   return std::make_shared<const std::map<std::string, at::Tensor>>(models::export_hf_weights(m));
 }
 
-void expect_same(const std::vector<request_output>& want, const std::vector<request_output>& got) {
+void expect_same_ahead(const std::vector<request_output>& want,
+                       const std::vector<request_output>& got) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t r = 0; r < want.size(); ++r) {
     EXPECT_EQ(got[r].id, want[r].id);
@@ -86,7 +87,7 @@ struct RolloutAhead : ::testing::Test {
     rollout_options o;
     o.pace = pace;
     o.threads = 1;
-    auto r = spawn_rollout(sys, copy_of(m, models::head_kind::lm), small_engine(), o);
+    auto r = spawn_rollout(sys, copy_of(m, models::head_kind::lm), ahead_engine(), o);
     EXPECT_TRUE(r) << describe(r.error());
     spawned.push_back(*r);
     return *r;
@@ -121,18 +122,18 @@ struct RolloutAhead : ::testing::Test {
 TEST_F(RolloutAhead, BatchesAheadAreCollectedInTheCallersOrderOnce) {
   auto m = tiny_model(1);
   auto rollout = spawn(m, 0);
-  auto reqs = batch("a", 3, 4);
+  auto reqs = ahead_batch("a", 3, 4);
   auto queued = ask<int64_t>(rollout, generate_atom::value, ahead_atom::value, reqs);
   ASSERT_TRUE(queued) << describe(queued.error());
   EXPECT_EQ(*queued, 3);
-  auto want = make_engine(copy_of(m, models::head_kind::lm), small_engine())->generate(reqs);
+  auto want = make_engine(copy_of(m, models::head_kind::lm), ahead_engine())->generate(reqs);
   ASSERT_TRUE(want);
   auto got = collect(rollout, {"a2", "a0"});
   ASSERT_TRUE(got) << describe(got.error());
-  expect_same({(*want)[2], (*want)[0]}, *got);
+  expect_same_ahead({(*want)[2], (*want)[0]}, *got);
   got = collect(rollout, {"a1"});
   ASSERT_TRUE(got) << describe(got.error());
-  expect_same({(*want)[1]}, *got);
+  expect_same_ahead({(*want)[1]}, *got);
   for (const char* id : {"a1", "zz"}) {
     auto again = collect(rollout, {id});
     ASSERT_FALSE(again) << id;
@@ -174,7 +175,7 @@ TEST_F(RolloutAhead, APacedRolloutTakesTheVersionAfterItsStepsHoweverLateItArriv
 // does; a rollout that holds requests refuses one.
 TEST_F(RolloutAhead, ASnapshotRestoredIntoAnotherRolloutFinishesAsTheOriginal) {
   auto v0 = tiny_model(1), v1 = tiny_model(2);
-  auto reqs = batch("s", 4, 8);
+  auto reqs = ahead_batch("s", 4, 8);
   auto original = spawn(v0, 2);
   ASSERT_TRUE(ask<int64_t>(original, generate_atom::value, ahead_atom::value, reqs));
   ASSERT_TRUE(ask<int64_t>(original, load_weights_atom::value, int64_t{1}, weights_of(v1)));
@@ -189,11 +190,11 @@ TEST_F(RolloutAhead, ASnapshotRestoredIntoAnotherRolloutFinishesAsTheOriginal) {
   auto want = collect(original, ids_of(reqs));
   auto got = collect(copy, ids_of(reqs));
   ASSERT_TRUE(want && got);
-  expect_same(*want, *got);
+  expect_same_ahead(*want, *got);
   EXPECT_EQ(want->at(0).samples[0].versions.front(), 0) << "begun under version 0";
 
   auto busy = spawn(v0, 0);
-  ASSERT_TRUE(ask<int64_t>(busy, generate_atom::value, ahead_atom::value, batch("b", 1, 3)));
+  ASSERT_TRUE(ask<int64_t>(busy, generate_atom::value, ahead_atom::value, ahead_batch("b", 1, 3)));
   auto refused = ask<std::vector<std::string>>(busy, restore_atom::value, *snap);
   ASSERT_FALSE(refused);
   EXPECT_EQ(code_of(refused.error()), errc::illegal_state);
@@ -203,7 +204,7 @@ TEST_F(RolloutAhead, ASnapshotRestoredIntoAnotherRolloutFinishesAsTheOriginal) {
 // many replicas (each request to the replica that held it), never another.
 TEST_F(RolloutAhead, AFleetSnapshotGoesBackIntoAFleetOfAsManyReplicas) {
   auto v0 = tiny_model(1), v1 = tiny_model(2);
-  auto reqs = batch("f", 5, 2);
+  auto reqs = ahead_batch("f", 5, 2);
   auto fleet = spawn_fleet(v0, 2, 2);
   ASSERT_TRUE(ask<int64_t>(fleet, generate_atom::value, ahead_atom::value, reqs));
   ASSERT_TRUE(ask<int64_t>(fleet, load_weights_atom::value, int64_t{1}, weights_of(v1)));
@@ -226,5 +227,5 @@ TEST_F(RolloutAhead, AFleetSnapshotGoesBackIntoAFleetOfAsManyReplicas) {
   auto got = collect(two, ids_of(reqs));
   ASSERT_TRUE(want) << describe(want.error());
   ASSERT_TRUE(got) << describe(got.error());
-  expect_same(*want, *got);
+  expect_same_ahead(*want, *got);
 }

@@ -36,7 +36,7 @@ engine_config invariant_engine() {
   return c;
 }
 
-std::vector<generate_request> batch(const std::string& prefix, int count, uint64_t seed) {
+std::vector<generate_request> fleet_batch(const std::string& prefix, int count, uint64_t seed) {
   std::vector<generate_request> out;
   for (int i = 0; i < count; ++i) {
     std::vector<int64_t> prompt;
@@ -114,7 +114,7 @@ TEST(FleetSlice, ContiguousAndTheFirstReplicasTakeTheRemainder) {
 TEST_F(RolloutFleet, TwoReplicasGenerateWhatOneEngineDoesBitForBit) {
   auto dense = tiny_model(61);
   auto fleet = spawn_fleet(dense, 2);
-  auto a = batch("a", 5, 100), b = batch("b", 3, 200);
+  auto a = fleet_batch("a", 5, 100), b = fleet_batch("b", 3, 200);
   auto want_a = make_engine(copy_of(dense, models::head_kind::lm), invariant_engine())->generate(a);
   auto want_b = make_engine(copy_of(dense, models::head_kind::lm), invariant_engine())->generate(b);
   ASSERT_TRUE(want_a && want_b);
@@ -156,7 +156,7 @@ TEST_F(RolloutFleet, AContinuationGoesToTheReplicaThatGeneratedItsSequence) {
   auto dense = tiny_model(62);
   auto fleet = spawn_fleet(dense, 2);
   auto one = make_engine(copy_of(dense, models::head_kind::lm), invariant_engine());
-  auto first = batch("t", 4, 300);
+  auto first = fleet_batch("t", 4, 300);
   auto want = one->generate(first);
   auto got = generate_on(sys, fleet, first, kTimeout);
   ASSERT_TRUE(want && got) << (got ? "" : describe(got.error()));
@@ -184,7 +184,7 @@ TEST_F(RolloutFleet, WeightVersionsReachEveryReplica) {
       ask<int64_t>(fleet, load_weights_atom::value, int64_t{1}, actors::shared_weights{w1});
   ASSERT_TRUE(loaded) << describe(loaded.error());
   EXPECT_EQ(*loaded, 1);
-  auto reqs = batch("w", 4, 400);
+  auto reqs = fleet_batch("w", 4, 400);
   auto one = make_engine(copy_of(v1, models::head_kind::lm), invariant_engine());
   ASSERT_TRUE(one->load_weights(1, models::export_hf_weights(v1)));
   auto want = one->generate(reqs);

@@ -33,17 +33,17 @@ using namespace troupe::actors::inference::testing;
 
 namespace {
 
-constexpr auto kTimeout = std::chrono::seconds(60);
+constexpr auto kGroupTimeout = std::chrono::seconds(60);
 
-engine_config small_engine() {
+engine_config group_engine() {
   engine_config c;
   c.num_blocks = 24; // small enough that long batches preempt
   c.block_size = 4;
   return c;
 }
 
-std::vector<generate_request> batch(const std::string& prefix, int count, uint64_t seed,
-                                    bool sampled) {
+std::vector<generate_request> group_batch(const std::string& prefix, int count, uint64_t seed,
+                                          bool sampled) {
   std::vector<generate_request> out;
   for (int i = 0; i < count; ++i) {
     std::vector<int64_t> prompt;
@@ -112,7 +112,7 @@ struct RolloutGroup : ::testing::Test {
       rollout_options o;
       o.driven = true;
       o.threads = 1;
-      auto r = spawn_rollout(sys, m, small_engine(), o);
+      auto r = spawn_rollout(sys, m, group_engine(), o);
       EXPECT_TRUE(r) << describe(r.error());
       ranks.push_back(*r);
     }
@@ -128,14 +128,14 @@ struct RolloutGroup : ::testing::Test {
 
   expected<std::vector<request_output>> generate(const rollout_actor& r,
                                                  std::vector<generate_request> reqs) {
-    return generate_on(sys, r, std::move(reqs), kTimeout);
+    return generate_on(sys, r, std::move(reqs), kGroupTimeout);
   }
 
   template <class R, class... Ts>
   expected<R> ask(const rollout_actor& r, Ts... xs) {
     caf::scoped_actor self{sys};
     expected<R> out = make_error(errc::timeout, "no answer");
-    self->request(r, kTimeout, xs...)
+    self->request(r, kGroupTimeout, xs...)
         .receive([&](R& x) { out = std::move(x); }, [&](caf::error& e) { out = std::move(e); });
     return out;
   }
@@ -151,13 +151,13 @@ TEST_F(RolloutGroup, TwoRanksGenerateWhatOneEngineDoesForConcurrentCallers) {
   auto group = spawn_group(dense, 2);
   for (bool sampled : {false, true}) {
     SCOPED_TRACE(sampled ? "sampled" : "greedy");
-    auto a = batch("a", 4, 100, sampled), b = batch("b", 3, 200, sampled);
-    auto want_a = make_engine(dense, small_engine())->generate(a);
-    auto want_b = make_engine(dense, small_engine())->generate(b);
+    auto a = group_batch("a", 4, 100, sampled), b = group_batch("b", 3, 200, sampled);
+    auto want_a = make_engine(dense, group_engine())->generate(a);
+    auto want_b = make_engine(dense, group_engine())->generate(b);
     ASSERT_TRUE(want_a && want_b);
     caf::scoped_actor self{sys};
-    auto ra = self->request(group, kTimeout, generate_atom::value, a);
-    auto rb = self->request(group, kTimeout, generate_atom::value, b);
+    auto ra = self->request(group, kGroupTimeout, generate_atom::value, a);
+    auto rb = self->request(group, kGroupTimeout, generate_atom::value, b);
     std::vector<request_output> got_a, got_b;
     ra.receive([&](generation& g) { got_a = std::move(g.outputs); },
                [&](caf::error& e) { FAIL() << describe(e); });
@@ -180,7 +180,7 @@ TEST_F(RolloutGroup, TwoRanksGenerateWhatOneEngineDoesForConcurrentCallers) {
 TEST_F(RolloutGroup, BackToBackCallsThroughProxiesAreAllAnswered) {
   auto dense = tiny_model(56);
   auto group = spawn_group(dense, 2, /*proxied=*/true);
-  auto engine = make_engine(dense, small_engine());
+  auto engine = make_engine(dense, group_engine());
   for (int i = 0; i < 30; ++i) {
     std::vector<generate_request> one{
         {"q" + std::to_string(i), {1 + i % 40, 2, 3}, greedy(1 + i % 3)}};
@@ -199,8 +199,8 @@ TEST_F(RolloutGroup, BackToBackCallsThroughProxiesAreAllAnswered) {
 TEST_F(RolloutGroup, BatchesAheadAreCollectedAndTheGroupsSnapshotGoesBack) {
   auto dense = tiny_model(57);
   auto group = spawn_group(dense, 2, /*proxied=*/true);
-  auto reqs = batch("h", 3, 300, true);
-  auto want = make_engine(dense, small_engine())->generate(reqs);
+  auto reqs = group_batch("h", 3, 300, true);
+  auto want = make_engine(dense, group_engine())->generate(reqs);
   ASSERT_TRUE(want);
   auto queued = ask<int64_t>(group, generate_atom::value, ahead_atom::value, reqs);
   ASSERT_TRUE(queued) << describe(queued.error());
@@ -227,7 +227,7 @@ TEST_F(RolloutGroup, BatchesAheadAreCollectedAndTheGroupsSnapshotGoesBack) {
 TEST_F(RolloutGroup, WeightVersionsReachEveryRanksPart) {
   auto dense = tiny_model(52), v1 = tiny_model(53), v2 = tiny_model(54);
   auto group = spawn_group(dense, 2);
-  auto reqs = batch("r", 3, 7, false);
+  auto reqs = group_batch("r", 3, 7, false);
 
   auto w1 =
       std::make_shared<const std::map<std::string, at::Tensor>>(models::export_hf_weights(v1));
@@ -235,7 +235,7 @@ TEST_F(RolloutGroup, WeightVersionsReachEveryRanksPart) {
       ask<int64_t>(group, load_weights_atom::value, int64_t{1}, actors::shared_weights{w1});
   ASSERT_TRUE(loaded) << describe(loaded.error());
   EXPECT_EQ(*loaded, 1);
-  auto want1 = make_engine(v1, small_engine())->generate(reqs);
+  auto want1 = make_engine(v1, group_engine())->generate(reqs);
   auto got1 = generate(group, reqs);
   ASSERT_TRUE(want1 && got1) << (got1 ? "" : describe(got1.error()));
   expect_like(*want1, *got1, "version 1");
@@ -257,7 +257,7 @@ TEST_F(RolloutGroup, WeightVersionsReachEveryRanksPart) {
     whole += static_cast<int64_t>(t.numel() * t.element_size());
   EXPECT_EQ(bytes->bytes, whole); // each rank received the whole version
   EXPECT_EQ(bytes->temporary, 0); // NOTE [sync staging]: the publisher's tensors
-  auto want2 = make_engine(v2, small_engine())->generate(reqs);
+  auto want2 = make_engine(v2, group_engine())->generate(reqs);
   auto got2 = generate(group, reqs);
   ASSERT_TRUE(want2 && got2) << (got2 ? "" : describe(got2.error()));
   expect_like(*want2, *got2, "version 2");
@@ -298,13 +298,13 @@ TEST_F(RolloutGroup, ARankThatEndsEndsTheGroupAndFailsOpenCalls) {
   caf::scoped_actor self{sys};
   self->monitor(group);
   std::vector<generate_request> long_one{{"long", {1, 2, 3}, greedy(80)}};
-  auto call = self->request(group, kTimeout, generate_atom::value, long_one);
+  auto call = self->request(group, kGroupTimeout, generate_atom::value, long_one);
   caf::anon_send_exit(ranks[1], caf::exit_reason::kill);
   bool failed = false;
   call.receive([&](generation&) {}, [&](caf::error&) { failed = true; });
   EXPECT_TRUE(failed);
   bool down = false;
   self->receive([&](caf::down_msg& dm) { down = dm.source == group.address() && dm.reason; },
-                caf::after(kTimeout) >> [] {});
+                caf::after(kGroupTimeout) >> [] {});
   EXPECT_TRUE(down);
 }

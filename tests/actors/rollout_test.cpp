@@ -18,7 +18,7 @@ using namespace troupe::actors::inference::testing;
 
 namespace {
 
-constexpr auto kTimeout = std::chrono::seconds(60);
+constexpr auto kRolloutTimeout = std::chrono::seconds(60);
 
 struct rollout_fixture : ::testing::Test {
   rollout_fixture() : sys{(actors::configure(cfg), cfg)} {}
@@ -40,11 +40,11 @@ struct rollout_fixture : ::testing::Test {
 
   expected<std::vector<request_output>> generate(const rollout_actor& r,
                                                  std::vector<generate_request> reqs) {
-    return generate_on(sys, r, std::move(reqs), kTimeout);
+    return generate_on(sys, r, std::move(reqs), kRolloutTimeout);
   }
 };
 
-std::vector<generate_request> batch(const std::string& prefix, int count, uint64_t seed) {
+std::vector<generate_request> rollout_batch(const std::string& prefix, int count, uint64_t seed) {
   std::vector<generate_request> out;
   for (int i = 0; i < count; ++i) {
     std::vector<int64_t> prompt;
@@ -67,7 +67,7 @@ std::vector<std::vector<int64_t>> tokens_of(const std::vector<request_output>& o
 
 TEST_F(rollout_fixture, concurrent_callers_share_steps_and_get_their_own_outputs) {
   auto m = tiny_model();
-  auto a = batch("a", 3, 100), b = batch("b", 4, 200);
+  auto a = rollout_batch("a", 3, 100), b = rollout_batch("b", 4, 200);
   // The first call runs long enough (some 50 steps) that the second joins
   // it even when the test's thread is slow to send it (a busy machine).
   for (auto& r : a)
@@ -88,12 +88,13 @@ TEST_F(rollout_fixture, concurrent_callers_share_steps_and_get_their_own_outputs
   std::map<std::string, std::vector<request_output>> got;
   std::vector<engine_metrics> answered; // the engine's counters on each answer
   for (int i = 0; i < 2; ++i)
-    self->receive([&](generation& g) {
-                    answered.push_back(g.engine);
-                    got[g.outputs.at(0).id] = std::move(g.outputs);
-                  },
-                  [&](caf::error& e) { FAIL() << sys.render(e); },
-                  caf::after(kTimeout) >> [&] { FAIL() << "rollout did not answer"; });
+    self->receive(
+        [&](generation& g) {
+          answered.push_back(g.engine);
+          got[g.outputs.at(0).id] = std::move(g.outputs);
+        },
+        [&](caf::error& e) { FAIL() << sys.render(e); },
+        caf::after(kRolloutTimeout) >> [&] { FAIL() << "rollout did not answer"; });
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(tokens_of(got["a0"]), tokens_of(*ref_a));
   EXPECT_EQ(tokens_of(got["b0"]), tokens_of(*ref_b));
@@ -101,7 +102,7 @@ TEST_F(rollout_fixture, concurrent_callers_share_steps_and_get_their_own_outputs
     EXPECT_EQ(got["b0"][i].id, b[i].id) << "outputs in request order";
 
   engine_metrics metrics;
-  self->request(rollout, kTimeout, metrics_atom::value)
+  self->request(rollout, kRolloutTimeout, metrics_atom::value)
       .receive([&](engine_metrics& mm) { metrics = mm; },
                [&](caf::error& e) { FAIL() << sys.render(e); });
   EXPECT_LT(metrics.steps, alone_a->metrics().steps + alone_b->metrics().steps)
@@ -124,16 +125,16 @@ TEST_F(rollout_fixture, concurrent_callers_share_steps_and_get_their_own_outputs
 TEST_F(rollout_fixture, a_bad_call_is_rejected_whole_and_the_rollout_keeps_serving) {
   auto m = tiny_model();
   auto rollout = spawn(m);
-  auto reqs = batch("x", 3, 5);
+  auto reqs = rollout_batch("x", 3, 5);
   reqs[1].prompt.clear();
   auto bad = generate(rollout, reqs);
   ASSERT_FALSE(bad);
   EXPECT_NE(describe(bad.error()).find("request 'x1': prompt: empty prompt"), std::string::npos)
       << describe(bad.error());
   // Nothing of the bad call was queued: the same ids are free again.
-  auto good = generate(rollout, batch("x", 3, 5));
+  auto good = generate(rollout, rollout_batch("x", 3, 5));
   ASSERT_TRUE(good) << describe(good.error());
-  auto ref = make_engine(tiny_model(), small_engine())->generate(batch("x", 3, 5));
+  auto ref = make_engine(tiny_model(), small_engine())->generate(rollout_batch("x", 3, 5));
   ASSERT_TRUE(ref);
   EXPECT_EQ(tokens_of(*good), tokens_of(*ref));
   caf::anon_send_exit(rollout, caf::exit_reason::user_shutdown);
@@ -141,7 +142,7 @@ TEST_F(rollout_fixture, a_bad_call_is_rejected_whole_and_the_rollout_keeps_servi
 
 TEST_F(rollout_fixture, weight_updates_between_calls_match_a_fresh_engine) {
   auto rollout = spawn(tiny_model(1));
-  auto before = generate(rollout, batch("w", 2, 9));
+  auto before = generate(rollout, rollout_batch("w", 2, 9));
   ASSERT_TRUE(before);
   EXPECT_EQ(before->at(0).weight_version, 0);
   auto next = tiny_model(2);
@@ -149,18 +150,20 @@ TEST_F(rollout_fixture, weight_updates_between_calls_match_a_fresh_engine) {
       models::export_hf_weights(next));
   caf::scoped_actor self{sys};
   int64_t answered = -1;
-  self->request(rollout, kTimeout, load_weights_atom::value, int64_t{3}, actors::shared_weights{weights})
+  self->request(rollout, kRolloutTimeout, load_weights_atom::value, int64_t{3},
+                actors::shared_weights{weights})
       .receive([&](int64_t v) { answered = v; }, [&](caf::error& e) { FAIL() << sys.render(e); });
   EXPECT_EQ(answered, 3);
-  auto after = generate(rollout, batch("w", 2, 9));
+  auto after = generate(rollout, rollout_batch("w", 2, 9));
   ASSERT_TRUE(after);
   EXPECT_EQ(after->at(0).weight_version, 3);
-  auto fresh = make_engine(tiny_model(2), small_engine())->generate(batch("w", 2, 9));
+  auto fresh = make_engine(tiny_model(2), small_engine())->generate(rollout_batch("w", 2, 9));
   ASSERT_TRUE(fresh);
   EXPECT_EQ(tokens_of(*after), tokens_of(*fresh));
   // A stale version is refused and changes nothing.
   caf::error stale;
-  self->request(rollout, kTimeout, load_weights_atom::value, int64_t{2}, actors::shared_weights{weights})
+  self->request(rollout, kRolloutTimeout, load_weights_atom::value, int64_t{2},
+                actors::shared_weights{weights})
       .receive([&](int64_t) {}, [&](caf::error& e) { stale = e; });
   EXPECT_TRUE(stale);
   caf::anon_send_exit(rollout, caf::exit_reason::user_shutdown);
@@ -176,11 +179,11 @@ TEST_F(rollout_fixture, a_version_loaded_between_decode_steps_tags_the_tokens_af
   auto rollout = spawn_rollout(sys, tiny_model(1), small_engine(), o);
   ASSERT_TRUE(rollout) << describe(rollout.error());
   caf::scoped_actor self{sys};
-  auto call = self->request(*rollout, kTimeout, generate_atom::value,
+  auto call = self->request(*rollout, kRolloutTimeout, generate_atom::value,
                             std::vector<generate_request>{{"g", {1, 2, 3}, greedy(6)}});
   auto drive = [&] {
     bool more = false;
-    self->request(*rollout, kTimeout, drive_atom::value)
+    self->request(*rollout, kRolloutTimeout, drive_atom::value)
         .receive([&](bool m) { more = m; }, [&](caf::error& e) { FAIL() << describe(e); });
     return more;
   };
@@ -188,7 +191,7 @@ TEST_F(rollout_fixture, a_version_loaded_between_decode_steps_tags_the_tokens_af
   EXPECT_TRUE(drive()); // the second
   auto weights = std::make_shared<const std::map<std::string, at::Tensor>>(
       models::export_hf_weights(tiny_model(2)));
-  self->request(*rollout, kTimeout, load_weights_atom::value, int64_t{1},
+  self->request(*rollout, kRolloutTimeout, load_weights_atom::value, int64_t{1},
                 actors::shared_weights{weights})
       .receive([](int64_t) {}, [&](caf::error& e) { FAIL() << describe(e); });
   for (int i = 0; i < 10 && drive(); ++i) {
@@ -216,12 +219,12 @@ TEST_F(rollout_fixture, a_failing_step_fails_open_calls_and_the_actor_exits_with
   }
   caf::scoped_actor self{sys};
   self->monitor(rollout);
-  auto failed = generate(rollout, batch("f", 2, 1));
+  auto failed = generate(rollout, rollout_batch("f", 2, 1));
   ASSERT_FALSE(failed);
   EXPECT_NE(describe(failed.error()).find("rollout step"), std::string::npos)
       << describe(failed.error());
   bool down = false;
   self->receive([&](caf::down_msg& d) { down = d.reason == failed.error(); },
-                caf::after(kTimeout) >> [] {});
+                caf::after(kRolloutTimeout) >> [] {});
   EXPECT_TRUE(down) << "the rollout exits with the step's error";
 }

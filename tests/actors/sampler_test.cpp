@@ -10,8 +10,8 @@ using namespace troupe::actors::inference;
 
 namespace {
 
-std::vector<sampled_token> run(const torch::Tensor& logits, const sampling_params& p,
-                               rng_stream& s) {
+std::vector<sampled_token> sample_run(const torch::Tensor& logits, const sampling_params& p,
+                                      rng_stream& s) {
   auto r = sample(logits, {&p}, {&s});
   EXPECT_TRUE(r) << describe(r.error());
   return *r;
@@ -23,7 +23,7 @@ std::map<int64_t, double> frequencies(const torch::Tensor& row, const sampling_p
   auto s = rng_stream::make(seed, 0);
   std::map<int64_t, double> f;
   for (int i = 0; i < draws; ++i)
-    f[run(row, p, s)[0].token] += 1.0 / draws;
+    f[sample_run(row, p, s)[0].token] += 1.0 / draws;
   return f;
 }
 
@@ -38,7 +38,7 @@ TEST(Sampler, GreedyTakesArgmaxAndReportsUnscaledLogprob) {
   sampling_params p;
   p.temperature = 0;
   auto s = rng_stream::make(1, 0);
-  auto out = run(logits, p, s);
+  auto out = sample_run(logits, p, s);
   EXPECT_EQ(out[0].token, 1); // first of the tied maxima
   auto expect = torch::log_softmax(logits, -1)[0][1].item<float>();
   EXPECT_NEAR(out[0].logprob, expect, 1e-6);
@@ -107,7 +107,7 @@ TEST(Sampler, RowsAreIndependentOfTheirBatch) {
   auto alone_stream = rng_stream::make(77, 3);
   std::vector<int64_t> alone;
   for (int i = 0; i < 20; ++i)
-    alone.push_back(run(logits.narrow(0, 2, 1), p, alone_stream)[0].token);
+    alone.push_back(sample_run(logits.narrow(0, 2, 1), p, alone_stream)[0].token);
   // ... and inside a batch of 6 with other streams: the same tokens.
   std::vector<rng_stream> streams;
   for (int r = 0; r < 6; ++r)

@@ -37,7 +37,7 @@ models::llama_config shape() {
   return c;
 }
 
-runtime::tensor_batch batch(uint64_t seed) {
+runtime::tensor_batch memory_batch(uint64_t seed) {
   torch::manual_seed(static_cast<int64_t>(seed));
   std::vector<std::vector<int64_t>> prompts, responses;
   for (int64_t r = 0; r < kRows; ++r) {
@@ -75,7 +75,7 @@ std::vector<measured> run_ranks(int dp, dp_strategy s, int64_t micro_rows,
   auto base = models::make_llama(shape(), models::head_kind::lm);
   EXPECT_TRUE(base);
   const auto weights = models::export_hf_weights(*base);
-  const std::vector<runtime::tensor_batch> steps{batch(1), batch(2)};
+  const std::vector<runtime::tensor_batch> steps{memory_batch(1), memory_batch(2)};
   std::vector<measured> out(static_cast<size_t>(world));
   auto rank = [&](int r) -> expected<void> {
     auto& g = groups->groups[static_cast<size_t>(r)];

@@ -86,8 +86,8 @@ on_tp_ranks(const models::llama_model& dense, int tp, const std::vector<generate
       });
 }
 
-void expect_like(const std::vector<request_output>& want, const std::vector<request_output>& got,
-                 const std::string& what) {
+void expect_tp_like(const std::vector<request_output>& want, const std::vector<request_output>& got,
+                    const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t r = 0; r < want.size(); ++r) {
     ASSERT_EQ(got[r].samples.size(), want[r].samples.size()) << what;
@@ -114,9 +114,9 @@ TEST(TensorParallelDecode, GreedyTokensEqualOneEngineAtTpTwoAndFour) {
       auto ranks = on_tp_ranks(dense, tp, requests(false), nullptr, path);
       ASSERT_EQ(ranks.size(), static_cast<size_t>(tp));
       for (int r = 0; r < tp; ++r)
-        expect_like(*want, ranks[static_cast<size_t>(r)],
-                    "tp " + std::to_string(tp) + " rank " + std::to_string(r) + " " +
-                        std::string{to_string(path)});
+        expect_tp_like(*want, ranks[static_cast<size_t>(r)],
+                       "tp " + std::to_string(tp) + " rank " + std::to_string(r) + " " +
+                           std::string{to_string(path)});
     }
 }
 
@@ -161,7 +161,7 @@ TEST(TensorParallelDecode, SampledTokensEqualForFixedSeeds) {
   auto ranks = on_tp_ranks(dense, 2, requests(true));
   ASSERT_EQ(ranks.size(), 2u);
   for (int r = 0; r < 2; ++r)
-    expect_like(*want, ranks[static_cast<size_t>(r)], "rank " + std::to_string(r));
+    expect_tp_like(*want, ranks[static_cast<size_t>(r)], "rank " + std::to_string(r));
 }
 
 TEST(TensorParallelDecode, AWholeCheckpointLoadsIntoEachRanksPart) {
@@ -172,7 +172,7 @@ TEST(TensorParallelDecode, AWholeCheckpointLoadsIntoEachRanksPart) {
   auto ranks = on_tp_ranks(dense, 2, requests(false), &whole);
   ASSERT_EQ(ranks.size(), 2u);
   for (int r = 0; r < 2; ++r) {
-    expect_like(*want, ranks[static_cast<size_t>(r)], "rank " + std::to_string(r));
+    expect_tp_like(*want, ranks[static_cast<size_t>(r)], "rank " + std::to_string(r));
     ASSERT_FALSE(ranks[static_cast<size_t>(r)].empty());
     EXPECT_EQ(ranks[static_cast<size_t>(r)].front().weight_version, 1);
   }

@@ -28,6 +28,7 @@
 #include <set>
 
 using namespace troupe;
+using troupe::actors::rl::testing::events_of;
 using troupe::actors::rl::testing::parse_job;
 using troupe::actors::rl::testing::tiny_job;
 
@@ -89,17 +90,6 @@ int parent_of(int pid) {
   int ppid = -1;
   rest >> state >> ppid;
   return ppid;
-}
-
-std::vector<nlohmann::json> events_of(const std::string& run_dir, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(std::filesystem::path{run_dir} / "events.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("kind", "") == kind)
-      out.push_back(j);
-  }
-  return out;
 }
 
 // A controller on host 0 of `lab` (TLS: it listens on a routable address)

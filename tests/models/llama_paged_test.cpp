@@ -21,7 +21,7 @@ namespace {
 
 using troupe::models::testing::tiny_config;
 
-llama_model tiny(head_kind head = head_kind::lm) {
+llama_model tiny_paged(head_kind head = head_kind::lm) {
   torch::manual_seed(7);
   auto m = make_llama(tiny_config(), head);
   EXPECT_TRUE(m) << describe(m.error());
@@ -44,7 +44,7 @@ torch::Tensor dense_logits(llama_model& model, const std::vector<int64_t>& token
   return model->forward(ids, torch::ones_like(ids))[0];
 }
 
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+double max_abs_diff_sized(const torch::Tensor& a, const torch::Tensor& b) {
   EXPECT_EQ(a.sizes(), b.sizes());
   return (a - b).abs().max().item<double>();
 }
@@ -114,7 +114,7 @@ int64_t greedy(const torch::Tensor& row) {
 } // namespace
 
 TEST(LlamaPaged, PrefillThenGreedyDecodeMatchesDenseRecompute) {
-  auto model = tiny();
+  auto model = tiny_paged();
   for (int64_t bs : {4, 16}) {
     SCOPED_TRACE("block_size " + std::to_string(bs));
     auto cache = model->make_paged_cache(64, bs);
@@ -126,16 +126,16 @@ TEST(LlamaPaged, PrefillThenGreedyDecodeMatchesDenseRecompute) {
     auto logits = model->forward_paged(step, cache, all_rows(step));
     ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{20, 61}));
     EXPECT_FALSE(logits.requires_grad());
-    EXPECT_LT(max_abs_diff(logits.narrow(0, 0, 7), dense_logits(model, pa)), 1e-5);
-    EXPECT_LT(max_abs_diff(logits.narrow(0, 7, 13), dense_logits(model, pb)), 1e-5);
+    EXPECT_LT(max_abs_diff_sized(logits.narrow(0, 0, 7), dense_logits(model, pa)), 1e-5);
+    EXPECT_LT(max_abs_diff_sized(logits.narrow(0, 7, 13), dense_logits(model, pb)), 1e-5);
     int64_t next_a = greedy(logits[6]), next_b = greedy(logits[19]);
     for (int s = 0; s < 8; ++s) {
       step = pages.step({&a, &b}, {{next_a}, {next_b}});
       logits = model->forward_paged(step, cache); // default rows: each request's last token
       ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{2, 61}));
       auto want_a = dense_logits(model, a.tokens), want_b = dense_logits(model, b.tokens);
-      EXPECT_LT(max_abs_diff(logits[0], want_a[-1]), 1e-5) << "decode step " << s;
-      EXPECT_LT(max_abs_diff(logits[1], want_b[-1]), 1e-5) << "decode step " << s;
+      EXPECT_LT(max_abs_diff_sized(logits[0], want_a[-1]), 1e-5) << "decode step " << s;
+      EXPECT_LT(max_abs_diff_sized(logits[1], want_b[-1]), 1e-5) << "decode step " << s;
       next_a = greedy(logits[0]);
       next_b = greedy(logits[1]);
     }
@@ -145,7 +145,7 @@ TEST(LlamaPaged, PrefillThenGreedyDecodeMatchesDenseRecompute) {
 }
 
 TEST(LlamaPaged, ChunkedPrefillMatchesOneShot) {
-  auto model = tiny();
+  auto model = tiny_paged();
   auto prompt = random_tokens(11, 3);
   // One shot, in its own cache.
   auto one_cache = model->make_paged_cache(16, 4);
@@ -163,21 +163,21 @@ TEST(LlamaPaged, ChunkedPrefillMatchesOneShot) {
   auto step = pages.step({&other, &a}, {po, {prompt.begin(), prompt.begin() + 4}});
   auto logits = model->forward_paged(step, cache, all_rows(step));
   chunks.push_back(logits.narrow(0, 6, 4));
-  EXPECT_LT(max_abs_diff(logits.narrow(0, 0, 6), dense_logits(model, po)), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(logits.narrow(0, 0, 6), dense_logits(model, po)), 1e-5);
   step = pages.step({&a, &other}, {{prompt.begin() + 4, prompt.begin() + 7}, {greedy(logits[5])}});
   logits = model->forward_paged(step, cache, all_rows(step));
   chunks.push_back(logits.narrow(0, 0, 3));
   step = pages.step({&other, &a}, {{greedy(logits[3])}, {prompt.begin() + 7, prompt.end()}});
   logits = model->forward_paged(step, cache, all_rows(step));
   chunks.push_back(logits.narrow(0, 1, 4));
-  EXPECT_LT(max_abs_diff(logits[0], dense_logits(model, other.tokens)[-1]), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(logits[0], dense_logits(model, other.tokens)[-1]), 1e-5);
   auto chunked = torch::cat(chunks);
-  EXPECT_LT(max_abs_diff(chunked, want), 1e-5);
-  EXPECT_LT(max_abs_diff(chunked, dense_logits(model, prompt)), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(chunked, want), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(chunked, dense_logits(model, prompt)), 1e-5);
 }
 
 TEST(LlamaPaged, RequestsSharingPromptBlocksMatchComputingAlone) {
-  auto model = tiny();
+  auto model = tiny_paged();
   const int64_t bs = 4;
   auto shared = random_tokens(8, 5); // two full blocks
   auto suffix_a = random_tokens(3, 6), suffix_b = random_tokens(5, 7);
@@ -201,22 +201,22 @@ TEST(LlamaPaged, RequestsSharingPromptBlocksMatchComputingAlone) {
   request alone;
   auto step_alone = alone_pages.step({&alone}, {b.tokens});
   auto want = model->forward_paged(step_alone, alone_cache, torch::arange(8, 13, torch::kLong));
-  EXPECT_LT(max_abs_diff(logits_b, want), 1e-5);
-  EXPECT_LT(max_abs_diff(logits_b, dense_logits(model, b.tokens).narrow(0, 8, 5)), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(logits_b, want), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(logits_b, dense_logits(model, b.tokens).narrow(0, 8, 5)), 1e-5);
   // Both decode together; a's blocks were not disturbed by b.
   int64_t next_a = greedy(dense_logits(model, a.tokens)[-1]), next_b = greedy(logits_b[-1]);
   for (int s = 0; s < 3; ++s) {
     step = pages.step({&a, &b}, {{next_a}, {next_b}});
     auto logits = model->forward_paged(step, cache);
-    EXPECT_LT(max_abs_diff(logits[0], dense_logits(model, a.tokens)[-1]), 1e-5);
-    EXPECT_LT(max_abs_diff(logits[1], dense_logits(model, b.tokens)[-1]), 1e-5);
+    EXPECT_LT(max_abs_diff_sized(logits[0], dense_logits(model, a.tokens)[-1]), 1e-5);
+    EXPECT_LT(max_abs_diff_sized(logits[1], dense_logits(model, b.tokens)[-1]), 1e-5);
     next_a = greedy(logits[0]);
     next_b = greedy(logits[1]);
   }
 }
 
 TEST(LlamaPaged, RunForwardPagedReturnsErrorsWithTheirCodes) {
-  auto model = tiny();
+  auto model = tiny_paged();
   auto cache = model->make_paged_cache(8, 4);
   pager pages{8, 4, 10};
   request a;
@@ -263,7 +263,7 @@ TEST(LlamaPaged, RunForwardPagedReturnsErrorsWithTheirCodes) {
   ASSERT_FALSE(r);
   EXPECT_EQ(code_of(r.error()), errc::shape_mismatch) << describe(r.error());
 
-  auto critic = tiny(head_kind::value);
+  auto critic = tiny_paged(head_kind::value);
   auto critic_cache = critic->make_paged_cache(8, 4);
   r = run_forward_paged(critic, good, critic_cache);
   ASSERT_FALSE(r);
@@ -333,16 +333,17 @@ TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
               model->set_decode_path(decode_path::aten);
               auto aten = model->forward_paged(aten_pages.step(ap, next), aten_cache);
               ASSERT_EQ(fused.sizes(), aten.sizes());
-              EXPECT_LT(max_abs_diff(fused, aten), 1e-5) << "step " << s;
+              EXPECT_LT(max_abs_diff_sized(fused, aten), 1e-5) << "step " << s;
               for (size_t r = 0; r < batch; ++r) {
                 auto row = static_cast<int64_t>(r);
-                EXPECT_LT(max_abs_diff(fused[row], dense_logits(model, fr[r].tokens)[-1]), 1e-5)
+                EXPECT_LT(max_abs_diff_sized(fused[row], dense_logits(model, fr[r].tokens)[-1]),
+                          1e-5)
                     << "step " << s << ", request " << r;
                 next[r] = {greedy(fused[row])};
               }
               for (size_t l = 0; l < fused_cache.k.size(); ++l) {
-                EXPECT_LT(max_abs_diff(fused_cache.k[l], aten_cache.k[l]), 1e-5);
-                EXPECT_LT(max_abs_diff(fused_cache.v[l], aten_cache.v[l]), 1e-5);
+                EXPECT_LT(max_abs_diff_sized(fused_cache.k[l], aten_cache.k[l]), 1e-5);
+                EXPECT_LT(max_abs_diff_sized(fused_cache.v[l], aten_cache.v[l]), 1e-5);
               }
             }
             // Batches made the packed copy when asked to, and only then.
@@ -392,7 +393,7 @@ TEST(LlamaPaged, DecodePanelsFollowWeightChanges) {
   model->eval();
   model->set_decode_panels(panels_mode::on);
   auto [before, before_aten] = fused_and_aten_step(model, 3);
-  EXPECT_LT(max_abs_diff(before, before_aten), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(before, before_aten), 1e-5);
   ASSERT_GT(model->decode_panels_bytes(), 0);
   {
     torch::NoGradGuard no_grad;
@@ -400,16 +401,16 @@ TEST(LlamaPaged, DecodePanelsFollowWeightChanges) {
       p.mul_(1.5);
   }
   auto [scaled, scaled_aten] = fused_and_aten_step(model, 3);
-  EXPECT_GT(max_abs_diff(scaled, before), 1e-3); // the weights did change
-  EXPECT_LT(max_abs_diff(scaled, scaled_aten), 1e-5);
+  EXPECT_GT(max_abs_diff_sized(scaled, before), 1e-3); // the weights did change
+  EXPECT_LT(max_abs_diff_sized(scaled, scaled_aten), 1e-5);
 
   torch::manual_seed(22);
   auto other = make_llama(tiny_config(), head_kind::lm);
   ASSERT_TRUE(other);
   ASSERT_TRUE(assign_hf_weights(model, export_hf_weights(*other)));
   auto [loaded, loaded_aten] = fused_and_aten_step(model, 3);
-  EXPECT_GT(max_abs_diff(loaded, scaled), 1e-3);
-  EXPECT_LT(max_abs_diff(loaded, loaded_aten), 1e-5);
+  EXPECT_GT(max_abs_diff_sized(loaded, scaled), 1e-3);
+  EXPECT_LT(max_abs_diff_sized(loaded, loaded_aten), 1e-5);
 }
 
 // The fused kernel reads raw fp32 rows: a weight it cannot read so (here a
@@ -434,7 +435,7 @@ TEST(LlamaPaged, AWeightTheFusedKernelCannotReadSendsTheStepToAten) {
   model->set_decode_panels(panels_mode::on);
   auto [strided_one, strided_one_aten] = fused_and_aten_step(model, 1);
   auto [strided, strided_aten] = fused_and_aten_step(model, 3);
-  EXPECT_LT(max_abs_diff(strided_one, batch_one_aten), 1e-5);
-  EXPECT_LT(max_abs_diff(strided, batched_aten), 1e-5);
-  EXPECT_LT(max_abs_diff(strided_one_aten, batch_one_aten), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(strided_one, batch_one_aten), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(strided, batched_aten), 1e-5);
+  EXPECT_LT(max_abs_diff_sized(strided_one_aten, batch_one_aten), 1e-5);
 }

@@ -12,7 +12,7 @@ using namespace troupe::runtime;
 
 namespace {
 
-local_groups two_ranks(const std::string& name) {
+local_groups reducer_ranks(const std::string& name) {
   group_options go;
   go.name = name;
   go.timeout_ms = 20000;
@@ -26,7 +26,7 @@ local_groups two_ranks(const std::string& name) {
 // Rank 1 starts from other weights (one of them fp64: a bucket of its own)
 // and ends with rank 0's, bucket by bucket.
 TEST(BroadcastParameters, EveryRankEndsWithTheRootsWeights) {
-  auto ranks = two_ranks("broadcast");
+  auto ranks = reducer_ranks("broadcast");
   auto params = [](int64_t seed) {
     torch::manual_seed(seed);
     return std::vector<torch::Tensor>{torch::randn({5, 16}), torch::randn({16}),
@@ -47,7 +47,7 @@ TEST(BroadcastParameters, EveryRankEndsWithTheRootsWeights) {
 }
 
 TEST(BroadcastParameters, RefusesIntegerParametersAndAnEmptyBucket) {
-  auto ranks = two_ranks("broadcast-bad");
+  auto ranks = reducer_ranks("broadcast-bad");
   std::vector<torch::Tensor> ints{torch::zeros({3}, torch::kLong)};
   EXPECT_FALSE(broadcast_parameters(ints, ranks.groups[0]));
   std::vector<torch::Tensor> floats{torch::zeros({3})};

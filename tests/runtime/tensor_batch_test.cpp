@@ -10,7 +10,7 @@ using troupe::runtime::tensor_batch;
 
 namespace {
 
-tensor_batch make(int64_t rows) {
+tensor_batch make_rows(int64_t rows) {
   tensor_batch b;
   EXPECT_TRUE(b.set("ids", torch::arange(rows * 3, torch::kLong).view({rows, 3})));
   EXPECT_TRUE(b.set("score", torch::arange(rows, torch::kFloat)));
@@ -20,7 +20,7 @@ tensor_batch make(int64_t rows) {
 } // namespace
 
 TEST(TensorBatch, RowsMustAgree) {
-  auto b = make(4);
+  auto b = make_rows(4);
   EXPECT_EQ(b.size(), 4);
   auto bad = b.set("x", torch::zeros({5}));
   ASSERT_FALSE(bad);
@@ -38,7 +38,7 @@ TEST(TensorBatch, RowsMustAgree) {
 }
 
 TEST(TensorBatch, SplitSelectConcatRoundTrip) {
-  auto b = make(7);
+  auto b = make_rows(7);
   auto parts = b.split(3);
   ASSERT_TRUE(parts);
   ASSERT_EQ(parts->size(), 3u);
@@ -55,7 +55,7 @@ TEST(TensorBatch, SplitSelectConcatRoundTrip) {
   EXPECT_FALSE(b.split(0));
   EXPECT_FALSE(b.split(8));
   EXPECT_FALSE(b.slice(2, 9));
-  auto other = make(2);
+  auto other = make_rows(2);
   other.erase("score");
   EXPECT_FALSE(tensor_batch::concat({b, other}));
 }
