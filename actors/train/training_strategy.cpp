@@ -106,28 +106,33 @@ public:
   // precision]), unpadded, in parameter order (the ranks' shards gathered),
   // and the step count.
   expected<void> save_state(torch::serialize::OutputArchive& archive) const override {
-    archive.write("optimizer/step", torch::tensor(adam_.t, torch::kLong));
-    for (const auto& [name, part] :
-         {std::pair{"exp_avg", adam_.m}, {"exp_avg_sq", adam_.v}, {"master", adam_.master}}) {
-      if (!part.defined())
-        continue;
-      auto whole = gather(part);
-      if (!whole)
-        return with_prefix(whole.error(), std::string{"gathering "} + name);
-      archive.write(std::string{"optimizer/"} + name, whole->narrow(0, 0, f_.total));
-    }
+    auto state = named_state();
+    if (!state)
+      return state.error();
+    for (const auto& [key, t] : *state)
+      archive.write(key, t);
     return {};
   }
 
   expected<std::vector<std::pair<std::string, at::Tensor>>> whole_state() const override {
     if (!holds_whole_state())
       return training_strategy::whole_state();
+    return named_state(); // the gather is the identity
+  }
+
+  // What save_state writes, by key (the ranks' shards gathered).
+  expected<std::vector<std::pair<std::string, at::Tensor>>> named_state() const {
     std::vector<std::pair<std::string, at::Tensor>> out{
         {"optimizer/step", torch::tensor(adam_.t, torch::kLong)}};
     for (const auto& [name, part] :
-         {std::pair{"exp_avg", adam_.m}, {"exp_avg_sq", adam_.v}, {"master", adam_.master}})
-      if (part.defined())
-        out.emplace_back(std::string{"optimizer/"} + name, part.narrow(0, 0, f_.total));
+         {std::pair{"exp_avg", adam_.m}, {"exp_avg_sq", adam_.v}, {"master", adam_.master}}) {
+      if (!part.defined())
+        continue;
+      auto all = gather(part);
+      if (!all)
+        return with_prefix(all.error(), std::string{"gathering "} + name);
+      out.emplace_back(std::string{"optimizer/"} + name, all->narrow(0, 0, f_.total));
+    }
     return out;
   }
 
