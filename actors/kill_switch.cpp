@@ -2,9 +2,11 @@
 
 #include <caf/all.hpp>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <stdexcept>
+#include <thread>
 
 namespace troupe::actors {
 
@@ -30,6 +32,15 @@ std::function<void()> kill_switch::dying_hook(bool whole_process) {
     }
     *died = true;
     throw std::runtime_error("killed inside a collective (debug.kills)");
+  };
+}
+
+std::function<void()> kill_switch::hanging_hook() {
+  return [] {
+    std::fprintf(stderr, "hanging inside a collective (debug.kills how: hang)\n");
+    std::fflush(stderr);
+    while (true)
+      std::this_thread::sleep_for(std::chrono::hours(1));
   };
 }
 

@@ -24,6 +24,10 @@ namespace troupe::actors {
 /// DP rank of a trainer also takes (bool, n): die at the n-th operation of
 /// its DP group from now on (NOTE [kill inside a collective]).
 using inject_kill_atom = caf::atom_constant<caf::atom("injkill")>;
+/// Driver → a trainer's DP rank in a worker: (n) block for good inside the
+/// n-th operation of its DP group from now on, the process running on
+/// (NOTE [deadlocked collectives] in cluster/heartbeats.hpp).
+using inject_hang_atom = caf::atom_constant<caf::atom("injhang")>;
 
 class kill_switch {
 public:
@@ -41,6 +45,9 @@ public:
   /// operation the rank dies in: it ends the process (whole_process), or
   /// marks this switch and throws, failing the request that made the call.
   std::function<void()> dying_hook(bool whole_process);
+  /// The hook a DP group runs before the operation the rank hangs in: it
+  /// never returns (the heartbeats find the deadlock and kill the process).
+  static std::function<void()> hanging_hook();
   /// After a request: when the dying hook fired in it, makes `self` quit
   /// with exit reason kill and answers true (the caller answers nothing).
   bool fired_inside(caf::scheduled_actor* self);

@@ -9,8 +9,25 @@
 // holds a ping's answer behind it for seconds, which a busy worker must
 // not be killed for. They travel on the job's data plane (docs/cluster.md:
 // a trusted network); a datagram that is not one is ignored.
+//
+// NOTE [deadlocked collectives]: a rank stuck in a collective still sends
+// heartbeats (its thread is not the one stuck), so each datagram also
+// carries the oldest collective calls the worker is inside (NOTE [calls in
+// flight] in runtime/inflight.hpp: group identity, rank, group size, op,
+// age by the worker's own clock — the clocks need not agree). A group is
+// deadlocked when every one of its ranks reports a call of it that has run
+// for 2 intervals: the last rank to arrive has waited that long too, so
+// all are inside it and none moves (a rank waiting for a peer that still
+// computes is not: the peer is not in the call). The watchdog kills the
+// group's workers as hung, found within 3 intervals of the last arrival.
+// Not covered: ranks stuck in calls of different groups that wait on each
+// other, and a rank that skipped the call and idles; a single call that
+// legitimately runs 2 intervals with every rank in it is taken for a
+// deadlock (transfers are bucketed to keep calls short: keep heartbeat_s
+// above the longest).
 
 #include "runtime/error.hpp"
+#include "runtime/inflight.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -23,11 +40,43 @@ namespace troupe::cluster {
 struct heartbeat {
   int32_t rank = 0;
   int64_t pid = 0;
+  /// NOTE [deadlocked collectives]: at most max_calls, the oldest first.
+  std::vector<runtime::call_in_flight> calls;
+  static constexpr size_t max_calls = 8;
 };
 
-/// A heartbeat as sent, and read back (nullopt: not a heartbeat).
+/// A heartbeat as sent (calls past max_calls are left out), and read back
+/// (nullopt: not a heartbeat). The 16-byte form without calls is read too.
 std::string encode_heartbeat(const heartbeat& h);
 std::optional<heartbeat> decode_heartbeat(const char* data, size_t size);
+
+/// The calls one worker reported last.
+struct worker_calls {
+  int worker = 0;
+  std::vector<runtime::call_in_flight> calls;
+};
+
+/// A deadlocked group: each of its ranks in one of its calls for at least
+/// the threshold, and which workers hold them.
+struct deadlock {
+  uint64_t group = 0;
+  /// Per rank of the group: the worker, its call's op and age.
+  struct member {
+    int worker = 0;
+    runtime::collective_op op{};
+    int64_t age_ms = 0;
+  };
+  std::vector<member> ranks;
+  /// The youngest call's age: how long the group has been stuck.
+  int64_t stuck_ms() const;
+  /// "every rank of collective group <hex> (2 ranks) has been inside it
+  /// for >= N ms: rank 0 in all_reduce on worker 1, ..."
+  std::string describe() const;
+};
+
+/// NOTE [deadlocked collectives]: the groups every rank of which reports a
+/// call of the group at least `min_age_ms` old, by identity.
+std::vector<deadlock> find_deadlocks(const std::vector<worker_calls>& workers, int64_t min_age_ms);
 
 /// The driver's end: a UDP socket on `host` (an IP address), port chosen.
 class heartbeat_receiver {
@@ -50,7 +99,8 @@ private:
 };
 
 /// The worker's end: a detached thread that sends `h` to host:port every
-/// `every` for the rest of the process's life.
+/// `every` for the rest of the process's life, each with the calls in
+/// flight at the time (NOTE [deadlocked collectives]).
 expected<void> start_heartbeats(const std::string& host, uint16_t port, heartbeat h,
                                 std::chrono::milliseconds every);
 

@@ -105,18 +105,60 @@ caf::behavior registrar(caf::event_based_actor* self, std::shared_ptr<registry> 
 using heartbeat_tick_atom = caf::atom_constant<caf::atom("hbtick")>;
 
 // NOTE [heartbeats] (heartbeats.hpp): every tick the watchdog drains the
-// workers' datagrams; a worker none came from for 2 intervals is hung and
-// is killed (SIGKILL; a worker on a node is left to its connection's
-// timeout), which its roles' proxies see as their loss (NOTE
+// workers' datagrams; a worker none came from for 2 intervals is hung, and
+// so are the workers of a group deadlocked in a collective (NOTE
+// [deadlocked collectives]). A hung worker is killed: SIGKILL here, and a
+// worker on a node is told to end itself (a silent one is left to its
+// connection's timeout). Its roles' proxies see that as their loss (NOTE
 // [supervision] in actors/rl/supervision.hpp).
 struct watchdog_state {
   struct seen {
     caf::actor_addr who;
     clock_type::time_point answered;
+    /// The calls in flight its last heartbeat reported.
+    std::vector<runtime::call_in_flight> calls;
   };
   std::vector<seen> workers;
   static inline const char* name = "worker_watchdog";
 };
+
+// Marks worker `r` hung for `why` and ends it (once).
+void kill_hung(std::shared_ptr<registry> reg, watchdog_state::seen& w, const worker_info& info,
+               size_t r, const std::string& why) {
+  {
+    std::lock_guard lock{reg->mu};
+    reg->hung.emplace_back(r, describe_worker(info) + " " + why);
+  }
+  if (info.node.empty())
+    ::kill(static_cast<pid_t>(info.pid), SIGKILL);
+  else // (a stopped one hears it only if it runs again)
+    caf::anon_send(info.handle, worker_hung_atom::value);
+  w.who = caf::actor_addr{};
+  w.calls.clear();
+}
+
+// The heartbeats of this tick, into each worker's record; a new worker's
+// silence counts from now.
+void note_beats(watchdog_state& st, const std::vector<std::optional<worker_info>>& slots,
+                const std::vector<heartbeat>& beats, clock_type::time_point now) {
+  auto& ws = st.workers;
+  ws.resize(slots.size());
+  for (size_t r = 0; r < slots.size(); ++r) {
+    if (!slots[r])
+      continue;
+    auto& w = ws[r];
+    const auto& info = *slots[r];
+    if (w.who != info.handle.address())
+      w = {info.handle.address(), now, {}};
+    if (!w.who)
+      continue;
+    for (const auto& b : beats)
+      if (b.rank == static_cast<int32_t>(r) && b.pid == info.pid) {
+        w.answered = now;
+        w.calls = b.calls;
+      }
+  }
+}
 
 caf::behavior watchdog(caf::stateful_actor<watchdog_state>* self, std::shared_ptr<registry> reg,
                        std::chrono::milliseconds interval) {
@@ -133,35 +175,28 @@ caf::behavior watchdog(caf::stateful_actor<watchdog_state>* self, std::shared_pt
           slots = reg->slots;
         }
         // (The receiver is this actor's alone.)
-        const auto beats = reg->beats ? reg->beats->drain() : std::vector<heartbeat>{};
-        auto& ws = self->state.workers;
-        ws.resize(slots.size());
         const auto now = clock_type::now();
-        for (size_t r = 0; r < slots.size(); ++r) {
-          if (!slots[r])
-            continue;
+        note_beats(self->state, slots, reg->beats ? reg->beats->drain() : std::vector<heartbeat>{},
+                   now);
+        auto& ws = self->state.workers;
+        std::vector<worker_calls> calls;
+        for (size_t r = 0; r < ws.size(); ++r) {
           auto& w = ws[r];
-          const auto info = *slots[r];
-          if (w.who != info.handle.address())
-            w = {info.handle.address(), now}; // a new worker: its silence counts from now
           if (!w.who)
             continue;
-          for (const auto& b : beats)
-            if (b.rank == static_cast<int32_t>(r) && b.pid == info.pid)
-              w.answered = now;
-          if (now - w.answered <= silence)
-            continue;
-          std::lock_guard lock{reg->mu};
-          reg->hung.emplace_back(
-              r, describe_worker(info) + " answered no heartbeat for " +
-                     std::to_string(
-                         std::chrono::duration_cast<std::chrono::milliseconds>(now - w.answered)
-                             .count()) +
-                     " ms");
-          if (info.node.empty())
-            ::kill(static_cast<pid_t>(info.pid), SIGKILL);
-          w.who = caf::actor_addr{}; // once
+          const auto quiet =
+              std::chrono::duration_cast<std::chrono::milliseconds>(now - w.answered);
+          if (quiet > silence)
+            kill_hung(reg, w, *slots[r], r,
+                      "answered no heartbeat for " + std::to_string(quiet.count()) + " ms");
+          else if (!w.calls.empty())
+            calls.push_back({static_cast<int>(r), w.calls});
         }
+        for (const auto& d : find_deadlocks(calls, silence.count()))
+          for (const auto& m : d.ranks)
+            if (auto& w = ws[static_cast<size_t>(m.worker)]; w.who)
+              kill_hung(reg, w, *slots[static_cast<size_t>(m.worker)],
+                        static_cast<size_t>(m.worker), "is deadlocked: " + d.describe());
         self->delayed_send(self, tick, heartbeat_tick_atom::value);
       },
   };
@@ -255,6 +290,12 @@ int run_worker(const worker_options& o) {
           st->open.erase(it);
         },
         [=](shutdown_atom) { self->quit(); },
+        [=](worker_hung_atom) { // NOTE [deadlocked collectives]: a role's thread is stuck
+          std::fprintf(stderr, "%s: the driver found it hung; ending\n", where.c_str());
+          std::fflush(stdout);
+          std::fflush(stderr);
+          ::raise(SIGKILL);
+        },
     };
   });
   bool registered = false;

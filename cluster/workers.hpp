@@ -32,6 +32,9 @@ namespace troupe::cluster {
 using register_atom = caf::atom_constant<caf::atom("register")>;
 using worker_ping_atom = caf::atom_constant<caf::atom("wping")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+/// Driver → worker on a node: you are hung (NOTE [deadlocked collectives]);
+/// the worker ends itself by SIGKILL.
+using worker_hung_atom = caf::atom_constant<caf::atom("whung")>;
 /// Driver → worker: build a role (actors::rl::role_spec) here; answers its actor.
 using spawn_role_atom = caf::atom_constant<caf::atom("spawnrole")>;
 
@@ -86,7 +89,9 @@ struct launch_options {
   /// Bound on starting and registering all workers, and on each request.
   int64_t timeout_ms = 30000;
   /// NOTE [heartbeats]: the heartbeat interval (supervision.heartbeat_s);
-  /// a worker silent for 2 of them is killed as hung. 0 = no pings.
+  /// a worker silent for 2 of them is killed as hung, and so are the
+  /// workers of a collective deadlocked for 2 (NOTE [deadlocked
+  /// collectives]). 0 = no heartbeats.
   int64_t heartbeat_ms = 0;
   /// Set: the workers run on nodes, started by their agents; unset: they
   /// are this process's children.

@@ -1,5 +1,7 @@
 #include "runtime/collectives.hpp"
 
+#include "runtime/inflight.hpp"
+
 #include "runtime/torch_guard.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -137,11 +139,13 @@ expected<void> gloo_reduces(const at::Tensor& t, const char* op) {
 class gloo_backend final : public collective_backend {
 public:
   gloo_backend(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
-               int rank, int size, std::chrono::milliseconds timeout)
-    : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), timeout_(timeout) {}
+               int rank, int size, std::chrono::milliseconds timeout, uint64_t identity)
+      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size), timeout_(timeout),
+        identity_(identity) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  uint64_t identity() const override { return identity_; }
 
   expected<void> all_reduce(at::Tensor& tensor, reduce_op op) override {
     if (auto ok = gloo_reduces(tensor, "all_reduce"); !ok)
@@ -215,7 +219,7 @@ public:
       auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, sub_rank,
                                                             static_cast<int>(ranks.size()), opts);
       return std::make_unique<gloo_backend>(prefixed, pg, sub_rank, static_cast<int>(ranks.size()),
-                                            timeout_);
+                                            timeout_, group_identity(identity_, name));
     });
   }
 
@@ -246,6 +250,7 @@ private:
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
+  uint64_t identity_;
 };
 
 } // namespace
@@ -268,8 +273,11 @@ expected<process_group> make_process_group(store& rendezvous, const group_option
       c10d::ProcessGroupGloo::createDeviceForHostname(options.interface_host));
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, options.rank,
                                                           options.world_size, opts);
-    return process_group{std::make_unique<gloo_backend>(prefixed, pg, options.rank, options.world_size,
-                                                        opts->timeout)};
+    // NOTE [calls in flight]: the store's port and the key prefix name
+    // the group alike on every rank.
+    const auto identity = group_identity(0, std::to_string(rendezvous.port()) + "/" + options.name);
+    return process_group{std::make_unique<gloo_backend>(
+        prefixed, pg, options.rank, options.world_size, opts->timeout, identity)};
   });
 }
 

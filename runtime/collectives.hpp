@@ -86,6 +86,9 @@ public:
   virtual ~collective_backend() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  /// NOTE [calls in flight] (runtime/inflight.hpp): equal on every rank of
+  /// the group, distinct between groups; 0 = not watched.
+  virtual uint64_t identity() const { return 0; }
   /// In place over ranks; `op` is never mean (process_group divides).
   virtual expected<void> all_reduce(at::Tensor& tensor, reduce_op op) = 0;
   virtual expected<void> broadcast(at::Tensor& tensor, int root) = 0;
@@ -138,6 +141,9 @@ public:
 
   int rank() const;
   int size() const;
+  /// The backend's identity (NOTE [calls in flight]): while a blocking
+  /// call runs, it is listed in runtime::calls_in_flight().
+  uint64_t identity() const;
   /// In-place sum over ranks.
   expected<void> all_reduce_sum(at::Tensor& tensor);
   /// In place: every rank ends with `op` over the ranks' tensors.

@@ -18,13 +18,15 @@ namespace troupe::runtime {
 class hooked_backend : public collective_backend {
 public:
   explicit hooked_backend(std::unique_ptr<collective_backend> inner)
-      : inner_(std::move(inner)), rank_(inner_->rank()), size_(inner_->size()) {}
+      : inner_(std::move(inner)), rank_(inner_->rank()), size_(inner_->size()),
+        identity_(inner_->identity()) {}
 
   /// Operations this rank attempted so far (let through or not).
   int operations() const { return operations_; }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  uint64_t identity() const override { return identity_; }
   expected<void> all_reduce(at::Tensor& t, reduce_op op) override {
     return pass("all_reduce", [&] { return inner_->all_reduce(t, op); });
   }
@@ -77,6 +79,7 @@ private:
 
   int rank_;
   int size_;
+  uint64_t identity_;
   int operations_ = 0;
 };
 

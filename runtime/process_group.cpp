@@ -4,6 +4,7 @@
 // counters (NOTE [ring collectives]).
 #include "runtime/collectives.hpp"
 
+#include "runtime/inflight.hpp"
 #include "runtime/torch_guard.hpp"
 
 #include <torch/torch.h>
@@ -39,6 +40,11 @@ struct process_group::impl {
   std::unique_ptr<collective_backend> backend;
   p2p_traffic traffic;
   std::set<std::string> subgroup_names;
+
+  /// NOTE [calls in flight]: lists the call while it runs.
+  scoped_call watch(collective_op op) const {
+    return scoped_call{backend->identity(), backend->rank(), backend->size(), op};
+  }
 };
 
 namespace {
@@ -121,6 +127,10 @@ int process_group::size() const {
   return impl_ ? impl_->backend->size() : 0;
 }
 
+uint64_t process_group::identity() const {
+  return impl_ ? impl_->backend->identity() : 0;
+}
+
 std::unique_ptr<collective_backend> process_group::release_backend() && {
   if (!impl_)
     return nullptr;
@@ -161,6 +171,7 @@ expected<void> process_group::all_reduce_sum(at::Tensor& tensor) {
 
 expected<void> process_group::all_reduce(at::Tensor& tensor, reduce_op how) {
   TROUPE_GROUP_CHECK("all_reduce");
+  const auto watch = impl_->watch(collective_op::all_reduce);
   TROUPE_TRY(check_tensor("all_reduce", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_mean("all_reduce", *impl_, tensor, how));
   auto native = impl_->backend->all_reduce(tensor, native_op(how));
@@ -174,6 +185,7 @@ expected<void> process_group::all_reduce(at::Tensor& tensor, reduce_op how) {
 
 expected<void> process_group::broadcast(at::Tensor& tensor, int root) {
   TROUPE_GROUP_CHECK("broadcast");
+  const auto watch = impl_->watch(collective_op::broadcast);
   TROUPE_TRY(check_tensor("broadcast", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_root("broadcast", *impl_, root));
   return impl_->backend->broadcast(tensor, root);
@@ -181,11 +193,13 @@ expected<void> process_group::broadcast(at::Tensor& tensor, int root) {
 
 expected<void> process_group::barrier() {
   TROUPE_GROUP_CHECK("barrier");
+  const auto watch = impl_->watch(collective_op::barrier);
   return impl_->backend->barrier();
 }
 
 expected<void> process_group::reduce(at::Tensor& tensor, int root, reduce_op how) {
   TROUPE_GROUP_CHECK("reduce");
+  const auto watch = impl_->watch(collective_op::reduce);
   TROUPE_TRY(check_tensor("reduce", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_root("reduce", *impl_, root));
   TROUPE_TRY(check_mean("reduce", *impl_, tensor, how));
@@ -206,6 +220,7 @@ expected<void> process_group::reduce(at::Tensor& tensor, int root, reduce_op how
 expected<void> process_group::scatter(const std::vector<at::Tensor>& inputs, at::Tensor& output,
                                       int root) {
   TROUPE_GROUP_CHECK("scatter");
+  const auto watch = impl_->watch(collective_op::scatter);
   TROUPE_TRY(check_tensor("scatter", *impl_, output, "output"));
   TROUPE_TRY(check_root("scatter", *impl_, root));
   auto expected_inputs = rank() == root ? static_cast<size_t>(size()) : 0;
@@ -223,6 +238,7 @@ expected<void> process_group::scatter(const std::vector<at::Tensor>& inputs, at:
 expected<void> process_group::gather(const at::Tensor& input, std::vector<at::Tensor>& outputs,
                                      int root) {
   TROUPE_GROUP_CHECK("gather");
+  const auto watch = impl_->watch(collective_op::gather);
   TROUPE_TRY(check_tensor("gather", *impl_, input, "input"));
   TROUPE_TRY(check_root("gather", *impl_, root));
   auto expected_outputs = rank() == root ? static_cast<size_t>(size()) : 0;
@@ -239,6 +255,7 @@ expected<void> process_group::gather(const at::Tensor& input, std::vector<at::Te
 
 expected<void> process_group::all_to_all(const at::Tensor& input, at::Tensor& output) {
   TROUPE_GROUP_CHECK("all_to_all");
+  const auto watch = impl_->watch(collective_op::all_to_all);
   TROUPE_TRY(check_tensor("all_to_all", *impl_, input, "input"));
   TROUPE_TRY(check_tensor("all_to_all", *impl_, output, "output"));
   if (input.numel() % size() != 0)
@@ -387,6 +404,7 @@ expected<void> ring_all_reduce(process_group::impl& g, at::Tensor& tensor, reduc
 expected<void> process_group::reduce_scatter(const at::Tensor& input, at::Tensor& output,
                                              reduce_op how) {
   TROUPE_GROUP_CHECK("reduce_scatter");
+  const auto watch = impl_->watch(collective_op::reduce_scatter);
   TROUPE_TRY(check_tensor("reduce_scatter", *impl_, input, "input"));
   TROUPE_TRY(check_tensor("reduce_scatter", *impl_, output, "output"));
   TROUPE_TRY(check_mean("reduce_scatter", *impl_, input, how));
@@ -406,6 +424,7 @@ expected<void> process_group::reduce_scatter(const at::Tensor& input, at::Tensor
 
 expected<void> process_group::all_gather(const at::Tensor& input, at::Tensor& output) {
   TROUPE_GROUP_CHECK("all_gather");
+  const auto watch = impl_->watch(collective_op::all_gather);
   TROUPE_TRY(check_tensor("all_gather", *impl_, input, "input"));
   TROUPE_TRY(check_tensor("all_gather", *impl_, output, "output"));
   TROUPE_TRY(check_multiple("all_gather", *impl_, output, input, size()));
@@ -419,6 +438,7 @@ expected<void> process_group::all_gather(const at::Tensor& input, at::Tensor& ou
 
 expected<void> process_group::send(const at::Tensor& tensor, int dst, int tag) {
   TROUPE_GROUP_CHECK("send");
+  const auto watch = impl_->watch(collective_op::send);
   TROUPE_TRY(check_tensor("send", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_tag("send", *impl_, dst, tag));
   return exchange(*impl_, tensor, dst, at::Tensor{}, -1, tag);
@@ -426,10 +446,39 @@ expected<void> process_group::send(const at::Tensor& tensor, int dst, int tag) {
 
 expected<void> process_group::recv(at::Tensor& tensor, int src, int tag) {
   TROUPE_GROUP_CHECK("recv");
+  const auto watch = impl_->watch(collective_op::recv);
   TROUPE_TRY(check_tensor("recv", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_tag("recv", *impl_, src, tag));
   return exchange(*impl_, at::Tensor{}, -1, tensor, src, tag);
 }
+
+namespace {
+
+// NOTE [calls in flight]: a started transfer's wait is listed while it runs.
+class watched_transfer final : public pending_transfer {
+public:
+  watched_transfer(std::unique_ptr<pending_transfer> inner, const collective_backend& b)
+      : inner_(std::move(inner)), group_(b.identity()), rank_(b.rank()), size_(b.size()) {}
+  expected<void> wait() override {
+    const scoped_call watch{group_, rank_, size_, collective_op::wait};
+    return inner_->wait();
+  }
+
+private:
+  std::unique_ptr<pending_transfer> inner_;
+  uint64_t group_;
+  int rank_, size_;
+};
+
+expected<std::unique_ptr<pending_transfer>>
+watched(expected<std::unique_ptr<pending_transfer>> started, const collective_backend& b) {
+  if (!started || b.identity() == 0)
+    return started;
+  return std::unique_ptr<pending_transfer>{
+      std::make_unique<watched_transfer>(std::move(*started), b)};
+}
+
+} // namespace
 
 expected<std::unique_ptr<pending_transfer>> process_group::start_send(const at::Tensor& tensor,
                                                                       int dst, int tag) {
@@ -440,7 +489,7 @@ expected<std::unique_ptr<pending_transfer>> process_group::start_send(const at::
   auto started = impl_->backend->start_send(t, dst, tag);
   if (started)
     impl_->traffic.bytes_sent += static_cast<int64_t>(tensor.nbytes());
-  return started;
+  return watched(std::move(started), *impl_->backend);
 }
 
 expected<std::unique_ptr<pending_transfer>> process_group::start_recv(at::Tensor& tensor, int src,
@@ -451,7 +500,7 @@ expected<std::unique_ptr<pending_transfer>> process_group::start_recv(at::Tensor
   auto started = impl_->backend->start_recv(tensor, src, tag);
   if (started)
     impl_->traffic.bytes_received += static_cast<int64_t>(tensor.nbytes());
-  return started;
+  return watched(std::move(started), *impl_->backend);
 }
 
 expected<void> broadcast_bytes(process_group& group, std::string& bytes, int root) {
@@ -473,6 +522,7 @@ expected<void> broadcast_bytes(process_group& group, std::string& bytes, int roo
 expected<process_group> process_group::split(const std::string& name,
                                              const std::vector<int>& ranks) {
   TROUPE_GROUP_CHECK("split");
+  const auto watch = impl_->watch(collective_op::split);
   auto what = "split '" + name + "'";
   if (name.empty() || name.find('/') != std::string::npos)
     return bad(errc::invalid_argument, what.c_str(), *impl_,

@@ -55,6 +55,7 @@ public:
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
+  uint64_t identity() const override { return inner_->identity(); }
   expected<void> all_reduce(at::Tensor& t, reduce_op op) override {
     return inner_->all_reduce(t, op);
   }

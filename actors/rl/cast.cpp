@@ -181,14 +181,16 @@ expected<void> cast::respawn(role_id role) {
   return {};
 }
 
-bool cast::kill(role_id role, int rank, int64_t collective) {
+bool cast::kill(role_id role, int rank, int64_t collective, bool hang) {
   const auto* m = member(role);
   if (!m || rank < 0 || static_cast<size_t>(rank) >= m->ranks.size())
     return false;
   // A rank in the driver's process ends alone; one in a worker, its process.
   const bool whole = env_.host->where(m->spec.role, rank).process != "driver";
   const auto& target = m->ranks[static_cast<size_t>(rank)];
-  if (collective > 0)
+  if (collective > 0 && hang && whole)
+    env_.self->send(target, actors::inject_hang_atom::value, collective);
+  else if (collective > 0)
     env_.self->send(target, actors::inject_kill_atom::value, whole, collective);
   else
     env_.self->send(target, actors::inject_kill_atom::value, whole);

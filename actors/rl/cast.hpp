@@ -132,8 +132,10 @@ public:
   /// NOTE [kill injection]: rank `rank` of `role` dies at its next request
   /// (its process, where a worker hosts it) — with `collective` n > 0,
   /// inside the n-th operation of its DP group instead (NOTE [kill inside
-  /// a collective]); false when there is no such rank.
-  bool kill(role_id role, int rank, int64_t collective = 0);
+  /// a collective]), or with `hang`, blocks there for good while its worker
+  /// runs on (in the driver's process a hang dies as a kill would); false
+  /// when there is no such rank.
+  bool kill(role_id role, int rank, int64_t collective = 0, bool hang = false);
   /// Emits `ev` (status, reason, phase, attempt...) for every rank of
   /// `role`, with each rank's place filled in.
   void announce(role_id role, job::role_changed ev) const;

@@ -443,6 +443,13 @@ void check_kills(const job_config& c, runtime::config_checks& checks) {
                    "update phase (" +
                        k.role + ": dp " + std::to_string(p.dp) + ", phase '" + k.phase +
                        "'); n counts from 1");
+    checks.require(k.how != kill_how::hang ||
+                       (k.collective > 0 && c.placement.mode != placement_mode::in_process &&
+                        c.supervision.heartbeat_s > 0),
+                   at + ".how",
+                   "a hang is inside a collective (collective > 0) of a rank in a worker process "
+                   "(placement.mode other than in_process), found by heartbeats "
+                   "(supervision.heartbeat_s > 0)");
   }
 }
 

@@ -683,24 +683,32 @@ void visit(V& v, supervision_config& c) {
   v.field("budget", c.budget,
           "Restarts of all roles together before a loss fails the job (0 = every loss fails it)");
   v.field("heartbeat_s", c.heartbeat_s,
-          "Heartbeat interval to each worker process: one silent for 2 intervals (stopped, "
-          "deadlocked) is killed and its roles are lost, so a hang is found within 3; 0 = off");
+          "Heartbeat interval to each worker process: one silent for 2 intervals (stopped), "
+          "and the workers of a collective every rank of which has been inside it for 2 "
+          "(deadlocked), are killed and their roles lost, so a hang is found within 3; 0 = off");
   v.list("roles", c.roles,
          "Per role: max_restarts, window_s, backoff_ms (unlisted: rollout, reward and "
          "reference restart up to 3 times in 600 s, the trainers never unless listed)");
 }
 
+/// How an injected fault ends a role: it dies (kill), or its rank blocks
+/// for good inside a collective while its process runs on (hang: NOTE
+/// [deadlocked collectives] in cluster/heartbeats.hpp).
+enum class kill_how : uint8_t { kill, hang };
+TROUPE_ENUM_NAMES(kill_how, "kill", "hang")
+
 /// NOTE [kill injection]: the role (rank `rank`) dies at its first request
 /// of `phase` ("" = any) in iteration `iteration` (from 1) of the rl stage;
 /// with `collective` n > 0, a trainer's DP rank dies inside the n-th
 /// operation of its DP group in that phase instead (NOTE [kill inside a
-/// collective]).
+/// collective]), or with `how: hang` blocks there for good.
 struct kill_point {
   std::string role;
   std::string phase;
   int64_t iteration = 0;
   int64_t rank = 0;
   int64_t collective = 0;
+  kill_how how = kill_how::kill;
 };
 template <class V>
 void visit(V& v, kill_point& c) {
@@ -712,6 +720,10 @@ void visit(V& v, kill_point& c) {
   v.field("collective", c.collective,
           "0 = at the request; n > 0 = inside the n-th collective operation of its DP group "
           "(a trainer with dp >= 2, in its update phase)");
+  v.choice("how", c.how,
+           "kill = the process ends; hang = the rank blocks for good inside collective n while "
+           "its process runs (found by the heartbeats as a deadlocked collective; needs "
+           "workers and collective > 0)");
 }
 
 /// Fault injection for tests of failure handling: the role fails (an error

@@ -752,7 +752,7 @@ void rl_driver::inject(std::string_view phase, int64_t it) {
     const auto& k = d.kills[i];
     if (k.iteration == it + 1 && (k.phase.empty() ? phase == "gen" : k.phase == phase))
       if (const auto* t = find_role(k.role); t && kills_done_.insert(i).second)
-        cast_.kill(t->id, static_cast<int>(k.rank), k.collective);
+        cast_.kill(t->id, static_cast<int>(k.rank), k.collective, k.how == kill_how::hang);
   }
   const auto* t = role_of_phase(phase);
   if (d.fail_role.empty() || it + 1 != d.fail_iteration ||

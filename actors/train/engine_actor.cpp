@@ -98,6 +98,15 @@ void arm_kill_in_collective(self_ptr self, bool whole_process, int64_t nth) {
     st.kill.arm(whole_process);
 }
 
+// NOTE [deadlocked collectives]: the engine's DP group blocks for good at
+// its nth operation (only a worker's ranks are told to: their process is
+// killed from outside); an engine in none dies at its next request.
+void arm_hang_in_collective(self_ptr self, int64_t nth) {
+  auto& st = self->state;
+  if (!st.eng->die_in_collective(nth, kill_switch::hanging_hook()))
+    st.kill.arm(true);
+}
+
 engine_actor::behavior_type behavior(self_ptr self, std::string role,
                                      std::shared_ptr<train_engine> eng) {
   self->state.eng = std::move(eng);
@@ -205,6 +214,7 @@ engine_actor::behavior_type behavior(self_ptr self, std::string role,
       [=](actors::inject_kill_atom, bool whole_process, int64_t nth) {
         arm_kill_in_collective(self, whole_process, nth);
       },
+      [=](actors::inject_hang_atom, int64_t nth) { arm_hang_in_collective(self, nth); },
       [=](peer_state_atom, bool before_update) {
         return serve<std::string>(self, "peer_state", [&](train_engine& e) {
           return before_update ? e.state_before_update() : e.save_state();

@@ -110,7 +110,10 @@ using engine_actor = caf::typed_actor<
     caf::reacts_to<actors::inject_kill_atom, bool>,
     /// NOTE [kill inside a collective]: dies at the n-th operation of its
     /// DP group from now on (at its next request when it is in none).
-    caf::reacts_to<actors::inject_kill_atom, bool, int64_t>>;
+    caf::reacts_to<actors::inject_kill_atom, bool, int64_t>,
+    /// NOTE [deadlocked collectives]: blocks for good inside the n-th
+    /// operation of its DP group from now on (a rank in a worker).
+    caf::reacts_to<actors::inject_hang_atom, int64_t>>;
 
 /// Co-located offload of `e` to a file in `dir` named after `role` (the
 /// release message of the engine and reward actors): a trainer's optimizer

@@ -424,6 +424,9 @@ engine_actor::behavior_type group_behavior(group_ptr self, std::string role,
       [=](actors::inject_kill_atom, bool whole, int64_t nth) {
         self->send(rank(0), actors::inject_kill_atom::value, whole, nth);
       },
+      [=](actors::inject_hang_atom, int64_t nth) {
+        self->send(rank(0), actors::inject_hang_atom::value, nth);
+      },
       // NOTE [peer state]: a survivor is asked directly; from the group, rank 0's.
       [=](peer_state_atom a, bool before_update) -> caf::result<std::string> {
         return self->delegate(self->state.ranks[0], a, before_update);

@@ -161,6 +161,21 @@ TEST(SupervisionConfig, BadEntriesAreRefusedWithTheirPath) {
             "debug.kills[0].phase"},
            {"debug: {kills: [{role: rollout, iteration: 1, rank: 1}]}\n", "debug.kills[0].rank"},
            {"debug: {kills: [{role: nobody, iteration: 1}]}\n", "debug.kills[0].role"},
+           // A hang is inside a collective, of a rank in a worker, watched by heartbeats.
+           {dp2 +
+                "debug: {kills: [{role: policy, iteration: 1, phase: update_actor, how: hang}]}\n",
+            "debug.kills[0].how"},
+           {dp2 + "supervision: {heartbeat_s: 0}\n"
+                  "debug: {kills: [{role: policy, iteration: 1, phase: update_actor, "
+                  "collective: 1, how: hang}]}\n",
+            "debug.kills[0].how"},
+           {"placement:\n  mode: in_process\n  roles: [{role: policy, dp: 2}]\n"
+            "debug: {kills: [{role: policy, iteration: 1, phase: update_actor, collective: 1, "
+            "how: hang}]}\n",
+            "debug.kills[0].how"},
+           {dp2 + "debug: {kills: [{role: policy, iteration: 1, phase: update_actor, "
+                  "collective: 1, how: freeze}]}\n",
+            "debug.kills[0].how"},
        }) {
     auto cfg = parse(tiny_job(tmp.file("run")) + b.yaml);
     ASSERT_FALSE(cfg) << b.yaml;
@@ -172,6 +187,11 @@ TEST(SupervisionConfig, BadEntriesAreRefusedWithTheirPath) {
                     "{role: rollout, max_restarts: 1, window_s: 60, backoff_ms: 0}]}\n"
                     "debug: {kills: [{role: reference, iteration: 2, phase: ref}]}\n");
   EXPECT_TRUE(fine) << describe(fine.error());
+  auto hang = parse(tiny_job(tmp.file("run")) + dp2 +
+                    "debug: {kills: [{role: policy, iteration: 1, phase: update_actor, "
+                    "collective: 2, how: hang}]}\n");
+  ASSERT_TRUE(hang) << describe(hang.error());
+  EXPECT_EQ(hang->debug.kills.at(0).how, kill_how::hang);
   // A trainer restarts from a DP peer (ddp) or by a rollback (any layout).
   for (const auto& layout : {std::string{}, dp2, zero1}) {
     auto trainers = parse(tiny_job(tmp.file("run")) + layout +

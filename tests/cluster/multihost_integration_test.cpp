@@ -406,6 +406,57 @@ TEST_F(MultiHost, AKilledHostsWorkersMoveToANodeThatJoinsAndTheJobFinishes) {
   EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at(lab->address(0)).empty(); }, 10));
 }
 
+// NOTE [deadlocked collectives] on nodes: a policy rank on host-1 blocks
+// for good inside a collective of its update; its process and its DP
+// peer's run on and answer everything but that collective. The driver
+// finds the deadlock in their heartbeats and tells both workers to end
+// (a worker on a node is not the driver's to SIGKILL); their node's agent
+// starts them again when the driver asks, and the rl stage rolls back.
+TEST_F(MultiHost, TrainerRanksDeadlockedOnANodeAreEndedRestartedAndTheJobFinishes) {
+  auto& c = *cluster;
+  const std::vector<std::string> sets = {
+      "rl.iterations=3", "supervision.heartbeat_s=1",
+      "supervision.roles=[{role: policy, max_restarts: 3, backoff_ms: 0}, "
+      "{role: critic, max_restarts: 3, backoff_ms: 0}]"};
+  auto local = parse_job(tiny_job(c.tmp.file("local")), sets);
+  ASSERT_TRUE(local) << describe(local.error());
+  {
+    test::networked_system ns;
+    auto ran = cluster::run_placed_job(*ns.sys, *local, {}, {});
+    ASSERT_TRUE(ran) << describe(ran.error());
+  }
+  auto spec = c.tmp.write("job.yaml", tiny_job("run") + disaggregated_on_two_nodes);
+  std::vector<std::string> args{"submit", spec, "--wait"};
+  for (const auto& x : sets)
+    args.insert(args.end(), {"--set", x});
+  args.insert(args.end(),
+              {"--set", "debug.kills=[{role: policy, phase: update_actor, iteration: 2, "
+                        "rank: 1, collective: 2, how: hang}]"});
+  auto r = c.cli(args, 600);
+  ASSERT_EQ(r.code, 0) << r.out << r.err << c.logs();
+  auto id = r.out.substr(0, r.out.find('\n'));
+  auto s = c.status(id);
+  ASSERT_EQ(s.value("state", ""), "succeeded") << s.dump(2) << c.logs();
+  auto run_dir = s.value("run_dir", "");
+  test::expect_same_learning(test::metrics_of(local->run.dir), test::metrics_of(run_dir));
+  std::string why;
+  for (const auto& e : events_of(run_dir, "role"))
+    if (e.value("status", "") == "restarting" && e.value("role", "") == "policy")
+      why = e.value("reason", "");
+  EXPECT_NE(why.find("is deadlocked: every rank of collective group"), std::string::npos)
+      << why << c.logs();
+  // Both trainer workers were started twice on host-1.
+  const auto agent_log = c.agents[0]->log();
+  for (const auto* worker : {"started worker 0 of job ", "started worker 1 of job "}) {
+    size_t starts = 0;
+    for (auto at = agent_log.find(worker + id); at != std::string::npos;
+         at = agent_log.find(worker + id, at + 1))
+      ++starts;
+    EXPECT_EQ(starts, 2u) << worker << c.logs();
+  }
+  EXPECT_TRUE(test::eventually([&] { return workers_of_driver_at(lab->address(0)).empty(); }, 10));
+}
+
 // A job waiting for a node (NOTE [replacing a worker]) is blocked in a
 // restart; a cancel ends the wait and the job, cancelled.
 TEST_F(MultiHost, AJobWaitingForANodeIsCancelled) {

@@ -47,6 +47,17 @@ const std::string three_workers =
     "    - {role: reward, pool: judge}\n"
     "    - {role: reference, pool: judge}\n";
 
+// The trainers as two DP ranks over two workers (rank r of each on worker
+// r), the rollout alone, the reference and the reward together.
+const std::string four_workers = troupe::actors::rl::testing::disaggregated_placement;
+
+// Every role restarts when lost (the trainers from a DP peer's state or by
+// a rollback), at once.
+const std::string every_role_restarts =
+    "supervision.roles=[{role: rollout, backoff_ms: 0}, {role: reference, backoff_ms: 0}, "
+    "{role: reward, backoff_ms: 0}, {role: policy, max_restarts: 3, backoff_ms: 0}, "
+    "{role: critic, max_restarts: 3, backoff_ms: 0}]";
+
 const std::vector<std::string> quick = {
     "stages=[sft, rl]", "rl.iterations=4", "rl.eval_every=0",
     "supervision.roles=[{role: rollout, backoff_ms: 0}, {role: reference, backoff_ms: 0}, "
@@ -78,18 +89,19 @@ std::vector<restart_seen> restarts_of(const std::string& run_dir) {
   return out;
 }
 
-// Runs `sets` on the three workers as is, then with `kills` (a
-// debug.kills setting); the second run must end with the first's metrics.
-// Answers the second's run folder ("" after a failure).
+// Runs `sets` on the workers of `placement` as is, then with `kills` (a
+// debug.kills setting); the second run must end with the first's metrics
+// and final weights. Answers the second's run folder ("" after a failure).
 std::string killed_run_ends_as_plain(test::temp_dir& tmp, std::vector<std::string> sets,
-                                     const std::string& kills) {
-  auto plain = parse_job(tiny_job(tmp.file("plain")) + three_workers, sets);
+                                     const std::string& kills,
+                                     const std::string& placement = three_workers) {
+  auto plain = parse_job(tiny_job(tmp.file("plain")) + placement, sets);
   if (!plain || !test::run_placed(*plain, tmp)) {
     ADD_FAILURE() << "the run without kills failed";
     return "";
   }
   sets.push_back(kills);
-  auto killed = parse_job(tiny_job(tmp.file("killed")) + three_workers, sets);
+  auto killed = parse_job(tiny_job(tmp.file("killed")) + placement, sets);
   if (!killed) {
     ADD_FAILURE() << describe(killed.error());
     return "";
@@ -99,6 +111,7 @@ std::string killed_run_ends_as_plain(test::temp_dir& tmp, std::vector<std::strin
     return "";
   }
   EXPECT_EQ(test::metrics_of(killed->run.dir), test::metrics_of(plain->run.dir));
+  troupe::actors::rl::testing::expect_same_final_weights(plain->run.dir, killed->run.dir);
   return killed->run.dir;
 }
 
@@ -256,10 +269,6 @@ TEST(SupervisionWorkers, AStoppedRolloutWorkerIsFoundByItsHeartbeatsKilledAndRes
 
 namespace {
 
-// The trainers as two DP ranks over two workers (rank r of each on worker
-// r), the rollout alone, the reference and the reward together.
-const std::string four_workers = troupe::actors::rl::testing::disaggregated_placement;
-
 struct kill_hook {
   std::string role, phase;
   bool collective = false; // a trainer's rank, inside its update's n-th group operation
@@ -317,23 +326,11 @@ TEST(SupervisionWorkers, ThreeSeededKillsOneInsideACollectiveEndAsAnUninterrupte
   std::printf("[ chaos ] seed %llu: debug.kills=%s\n", static_cast<unsigned long long>(seed),
               kills.c_str());
   test::temp_dir tmp;
-  std::vector<std::string> sets = {
-      "stages=[sft, rl]", "rl.iterations=4", "rl.eval_every=0",
-      "supervision.roles=[{role: rollout, backoff_ms: 0}, {role: reference, backoff_ms: 0}, "
-      "{role: reward, backoff_ms: 0}, {role: policy, max_restarts: 3, backoff_ms: 0}, "
-      "{role: critic, max_restarts: 3, backoff_ms: 0}]"};
-  auto plain = parse_job(tiny_job(tmp.file("plain")) + four_workers, sets);
-  ASSERT_TRUE(plain) << describe(plain.error());
-  auto a = test::run_placed(*plain, tmp);
-  ASSERT_TRUE(a) << describe(a.error());
-  sets.push_back("debug.kills=" + kills);
-  auto killed = parse_job(tiny_job(tmp.file("killed")) + four_workers, sets);
-  ASSERT_TRUE(killed) << describe(killed.error());
-  auto b = test::run_placed(*killed, tmp);
-  ASSERT_TRUE(b) << describe(b.error());
-  EXPECT_EQ(test::metrics_of(killed->run.dir), test::metrics_of(plain->run.dir));
-  troupe::actors::rl::testing::expect_same_final_weights(plain->run.dir, killed->run.dir);
-  auto seen = restarts_of(killed->run.dir);
+  const auto run_dir = killed_run_ends_as_plain(
+      tmp, {"stages=[sft, rl]", "rl.iterations=4", "rl.eval_every=0", every_role_restarts},
+      "debug.kills=" + kills, four_workers);
+  ASSERT_FALSE(run_dir.empty());
+  auto seen = restarts_of(run_dir);
   bool trainer = false;
   for (const auto& r : seen) {
     std::printf("[ recovery ] %s in %s (#%d): %.2f s\n", r.role.c_str(), r.phase.c_str(), r.attempt,
@@ -345,4 +342,42 @@ TEST(SupervisionWorkers, ThreeSeededKillsOneInsideACollectiveEndAsAnUninterrupte
   // takes the other trainer's rank with it.
   EXPECT_GE(seen.size(), 2u);
   EXPECT_TRUE(trainer) << "the kill inside a collective restarted no trainer";
+}
+
+// NOTE [deadlocked collectives]: a policy rank that blocks for good inside a
+// collective of its update (debug.kills how: hang) leaves its process
+// running and sending heartbeats, and its DP peer waiting in that
+// collective: no heartbeat goes silent, and the group's timeout (60 s) is
+// far off. The heartbeats' calls in flight show every rank of the group
+// inside one of its calls; within 3 × heartbeat_s both ranks' workers are
+// killed as hung, and with no DP peer left the rl stage rolls back (NOTE
+// [rollback]). The run ends as the uninterrupted one.
+TEST(SupervisionWorkers, ARankHungInsideACollectiveIsFoundKilledAndTheRunEndsAsAnUninterruptedOne) {
+  test::temp_dir tmp;
+  const auto run_dir = killed_run_ends_as_plain(
+      tmp,
+      {"stages=[sft, rl]", "rl.iterations=3", "rl.eval_every=0", "supervision.heartbeat_s=1",
+       every_role_restarts},
+      "debug.kills=[{role: policy, phase: update_actor, iteration: 2, rank: 1, collective: 2, "
+      "how: hang}]",
+      four_workers);
+  ASSERT_FALSE(run_dir.empty());
+  // The restart names the deadlock and how long the group was stuck.
+  std::string why;
+  for (const auto& e : events_of(run_dir, "role"))
+    if (e.at("status") == "restarting" && e.at("role") == "policy")
+      why = e.at("reason").get<std::string>();
+  ASSERT_NE(why.find("is deadlocked: every rank of collective group"), std::string::npos) << why;
+  const auto at = why.find(">= ");
+  ASSERT_NE(at, std::string::npos) << why;
+  const auto stuck_ms = std::stoll(why.substr(at + 3));
+  std::printf("[ deadlock ] found after the group was stuck %lld ms (heartbeat_s 1): %s\n",
+              static_cast<long long>(stuck_ms), why.c_str());
+  EXPECT_GE(stuck_ms, 2000) << "2 intervals at least";
+  EXPECT_LT(stuck_ms, 3000) << "found within 3 × heartbeat_s";
+  bool rolled_back = false;
+  for (const auto& e : events_of(run_dir, "role"))
+    rolled_back = rolled_back || (e.at("status") == "restarted" &&
+                                  e.at("reason").get<std::string>().find("rolled back") == 0);
+  EXPECT_TRUE(rolled_back) << "both ranks were killed: the stage rolls back";
 }

@@ -347,9 +347,10 @@ TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
               }
             }
             // Batches made the packed copy when asked to, and only then.
-            if (batch > 1)
+            if (batch > 1) {
               EXPECT_EQ(model->decode_panels_bytes(),
                         panels ? decode_panels_bytes(config, isa) : 0);
+            }
           }
     model->set_decode_panels(panels_mode::off);
     EXPECT_EQ(model->decode_panels_bytes(), 0);

@@ -430,8 +430,9 @@ TEST(Collectives, Bf16TensorsReduceAndMove) {
     for (const auto& t : o)
       EXPECT_EQ(t.scalar_type(), torch::kBFloat16);
     EXPECT_TRUE(torch::allclose(o[0].to(torch::kFloat), sum, 1e-2, 1e-2)) << "all_reduce";
-    if (r == 1)
+    if (r == 1) {
       EXPECT_TRUE(torch::allclose(o[1].to(torch::kFloat), sum, 1e-2, 1e-2)) << "reduce";
+    }
     EXPECT_TRUE(torch::equal(o[2], bf(0, 8))) << "broadcast";
     EXPECT_TRUE(torch::equal(o[3], torch::cat({bf(0, 8), bf(1, 8)}))) << "all_gather";
     EXPECT_TRUE(torch::allclose(o[4].to(torch::kFloat), sum.narrow(0, 4 * r, 4), 1e-2, 1e-2))
