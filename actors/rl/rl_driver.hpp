@@ -238,15 +238,26 @@ private:
   expected<void> restart_role(iteration_state& s, std::string_view phase, const role_traits& t,
                               const caf::error& loss, bool companion);
   /// Runs `f` — a checkpoint, an offload: `what` — again after each
-  /// restart of a role it found lost.
-  expected<void> recovering(iteration_state& s, const char* what,
+  /// restart of a role it found lost (retry_lost).
+  expected<flow> recovering(iteration_state& s, const char* what,
                             const std::function<expected<void>()>& f);
+  /// NOTE [supervision]: while `ok` is a loss, restarts the lost role and
+  /// runs `again` into `ok`; a failed restart leaves its error there. A
+  /// cancel that came while the role was lost, or that a restart gave way
+  /// to (a job waiting for a node: NOTE [replacing a worker] in
+  /// cluster/job_nodes.hpp), answers stop.
+  flow retry_lost(iteration_state& s, std::string_view what, expected<void>& ok,
+                  const std::function<expected<void>()>& again);
   /// The restarting events of a restart of `t` admitted as `rec`.
   job::role_changed announce_restart(const role_traits& t, const restart_record& rec,
                                      const iteration_state& s, std::string_view phase);
   /// NOTE [rollback]: readies the rollback of `t`'s loss (announced by
   /// `ev`, seen at `lost_at_s`); answers the error that ends this driver.
   caf::error roll_back(const role_traits& t, job::role_changed ev, double lost_at_s);
+  /// Whether a rollout lost in `phase` needs a weight version no one
+  /// holds any more: sent over a collective channel (broadcast), and the
+  /// policy's update has begun since (NOTE [rollback]).
+  bool rollout_version_gone(std::string_view phase) const;
   /// Sends the restarted event of the rollback this driver serves.
   void rolled_back();
   /// Whether a lost `t` can take its state from a surviving DP rank (ddp,

@@ -97,6 +97,14 @@ expected<void> rl_driver::restart_role(iteration_state& s, std::string_view phas
   // NOTE [peer state]: a trainer's state comes from a surviving DP rank,
   // taken before the ranks are replaced; without one, NOTE [rollback].
   std::string state;
+  // NOTE [rollback]: a rollout lost after the policy's update began, fed
+  // by a channel that keeps no copy of the version it needs, cannot be
+  // brought to the job's state; the stage rolls back (asynchronous modes).
+  if (t.id == role_id::rollout && rollout_version_gone(phase)) {
+    ctx_.log->warn("rollout: the weight version it needs went out over a collective channel "
+                   "that keeps no copy, and the policy has moved on");
+    return roll_back(t, std::move(ev), lost_at);
+  }
   if (t.trains_in(stage_id::rl)) {
     if (peer_can_restore(t)) {
       auto got = peer_state(t, phase);
@@ -195,6 +203,14 @@ expected<void> rl_driver::resend_weights(int64_t version) {
             " channel keeps nowhere else (use weight_sync.transport disk or shm to restart a "
             "rollout lost then)");
   return sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), version);
+}
+
+bool rl_driver::rollout_version_gone(std::string_view phase) const {
+  auto ch = weight_channel_for(ctx_, "rl");
+  const auto p = ctx_.published.find("rl");
+  // (In weight_sync the phase run again sends the new version itself.)
+  return ch && runtime::traits_of(ch->kind).both_ends_at_once && policy_moved_ &&
+         p != ctx_.published.end() && p->second > 0 && phase != "weight_sync";
 }
 
 expected<void> rl_driver::restore_rollout(const iteration_state& s, std::string_view phase) {

@@ -494,8 +494,9 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
     auto f = run_phase(s, p.phase, p.fn);
     if (!f || *f == flow::stop)
       return f;
-    if (auto ok = recovering(s, "offload", [&] { return release_after(s, p.phase); }); !ok)
-      return ok.error();
+    if (auto f = recovering(s, "offload", [&] { return release_after(s, p.phase); });
+        !f || *f == flow::stop)
+      return f;
   }
   double step_s = std::max(1e-9, step_clock.seconds() - s.held_s);
   const auto& engine1 = ctx_.rollout_seen;
@@ -529,23 +530,39 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
   bool stop = s.cancel_at_end;
   if (last || stop || (r.checkpoint_every > 0 && (it + 1) % r.checkpoint_every == 0)) {
     inject("checkpoint", it);
-    if (auto ok = recovering(s, "checkpoint", [&] { return save_checkpoint(); }); !ok)
-      return ok.error();
+    if (auto f = recovering(s, "checkpoint", [&] { return save_checkpoint(); });
+        !f || *f == flow::stop)
+      return f;
   }
   return stop && !last ? flow::stop : flow::go;
 }
 
 // NOTE [supervision]: `what` between phases (a checkpoint, an offload),
 // done again after each restart a lost role asks for.
-expected<void> rl_driver::recovering(iteration_state& s, const char* what,
-                                     const std::function<expected<void>()>& f) {
+expected<rl_driver::flow> rl_driver::recovering(iteration_state& s, const char* what,
+                                                const std::function<expected<void>()>& f) {
   auto ok = f();
+  if (retry_lost(s, what, ok, f) == flow::stop)
+    return flow::stop;
+  if (!ok)
+    return ok.error();
+  return flow::go;
+}
+
+rl_driver::flow rl_driver::retry_lost(iteration_state& s, std::string_view what, expected<void>& ok,
+                                      const std::function<expected<void>()>& again) {
   while (!ok && code_of(ok.error()) == errc::lost) {
-    if (auto back = recover(s, what, ok.error()); !back)
-      return back.error();
-    ok = f();
+    if (cancel_pending(s, what))
+      return flow::stop;
+    if (auto back = recover(s, what, ok.error()); !back) {
+      if (cancel_pending(s, what))
+        return flow::stop;
+      ok = back.error();
+      break;
+    }
+    ok = again();
   }
-  return ok;
+  return flow::go;
 }
 
 // Runs one phase with its events and timing, then serves the boundary after it.
@@ -554,26 +571,14 @@ expected<rl_driver::flow> rl_driver::run_phase(iteration_state& s, const char* p
   ctx_.emit(job::phase_started{"rl", step, phase});
   inject(phase, s.it);
   stopwatch t;
-  auto ok = guarded(phase, [&] { return (this->*fn)(s); });
+  auto attempt = [&] { return guarded(phase, [&] { return (this->*fn)(s); }); };
+  auto ok = attempt();
   // NOTE [supervision]: a lost role restarts, and the phase runs again —
   // unless the job was cancelled meanwhile (a cancel that came while the
   // phase was stuck on a hung role that was then killed): it stops so.
-  while (!ok && code_of(ok.error()) == errc::lost) {
-    if (cancel_pending(s, phase)) {
-      ctx_.emit(job::phase_finished{"rl", step, phase, t.seconds(), false});
-      return flow::stop;
-    }
-    if (auto back = recover(s, phase, ok.error()); !back) {
-      // A cancel the restart gave way to (a job waiting for a node: NOTE
-      // [replacing a worker] in cluster/job_nodes.hpp) stops it so.
-      if (cancel_pending(s, phase)) {
-        ctx_.emit(job::phase_finished{"rl", step, phase, t.seconds(), false});
-        return flow::stop;
-      }
-      ok = back.error();
-      break;
-    }
-    ok = guarded(phase, [&] { return (this->*fn)(s); });
+  if (retry_lost(s, phase, ok, attempt) == flow::stop) {
+    ctx_.emit(job::phase_finished{"rl", step, phase, t.seconds(), false});
+    return flow::stop;
   }
   auto seconds = t.seconds();
   bool evaluating = std::string_view{phase} == "evaluate";

@@ -356,3 +356,33 @@ TEST(SupervisionInProcess, ALostZeroRankRollsTheStageBackAndEndsAsAnUninterrupte
                                 "since run again";
   EXPECT_EQ(rolled, 1);
 }
+
+// NOTE [rollback] for a rollout: with a batch generated ahead
+// (rl.staleness 1), the rollout is asked for it after the policy's update
+// began (gen_wait). A broadcast channel keeps no copy of the version the
+// lost rollout generated with, and the policy has moved on: the stage rolls
+// back to its last checkpoint instead of failing, and ends as the
+// uninterrupted run.
+TEST(SupervisionInProcess, ARolloutFedByBroadcastLostDuringTheUpdateRollsTheStageBack) {
+  test::temp_dir tmp;
+  auto dir = killed_ends_as_plain(tmp, "",
+                                  {"stages=[sft, rl]", "rl.eval_every=0", "rl.iterations=4",
+                                   "rl.checkpoint_every=2", "rl.staleness=1",
+                                   "weight_sync.transport=broadcast",
+                                   "supervision.roles=[{role: rollout, backoff_ms: 0}]"},
+                                  "[{role: rollout, iteration: 3, phase: update_actor}]");
+  ASSERT_FALSE(dir.empty());
+  std::vector<std::string> seen;
+  for (const auto& e : events_of(dir, "role"))
+    if (e.at("status") == "restarted" || e.at("status") == "restarting")
+      seen.push_back(e.at("role").get<std::string>() + " " + e.at("status").get<std::string>() +
+                     " in " + e.at("phase").get<std::string>());
+  EXPECT_EQ(seen, (std::vector<std::string>{"rollout restarting in gen_wait",
+                                            "rollout restarted in gen_wait"}));
+  bool rolled = false;
+  for (const auto& e : events_of(dir, "role"))
+    rolled = rolled || (e.at("status") == "restarted" &&
+                        e.at("reason") == "rolled back to the checkpoint of iteration 2; the "
+                                          "iterations since run again");
+  EXPECT_TRUE(rolled);
+}
