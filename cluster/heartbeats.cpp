@@ -148,23 +148,18 @@ std::string deadlock::describe() const {
 }
 
 std::vector<deadlock> find_deadlocks(const std::vector<worker_calls>& workers, int64_t min_age_ms) {
-  // group → (its size as first reported, rank → member)
-  std::map<uint64_t, std::pair<int32_t, std::map<int32_t, deadlock::member>>> seen;
+  // (group, size) → rank → member. A group of one rank waits for no one:
+  // it is never deadlocked (and a forged report of one cannot kill).
+  std::map<std::pair<uint64_t, int32_t>, std::map<int32_t, deadlock::member>> seen;
   for (const auto& w : workers)
-    for (const auto& c : w.calls) {
-      if (c.age_ms < min_age_ms)
-        continue;
-      auto& [size, members] =
-          seen.try_emplace(c.group, c.size, std::map<int32_t, deadlock::member>{}).first->second;
-      if (c.size == size && c.rank >= 0 && c.rank < size)
-        members.emplace(c.rank, deadlock::member{w.worker, c.op, c.age_ms});
-    }
+    for (const auto& c : w.calls)
+      if (c.age_ms >= min_age_ms && c.size >= 2 && c.rank >= 0 && c.rank < c.size)
+        seen[{c.group, c.size}].emplace(c.rank, deadlock::member{w.worker, c.op, c.age_ms});
   std::vector<deadlock> out;
-  for (const auto& [group, entry] : seen) {
-    const auto& [size, members] = entry;
-    if (static_cast<int32_t>(members.size()) != size)
+  for (const auto& [key, members] : seen) {
+    if (static_cast<int32_t>(members.size()) != key.second)
       continue; // (ranks are in [0, size): as many as size means every one)
-    deadlock d{group, {}};
+    deadlock d{key.first, {}};
     for (const auto& [rank, m] : members)
       d.ranks.push_back(m);
     out.push_back(std::move(d));

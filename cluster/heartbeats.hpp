@@ -20,11 +20,11 @@
 // all are inside it and none moves (a rank waiting for a peer that still
 // computes is not: the peer is not in the call). The watchdog kills the
 // group's workers as hung, found within 3 intervals of the last arrival.
-// Not covered: ranks stuck in calls of different groups that wait on each
-// other, and a rank that skipped the call and idles; a single call that
-// legitimately runs 2 intervals with every rank in it is taken for a
-// deadlock (transfers are bucketed to keep calls short: keep heartbeat_s
-// above the longest).
+// A transfer that moves is not stuck: process_group moves large tensors in
+// pieces and a call's age counts from its last piece's end. A group of one
+// rank waits for no one. Not covered: ranks stuck in calls of different
+// groups that wait on each other, a rank that skipped the call and idles,
+// and a single piece (64 MiB at most) that takes 2 intervals.
 
 #include "runtime/error.hpp"
 #include "runtime/inflight.hpp"

@@ -107,16 +107,18 @@ using heartbeat_tick_atom = caf::atom_constant<caf::atom("hbtick")>;
 // NOTE [heartbeats] (heartbeats.hpp): every tick the watchdog drains the
 // workers' datagrams; a worker none came from for 2 intervals is hung, and
 // so are the workers of a group deadlocked in a collective (NOTE
-// [deadlocked collectives]). A hung worker is killed: SIGKILL here, and a
-// worker on a node is told to end itself (a silent one is left to its
-// connection's timeout). Its roles' proxies see that as their loss (NOTE
-// [supervision] in actors/rl/supervision.hpp).
+// [deadlocked collectives]). A hung worker is killed, once: SIGKILL here;
+// a worker on a node is told to end itself (a stopped one cannot hear it:
+// its connection's timeout ends it). Its roles' proxies see that as their
+// loss (NOTE [supervision] in actors/rl/supervision.hpp).
 struct watchdog_state {
   struct seen {
     caf::actor_addr who;
     clock_type::time_point answered;
     /// The calls in flight its last heartbeat reported.
     std::vector<runtime::call_in_flight> calls;
+    /// Killed: not watched again until its slot holds another worker.
+    bool killed = false;
   };
   std::vector<seen> workers;
   static inline const char* name = "worker_watchdog";
@@ -133,14 +135,15 @@ void kill_hung(std::shared_ptr<registry> reg, watchdog_state::seen& w, const wor
     ::kill(static_cast<pid_t>(info.pid), SIGKILL);
   else // (a stopped one hears it only if it runs again)
     caf::anon_send(info.handle, worker_hung_atom::value);
-  w.who = caf::actor_addr{};
+  w.killed = true;
   w.calls.clear();
 }
 
 // The heartbeats of this tick, into each worker's record; a new worker's
 // silence counts from now.
 void note_beats(watchdog_state& st, const std::vector<std::optional<worker_info>>& slots,
-                const std::vector<heartbeat>& beats, clock_type::time_point now) {
+                const std::vector<heartbeat>& beats, clock_type::time_point now,
+                std::chrono::milliseconds tick) {
   auto& ws = st.workers;
   ws.resize(slots.size());
   for (size_t r = 0; r < slots.size(); ++r) {
@@ -149,14 +152,18 @@ void note_beats(watchdog_state& st, const std::vector<std::optional<worker_info>
     auto& w = ws[r];
     const auto& info = *slots[r];
     if (w.who != info.handle.address())
-      w = {info.handle.address(), now, {}};
-    if (!w.who)
+      w = {info.handle.address(), now, {}, false};
+    if (!w.who || w.killed)
       continue;
     for (const auto& b : beats)
       if (b.rank == static_cast<int32_t>(r) && b.pid == info.pid) {
         w.answered = now;
         w.calls = b.calls;
       }
+    // NOTE [deadlocked collectives]: calls from a report of the last two
+    // ticks only, so a call that has ended is not taken for a current one.
+    if (now - w.answered > 2 * tick)
+      w.calls.clear();
   }
 }
 
@@ -177,12 +184,12 @@ caf::behavior watchdog(caf::stateful_actor<watchdog_state>* self, std::shared_pt
         // (The receiver is this actor's alone.)
         const auto now = clock_type::now();
         note_beats(self->state, slots, reg->beats ? reg->beats->drain() : std::vector<heartbeat>{},
-                   now);
+                   now, tick);
         auto& ws = self->state.workers;
         std::vector<worker_calls> calls;
         for (size_t r = 0; r < ws.size(); ++r) {
           auto& w = ws[r];
-          if (!w.who)
+          if (!w.who || w.killed)
             continue;
           const auto quiet =
               std::chrono::duration_cast<std::chrono::milliseconds>(now - w.answered);
@@ -194,7 +201,7 @@ caf::behavior watchdog(caf::stateful_actor<watchdog_state>* self, std::shared_pt
         }
         for (const auto& d : find_deadlocks(calls, silence.count()))
           for (const auto& m : d.ranks)
-            if (auto& w = ws[static_cast<size_t>(m.worker)]; w.who)
+            if (auto& w = ws[static_cast<size_t>(m.worker)]; w.who && !w.killed)
               kill_hung(reg, w, *slots[static_cast<size_t>(m.worker)],
                         static_cast<size_t>(m.worker), "is deadlocked: " + d.describe());
         self->delayed_send(self, tick, heartbeat_tick_atom::value);

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <map>
 #include <mutex>
+#include <vector>
 
 namespace troupe::runtime {
 
@@ -32,6 +34,9 @@ call_table& table() {
   return *t;
 }
 
+// This thread's registered calls, innermost last.
+thread_local std::vector<uint64_t> this_threads_calls;
+
 } // namespace
 
 scoped_call::scoped_call(uint64_t group, int rank, int size, collective_op op) {
@@ -42,14 +47,30 @@ scoped_call::scoped_call(uint64_t group, int rank, int size, collective_op op) {
   std::lock_guard lock{t.mu};
   slot_ = t.next++;
   t.open.emplace(slot_, open_call{group, rank, size, op, now});
+  this_threads_calls.push_back(slot_);
 }
 
 scoped_call::~scoped_call() {
   if (slot_ == 0)
     return;
   auto& t = table();
+  {
+    std::lock_guard lock{t.mu};
+    t.open.erase(slot_);
+  }
+  auto& mine = this_threads_calls;
+  if (auto it = std::find(mine.rbegin(), mine.rend(), slot_); it != mine.rend())
+    mine.erase(std::next(it).base());
+}
+
+void note_progress() {
+  if (this_threads_calls.empty())
+    return;
+  auto& t = table();
+  const auto now = clock_type::now();
   std::lock_guard lock{t.mu};
-  t.open.erase(slot_);
+  if (auto it = t.open.find(this_threads_calls.back()); it != t.open.end())
+    it->second.since = now;
 }
 
 std::vector<call_in_flight> calls_in_flight(size_t max) {
@@ -58,13 +79,16 @@ std::vector<call_in_flight> calls_in_flight(size_t max) {
   std::vector<call_in_flight> out;
   {
     std::lock_guard lock{t.mu};
-    // Slots ascend with start time: the oldest calls come first.
-    for (auto it = t.open.begin(); it != t.open.end() && out.size() < max; ++it) {
-      const auto& c = it->second;
+    for (const auto& [slot, c] : t.open)
       out.push_back({c.group, c.rank, c.size, c.op,
                      std::chrono::duration_cast<std::chrono::milliseconds>(now - c.since).count()});
-    }
   }
+  // The longest-running first (ties: the earlier registered).
+  std::stable_sort(out.begin(), out.end(), [](const call_in_flight& a, const call_in_flight& b) {
+    return a.age_ms > b.age_ms;
+  });
+  if (out.size() > max)
+    out.resize(max);
   return out;
 }
 

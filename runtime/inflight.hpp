@@ -10,7 +10,11 @@
 // equal on every rank of the group and differs between groups (a hash of
 // the rendezvous name, a sub-group's of its parent's identity and its own
 // name); a group of identity 0 (one built over a bare backend in a test)
-// is not watched. The table costs a lock and two clock reads per call.
+// is not watched. A call that moves its data in pieces (process_group
+// splits transfers into pieces of at most 64 MiB) notes its progress after
+// each, and its age counts from the last: a long transfer that moves is
+// not taken for a stuck one. The table costs a lock and two clock reads
+// per call and per piece.
 
 #include "runtime/enum_names.hpp"
 
@@ -62,6 +66,10 @@ public:
 private:
   uint64_t slot_ = 0;
 };
+
+/// The calling thread's innermost registered call moved data: its age
+/// counts from now.
+void note_progress();
 
 /// The calls in flight now, the longest-running first, at most `max`.
 std::vector<call_in_flight> calls_in_flight(size_t max);

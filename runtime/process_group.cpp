@@ -51,6 +51,29 @@ namespace {
 
 constexpr int ring_tag = process_group::max_user_tag + 1;
 
+// NOTE [calls in flight]: transfers move in pieces of at most this many
+// bytes, each a backend call of its own whose end is progress.
+constexpr int64_t piece_bytes = int64_t{64} << 20;
+
+// `call` over `tensor` (contiguous), or over each piece of at most
+// piece_bytes of its flat view in turn, noting the progress of each.
+template <class Call>
+expected<void> in_pieces(at::Tensor& tensor, Call&& call) {
+  const int64_t n = tensor.numel();
+  const int64_t step =
+      std::max<int64_t>(1, piece_bytes / std::max<int64_t>(1, tensor.element_size()));
+  if (n <= step)
+    return call(tensor);
+  auto flat = tensor.view({-1});
+  for (int64_t at = 0; at < n; at += step) {
+    auto piece = flat.narrow(0, at, std::min(step, n - at));
+    if (auto ok = call(piece); !ok)
+      return ok;
+    note_progress();
+  }
+  return {};
+}
+
 std::string in(const char* op, const process_group::impl& g) {
   return std::string{op} + " (rank " + std::to_string(g.backend->rank()) + " of " +
          std::to_string(g.backend->size()) + ")";
@@ -174,7 +197,8 @@ expected<void> process_group::all_reduce(at::Tensor& tensor, reduce_op how) {
   const auto watch = impl_->watch(collective_op::all_reduce);
   TROUPE_TRY(check_tensor("all_reduce", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_mean("all_reduce", *impl_, tensor, how));
-  auto native = impl_->backend->all_reduce(tensor, native_op(how));
+  auto native = in_pieces(
+      tensor, [&](at::Tensor& piece) { return impl_->backend->all_reduce(piece, native_op(how)); });
   if (!native && code_of(native.error()) == errc::unsupported)
     native = ring_all_reduce(*impl_, tensor, how);
   TROUPE_TRY(native);
@@ -188,7 +212,8 @@ expected<void> process_group::broadcast(at::Tensor& tensor, int root) {
   const auto watch = impl_->watch(collective_op::broadcast);
   TROUPE_TRY(check_tensor("broadcast", *impl_, tensor, "tensor"));
   TROUPE_TRY(check_root("broadcast", *impl_, root));
-  return impl_->backend->broadcast(tensor, root);
+  return in_pieces(tensor,
+                   [&](at::Tensor& piece) { return impl_->backend->broadcast(piece, root); });
 }
 
 expected<void> process_group::barrier() {
@@ -282,8 +307,8 @@ expected<void> check_tag(const char* op, const process_group::impl& g, int peer,
 }
 
 /// Sends and receives at once (either may be undefined), counting bytes.
-expected<void> exchange(process_group::impl& g, at::Tensor send, int dst, at::Tensor recv, int src,
-                        int tag) {
+expected<void> exchange_piece(process_group::impl& g, at::Tensor send, int dst, at::Tensor recv,
+                              int src, int tag) {
   std::unique_ptr<pending_transfer> out, in;
   if (send.defined()) {
     auto s = g.backend->start_send(send, dst, tag);
@@ -310,6 +335,28 @@ expected<void> exchange(process_group::impl& g, at::Tensor send, int dst, at::Te
     g.traffic.bytes_sent += static_cast<int64_t>(send.nbytes());
   if (recv.defined())
     g.traffic.bytes_received += static_cast<int64_t>(recv.nbytes());
+  return {};
+}
+
+/// exchange_piece in pieces of at most piece_bytes, in order on both sides
+/// (the peers of a send and its receive cut alike), noting the progress of
+/// each (NOTE [calls in flight]).
+expected<void> exchange(process_group::impl& g, at::Tensor send, int dst, at::Tensor recv, int src,
+                        int tag) {
+  const auto& shape = send.defined() ? send : recv;
+  const int64_t n = shape.numel();
+  const int64_t step =
+      std::max<int64_t>(1, piece_bytes / std::max<int64_t>(1, shape.element_size()));
+  if (n <= step)
+    return exchange_piece(g, send, dst, recv, src, tag);
+  auto flat_send = send.defined() ? send.view({-1}) : send;
+  auto flat_recv = recv.defined() ? recv.view({-1}) : recv;
+  for (int64_t at = 0; at < n; at += step) {
+    const auto len = std::min(step, n - at);
+    TROUPE_TRY(exchange_piece(g, send.defined() ? flat_send.narrow(0, at, len) : send, dst,
+                              recv.defined() ? flat_recv.narrow(0, at, len) : recv, src, tag));
+    note_progress();
+  }
   return {};
 }
 

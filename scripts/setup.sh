@@ -16,6 +16,7 @@ packages=(
   chromium chromium-driver python3-selenium
   iproute2 openssl
   slurm-wlm munge
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

@@ -243,11 +243,12 @@ private:
                             const std::function<expected<void>()>& f);
   /// NOTE [supervision]: while `ok` is a loss, restarts the lost role and
   /// runs `again` into `ok`; a failed restart leaves its error there. A
-  /// cancel that came while the role was lost, or that a restart gave way
-  /// to (a job waiting for a node: NOTE [replacing a worker] in
-  /// cluster/job_nodes.hpp), answers stop.
+  /// cancel that a restart gave way to (a job waiting for a node: NOTE
+  /// [replacing a worker] in cluster/job_nodes.hpp) answers stop, and with
+  /// `cancel_first` so does one that came while the role was lost (a phase
+  /// stops; a checkpoint a cancel asked for is still written).
   flow retry_lost(iteration_state& s, std::string_view what, expected<void>& ok,
-                  const std::function<expected<void>()>& again);
+                  const std::function<expected<void>()>& again, bool cancel_first);
   /// The restarting events of a restart of `t` admitted as `rec`.
   job::role_changed announce_restart(const role_traits& t, const restart_record& rec,
                                      const iteration_state& s, std::string_view phase);
@@ -258,6 +259,8 @@ private:
   /// holds any more: sent over a collective channel (broadcast), and the
   /// policy's update has begun since (NOTE [rollback]).
   bool rollout_version_gone(std::string_view phase) const;
+  /// Whether a batch generated ahead is still in the rollout.
+  bool ahead_in_rollout() const;
   /// Sends the restarted event of the rollback this driver serves.
   void rolled_back();
   /// Whether a lost `t` can take its state from a surviving DP rank (ddp,

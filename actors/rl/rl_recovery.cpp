@@ -4,6 +4,7 @@
 #include "actors/rl/rl_driver.hpp"
 #include "runtime/weight_transport.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -205,12 +206,18 @@ expected<void> rl_driver::resend_weights(int64_t version) {
   return sync_weights(ctx_.self, ctx_, "rl", trainer(role_id::policy), rollout(), version);
 }
 
+bool rl_driver::ahead_in_rollout() const {
+  return std::any_of(ahead_.begin(), ahead_.end(),
+                     [](const auto& a) { return !a.second.in_rollout.empty(); });
+}
+
 bool rl_driver::rollout_version_gone(std::string_view phase) const {
   auto ch = weight_channel_for(ctx_, "rl");
   const auto p = ctx_.published.find("rl");
-  // (In weight_sync the phase run again sends the new version itself.)
+  // (In weight_sync the phase run again sends the new version itself; with
+  // no batch ahead to generate again, the next weight_sync will.)
   return ch && runtime::traits_of(ch->kind).both_ends_at_once && policy_moved_ &&
-         p != ctx_.published.end() && p->second > 0 && phase != "weight_sync";
+         p != ctx_.published.end() && p->second > 0 && phase != "weight_sync" && ahead_in_rollout();
 }
 
 expected<void> rl_driver::restore_rollout(const iteration_state& s, std::string_view phase) {
@@ -223,10 +230,13 @@ expected<void> rl_driver::restore_rollout(const iteration_state& s, std::string_
   if (collective)
     ++ctx_.channel_generation; // the policy's group with the lost one is gone
   // The version last published; during weight_sync, the phase run again
-  // sends the new one itself.
+  // sends the new one itself, and so does the next one when the policy has
+  // moved on from the version a collective channel sent and no batch ahead
+  // needs it (NOTE [rollback]: rollout_version_gone).
   if (auto p = ctx_.published.find("rl");
       p != ctx_.published.end() && p->second > 0 &&
-      !(phase == "weight_sync" && (collective || p->second == s.it + 1)))
+      !(phase == "weight_sync" && (collective || p->second == s.it + 1)) &&
+      !(collective && policy_moved_ && !ahead_in_rollout()))
     if (auto ok = resend_weights(p->second); !ok)
       return ok;
   // The batches ahead it held, as one call in their iterations' order, as

@@ -542,7 +542,7 @@ expected<rl_driver::flow> rl_driver::iteration(int64_t it, stage_summary& sum) {
 expected<rl_driver::flow> rl_driver::recovering(iteration_state& s, const char* what,
                                                 const std::function<expected<void>()>& f) {
   auto ok = f();
-  if (retry_lost(s, what, ok, f) == flow::stop)
+  if (retry_lost(s, what, ok, f, false) == flow::stop)
     return flow::stop;
   if (!ok)
     return ok.error();
@@ -550,9 +550,10 @@ expected<rl_driver::flow> rl_driver::recovering(iteration_state& s, const char* 
 }
 
 rl_driver::flow rl_driver::retry_lost(iteration_state& s, std::string_view what, expected<void>& ok,
-                                      const std::function<expected<void>()>& again) {
+                                      const std::function<expected<void>()>& again,
+                                      bool cancel_first) {
   while (!ok && code_of(ok.error()) == errc::lost) {
-    if (cancel_pending(s, what))
+    if (cancel_first && cancel_pending(s, what))
       return flow::stop;
     if (auto back = recover(s, what, ok.error()); !back) {
       if (cancel_pending(s, what))
@@ -576,7 +577,7 @@ expected<rl_driver::flow> rl_driver::run_phase(iteration_state& s, const char* p
   // NOTE [supervision]: a lost role restarts, and the phase runs again —
   // unless the job was cancelled meanwhile (a cancel that came while the
   // phase was stuck on a hung role that was then killed): it stops so.
-  if (retry_lost(s, phase, ok, attempt) == flow::stop) {
+  if (retry_lost(s, phase, ok, attempt, true) == flow::stop) {
     ctx_.emit(job::phase_finished{"rl", step, phase, t.seconds(), false});
     return flow::stop;
   }

@@ -347,8 +347,8 @@ TEST(SupervisionWorkers, ThreeSeededKillsOneInsideACollectiveEndAsAnUninterrupte
 // NOTE [deadlocked collectives]: a policy rank that blocks for good inside a
 // collective of its update (debug.kills how: hang) leaves its process
 // running and sending heartbeats, and its DP peer waiting in that
-// collective: no heartbeat goes silent, and the group's timeout (60 s) is
-// far off. The heartbeats' calls in flight show every rank of the group
+// collective: no heartbeat goes silent, and the group's timeout
+// (run.timeouts.compute_s) is far off. The heartbeats' calls in flight show every rank of the group
 // inside one of its calls; within 3 × heartbeat_s both ranks' workers are
 // killed as hung, and with no DP peer left the rl stage rolls back (NOTE
 // [rollback]). The run ends as the uninterrupted one.
@@ -380,4 +380,7 @@ TEST(SupervisionWorkers, ARankHungInsideACollectiveIsFoundKilledAndTheRunEndsAsA
     rolled_back = rolled_back || (e.at("status") == "restarted" &&
                                   e.at("reason").get<std::string>().find("rolled back") == 0);
   EXPECT_TRUE(rolled_back) << "both ranks were killed: the stage rolls back";
+  // Both trainer workers (ranks 0 and 1 of each trainer) were started again.
+  for (const auto* log : {"/worker-0.restart-1.log", "/worker-1.restart-1.log"})
+    EXPECT_TRUE(std::filesystem::exists(tmp.file("logs") + log)) << log;
 }

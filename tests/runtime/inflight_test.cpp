@@ -156,9 +156,40 @@ TEST(CallsInFlight, TheOldestComeFirstAndAnUnnamedGroupIsNotListed) {
     EXPECT_EQ(ours[1].rank, 1);
     EXPECT_EQ(ours[1].size, 3);
     EXPECT_GE(ours[0].age_ms, ours[1].age_ms);
-    EXPECT_EQ(calls_in_flight(1).size(), 1u);
+    ASSERT_EQ(calls_in_flight(1).size(), 1u);
+    EXPECT_GE(calls_in_flight(1)[0].age_ms, ours[0].age_ms) << "the longest-running one";
   }
   older.reset();
   EXPECT_FALSE(listed_call_of(g1));
   EXPECT_FALSE(listed_call_of(g2));
+}
+
+TEST(CallsInFlight, ProgressResetsACallsAge) {
+  const auto g = group_identity(0, "progress");
+  const scoped_call c{g, 0, 2, collective_op::all_gather};
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  ASSERT_TRUE(listed_call_of(g));
+  EXPECT_GE(listed_call_of(g)->age_ms, 80);
+  note_progress();
+  EXPECT_LT(listed_call_of(g)->age_ms, 80) << "its age counts from the progress";
+}
+
+// NOTE [calls in flight]: transfers over 64 MiB move in pieces; what
+// arrives is what was sent.
+TEST(CallsInFlight, TransfersLargerThanAPieceArriveWhole) {
+  auto s = watched_ranks(2, "watched-pieces");
+  ASSERT_EQ(s.groups.size(), 2u);
+  const int64_t n = (int64_t{64} << 20) / 4 + 12345; // 64 MiB of floats and a bit
+  auto sent = torch::arange(n, torch::kFloat);
+  auto got = on_every_rank<bool>(s.groups, [&](process_group& g) {
+    auto b = g.rank() == 0 ? sent.clone() : torch::zeros({n});
+    if (!g.broadcast(b, 0) || !torch::equal(b, sent))
+      return false;
+    auto r = g.rank() == 0 ? sent.clone() : torch::zeros({n});
+    if (g.rank() == 0)
+      return static_cast<bool>(g.send(r, 1, 3));
+    return g.recv(r, 0, 3) && torch::equal(r, sent);
+  });
+  EXPECT_TRUE(got[0]);
+  EXPECT_TRUE(got[1]);
 }
