@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <set>
+#include <utility>
 
 namespace troupe::runtime {
 
@@ -55,23 +57,32 @@ constexpr int ring_tag = process_group::max_user_tag + 1;
 // bytes, each a backend call of its own whose end is progress.
 constexpr int64_t piece_bytes = int64_t{64} << 20;
 
-// `call` over `tensor` (contiguous), or over each piece of at most
-// piece_bytes of its flat view in turn, noting the progress of each.
-template <class Call>
-expected<void> in_pieces(at::Tensor& tensor, Call&& call) {
-  const int64_t n = tensor.numel();
-  const int64_t step =
-      std::max<int64_t>(1, piece_bytes / std::max<int64_t>(1, tensor.element_size()));
+// `piece(nullopt)` when `like` (contiguous) fits in piece_bytes, else
+// `piece({offset, length})` over its flat elements in turn, noting the
+// progress of each.
+template <class Piece>
+expected<void> by_pieces(const at::Tensor& like, Piece&& piece) {
+  const int64_t n = like.numel();
+  const int64_t step = std::max<int64_t>(1, piece_bytes / std::max<int64_t>(1, like.element_size()));
   if (n <= step)
-    return call(tensor);
-  auto flat = tensor.view({-1});
+    return piece(std::optional<std::pair<int64_t, int64_t>>{});
   for (int64_t at = 0; at < n; at += step) {
-    auto piece = flat.narrow(0, at, std::min(step, n - at));
-    if (auto ok = call(piece); !ok)
+    if (auto ok = piece(std::optional{std::pair{at, std::min(step, n - at)}}); !ok)
       return ok;
     note_progress();
   }
   return {};
+}
+
+// `call` over `tensor`, or over each piece of its flat view (by_pieces).
+template <class Call>
+expected<void> in_pieces(at::Tensor& tensor, Call&& call) {
+  return by_pieces(tensor, [&](std::optional<std::pair<int64_t, int64_t>> p) -> expected<void> {
+    if (!p)
+      return call(tensor);
+    auto part = tensor.view({-1}).narrow(0, p->first, p->second);
+    return call(part);
+  });
 }
 
 std::string in(const char* op, const process_group::impl& g) {
@@ -343,21 +354,12 @@ expected<void> exchange_piece(process_group::impl& g, at::Tensor send, int dst, 
 /// each (NOTE [calls in flight]).
 expected<void> exchange(process_group::impl& g, at::Tensor send, int dst, at::Tensor recv, int src,
                         int tag) {
-  const auto& shape = send.defined() ? send : recv;
-  const int64_t n = shape.numel();
-  const int64_t step =
-      std::max<int64_t>(1, piece_bytes / std::max<int64_t>(1, shape.element_size()));
-  if (n <= step)
-    return exchange_piece(g, send, dst, recv, src, tag);
-  auto flat_send = send.defined() ? send.view({-1}) : send;
-  auto flat_recv = recv.defined() ? recv.view({-1}) : recv;
-  for (int64_t at = 0; at < n; at += step) {
-    const auto len = std::min(step, n - at);
-    TROUPE_TRY(exchange_piece(g, send.defined() ? flat_send.narrow(0, at, len) : send, dst,
-                              recv.defined() ? flat_recv.narrow(0, at, len) : recv, src, tag));
-    note_progress();
-  }
-  return {};
+  auto part = [](const at::Tensor& t, std::optional<std::pair<int64_t, int64_t>> p) {
+    return t.defined() && p ? t.view({-1}).narrow(0, p->first, p->second) : t;
+  };
+  return by_pieces(send.defined() ? send : recv, [&](std::optional<std::pair<int64_t, int64_t>> p) {
+    return exchange_piece(g, part(send, p), dst, part(recv, p), src, tag);
+  });
 }
 
 int wrap(int i, int n) {
