@@ -2,13 +2,36 @@
 // engine] in chat_template.hpp); engine failures become troupe errors here.
 #include "models/chat_template.hpp"
 #include "models/chat_template_detail.hpp"
+#include "runtime/jsonl.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <new>
+#include <utility>
+#include <vector>
 
 namespace troupe::models {
 
 namespace {
+
+// How deep arrays and objects nest in `j`, without recursion: at most
+// runtime::max_json_depth + 1 (it stops counting there).
+int json_depth(const nlohmann::ordered_json& j) {
+  int deepest = 0;
+  std::vector<std::pair<const nlohmann::ordered_json*, int>> todo{{&j, 0}};
+  while (!todo.empty()) {
+    auto [v, d] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured())
+      continue;
+    deepest = std::max(deepest, d + 1);
+    if (deepest > runtime::max_json_depth)
+      return deepest;
+    for (const auto& e : *v)
+      todo.push_back({&e, d + 1});
+  }
+  return deepest;
+}
 
 caf::error to_error(const jinja::failure& f, const std::string& name) {
   std::string where = f.line > 0 ? name + ":" + std::to_string(f.line) : name;
@@ -67,6 +90,14 @@ const std::string& chat_template::name() const {
 
 expected<std::string> render_chat(const chat_template& t, const chat_render_request& req,
                                   const chat_template_limits& limits) {
+  // Copying a value recurses once a level (NOTE [json nesting]).
+  for (auto [name, v] :
+       {std::pair{"messages", &req.messages}, {"tools", &req.tools}, {"extra", &req.extra}})
+    if (json_depth(*v) > runtime::max_json_depth)
+      return make_error(errc::out_of_range, std::string{"chat_render_request."} + name +
+                                                ": nests arrays and objects deeper than " +
+                                                std::to_string(runtime::max_json_depth) +
+                                                " levels (the limit)");
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   vars["messages"] = req.messages;
   vars["tools"] = req.tools;

@@ -346,6 +346,8 @@ int64_t llama_config::resolved_head_dim() const {
 expected<llama_config> parse_hf_config(const std::string& json_text,
                                        const std::string& source_name) {
   auto prefix = source_name + ": ";
+  if (auto at = runtime::json_too_deep_at(json_text); at != std::string_view::npos)
+    return runtime::json_too_deep(source_name, at);
   json j;
   try {
     j = json::parse(json_text);

@@ -26,16 +26,6 @@ bool is_regular_file(const std::string& path) {
   return fs::is_regular_file(path, ec);
 }
 
-// A shard name must be a plain file name inside the checkpoint directory.
-bool safe_file_name(const std::string& name) {
-  if (name.empty() || name == "." || name == "..")
-    return false;
-  for (char ch : name)
-    if (ch == '/' || ch == '\\' || ch == '\0')
-      return false;
-  return true;
-}
-
 std::string shard_name(size_t index, size_t count) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", index, count);
@@ -66,36 +56,10 @@ expected<tensor_map> load_sharded(const std::string& dir, const std::string& ind
   auto text = runtime::read_file(index_path, uint64_t{64} << 20);
   if (!text)
     return text.error();
-  json j;
-  try {
-    j = json::parse(*text);
-  } catch (const json::exception& e) {
-    return make_error(errc::parse_error, index_path + ": not valid JSON: " + e.what());
-  }
-  if (!j.is_object())
-    return make_error(errc::parse_error, index_path + ": expected a JSON object");
-  auto wm = j.find("weight_map");
-  if (wm == j.end())
-    return make_error(errc::parse_error, index_path + ": missing key 'weight_map'");
-  if (!wm->is_object())
-    return make_error(errc::parse_error, index_path + ": 'weight_map': expected an object");
-  if (auto md = j.find("metadata"); md != j.end() && !md->is_null() && !md->is_object())
-    return make_error(errc::parse_error, index_path + ": 'metadata': expected an object");
-  std::map<std::string, std::string> shard_of;         // tensor -> shard file
-  std::map<std::string, std::set<std::string>> listed; // shard file -> tensors
-  for (const auto& [name, file] : wm->items()) {
-    if (!file.is_string())
-      return make_error(errc::parse_error, index_path + ": 'weight_map." + name +
-                                               "': expected a file name string, got " +
-                                               file.type_name());
-    auto f = file.get<std::string>();
-    if (!safe_file_name(f))
-      return make_error(errc::invalid_config,
-                        index_path + ": 'weight_map." + name + "': shard name '" + f +
-                            "' is not a plain file name inside the checkpoint directory");
-    shard_of.emplace(name, f);
-    listed[f].insert(name);
-  }
+  auto index = runtime::parse_safetensors_index(*text, index_path);
+  if (!index)
+    return index.error();
+  auto& [shard_of, listed] = *index;
   for (const auto& [file, names] : listed)
     if (!is_regular_file(join(dir, file)))
       return make_error(errc::not_found, index_path + ": shard '" + file + "' (holding '" +

@@ -10,41 +10,6 @@
 
 namespace troupe::models {
 
-std::pair<int64_t, int64_t> tp_range(int64_t n, int rank, int size) {
-  return {n * rank / size, n * (rank + 1) / size};
-}
-
-expected<tp_partition> partition_llama(const llama_config& c, int rank, int size) {
-  auto refuse = [&](const std::string& what, int64_t n) {
-    return make_error(errc::invalid_argument, "tensor parallelism: tp " + std::to_string(size) +
-                                                  " does not divide " + what + " (" +
-                                                  std::to_string(n) + ")");
-  };
-  if (size < 1 || rank < 0 || rank >= size)
-    return make_error(errc::invalid_argument, "tensor parallelism: rank " + std::to_string(rank) +
-                                                  " of tp " + std::to_string(size));
-  if (c.num_attention_heads % size != 0)
-    return refuse("the attention heads", c.num_attention_heads);
-  if (c.intermediate_size % size != 0)
-    return refuse("the intermediate size", c.intermediate_size);
-  if (c.vocab_size < size)
-    return refuse("the vocabulary into non-empty parts", c.vocab_size);
-  tp_partition p;
-  p.rank = rank;
-  p.size = size;
-  p.heads = c.num_attention_heads / size;
-  p.head0 = rank * p.heads;
-  p.kv_split = c.num_key_value_heads % size == 0;
-  p.kv_heads = p.kv_split ? c.num_key_value_heads / size : c.num_key_value_heads;
-  p.kv0 = p.kv_split ? rank * p.kv_heads : 0;
-  p.intermediate = c.intermediate_size / size;
-  p.inter0 = rank * p.intermediate;
-  auto [v0, v1] = tp_range(c.vocab_size, rank, size);
-  p.vocab0 = v0;
-  p.vocab = v1 - v0;
-  return p;
-}
-
 expected<tp_partition> partition_llama(const llama_config& c, runtime::process_group& group) {
   auto p = partition_llama(c, group.rank(), group.size());
   if (p && p->size > 1)

@@ -7,6 +7,7 @@
 #include "models/tokenizer_pipeline.hpp"
 #include "models/tokenizer_unicode.hpp"
 #include "runtime/file_io.hpp"
+#include "runtime/jsonl.hpp"
 
 namespace troupe::models {
 
@@ -93,6 +94,8 @@ struct hf_tokenizer::impl {
 namespace {
 
 expected<json> parse_json_text(const std::string& text, const std::string& source_name) {
+  if (auto at = runtime::json_too_deep_at(text); at != std::string_view::npos)
+    return runtime::json_too_deep(source_name, at);
   try {
     return json::parse(text);
   } catch (const json::exception& e) {

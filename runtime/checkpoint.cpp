@@ -1,6 +1,7 @@
 #include "runtime/checkpoint.hpp"
 
 #include "runtime/file_io.hpp"
+#include "runtime/jsonl.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -103,7 +104,9 @@ expected<checkpoint_files> read_checkpoint(const std::string& dir) {
   auto text = read_file((fs::path{dir} / manifest_name).string());
   if (!text)
     return with_prefix(text.error(), "checkpoint " + dir);
-  auto doc = nlohmann::json::parse(*text, nullptr, false);
+  auto doc = json_too_deep_at(*text) == std::string::npos
+                 ? nlohmann::json::parse(*text, nullptr, false)
+                 : nlohmann::json(nlohmann::json::value_t::discarded);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("files") ||
       !doc["files"].is_object())
     return make_error(errc::corrupted, "checkpoint " + dir + ": manifest.json is malformed");

@@ -236,6 +236,11 @@ const std::string& yaml_document::name() const {
   return impl_->name;
 }
 
+bool yaml_document::empty() const {
+  const auto& root = impl_->root;
+  return !root || root.IsNull() || (root.IsMap() && root.size() == 0);
+}
+
 expected<void> yaml_document::set(std::string_view assignment) {
   const std::string what = "--set " + std::string{assignment};
   auto eq = assignment.find('=');

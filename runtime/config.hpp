@@ -60,6 +60,9 @@ public:
   expected<void> set(std::string_view assignment);
 
   const std::string& name() const;
+  /// Whether the document sets nothing (empty, comments only, or null),
+  /// with its base files.
+  bool empty() const;
 
   struct impl;
   std::shared_ptr<impl> impl_; // shared: cheap copies, readers keep it alive
@@ -290,9 +293,12 @@ private:
 
 /// Loads `T` from a document: visit(config_reader&, T&), then, when reading
 /// found no error, `check(const T&, config_checks&)` (found by ADL) for
-/// cross-field rules. Every violation is reported at once.
+/// cross-field rules, then `more` when given (checks that look at this
+/// machine: the files and folders a run will use). Every violation is
+/// reported at once.
 template <class T>
-expected<T> load_config(const yaml_document& doc) {
+expected<T> load_config(const yaml_document& doc,
+                        void (*more)(const T&, config_checks&) = nullptr) {
   T value{};
   config_errors errors;
   location_map locations;
@@ -302,6 +308,8 @@ expected<T> load_config(const yaml_document& doc) {
   if (errors.empty()) {
     config_checks checks{errors, locations, doc.name()};
     check(static_cast<const T&>(value), checks);
+    if (more != nullptr)
+      more(value, checks);
   }
   if (!errors.empty())
     return errors.error();

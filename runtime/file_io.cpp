@@ -157,4 +157,52 @@ expected<mapped_file> mapped_file::open(const std::string& path) {
   return out;
 }
 
+std::string folder_unwritable_why(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty())
+    return "is empty";
+  std::error_code ec;
+  auto p = fs::absolute(fs::path{path}, ec).lexically_normal();
+  if (ec)
+    return "cannot be resolved: " + ec.message();
+  // The kernel's folders: a run's files have no place there.
+  for (const char* special : {"/proc", "/sys", "/dev"}) {
+    auto rel = p.lexically_relative(special);
+    if (!rel.empty() && *rel.begin() != "..")
+      return "lies under " + std::string{special} + ", where a run cannot write its files";
+  }
+  for (auto at = p; !at.empty(); at = at.parent_path()) {
+    struct stat st {};
+    if (::stat(at.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) {
+        if (at == at.parent_path())
+          break;
+        continue;
+      }
+      return "cannot be examined at " + at.string() + ": " + std::strerror(errno);
+    }
+    if (!S_ISDIR(st.st_mode))
+      return at == p ? "is a file, not a folder" : at.string() + " is a file, not a folder";
+    if (::access(at.c_str(), W_OK | X_OK) != 0)
+      return at == p ? "is not writable by this process"
+                     : "cannot be created: " + at.string() + " is not writable by this process";
+    return "";
+  }
+  return "cannot be created (no existing folder above it)";
+}
+
+std::string unreadable_why(const std::string& path, bool folder) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return errno == ENOENT ? "does not exist"
+                           : std::string{"cannot be examined: "} + std::strerror(errno);
+  if (folder && !S_ISDIR(st.st_mode))
+    return "is not a folder";
+  if (!folder && !S_ISREG(st.st_mode))
+    return S_ISDIR(st.st_mode) ? "is a folder, not a file" : "is not a regular file";
+  if (::access(path.c_str(), folder ? (R_OK | X_OK) : R_OK) != 0)
+    return "is not readable by this process";
+  return "";
+}
+
 } // namespace troupe::runtime

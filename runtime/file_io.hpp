@@ -22,6 +22,17 @@ expected<uint64_t> file_size(const std::string& path);
 /// new one, never a part.
 expected<void> write_file_atomic(const std::string& path, std::string_view bytes);
 
+/// Why a run could not create and write the folder `path` ("" = it can): a
+/// path under /proc, /sys or /dev, a part of the path that exists and is
+/// not a folder, or a nearest existing folder this process cannot write.
+/// Nothing is created. A relative path is taken from the working folder.
+std::string folder_unwritable_why(const std::string& path);
+
+/// Why `path` cannot be read ("" = it can): missing, not a regular file
+/// (`folder` false) or not a folder (`folder` true), or not readable by this
+/// process.
+std::string unreadable_why(const std::string& path, bool folder);
+
 /// RAII read-only memory map of a whole file (empty files map to size 0).
 class mapped_file {
 public:

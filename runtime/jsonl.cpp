@@ -24,6 +24,8 @@ read_jsonl(const std::string& path,
     if (line.find_first_not_of(" \t") == std::string::npos)
       continue;
     auto where = path + ":" + std::to_string(line_no);
+    if (auto at = json_too_deep_at(line); at != std::string_view::npos)
+      return json_too_deep(where, at);
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded())
       return make_error(errc::parse_error, where + ": not valid JSON");
@@ -67,6 +69,34 @@ std::string base64(std::string_view bytes) {
     out += '=';
   }
   return out;
+}
+
+size_t json_too_deep_at(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth)
+        return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+
+caf::error json_too_deep(const std::string& what, size_t at) {
+  return make_error(errc::parse_error, what + ": JSON nests arrays and objects deeper than " +
+                                           std::to_string(max_json_depth) +
+                                           " levels (the limit), at byte " + std::to_string(at));
 }
 
 } // namespace troupe::runtime

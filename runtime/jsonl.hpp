@@ -19,6 +19,22 @@ namespace troupe::runtime {
 expected<int64_t> read_jsonl(const std::string& path,
                              const std::function<expected<void>(const nlohmann::json&)>& on_record);
 
+/// NOTE [json nesting]: copying, writing and destroying a JSON value
+/// recurse once per level of arrays and objects inside each other, so
+/// JSON from outside (datasets, journals, checkpoints' files, tokenizers,
+/// tables, requests) is refused beyond this depth before it is parsed:
+/// thousands of "[" would otherwise overflow the stack.
+inline constexpr int max_json_depth = 256;
+
+/// The byte offset in JSON text `text` where arrays and objects nest deeper
+/// than `max_depth`, or npos when they do not (strings are skipped;
+/// malformed text is the parser's to refuse).
+size_t json_too_deep_at(std::string_view text, int max_depth = max_json_depth);
+
+/// The error for text json_too_deep_at refused: parse_error naming `what`,
+/// the byte and the limit.
+caf::error json_too_deep(const std::string& what, size_t at);
+
 /// A short name of a JSON value's type for messages: "integer", "number",
 /// "string", "object", ...
 const char* json_type_name(const nlohmann::json& j);

@@ -14,6 +14,7 @@
 // name the file and what is wrong. Data is little-endian and row-major.
 
 #include "runtime/error.hpp"
+#include "runtime/safetensors_header.hpp"
 
 #include <ATen/core/Tensor.h>
 
@@ -28,45 +29,6 @@ namespace troupe::runtime {
 
 /// Named tensors, ordered by name.
 using tensor_map = std::map<std::string, at::Tensor>;
-
-/// String key/value pairs of a safetensors "__metadata__" object.
-using string_map = std::map<std::string, std::string>;
-
-/// Largest header a reader accepts (the reference implementation's bound).
-inline constexpr uint64_t safetensors_max_header_bytes = 100'000'000;
-
-/// One tensor entry of a safetensors header.
-struct tensor_info {
-  std::string name;
-  /// The dtype as written in the file ("F32", "BF16", ...).
-  std::string dtype;
-  std::vector<int64_t> shape;
-  /// Byte range [data_begin, data_end) relative to the start of the data.
-  uint64_t data_begin = 0;
-  uint64_t data_end = 0;
-};
-
-/// A validated safetensors header.
-struct safetensors_header {
-  /// Tensors in file order (ascending data_begin).
-  std::vector<tensor_info> tensors;
-  string_map metadata;
-  /// Absolute file offset of the data buffer (8 + header length).
-  uint64_t data_start = 0;
-};
-
-/// Size in bytes of one element of a safetensors dtype ("F32" -> 4), or 0
-/// for an unknown dtype name.
-uint64_t safetensors_dtype_size(const std::string& dtype);
-
-/// Whether this build loads and saves tensors of the given safetensors dtype.
-bool safetensors_dtype_supported(const std::string& dtype);
-
-/// The safetensors dtype name of `type` ("F32"), or "" when it has none.
-std::string safetensors_dtype_name(at::ScalarType type);
-
-/// The scalar type of a safetensors dtype name this build loads, or nullopt.
-std::optional<at::ScalarType> safetensors_scalar_type(const std::string& dtype);
 
 /// Reads and validates the header only (the data is never read).
 expected<safetensors_header> read_safetensors_header(const std::string& path);

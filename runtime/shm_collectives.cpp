@@ -16,7 +16,7 @@ namespace troupe::runtime {
 
 namespace {
 
-constexpr int64_t line = 64;
+constexpr int64_t line = shm_line_bytes;
 
 // The mapped segment: a flag a rank (a cache line each), then two buffers
 // of a slot a rank.
@@ -31,7 +31,6 @@ public:
   shm_segment(const shm_segment&) = delete;
   shm_segment& operator=(const shm_segment&) = delete;
 
-  static int64_t size_for(int ranks, int64_t slot) { return ranks * line + 2 * ranks * slot; }
   std::atomic<uint64_t>& flag(int rank) {
     return *reinterpret_cast<std::atomic<uint64_t>*>(base_ + rank * line);
   }
@@ -187,10 +186,6 @@ expected<void*> map_segment(const std::string& name, int64_t bytes, bool create)
 }
 
 } // namespace
-
-int64_t shm_collectives_bytes(int ranks, int64_t slot_bytes) {
-  return shm_segment::size_for(ranks, slot_bytes);
-}
 
 namespace {
 
@@ -388,10 +383,6 @@ private:
 
 } // namespace
 
-int64_t shm_point_to_point_bytes(int ranks, int64_t slot_bytes, int slots) {
-  return std::max<int64_t>(2 * (ranks - 1), 0) * slots * (line + slot_bytes);
-}
-
 expected<process_group> with_shm_point_to_point(process_group group, store& rendezvous,
                                                 const std::string& name, int64_t slot_bytes,
                                                 int slots, int64_t timeout_ms) {
@@ -415,7 +406,7 @@ expected<process_group> with_shm_collectives(process_group group, store& rendezv
     return make_error(errc::invalid_argument,
                       "shm collectives: slot_bytes must be a positive multiple of 64");
   const int ranks = group.size();
-  const auto bytes = shm_segment::size_for(ranks, slot_bytes);
+  const auto bytes = shm_collectives_bytes(ranks, slot_bytes);
   auto mapped = map_shared(group, rendezvous, "shm-collectives/" + name, bytes);
   if (!mapped)
     return mapped.error();

@@ -20,10 +20,14 @@
 
 #include "runtime/collectives.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
 namespace troupe::runtime {
+
+/// A cache line: the unit the shared segments below align flags and slots to.
+inline constexpr int64_t shm_line_bytes = 64;
 
 /// `group` (every rank on this host) with all-reduces (sum, float32) and
 /// flat all-gathers up to `slot_bytes` a rank through shared memory (NOTE
@@ -35,7 +39,9 @@ expected<process_group> with_shm_collectives(process_group group, store& rendezv
 
 /// Bytes of the shared segment such a group of `ranks` maps (each rank's
 /// flag line and two slots: the calls alternate between them).
-int64_t shm_collectives_bytes(int ranks, int64_t slot_bytes);
+inline int64_t shm_collectives_bytes(int ranks, int64_t slot_bytes) {
+  return ranks * shm_line_bytes + 2 * ranks * slot_bytes;
+}
 
 /// NOTE [shm point-to-point]: `group` (every rank on this host) with its
 /// sends and receives of up to `slot_bytes` through shared memory, for a
@@ -57,6 +63,8 @@ expected<process_group> with_shm_point_to_point(process_group group, store& rend
                                                 int64_t timeout_ms = 30000);
 
 /// Bytes of the segment such a group of `ranks` maps.
-int64_t shm_point_to_point_bytes(int ranks, int64_t slot_bytes, int slots);
+inline int64_t shm_point_to_point_bytes(int ranks, int64_t slot_bytes, int slots) {
+  return std::max<int64_t>(2 * (ranks - 1), 0) * slots * (shm_line_bytes + slot_bytes);
+}
 
 } // namespace troupe::runtime

@@ -4,6 +4,7 @@
 // codec and checks, a few OS helpers — and each transport's maker, which
 // make_weight_transport calls. Not installed for other folders.
 
+#include "runtime/weight_table.hpp"
 #include "runtime/weight_transport.hpp"
 
 #include <chrono>
@@ -24,23 +25,6 @@ constexpr uint64_t data_alignment = 64;
 
 uint64_t align_up(uint64_t x, uint64_t a);
 
-/// One tensor of a transfer's table.
-struct entry {
-  std::string name;
-  std::string dtype;
-  std::vector<int64_t> shape;
-  uint64_t offset = 0; // within the payload
-  uint64_t bytes = 0;
-  uint64_t hash = 0;
-};
-
-/// The table every transfer carries.
-struct table {
-  int64_t version = -1;
-  uint64_t payload_bytes = 0;
-  std::vector<entry> entries;
-};
-
 /// A tensor ready to be copied out: CPU, contiguous, with its table entry.
 struct prepared {
   entry e;
@@ -55,18 +39,11 @@ uint64_t payload_size(const std::vector<prepared>& ps);
 void copy_in(std::vector<prepared>& ps, uint8_t* payload);
 /// The table as JSON text ("troupe-weights/1").
 std::string encode_table(int64_t version, const std::vector<prepared>& ps);
-/// Parses and checks a table: known dtypes, sizes that match the shapes,
-/// ranges inside the payload, no overlaps (errc::corrupted otherwise).
-expected<table> decode_table(std::string_view text, const std::string& where);
-/// version_mismatch unless the table holds `expected_version`.
-caf::error check_version(const table& t, int64_t expected_version, const std::string& where);
 /// Verifies each tensor's hash over `payload` (payload_bytes long) and makes
 /// views of it; `keepalive` lives as long as any view.
 expected<received_weights> verify_and_view(const table& t, const uint8_t* payload,
                                            std::shared_ptr<void> keepalive,
                                            const std::string& where);
-/// A publisher's next version must be non-negative and above `last`.
-caf::error check_new_version(int64_t version, int64_t last, const std::string& where);
 /// errc::io_error with `what` and strerror(errno).
 caf::error os_error(const std::string& what);
 /// Takes flock(op) on `fd`, retrying until `timeout_ms`.

@@ -62,22 +62,6 @@ namespace {
 // `state` to complete last (release); a receiver takes a shared flock,
 // checks magic, state, version, sizes and every hash, and keeps its lock
 // while its views live, so a slot is never rewritten under a reader.
-struct shm_header {
-  char magic[8];
-  std::atomic<uint64_t> state; // 0 being written, 1 complete
-  int64_t version;
-  uint64_t total_bytes;
-  uint64_t data_offset;
-  uint64_t data_bytes;
-  uint64_t table_offset;
-  uint64_t table_bytes;
-  uint64_t table_hash;
-};
-static_assert(std::atomic<uint64_t>::is_always_lock_free);
-constexpr uint64_t shm_header_bytes = 4096;
-static_assert(sizeof(shm_header) <= shm_header_bytes);
-constexpr char shm_magic[8] = {'T', 'R', 'P', 'W', 'S', 'H', 'M', '1'};
-
 struct mapping {
   void* addr = MAP_FAILED;
   size_t size = 0;
@@ -196,10 +180,8 @@ public:
     if (::fstat(raw, &st) != 0)
       return os_error(where + ": cannot stat " + seg);
     auto size = static_cast<uint64_t>(st.st_size);
-    if (size < shm_header_bytes)
-      return make_error(errc::corrupted, where + ": segment " + seg + " has " +
-                                             std::to_string(size) +
-                                             " bytes, less than its header (truncated)");
+    if (size < shm_header_bytes) // (read_shm_segment says so with the details)
+      return read_shm_segment(nullptr, size, version, where, seg).error();
     // Mapping 400 MB costs as much as verifying it: keep one mapping per
     // slot while the object (same inode) keeps its size.
     auto& cached = maps_[static_cast<size_t>(s)];
@@ -219,41 +201,12 @@ public:
     }
     auto m = cached.map;
     const auto* base = static_cast<const uint8_t*>(m->addr);
-    const auto* h = reinterpret_cast<const shm_header*>(base);
-    if (std::memcmp(h->magic, shm_magic, sizeof shm_magic) != 0)
-      return make_error(errc::corrupted, where + ": segment " + seg + " has no troupe header");
-    if (h->state.load(std::memory_order_acquire) != 1)
-      return make_error(errc::corrupted, where + ": version " + std::to_string(h->version) +
-                                             " in slot " + std::to_string(s) +
-                                             " is partial (its publisher did not finish)");
-    table t;
-    t.version = h->version;
-    if (auto err = check_version(t, version, where))
-      return err;
-    if (h->total_bytes > size)
-      return make_error(errc::corrupted, where + ": version " + std::to_string(version) +
-                                             " is truncated: " + std::to_string(size) +
-                                             " bytes of " + std::to_string(h->total_bytes));
-    if (h->data_offset < shm_header_bytes || h->data_offset > h->total_bytes ||
-        h->data_bytes > h->total_bytes - h->data_offset || h->table_offset > h->total_bytes ||
-        h->table_bytes > h->total_bytes - h->table_offset)
-      return make_error(errc::corrupted, where + ": version " + std::to_string(version) +
-                                             ": header ranges lie outside the segment");
-    std::string_view text(reinterpret_cast<const char*>(base + h->table_offset), h->table_bytes);
-    if (hash64(text.data(), text.size()) != h->table_hash)
-      return make_error(errc::corrupted,
-                        where + ": version " + std::to_string(version) + ": table checksum differs");
-    auto decoded = decode_table(text, where);
-    if (!decoded)
-      return decoded.error();
-    if (auto err = check_version(*decoded, version, where))
-      return err;
-    if (decoded->payload_bytes != h->data_bytes)
-      return make_error(errc::corrupted, where + ": version " + std::to_string(version) +
-                                             ": table and header disagree on the payload size");
+    auto read = read_shm_segment(base, size, version, where, seg);
+    if (!read)
+      return read.error();
     auto keep = std::make_shared<std::pair<std::shared_ptr<fd_holder>, std::shared_ptr<mapping>>>(
         lock, m);
-    return verify_and_view(*decoded, base + h->data_offset, keep, where);
+    return verify_and_view(read->t, base + read->data_offset, keep, where);
   }
 
 private:

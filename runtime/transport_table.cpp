@@ -66,83 +66,13 @@ void copy_in(std::vector<prepared>& ps, uint8_t* payload) {
 }
 
 std::string encode_table(int64_t version, const std::vector<prepared>& ps) {
-  json j;
-  j["format"] = "troupe-weights/1";
-  j["version"] = version;
-  j["payload_bytes"] = payload_size(ps);
-  auto arr = json::array();
-  for (const auto& p : ps)
-    arr.push_back({{"name", p.e.name},
-                   {"dtype", p.e.dtype},
-                   {"shape", p.e.shape},
-                   {"offset", p.e.offset},
-                   {"bytes", p.e.bytes},
-                   {"hash", hex64(p.e.hash)}});
-  j["tensors"] = std::move(arr);
-  return j.dump();
-}
-
-// Parses and checks a table: known dtypes, sizes that match the shapes,
-// ranges inside the payload, no overlaps.
-expected<table> decode_table(std::string_view text, const std::string& where) {
-  auto bad = [&](const std::string& what) {
-    return make_error(errc::corrupted, where + ": weight table: " + what);
-  };
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    return bad(std::string{"not JSON ("} + e.what() + ")");
-  }
   table t;
-  try {
-    if (!j.is_object() || j.value("format", "") != "troupe-weights/1")
-      return bad("missing format \"troupe-weights/1\"");
-    t.version = j.at("version").get<int64_t>();
-    t.payload_bytes = j.at("payload_bytes").get<uint64_t>();
-    uint64_t end_of_previous = 0;
-    for (const auto& e : j.at("tensors")) {
-      entry x;
-      x.name = e.at("name").get<std::string>();
-      x.dtype = e.at("dtype").get<std::string>();
-      x.shape = e.at("shape").get<std::vector<int64_t>>();
-      x.offset = e.at("offset").get<uint64_t>();
-      x.bytes = e.at("bytes").get<uint64_t>();
-      if (!parse_hex64(e.at("hash").get<std::string>(), x.hash))
-        return bad("tensor '" + x.name + "': hash is not 16 hex digits");
-      auto type = safetensors_scalar_type(x.dtype);
-      if (!type)
-        return bad("tensor '" + x.name + "': unknown dtype '" + x.dtype + "'");
-      uint64_t numel = 1;
-      for (auto d : x.shape) {
-        if (d < 0)
-          return bad("tensor '" + x.name + "': negative dimension");
-        numel *= static_cast<uint64_t>(d);
-      }
-      if (numel * safetensors_dtype_size(x.dtype) != x.bytes)
-        return bad("tensor '" + x.name + "': " + std::to_string(x.bytes) +
-                   " bytes do not match its shape and dtype");
-      if (x.offset < end_of_previous || x.offset > t.payload_bytes ||
-          x.bytes > t.payload_bytes - x.offset)
-        return bad("tensor '" + x.name + "': bytes [" + std::to_string(x.offset) + ", " +
-                   std::to_string(x.offset + x.bytes) + ") overlap another tensor or lie outside the " +
-                   std::to_string(t.payload_bytes) + "-byte payload");
-      end_of_previous = x.offset + x.bytes;
-      t.entries.push_back(std::move(x));
-    }
-  } catch (const json::exception& e) {
-    return bad(std::string{"malformed ("} + e.what() + ")");
-  }
-  return t;
-}
-
-caf::error check_version(const table& t, int64_t expected_version, const std::string& where) {
-  if (t.version == expected_version)
-    return {};
-  return make_error(errc::version_mismatch,
-                    where + ": holds version " + std::to_string(t.version) + ", expected " +
-                        std::to_string(expected_version) +
-                        (t.version < expected_version ? " (stale)" : " (already overwritten)"));
+  t.version = version;
+  t.payload_bytes = payload_size(ps);
+  t.entries.reserve(ps.size());
+  for (const auto& p : ps)
+    t.entries.push_back(p.e);
+  return encode_table(t);
 }
 
 // Verifies each tensor's hash over `payload` (payload_bytes long) and makes
@@ -170,17 +100,6 @@ expected<received_weights> verify_and_view(const table& t, const uint8_t* payloa
     out.tensors.emplace(e.name, std::move(*view));
   }
   return out;
-}
-
-caf::error check_new_version(int64_t version, int64_t last, const std::string& where) {
-  if (version < 0)
-    return make_error(errc::invalid_argument,
-                      where + ": version " + std::to_string(version) + " is negative");
-  if (version <= last)
-    return make_error(errc::version_mismatch, where + ": version " + std::to_string(version) +
-                                                  " is not above the last published version " +
-                                                  std::to_string(last));
-  return {};
 }
 
 caf::error os_error(const std::string& what) {

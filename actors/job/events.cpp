@@ -1,4 +1,5 @@
 #include "actors/job/events.hpp"
+#include "runtime/jsonl.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -177,6 +178,8 @@ std::string to_json(const event& e) {
 }
 
 expected<event> event_from_json(std::string_view line) {
+  if (auto at = runtime::json_too_deep_at(line); at != std::string_view::npos)
+    return runtime::json_too_deep("event", at);
   auto j = json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return make_error(errc::parse_error, "event: not a JSON object");

@@ -1,6 +1,7 @@
 #include "actors/job/metrics_sink.hpp"
 
 #include "runtime/file_io.hpp"
+#include "runtime/jsonl.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -85,6 +86,8 @@ private:
 
 // The slow path: any JSON object with "stage" and "step".
 bool parse_json_line(std::string_view line, metrics_reported& out) {
+  if (runtime::json_too_deep_at(line) != std::string_view::npos)
+    return false;
   auto j = nlohmann::json::parse(line, nullptr, false);
   if (!j.is_object() || !j.contains("stage") || !j["stage"].is_string() || !j.contains("step") ||
       !j["step"].is_number_integer())
@@ -163,7 +166,9 @@ expected<void> metrics_sink::truncate(const std::string& stage, int64_t keep_unt
     auto line = text->substr(start, end - start);
     bool complete = end < text->size();
     start = end + 1;
-    auto j = nlohmann::json::parse(line, nullptr, false);
+    auto j = runtime::json_too_deep_at(line) == std::string::npos
+                 ? nlohmann::json::parse(line, nullptr, false)
+                 : nlohmann::json(nlohmann::json::value_t::discarded);
     bool keep = complete && j.is_object() && j.contains("stage") && j["stage"].is_string() &&
                 j.contains("step") && j["step"].is_number_integer();
     if (keep) {

@@ -1,5 +1,7 @@
 #include "actors/rl/datasets.hpp"
 
+#include "runtime/jsonl.hpp"
+
 #include "runtime/file_io.hpp"
 
 #include <nlohmann/json.hpp>
@@ -301,7 +303,9 @@ public:
       return make_error(errc::io_error, where(i) + ": cannot read the row back (" +
                                             (n < 0 ? std::strerror(errno) : "the file shrank") +
                                             ")");
-    auto j = json::parse(text, nullptr, false);
+    auto j = runtime::json_too_deep_at(text) == std::string_view::npos
+                 ? json::parse(text, nullptr, false)
+                 : json(json::value_t::discarded);
     if (j.is_discarded() || !j.is_object())
       return make_error(errc::corrupted, where(i) + ": the row changed since the file was opened");
     return j;
@@ -427,6 +431,8 @@ expected<void> scan_lines(int fd, const std::string& path, F&& on_line) {
 expected<json> parse_line(std::string_view line) {
   if (!line.empty() && line.back() == '\r')
     line.remove_suffix(1);
+  if (auto at = runtime::json_too_deep_at(line); at != std::string_view::npos)
+    return runtime::json_too_deep("the row", at);
   auto j = json::parse(line, nullptr, false);
   if (j.is_discarded())
     return make_error(errc::parse_error, "not valid JSON");
@@ -464,6 +470,8 @@ expected<void> index_json(dataset_source& src, const keep_row<Row>& keep, int64_
   auto text = runtime::read_file(src.path);
   if (!text)
     return text.error();
+  if (auto at = runtime::json_too_deep_at(*text); at != std::string_view::npos)
+    return runtime::json_too_deep(src.path, at);
   auto j = json::parse(*text, nullptr, false);
   if (j.is_discarded())
     return make_error(errc::parse_error, src.path + ": not valid JSON");

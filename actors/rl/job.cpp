@@ -862,11 +862,27 @@ expected<void> prepare(job_context& ctx) {
   return {};
 }
 
+// The driver of each row of the stage table (NOTE [stage table]).
+expected<stage_summary> drive(stage_id id, job_context& ctx) {
+  switch (id) {
+  case stage_id::sft:
+    return run_sft_stage(ctx);
+  case stage_id::rm:
+    return run_rm_stage(ctx);
+  case stage_id::dpo:
+    return run_dpo_stage(ctx);
+  case stage_id::rl:
+    return run_rl_stage(ctx);
+  }
+  return make_error(errc::invalid_config, "stage " + std::to_string(static_cast<int>(id)));
+}
+
 expected<stage_summary> run_stage(job_context& ctx, const std::string& stage) {
   remove_default_weight_dir(ctx, stage);
   ctx.log->info(stage + ": starting");
   const auto* row = find_stage(stage); // checked with the job file
-  auto s = row ? row->driver(ctx) : make_error(errc::invalid_config, "unknown stage '" + stage + "'");
+  auto s =
+      row ? drive(row->id, ctx) : make_error(errc::invalid_config, "unknown stage '" + stage + "'");
   remove_default_weight_dir(ctx, stage);
   if (!s)
     return s;

@@ -5,6 +5,7 @@
 #include "actors/rl/placement.hpp"
 #include "actors/rl/tasks.hpp"
 #include "runtime/config.hpp"
+#include "runtime/file_io.hpp"
 
 #include <algorithm>
 #include <set>
@@ -494,8 +495,52 @@ void check(const job_config& c, runtime::config_checks& checks) {
   check_supervision(c, checks);
 }
 
+void check_job_paths(const job_config& c, runtime::config_checks& checks) {
+  auto folder = [&](const std::string& key, const std::string& path) {
+    if (path.empty())
+      return;
+    auto why = runtime::folder_unwritable_why(path);
+    checks.require(why.empty(), key, "'" + path + "' " + why);
+  };
+  auto readable = [&](const std::string& key, const std::string& path, bool is_folder) {
+    if (path.empty())
+      return;
+    auto why = runtime::unreadable_why(path, is_folder);
+    checks.require(why.empty(), key, "'" + path + "' " + why);
+  };
+  folder("run.dir", c.run.dir);
+  folder("weight_sync.dir", c.weight_sync.dir);
+  for (auto [key, path] : {std::pair{"data.train_file", &c.data.train_file},
+                           {"data.eval_file", &c.data.eval_file},
+                           {"data.sft_file", &c.data.sft_file},
+                           {"data.preference_file", &c.data.preference_file}})
+    readable(key, *path, false);
+  readable("model.path", c.model.path, true);
+  if (uses_reward_model(c.rl.reward))
+    readable("rl.reward.model_path", c.rl.reward.model_path, true);
+  if (c.rl.reward.kind == reward_kind::remote) {
+    const auto& r = c.rl.reward.remote;
+    for (auto [key, path] : {std::pair{"rl.reward.remote.token_file", &r.token_file},
+                             {"rl.reward.remote.ca_file", &r.ca_file},
+                             {"rl.reward.remote.cert_file", &r.cert_file},
+                             {"rl.reward.remote.key_file", &r.key_file}})
+      readable(key, *path, false);
+  }
+}
+
 expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides) {
-  return runtime::load_config_file<job_config>(path, overrides);
+  auto doc = runtime::yaml_document::from_file(path);
+  if (!doc)
+    return doc.error();
+  if (doc->empty())
+    return make_error(errc::invalid_config,
+                      path + ":1: the job file sets nothing (it is empty or holds only comments); "
+                             "a job does not run from the defaults alone: start from "
+                             "configs/quickstart.yaml, or see `troupe config show`");
+  for (const auto& o : overrides)
+    if (auto ok = doc->set(o); !ok)
+      return ok.error();
+  return runtime::load_config<job_config>(*doc, check_job_paths);
 }
 
 } // namespace troupe::actors::rl

@@ -811,7 +811,15 @@ int64_t max_task_prompt_tokens(const data_config& c);
 /// prompt plus rl.generation.max_tokens (unknown with prompt files).
 inference::engine_config engine_settings(const job_config& cfg);
 
-/// Loads and checks a job file with `--set` overrides.
+/// What a run needs of this machine, at its YAML location: run.dir and
+/// weight_sync.dir folders it can create and write (not a file, not under
+/// /proc, /sys or /dev), and every file and folder the job names (data
+/// files, model.path, the reward model, the remote reward's token and TLS
+/// files) present and readable. Nothing is created.
+void check_job_paths(const job_config& c, runtime::config_checks& checks);
+
+/// Loads and checks a job file with `--set` overrides, for a run here: an
+/// empty job file is refused, and check_job_paths applies.
 expected<job_config> load_job(const std::string& path, const std::vector<std::string>& overrides);
 
 } // namespace troupe::actors::rl

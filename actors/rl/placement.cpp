@@ -23,6 +23,17 @@
 
 namespace troupe::actors::rl {
 
+std::string rank_name(const std::string& role, const parallel_layout& l, int64_t rank) {
+  if (l.ranks() == 1)
+    return role;
+  auto out = role + "[dp " + std::to_string(rank / (l.tp * l.pp));
+  if (l.pp > 1)
+    out += ", pp " + std::to_string(rank / l.tp % l.pp);
+  if (l.tp > 1)
+    out += ", tp " + std::to_string(rank % l.tp);
+  return out + "]";
+}
+
 namespace {
 
 bool known_role(const std::string& r) { return find_role(r) != nullptr; }

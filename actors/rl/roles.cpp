@@ -24,17 +24,6 @@
 
 namespace troupe::actors::rl {
 
-std::string rank_name(const std::string& role, const parallel_layout& l, int64_t rank) {
-  if (l.ranks() == 1)
-    return role;
-  auto out = role + "[dp " + std::to_string(rank / (l.tp * l.pp));
-  if (l.pp > 1)
-    out += ", pp " + std::to_string(rank / l.tp % l.pp);
-  if (l.tp > 1)
-    out += ", tp " + std::to_string(rank % l.tp);
-  return out + "]";
-}
-
 role_host::place role_host::where(const std::string&, int) const {
   return {"driver", static_cast<int64_t>(::getpid())};
 }

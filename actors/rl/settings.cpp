@@ -1,6 +1,7 @@
 #include "actors/rl/settings.hpp"
 
 #include "runtime/file_io.hpp"
+#include "runtime/jsonl.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -123,7 +124,9 @@ expected<std::vector<recorded_setting>> read_settings(const std::string& path) {
     ++n;
     if (in.eof())
       break; // no newline: a torn last line
-    auto j = nlohmann::json::parse(line, nullptr, false);
+    auto j = runtime::json_too_deep_at(line) == std::string_view::npos
+                 ? nlohmann::json::parse(line, nullptr, false)
+                 : nlohmann::json(nlohmann::json::value_t::discarded);
     if (j.is_discarded() || !j.is_object() || !j.contains("iteration") ||
         !j["iteration"].is_number_integer() || !j.contains("key") || !j["key"].is_string() ||
         !j.contains("value") || !j["value"].is_string())

@@ -1,19 +1,11 @@
 #include "actors/rl/stage_table.hpp"
 
 #include "actors/rl/data.hpp"
-#include "actors/rl/job_internal.hpp"
+#include "runtime/hash.hpp"
 
 #include <algorithm>
 
 namespace troupe::actors::rl {
-
-namespace detail {
-// The drivers (job.cpp: sft and rm; rl_stage.cpp: rl).
-expected<stage_summary> run_sft_stage(job_context& ctx);
-expected<stage_summary> run_rm_stage(job_context& ctx);
-expected<stage_summary> run_dpo_stage(job_context& ctx);
-expected<stage_summary> run_rl_stage(job_context& ctx);
-} // namespace detail
 
 namespace {
 
@@ -42,7 +34,7 @@ const std::vector<stage_traits>& all_stages() {
        [](const job_config& c, const role_traits&) {
          return mix_seed({run_seed(c), 21, 1});
        },
-       [](const job_config& c, role_id) { return c.sft.optim; }, detail::run_sft_stage},
+       [](const job_config& c, role_id) { return c.sft.optim; }},
       {stage_id::rm, "rm", [](const job_config&) { return std::vector<role_id>{r::reward}; },
        [](const job_config& c) {
          return std::pair<std::string, int64_t>{"rm.batch_size", c.rm.batch_size};
@@ -51,7 +43,7 @@ const std::vector<stage_traits>& all_stages() {
        [](const job_config& c, const role_traits&) {
          return mix_seed({run_seed(c), 21, 2});
        },
-       [](const job_config& c, role_id) { return c.rm.optim; }, detail::run_rm_stage},
+       [](const job_config& c, role_id) { return c.rm.optim; }},
       {stage_id::dpo, "dpo",
        [](const job_config&) {
          return std::vector<role_id>{r::policy, r::reference};
@@ -63,7 +55,7 @@ const std::vector<stage_traits>& all_stages() {
        [](const job_config& c, const role_traits&) {
          return mix_seed({run_seed(c), 21, 3});
        },
-       [](const job_config& c, role_id) { return c.dpo.optim; }, detail::run_dpo_stage},
+       [](const job_config& c, role_id) { return c.dpo.optim; }},
       {stage_id::rl, "rl",
        [](const job_config& c) {
          // The critic for gae, the reference while the KL anchors the policy.
@@ -85,8 +77,7 @@ const std::vector<stage_traits>& all_stages() {
        },
        [](const job_config& c, role_id role) {
          return role == r::critic ? c.rl.critic.optim : c.rl.actor_optim;
-       },
-       detail::run_rl_stage},
+       }},
   };
   return table;
 }

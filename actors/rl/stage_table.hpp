@@ -3,9 +3,12 @@
 //
 // NOTE [stage table]: a stage is a row: its name, its cast (the roles it
 // uses, in spawn order, given the job), what each DP rank of a role it
-// trains splits, the seed and optimizer its roles' models start with, and
-// its driver. The planner, the role builder and the job's stage loop read
-// the table; adding a stage (dpo was) is adding a row and its driver.
+// trains splits, and the seed and optimizer its roles' models start with.
+// The planner, the role builder and the job's stage loop read the table;
+// adding a stage (dpo was) is adding a row here and its driver to the
+// switch in job.cpp (`drive`; the compiler names a missing case). The
+// table itself needs no LibTorch, so the job loader's checks link without
+// the drivers.
 
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/role_traits.hpp"
@@ -18,12 +21,6 @@
 #include <vector>
 
 namespace troupe::actors::rl {
-
-struct stage_summary;
-
-namespace detail {
-struct job_context;
-} // namespace detail
 
 struct stage_traits {
   stage_id id;
@@ -38,8 +35,6 @@ struct stage_traits {
   uint64_t (*seed)(const job_config& cfg, const role_traits& role);
   /// The optimizer of a role trained here.
   train::optimizer_options (*optim)(const job_config& cfg, role_id role);
-  /// Runs the stage (its roles, steps, checkpoints and events).
-  expected<stage_summary> (*driver)(detail::job_context& ctx);
 };
 
 /// Every stage, in the order a job runs them (index = stage_id).

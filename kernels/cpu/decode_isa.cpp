@@ -24,9 +24,17 @@ const char* requirement(decode_isa isa) {
 const cpu_levels& cpu_levels::here() {
   static const cpu_levels levels = [] {
     cpu_levels l;
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(__clang__)
     l.x86_64_v4 = __builtin_cpu_supports("x86-64-v4");
     l.x86_64_v3 = __builtin_cpu_supports("x86-64-v3");
+#elif defined(__x86_64__)
+    // clang 14 (the fuzz builds) knows the features, not the levels: the
+    // ones the kernels of each level use.
+    l.x86_64_v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                  __builtin_cpu_supports("bmi2");
+    l.x86_64_v4 = l.x86_64_v3 && __builtin_cpu_supports("avx512f") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
 #endif
     return l;
   }();

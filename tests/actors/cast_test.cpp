@@ -142,7 +142,9 @@ TEST(StageTable, EachStageIsARowWithItsCastInSpawnOrder) {
     EXPECT_EQ(static_cast<size_t>(st.id), i);
     EXPECT_EQ(st.name, to_string(st.id));
     EXPECT_EQ(find_stage(st.name), &st);
-    EXPECT_TRUE(st.driver != nullptr) << st.name;
+    EXPECT_TRUE(st.cast != nullptr && st.dp_rows != nullptr && st.seed != nullptr &&
+                st.optim != nullptr)
+        << st.name;
   }
   EXPECT_EQ(find_stage("ppo"), nullptr);
   auto ppo = job_of();

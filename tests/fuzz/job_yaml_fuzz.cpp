@@ -7,6 +7,7 @@
 // from disk for the files; loading either succeeds or answers an error.
 #include "actors/rl/job_config.hpp"
 #include "runtime/config.hpp"
+#include "tests/fuzz/fuzz_input.hpp"
 
 #include <cstdint>
 #include <string>
@@ -15,24 +16,8 @@
 
 using namespace troupe;
 
-namespace {
-
-std::vector<std::string> sections_of(std::string_view text) {
-  std::vector<std::string> out;
-  constexpr std::string_view cut = "\n%%\n";
-  while (true) {
-    const auto at = text.find(cut);
-    out.emplace_back(text.substr(0, at));
-    if (at == std::string_view::npos)
-      return out;
-    text.remove_prefix(at + cut.size());
-  }
-}
-
-} // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto sections = sections_of({reinterpret_cast<const char*>(data), size});
+  const auto sections = fuzz::sections_of(fuzz::text_of(data, size));
   runtime::yaml_document::source_file main{"job.yaml", sections[0]};
   std::vector<runtime::yaml_document::source_file> bases;
   std::vector<std::string> sets;
@@ -65,9 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto text = runtime::to_yaml(*cfg, false);
   auto again = runtime::yaml_document::from_text(text, "job.yaml");
   if (!again)
-    __builtin_trap();
+    fuzz::broken();
   auto cfg2 = runtime::load_config<actors::rl::job_config>(*again);
   if (!cfg2 || runtime::to_yaml(*cfg2, false) != text)
-    __builtin_trap();
+    fuzz::broken();
   return 0;
 }

@@ -1,0 +1,62 @@
+// Fuzz target: what crosses processes between the driver, the workers and
+// the role actors — every registered message type (actors/actor_system.cpp,
+// cluster/workers.cpp), tensor batches in their wire form among them
+// (runtime/tensor_batch.hpp) — as CAF's binary form of a message, which a
+// worker link hands to the deserializer. The input is those bytes.
+// Reading succeeds or fails; a message read re-serialises to bytes that
+// read back to the same bytes again (a batch's tensors rebuilt and checked
+// on the way). LibTorch-linked: a replay executable of the normal build
+// (scripts/fuzz.sh).
+#include "actors/actor_system.hpp"
+#include "cluster/workers.hpp"
+#include "tests/fuzz/fuzz_input.hpp"
+
+#include <caf/all.hpp>
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+
+#include <cstdint>
+#include <vector>
+
+using namespace troupe;
+
+namespace {
+
+// The process's system, never destroyed: CAF's teardown at exit races the
+// libraries' own static state (the process ends with it anyway).
+caf::actor_system& message_system() {
+  static caf::actor_system* sys = [] {
+    auto* cfg = new caf::actor_system_config;
+    actors::configure(*cfg);
+    cluster::configure_network(*cfg);
+    cfg->set("scheduler.max-threads", size_t{1});
+    return new caf::actor_system{*cfg};
+  }();
+  return *sys;
+}
+
+std::vector<char> bytes_of(caf::message& m) {
+  std::vector<char> out;
+  caf::binary_serializer sink{message_system(), out};
+  if (auto err = sink(m))
+    fuzz::broken();
+  return out;
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto& sys = message_system();
+  caf::message msg;
+  caf::binary_deserializer source{sys, reinterpret_cast<const char*>(data), size};
+  if (auto err = source(msg))
+    return 0;
+  const auto once = bytes_of(msg);
+  caf::message again;
+  caf::binary_deserializer back{sys, once};
+  if (auto err = back(again))
+    fuzz::broken();
+  if (bytes_of(again) != once)
+    fuzz::broken();
+  return 0;
+}
