@@ -25,7 +25,9 @@ namespace troupe::apps {
 
 int config_show_command(const std::string& path, const std::vector<std::string>& overrides,
                         bool comments) {
-  auto cfg = actors::rl::load_job(path, overrides);
+  // What the file says, checked as a file (not against this machine: an
+  // empty file shows the defaults).
+  auto cfg = runtime::load_config_file<actors::rl::job_config>(path, overrides);
   if (!cfg) {
     std::fprintf(stderr, "troupe config show: %s\n", describe(cfg.error()).c_str());
     return 1;

@@ -4,6 +4,7 @@
 #include "models/tokenizer.hpp"
 #include "runtime/error.hpp"
 #include "runtime/file_io.hpp"
+#include "runtime/jsonl.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +27,8 @@ expected<std::vector<int64_t>> parse_ids(const std::string& text) {
   std::vector<int64_t> ids;
   auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '[') {
+    if (auto at = runtime::json_too_deep_at(text); at != std::string::npos)
+      return runtime::json_too_deep("the ids", at);
     auto j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_array())
       return make_error(errc::invalid_argument, "expected a JSON array of ids");
@@ -96,6 +99,8 @@ expected<models::chat_render_request> chat_request(const tokenize_options& o,
   auto text = runtime::read_file(o.chat);
   if (!text)
     return text.error();
+  if (auto at = runtime::json_too_deep_at(*text); at != std::string::npos)
+    return runtime::json_too_deep(o.chat, at);
   auto j = nlohmann::ordered_json::parse(*text, nullptr, false);
   if (j.is_discarded())
     return make_error(errc::parse_error, o.chat + ": not valid JSON");

@@ -451,6 +451,22 @@ expected<void> validate(const llama_config& c) {
   positive("num_attention_heads", c.num_attention_heads);
   positive("num_key_value_heads", c.num_key_value_heads);
   positive("max_position_embeddings", c.max_position_embeddings);
+  // Bounds far above any model's, so that a hostile config.json cannot ask
+  // for terabytes or overflow the sizes derived from it.
+  auto at_most = [&](const char* key, int64_t x, int64_t limit) {
+    if (x > limit)
+      bad(std::string{"'"} + key + "' is " + std::to_string(x) + ", above the limit of " +
+              std::to_string(limit),
+          errc::out_of_range);
+  };
+  at_most("vocab_size", c.vocab_size, int64_t{1} << 24);
+  at_most("hidden_size", c.hidden_size, int64_t{1} << 18);
+  at_most("intermediate_size", c.intermediate_size, int64_t{1} << 20);
+  at_most("num_hidden_layers", c.num_hidden_layers, int64_t{1} << 12);
+  at_most("num_attention_heads", c.num_attention_heads, int64_t{1} << 12);
+  at_most("num_key_value_heads", c.num_key_value_heads, int64_t{1} << 12);
+  at_most("head_dim", c.head_dim, int64_t{1} << 14);
+  at_most("max_position_embeddings", c.max_position_embeddings, int64_t{1} << 26);
   if (c.head_dim < 0)
     bad("'head_dim' must be positive (or 0 for hidden_size / num_attention_heads), got " +
         std::to_string(c.head_dim));

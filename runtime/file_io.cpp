@@ -165,12 +165,18 @@ std::string folder_unwritable_why(const std::string& path) {
   auto p = fs::absolute(fs::path{path}, ec).lexically_normal();
   if (ec)
     return "cannot be resolved: " + ec.message();
-  // The kernel's folders: a run's files have no place there.
-  for (const char* special : {"/proc", "/sys", "/dev"}) {
-    auto rel = p.lexically_relative(special);
-    if (!rel.empty() && *rel.begin() != "..")
+  // The kernel's folders (through any link): a run's files have no place
+  // there; /dev/shm is memory, a fine place for them.
+  auto real = fs::weakly_canonical(p, ec);
+  if (ec)
+    real = p;
+  auto under = [](const fs::path& x, const char* folder) {
+    auto rel = x.lexically_relative(folder);
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  for (const char* special : {"/proc", "/sys", "/dev"})
+    if (under(real, special) && !under(real, "/dev/shm"))
       return "lies under " + std::string{special} + ", where a run cannot write its files";
-  }
   for (auto at = p; !at.empty(); at = at.parent_path()) {
     struct stat st {};
     if (::stat(at.c_str(), &st) != 0) {

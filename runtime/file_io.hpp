@@ -23,7 +23,8 @@ expected<uint64_t> file_size(const std::string& path);
 expected<void> write_file_atomic(const std::string& path, std::string_view bytes);
 
 /// Why a run could not create and write the folder `path` ("" = it can): a
-/// path under /proc, /sys or /dev, a part of the path that exists and is
+/// path under /proc, /sys or /dev (/dev/shm aside; links followed), a part
+/// of the path that exists and is
 /// not a folder, or a nearest existing folder this process cannot write.
 /// Nothing is created. A relative path is taken from the working folder.
 std::string folder_unwritable_why(const std::string& path);

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <stdexcept>
+#include <type_traits>
 
 namespace troupe::runtime::transport_detail {
 
@@ -29,6 +31,26 @@ std::string encode_table(const table& t) {
   return j.dump();
 }
 
+namespace {
+
+// A table's integers are JSON integers: a float such as 6.8e32 converted to
+// an integer would be undefined behaviour (found by the weight_table fuzz
+// target).
+struct not_an_integer : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+T integer_at(const json& object, const char* key) {
+  const auto& v = object.at(key);
+  if (!v.is_number_integer() || (std::is_unsigned_v<T> && !v.is_number_unsigned()))
+    throw not_an_integer{std::string{"'"} + key + "' is not a" +
+                         (std::is_unsigned_v<T> ? " non-negative" : "n") + " integer"};
+  return v.get<T>();
+}
+
+} // namespace
+
 // Parses and checks a table: known dtypes, sizes that match the shapes,
 // ranges inside the payload, no overlaps.
 expected<table> decode_table(std::string_view text, const std::string& where) {
@@ -47,16 +69,20 @@ expected<table> decode_table(std::string_view text, const std::string& where) {
   try {
     if (!j.is_object() || j.value("format", "") != "troupe-weights/1")
       return bad("missing format \"troupe-weights/1\"");
-    t.version = j.at("version").get<int64_t>();
-    t.payload_bytes = j.at("payload_bytes").get<uint64_t>();
+    t.version = integer_at<int64_t>(j, "version");
+    t.payload_bytes = integer_at<uint64_t>(j, "payload_bytes");
     uint64_t end_of_previous = 0;
     for (const auto& e : j.at("tensors")) {
       entry x;
       x.name = e.at("name").get<std::string>();
       x.dtype = e.at("dtype").get<std::string>();
-      x.shape = e.at("shape").get<std::vector<int64_t>>();
-      x.offset = e.at("offset").get<uint64_t>();
-      x.bytes = e.at("bytes").get<uint64_t>();
+      for (const auto& d : e.at("shape")) {
+        if (!d.is_number_integer())
+          throw not_an_integer{"a dimension of 'shape' is not an integer"};
+        x.shape.push_back(d.get<int64_t>());
+      }
+      x.offset = integer_at<uint64_t>(e, "offset");
+      x.bytes = integer_at<uint64_t>(e, "bytes");
       if (!parse_hex64(e.at("hash").get<std::string>(), x.hash))
         return bad("tensor '" + x.name + "': hash is not 16 hex digits");
       if (!safetensors_scalar_type(x.dtype))
@@ -83,6 +109,8 @@ expected<table> decode_table(std::string_view text, const std::string& where) {
       t.entries.push_back(std::move(x));
     }
   } catch (const json::exception& e) {
+    return bad(std::string{"malformed ("} + e.what() + ")");
+  } catch (const not_an_integer& e) {
     return bad(std::string{"malformed ("} + e.what() + ")");
   }
   return t;

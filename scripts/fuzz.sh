@@ -8,7 +8,8 @@
 # Default: every target below for 10 seconds each. A crash, a sanitizer
 # report, a leak in troupe's frames (tests/fuzz/lsan.supp lists the
 # libraries' static state) or a slow input (over 10 s) fails the run; its
-# reproducer is left in tests/fuzz/findings/<target>/ (copy it into
+# reproducer is left in tests/fuzz/findings/<target>/ ($TROUPE_FUZZ_FINDINGS
+# when set; the test suite's run puts them in its build folder) (copy it into
 # tests/fuzz/reproducers/<target>/ with the fix, so the normal build's
 # replay test keeps it fixed). The corpus each run grows stays in
 # build-fuzz/corpus/<target>/; the repository's seeds are not touched.
@@ -23,6 +24,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${TROUPE_FUZZ_DIR:-$root/build-fuzz}
+findings=${TROUPE_FUZZ_FINDINGS:-$root/tests/fuzz/findings}
 seconds=10
 jobs=2
 
@@ -70,7 +72,7 @@ while [[ $# -gt 0 ]]; do
     --seconds) seconds=$2; shift 2 ;;
     --minutes) seconds=$(($2 * 60)); shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) [[ -n ${sources[$1]+x} ]] || { echo "fuzz.sh: no libFuzzer target '$1' (have: ${!sources[*]})" >&2; exit 2; }
        targets+=("$1"); shift ;;
@@ -122,28 +124,30 @@ bins=()
 for t in "${targets[@]}"; do bins+=("bin/$t"); done
 echo "fuzz.sh: building ${targets[*]}"
 if ! ninja -C "$out" -j "$jobs" "${bins[@]}" >"$out/build.log" 2>&1; then
-  grep -E "error|FAILED" "$out/build.log" | head -20 >&2
+  grep -E "error|FAILED" "$out/build.log" | head -20 >&2 || true
   echo "fuzz.sh: the build failed; its output: $out/build.log" >&2
   exit 1
 fi
 
 failed=0
 for t in "${targets[@]}"; do
-  mkdir -p "$out/corpus/$t" "$root/tests/fuzz/findings/$t"
+  mkdir -p "$out/corpus/$t" "$findings/$t"
   dict=()
   [[ -f $root/tests/fuzz/dict/$t.dict ]] && dict=(-dict="$root/tests/fuzz/dict/$t.dict")
+  # The saved reproducers run first, under the sanitizers too.
+  saved=()
+  [[ -d $root/tests/fuzz/reproducers/$t ]] && saved=("$root/tests/fuzz/reproducers/$t")
   echo "fuzz.sh: running $t for ${seconds} s"
   if ! ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$root/tests/fuzz/lsan.supp:print_suppressions=0 \
       TMPDIR=$out "$out/bin/$t" -max_total_time="$seconds" -timeout=10 \
-      -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$root/tests/fuzz/findings/$t/" \
-      "${dict[@]}" "$out/corpus/$t" "$root/tests/fuzz/corpus/$t" 2>"$out/$t.log"; then
-    echo "fuzz.sh: $t FAILED; its output: $out/$t.log; reproducers in tests/fuzz/findings/$t/" >&2
+      -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/$t/" \
+      "${dict[@]}" "$out/corpus/$t" "$root/tests/fuzz/corpus/$t" "${saved[@]}" 2>"$out/$t.log"; then
+    echo "fuzz.sh: $t FAILED; its output: $out/$t.log; its reproducer in $findings/$t/" >&2
     grep -E "ERROR|SUMMARY|runtime error" "$out/$t.log" | head -5 >&2 || true
     failed=1
     continue
   fi
-  grep -E "^stat::(number_of_executed_units|peak_rss_mb|new_units_added)|cov:" "$out/$t.log" | tail -4
-  rmdir "$root/tests/fuzz/findings/$t" 2>/dev/null || true
+  grep -E "^stat::(number_of_executed_units|peak_rss_mb|new_units_added)|cov:" "$out/$t.log" | tail -4 || true
+  rmdir "$findings/$t" 2>/dev/null || true
 done
-rmdir "$root/tests/fuzz/findings" 2>/dev/null || true
 exit $failed

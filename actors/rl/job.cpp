@@ -509,7 +509,7 @@ expected<stage_start> restore_stage(job_context& ctx, const std::string& stage) 
   if (!has_role_state(*files, "model") || !files->count("driver.json"))
     return make_error(errc::corrupted, *dir + ": not a " + stage + " checkpoint");
   auto j = nlohmann::json::parse(files->at("driver.json"), nullptr, false);
-  if (j.is_discarded() || !j.contains("step"))
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
     return make_error(errc::corrupted, *dir + ": driver.json is malformed");
   const auto step = j["step"].get<int64_t>();
   return stage_start{step, std::move(*files), *dir};
@@ -533,11 +533,21 @@ expected<stage_summary> read_done(job_context& ctx, const std::string& stage) {
   stage_summary s;
   s.stage = stage;
   s.skipped = true;
+  const auto malformed = [&] {
+    return make_error(errc::corrupted, (ctx.run_dir / stage / "done").string() + ": malformed");
+  };
+  if ((j.contains("steps") && !j["steps"].is_number_integer()) ||
+      (j.contains("output") && !j["output"].is_string()) ||
+      (j.contains("metrics") && !j["metrics"].is_object()))
+    return malformed();
   s.steps = j.value("steps", int64_t{0});
   s.output = j.value("output", std::string{});
   if (j.contains("metrics"))
-    for (const auto& [k, v] : j["metrics"].items())
+    for (const auto& [k, v] : j["metrics"].items()) {
+      if (!v.is_number())
+        return malformed();
       s.metrics[k] = v.get<double>();
+    }
   return s;
 }
 

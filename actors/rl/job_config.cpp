@@ -509,7 +509,8 @@ void check_job_paths(const job_config& c, runtime::config_checks& checks) {
     checks.require(why.empty(), key, "'" + path + "' " + why);
   };
   folder("run.dir", c.run.dir);
-  folder("weight_sync.dir", c.weight_sync.dir);
+  if (!c.weight_sync.transport || *c.weight_sync.transport == runtime::transport_kind::disk)
+    folder("weight_sync.dir", c.weight_sync.dir);
   for (auto [key, path] : {std::pair{"data.train_file", &c.data.train_file},
                            {"data.eval_file", &c.data.eval_file},
                            {"data.sft_file", &c.data.sft_file},
@@ -536,7 +537,8 @@ expected<job_config> load_job(const std::string& path, const std::vector<std::st
     return make_error(errc::invalid_config,
                       path + ":1: the job file sets nothing (it is empty or holds only comments); "
                              "a job does not run from the defaults alone: start from "
-                             "configs/quickstart.yaml, or see `troupe config show`");
+                             "configs/quickstart.yaml (`troupe config show /dev/null` prints "
+                             "every setting)");
   for (const auto& o : overrides)
     if (auto ok = doc->set(o); !ok)
       return ok.error();

@@ -274,7 +274,9 @@ expected<rl_resume> find_resume(job_context& ctx, const rl_algorithm& algo, bool
       (algo.critic && !has_role_state(*files, "critic")))
     return make_error(errc::corrupted, *dir + ": not a checkpoint of this job's rl stage");
   auto j = nlohmann::json::parse(files->at("driver.json"), nullptr, false);
-  if (j.is_discarded() || !j.contains("iteration") || !j.contains("kl_coef"))
+  if (!j.is_object() || !j.contains("iteration") || !j["iteration"].is_number_integer() ||
+      !j.contains("kl_coef") || !j["kl_coef"].is_number() ||
+      (j.contains("ahead_asked") && !j["ahead_asked"].is_number_integer()))
     return make_error(errc::corrupted, *dir + ": driver.json is malformed");
   out.progress.iteration = j["iteration"].get<int64_t>();
   out.progress.beta = j["kl_coef"].get<double>();

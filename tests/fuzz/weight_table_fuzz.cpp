@@ -53,7 +53,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // A segment is mapped page-aligned: copy to aligned memory of its size.
   std::vector<uint64_t> segment((size - 1 + 7) / 8);
-  std::memcpy(segment.data(), data + 1, size - 1);
+  if (size > 1)
+    std::memcpy(segment.data(), data + 1, size - 1);
   auto* base = reinterpret_cast<uint8_t*>(segment.data());
   if ((data[0] & 2) != 0 && size - 1 >= sizeof(shm_header)) {
     auto* h = reinterpret_cast<shm_header*>(base);

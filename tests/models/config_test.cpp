@@ -367,6 +367,29 @@ TEST(HfConfig, ValidateCollectsEveryViolation) {
   EXPECT_TRUE(validate(llama_config{}));
 }
 
+// Found by the hf_config fuzz target (tests/fuzz/reproducers/hf_config/):
+// a hidden_size of 3.8e16 validated, then the rotary table asked for
+// petabytes. Sizes beyond any model's are refused, naming the limit.
+TEST(HfConfig, SizesBeyondAnyModelAreRefusedWithTheirLimit) {
+  llama_config c;
+  c.hidden_size = 38446744073419096;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  auto r = validate(c);
+  ASSERT_FALSE(r);
+  auto msg = context_of(r.error());
+  EXPECT_NE(msg.find("'hidden_size' is 38446744073419096, above the limit of 262144"),
+            std::string::npos)
+      << msg;
+  c = llama_config{};
+  c.vocab_size = (int64_t{1} << 24) + 1;
+  c.max_position_embeddings = int64_t{1} << 40;
+  msg = validate(c) ? std::string{} : context_of(validate(c).error());
+  EXPECT_NE(msg.find("'vocab_size' is 16777217, above the limit of 16777216"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("'max_position_embeddings'"), std::string::npos) << msg;
+}
+
 TEST(HfConfig, LoadsFromFileAndReportsMissingFile) {
   test::temp_dir dir;
   auto path = dir.write("config.json", qwen25_json);

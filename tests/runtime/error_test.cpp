@@ -92,6 +92,34 @@ TEST(Jsonl, ReadsObjectsAndReportsFileLineOnBadInput) {
   EXPECT_EQ(describe(r.error()), "invalid_argument: " + good + ":1: field 'prompt': too short");
 }
 
+// NOTE [json nesting]: the depth counts arrays and objects, not brackets
+// inside strings (escaped quotes included).
+TEST(Jsonl, NestingPastTheLimitIsFoundBeforeParsing) {
+  using runtime::json_too_deep_at;
+  const auto npos = std::string_view::npos;
+  const auto deep = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_EQ(json_too_deep_at(deep(runtime::max_json_depth)), npos);
+  EXPECT_EQ(json_too_deep_at(deep(runtime::max_json_depth + 1)),
+            static_cast<size_t>(runtime::max_json_depth));
+  EXPECT_EQ(json_too_deep_at(R"({"a": "[[[[[[", "b": "\"[[[["})", 3), npos);
+  EXPECT_EQ(json_too_deep_at(R"({"a": [{"b": [1]}]})", 3), 13u);
+  EXPECT_EQ(json_too_deep_at("]]]]{{{", 2), npos); // malformed: the parser refuses it
+  EXPECT_EQ(json_too_deep_at("\"\\", 1), npos);    // a string cut after a backslash
+  const auto e = runtime::json_too_deep("rows.jsonl:3", 300);
+  EXPECT_EQ(e.code(), static_cast<uint8_t>(errc::parse_error));
+  EXPECT_NE(describe(e).find("rows.jsonl:3: JSON nests arrays and objects deeper than 256 levels "
+                             "(the limit), at byte 300"),
+            std::string::npos)
+      << describe(e);
+  // Each reader refuses it before parsing: a JSONL file, say.
+  test::temp_dir tmp;
+  auto path = tmp.write("deep.jsonl", "{\"a\": " + deep(100000) + "}\n");
+  auto n = runtime::read_jsonl(path, [](const nlohmann::json&) -> expected<void> { return {}; });
+  ASSERT_FALSE(n);
+  EXPECT_NE(describe(n.error()).find(path + ":1: JSON nests"), std::string::npos)
+      << describe(n.error());
+}
+
 TEST(Jsonl, TypeNamesAndBase64) {
   EXPECT_STREQ(runtime::json_type_name(nlohmann::json(3)), "integer");
   EXPECT_STREQ(runtime::json_type_name(nlohmann::json(3u)), "integer");
