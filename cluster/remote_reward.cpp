@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -38,6 +39,39 @@ struct call_result {
   std::vector<std::vector<double>> token_scores;
   std::vector<std::map<std::string, double>> extra;
 };
+
+// Whether `v` is finite in fp32, what troupe keeps scores in (a finite
+// double beyond FLT_MAX would become infinite).
+bool finite_in_fp32(double v) {
+  return std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max();
+}
+
+// One sample's answer, checked (NOTE [remote reward]): `response_tokens`
+// token scores or none, every number finite in fp32, the extras' names
+// usable as metric names.
+expected<void> check_score(const v1::SampleScore& s, int response_tokens) {
+  if (!finite_in_fp32(s.score()))
+    return make_error(errc::corrupted, "a score that is not a finite fp32 number (" +
+                                           std::to_string(s.score()) + ")");
+  if (s.token_scores_size() != 0 && s.token_scores_size() != response_tokens)
+    return make_error(errc::corrupted, std::to_string(s.token_scores_size()) +
+                                           " token scores for " + std::to_string(response_tokens) +
+                                           " response tokens");
+  for (int k = 0; k < s.token_scores_size(); ++k)
+    if (!finite_in_fp32(s.token_scores(k)))
+      return make_error(errc::corrupted,
+                        "token score " + std::to_string(k) + " is not a finite fp32 number");
+  if (s.extra_size() > static_cast<int>(max_reward_extras))
+    return make_error(errc::corrupted, std::to_string(s.extra_size()) + " extras (at most " +
+                                           std::to_string(max_reward_extras) + ")");
+  for (const auto& [name, v] : s.extra()) {
+    if (auto why = reward_extra_name_why(name); !why.empty())
+      return make_error(errc::corrupted, "extra: " + why);
+    if (!finite_in_fp32(v))
+      return make_error(errc::corrupted, "extra '" + name + "' is not a finite fp32 number");
+  }
+  return {};
+}
 
 class remote_reward final : public actors::rl::reward_backend {
 public:
@@ -186,15 +220,9 @@ expected<call_result> remote_reward::call_once(const std::vector<v1::ScoreSample
   call_result out;
   for (int i = 0; i < resp.scores_size(); ++i) {
     const auto& s = resp.scores(i);
-    auto want = samples[begin + static_cast<size_t>(i)].response_ids_size();
-    if (s.token_scores_size() != 0 && s.token_scores_size() != want)
-      return make_error(errc::corrupted, "sample " + std::to_string(begin + i) + ": " +
-                                             std::to_string(s.token_scores_size()) +
-                                             " token scores for " + std::to_string(want) +
-                                             " response tokens");
-    if (!std::isfinite(s.score()))
-      return make_error(errc::corrupted,
-                        "sample " + std::to_string(begin + i) + ": a score that is not finite");
+    const auto index = begin + static_cast<size_t>(i);
+    if (auto ok = check_score(s, samples[index].response_ids_size()); !ok)
+      return with_prefix(ok.error(), "sample " + std::to_string(index));
     out.scores.push_back(s.score());
     out.token_scores.emplace_back(s.token_scores().begin(), s.token_scores().end());
     out.extra.emplace_back(s.extra().begin(), s.extra().end());
@@ -216,6 +244,10 @@ expected<at::Tensor> remote_reward::collect(const std::vector<v1::ScoreSample>& 
       scores.push_back(static_cast<float>(r.scores[i]));
       dense.push_back(&r.token_scores[i]);
       for (const auto& [name, v] : r.extra[i]) {
+        if (!extra.count(name) && extra.size() == max_reward_extras)
+          return make_error(errc::corrupted, "reward service " + c_.address + ": more than " +
+                                                 std::to_string(max_reward_extras) +
+                                                 " extras' names in one batch");
         auto& column = extra[name];
         column.resize(static_cast<size_t>(n), 0.f);
         column[static_cast<size_t>(row)] = static_cast<float>(v);
@@ -240,6 +272,20 @@ expected<at::Tensor> remote_reward::collect(const std::vector<v1::ScoreSample>& 
 }
 
 } // namespace
+
+std::string reward_extra_name_why(std::string_view name) {
+  if (name.empty() || name.size() > max_reward_extra_name)
+    return "a name of " + std::to_string(name.size()) + " bytes (1 to " +
+           std::to_string(max_reward_extra_name) + ")";
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (!alnum && c != '_' && c != '.' && c != '-' && c != '/')
+      return "byte " + std::to_string(i) + " of a name is " + std::to_string(c) +
+             " (letters, digits and _ . - / only)";
+  }
+  return "";
+}
 
 expected<std::unique_ptr<actors::rl::reward_backend>>
 make_remote_reward(const remote_reward_config& c, std::shared_ptr<const models::tokenizer> tok,

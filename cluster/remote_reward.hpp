@@ -16,6 +16,14 @@
 // service 127.0.0.1:5001: call 2 of 4 (64 samples): UNAVAILABLE: ... after 4
 // attempts"). Nothing waits unbounded: the whole score() ends within
 // (retries + 1) · timeout_s plus the backoffs, per wave of calls.
+// A reward service is a peer troupe does not control, so an answer is
+// checked before any of it is used: every score and token score finite
+// in fp32 (what troupe keeps them in: a double of 1e300 is not),
+// and the named extras (they become metric names, reward/extra/<name>, in
+// the log, Prometheus and the dashboard) at most max_reward_extras names in
+// one score() call, each 1 to max_reward_extra_name bytes of letters,
+// digits and `_ . - /`, its value finite in fp32. The size of an answer is bounded
+// by gRPC's limit on a received message (4 MB).
 // The channel is TLS when remote.ca_file is set and clear text only to a
 // loopback address (open_channel); the bearer token is read from
 // remote.token_file once, when the backend is made.
@@ -25,12 +33,20 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace troupe::actors::rl {
 struct remote_reward_config;
 } // namespace troupe::actors::rl
 
 namespace troupe::cluster {
+
+/// Bounds on a reward service's named extras (NOTE [remote reward]).
+inline constexpr size_t max_reward_extras = 32;
+inline constexpr size_t max_reward_extra_name = 64;
+
+/// Why `name` cannot name a reward extra, or "" when it can.
+std::string reward_extra_name_why(std::string_view name);
 
 /// A RewardService client for the job `job` (its name goes to the server).
 expected<std::unique_ptr<actors::rl::reward_backend>>

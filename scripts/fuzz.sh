@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer form of troupe's fuzz targets (NOTE [fuzz targets]
-# in tests/fuzz/replay_main.cpp) with clang 14, AddressSanitizer and
+# in tests/fuzz/replay_main.cpp) with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and runs each from its seed corpus.
 #
-#   scripts/fuzz.sh [--seconds N | --minutes N] [--jobs N] [TARGET ...]
+#   scripts/fuzz.sh [--seconds N | --minutes N] [--jobs N] [--all | TARGET ...]
 #
-# Default: every target below for 10 seconds each. A crash, a sanitizer
-# report, a leak in troupe's frames (tests/fuzz/lsan.supp lists the
-# libraries' static state) or a slow input (over 10 s) fails the run; its
-# reproducer is left in tests/fuzz/findings/<target>/ ($TROUPE_FUZZ_FINDINGS
-# when set; the test suite's run puts them in its build folder) (copy it into
-# tests/fuzz/reproducers/<target>/ with the fix, so the normal build's
-# replay test keeps it fixed). The corpus each run grows stays in
-# build-fuzz/corpus/<target>/; the repository's seeds are not touched.
+# Default: the torch-free targets (the test suite's run) for 10 seconds
+# each; --all adds the five below that link LibTorch and gRPC. A crash, a
+# sanitizer report, a leak in troupe's frames (tests/fuzz/lsan.supp lists
+# the libraries' static state) or a slow input (over 10 s) fails the run;
+# its reproducer is left in tests/fuzz/findings/<target>/
+# ($TROUPE_FUZZ_FINDINGS when set; the test suite's run puts them in its
+# build folder) (copy it into tests/fuzz/reproducers/<target>/ with the
+# fix, so the normal build's replay test keeps it fixed). The corpus each
+# run grows stays in build-fuzz/corpus/<target>/; the repository's seeds
+# are not touched.
 #
-# Each target lists the sources it compiles: just its objects, not troupe
-# (they are compiled once for all targets, incrementally, by a Ninja file
-# written here). The targets that need LibTorch, gRPC or CAF's network
-# (tensor batches, role messages, the JobService and NodeService handlers,
-# the dashboard) exist as replay executables of the normal build only:
-# Debian's LibTorch 1.13 headers do not compile with clang 14 in C++20
-# (NOTE [fuzz targets]).
+# The torch-free targets are built with clang 14: each lists the sources
+# it compiles, just its objects, not troupe (compiled once for all targets,
+# incrementally, by a Ninja file written here). The targets that need
+# LibTorch, gRPC or CAF's network (role messages and tensor batches, the
+# JobService and NodeService handlers, the dashboard, a reward service's
+# answers) are built with GCC
+# in a CMake build of their own, build-fuzz/gcc/, with GCC's coverage hooks
+# feeding libFuzzer's engine: Debian's LibTorch 1.13 headers do not compile
+# with clang 14 in C++20 (NOTE [gcc fuzz build] in
+# tests/fuzz/gcc_coverage.cpp). Its first build compiles most of troupe
+# with the sanitizers: about 30 minutes on 2 cores; later ones are
+# incremental.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${TROUPE_FUZZ_DIR:-$root/build-fuzz}
@@ -66,21 +73,37 @@ declare -A libs=(
   [dataset]="-lcaf_core"
 )
 
+# The targets of the GCC build (tests/fuzz/CMakeLists.txt says what each links).
+declare -A gcc_built=([role_messages]=1 [job_service]=1 [node_service]=1 [dashboard]=1 [reward_service]=1)
+
 targets=()
+all=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
     --minutes) seconds=$(($2 * 60)); shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
+    --all) all=1; shift ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
-    *) [[ -n ${sources[$1]+x} ]] || { echo "fuzz.sh: no libFuzzer target '$1' (have: ${!sources[*]})" >&2; exit 2; }
+    *) [[ -n ${sources[$1]+x} || -n ${gcc_built[$1]+x} ]] ||
+         { echo "fuzz.sh: no libFuzzer target '$1' (have: ${!sources[*]} ${!gcc_built[*]})" >&2; exit 2; }
        targets+=("$1"); shift ;;
   esac
 done
-[[ ${#targets[@]} -gt 0 ]] || mapfile -t targets < <(printf '%s\n' "${!sources[@]}" | sort)
+if [[ ${#targets[@]} -eq 0 ]]; then
+  mapfile -t targets < <(printf '%s\n' "${!sources[@]}" | sort)
+  [[ $all -eq 0 ]] || mapfile -t -O ${#targets[@]} targets < <(printf '%s\n' "${!gcc_built[@]}" | sort)
+fi
+clang_targets=()
+gcc_targets=()
+for t in "${targets[@]}"; do
+  if [[ -n ${sources[$t]+x} ]]; then clang_targets+=("$t"); else gcc_targets+=("$t"); fi
+done
 # (77: ctest's skip code, for the short run the test suite makes.)
-for tool in clang++-14 ninja; do
+need=(clang++-14 ninja)
+[[ ${#gcc_targets[@]} -eq 0 ]] || need+=(g++ cmake objcopy)
+for tool in "${need[@]}"; do
   command -v $tool >/dev/null || { echo "fuzz.sh: $tool is missing (scripts/setup.sh installs it)" >&2; exit 77; }
 done
 cxx=clang++-14
@@ -120,13 +143,45 @@ ninja_file=$out/build.ninja
   done
 } > "$ninja_file.new"
 mv "$ninja_file.new" "$ninja_file"
-bins=()
-for t in "${targets[@]}"; do bins+=("bin/$t"); done
-echo "fuzz.sh: building ${targets[*]}"
-if ! ninja -C "$out" -j "$jobs" "${bins[@]}" >"$out/build.log" 2>&1; then
-  grep -E "error|FAILED" "$out/build.log" | head -20 >&2 || true
-  echo "fuzz.sh: the build failed; its output: $out/build.log" >&2
-  exit 1
+# Runs ninja in $1 for the targets after it; on failure shows the errors.
+build() {
+  local dir=$1
+  shift
+  echo "fuzz.sh: building $*"
+  if ! ninja -C "$dir" -j "$jobs" "$@" >"$dir/build.log" 2>&1; then
+    grep -E "error|FAILED" "$dir/build.log" | head -20 >&2 || true
+    echo "fuzz.sh: the build failed; its output: $dir/build.log" >&2
+    exit 1
+  fi
+}
+declare -A bin=()
+if [[ ${#clang_targets[@]} -gt 0 ]]; then
+  outs=()
+  for t in "${clang_targets[@]}"; do outs+=("bin/$t"); bin[$t]=$out/bin/$t; done
+  build "$out" "${outs[@]}"
+fi
+
+# The GCC build (NOTE [gcc fuzz build]): libFuzzer's engine with its
+# trace-pc hook weakened (tests/fuzz/gcc_coverage.cpp defines the one that
+# counts), and troupe configured with the sanitizers and that engine.
+if [[ ${#gcc_targets[@]} -gt 0 ]]; then
+  gcc_dir=$out/gcc
+  mkdir -p "$gcc_dir"
+  runtime=$(clang++-14 -print-runtime-dir)/libclang_rt.fuzzer-x86_64.a
+  engine=$gcc_dir/libfuzzer_engine.a
+  [[ -f $runtime ]] || { echo "fuzz.sh: $runtime is missing (libclang-rt-14-dev)" >&2; exit 77; }
+  [[ $engine -nt $runtime ]] || objcopy --weaken-symbol=__sanitizer_cov_trace_pc "$runtime" "$engine"
+  if [[ ! -f $gcc_dir/CMakeCache.txt ]]; then
+    echo "fuzz.sh: configuring the GCC build in $gcc_dir"
+    cmake -S "$root" -B "$gcc_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_CUDA=OFF \
+      -DTROUPE_BUILD_BENCH=OFF "-DTROUPE_SANITIZE=address;undefined" \
+      -DCMAKE_CXX_FLAGS=-fno-sanitize-recover=undefined -DTROUPE_FUZZ_ENGINE="$engine" \
+      >"$gcc_dir/configure.log" 2>&1 ||
+      { tail -20 "$gcc_dir/configure.log" >&2; rm -f "$gcc_dir/CMakeCache.txt"; exit 1; }
+  fi
+  outs=()
+  for t in "${gcc_targets[@]}"; do outs+=("troupe_fuzz_$t"); bin[$t]=$gcc_dir/tests/fuzz/troupe_fuzz_$t; done
+  build "$gcc_dir" "${outs[@]}"
 fi
 
 failed=0
@@ -139,7 +194,7 @@ for t in "${targets[@]}"; do
   [[ -d $root/tests/fuzz/reproducers/$t ]] && saved=("$root/tests/fuzz/reproducers/$t")
   echo "fuzz.sh: running $t for ${seconds} s"
   if ! ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$root/tests/fuzz/lsan.supp:print_suppressions=0 \
-      TMPDIR=$out "$out/bin/$t" -max_total_time="$seconds" -timeout=10 \
+      TMPDIR=$out "${bin[$t]}" -max_total_time="$seconds" -timeout=10 \
       -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/$t/" \
       "${dict[@]}" "$out/corpus/$t" "$root/tests/fuzz/corpus/$t" "${saved[@]}" 2>"$out/$t.log"; then
     echo "fuzz.sh: $t FAILED; its output: $out/$t.log; its reproducer in $findings/$t/" >&2
@@ -147,7 +202,9 @@ for t in "${targets[@]}"; do
     failed=1
     continue
   fi
-  grep -E "^stat::(number_of_executed_units|peak_rss_mb|new_units_added)|cov:" "$out/$t.log" | tail -4 || true
+  # (The last status line: "cov:" edges from clang's counters, "ft:" features from both builds.)
+  grep -E "^#[0-9]+ +DONE|^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)" \
+    "$out/$t.log" || true
   rmdir "$findings/$t" 2>/dev/null || true
 done
 exit $failed

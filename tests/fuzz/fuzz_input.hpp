@@ -4,6 +4,7 @@
 // that finds an invariant broken stops with a trap, which libFuzzer and
 // the replay both report with the input.
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,13 @@ inline const std::string& section(const std::vector<std::string>& s, size_t i) {
 
 /// Stops the run: an invariant of the target does not hold for this input.
 [[noreturn]] inline void broken() {
+  __builtin_trap();
+}
+
+/// The same, saying which invariant first (traps of one function may be
+/// merged, so a stack trace alone does not tell).
+[[noreturn]] inline void broken(const char* why) {
+  std::fprintf(stderr, "fuzz target: broken: %s\n", why);
   __builtin_trap();
 }
 

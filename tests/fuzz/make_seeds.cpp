@@ -2,7 +2,7 @@
 // (NOTE [fuzz targets]): role_messages — one message of each registered
 // type, in CAF's binary form, as a worker link carries it; job_service and
 // node_service — requests and agent messages in protobuf's wire form, in
-// the targets' input layout.
+// the targets' input layout; reward_service — a reward service's answers.
 //   troupe_fuzz_make_seeds <tests/fuzz/corpus>
 #include "actors/actor_system.hpp"
 #include "actors/inference/rollout.hpp"
@@ -17,6 +17,7 @@
 
 #include "troupe/v1/job_service.pb.h"
 #include "troupe/v1/node_service.pb.h"
+#include "troupe/v1/reward.pb.h"
 
 #include <caf/all.hpp>
 #include <caf/binary_serializer.hpp>
@@ -155,6 +156,35 @@ void node_service_seeds(const std::filesystem::path& dir) {
   put("no-secret", 2, {hello});
 }
 
+// RewardService answers: the answer's mode, the client's batch size, then
+// a ScoreResponse (the target scores "a", "bb", "ccc": responses of 2, 3
+// and 4 tokens with EOS).
+void reward_service_seeds(const std::filesystem::path& dir) {
+  auto put = [&](const std::string& name, char mode, char batch,
+                 const troupe::v1::ScoreResponse& r) {
+    write_bytes(dir / name, std::string{mode, batch} + r.SerializeAsString());
+  };
+  troupe::v1::ScoreResponse plain;
+  for (double v : {1.0, 0.0, 0.5})
+    plain.add_scores()->set_score(v);
+  put("scores", 0, 3, plain);
+  put("scores-one-per-call", 0, 0, plain);
+  troupe::v1::ScoreResponse rich = plain;
+  int tokens = 2;
+  for (auto& s : *rich.mutable_scores()) {
+    for (int k = 0; k < tokens; ++k)
+      s.add_token_scores(0.1 * k);
+    (*s.mutable_extra())["format_ok"] = 1;
+    (*s.mutable_extra())["length/tokens"] = tokens++;
+  }
+  put("token-scores-and-extras", 0, 3, rich);
+  troupe::v1::ScoreResponse one;
+  one.add_scores()->set_score(1);
+  put("one-score-per-call", 0, 0, one);
+  put("unavailable", 5, 3, plain);
+  put("invalid-argument", 6, 3, plain);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -201,5 +231,6 @@ int main(int argc, char** argv) {
   }
   job_service_seeds(std::filesystem::path{argv[1]} / "job_service", *quickstart);
   node_service_seeds(std::filesystem::path{argv[1]} / "node_service");
+  reward_service_seeds(std::filesystem::path{argv[1]} / "reward_service");
   return 0;
 }
