@@ -39,7 +39,7 @@ void configure(caf::actor_system_config& cfg) {
   // Serialisable messages (they may cross processes).
   cfg.add_message_type<actors::weight_channel>("weight_channel");
   cfg.add_message_type<runtime::tensor_batch>("tensor_batch");
-  cfg.add_message_type<std::map<std::string, double>>("metric_map");
+  cfg.add_message_type<runtime::metric_map>("metric_map");
   cfg.add_message_type<train::policy_update_options>("policy_update_options");
   cfg.add_message_type<train::dpo_step_options>("dpo_step_options");
   cfg.add_message_type<train::critic_update_options>("critic_update_options");

@@ -74,7 +74,7 @@ caf::behavior proxy(caf::stateful_actor<proxy_state>* self, caf::actor target, s
     self->add_multiplexed_response_handler(
         h.id(), caf::behavior{
                     [relay](runtime::tensor_batch& x) { relay(x); },
-                    [relay](std::map<std::string, double>& x) { relay(x); },
+                    [relay](runtime::metric_map& x) { relay(x); },
                     [relay](train::served_batch& x) { relay(x); },
                     [relay](train::served_metrics& x) { relay(x); },
                     [relay](train::served_bytes& x) { relay(x); },

@@ -94,6 +94,9 @@ typename Inspector::result_type inspect(Inspector& f, worker_entry& x) {
 /// driver waits for the new worker to register. Fencing: the new worker's
 /// roles rendezvous under a new generation's prefix, and an old worker
 /// cut off from the driver exits when it sees the driver's connection go.
+/// A node asked for a worker whose old process has not ended yet (told to
+/// end, it is slow to on a loaded node) gives it 10 s, then kills it, and
+/// starts the new one (worker_table::retire_previous, cluster/worker_table.cpp).
 struct worker_replaced {
   int32_t rank = 0;
   /// The node it was started on: its name and address.

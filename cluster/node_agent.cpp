@@ -1,7 +1,7 @@
 #include "cluster/node_agent.hpp"
 
 #include "cluster/job_proto.hpp"
-#include "cluster/local_launcher.hpp"
+#include "cluster/worker_table.hpp"
 #include "runtime/host.hpp"
 
 #include "troupe/v1/node_service.grpc.pb.h"
@@ -88,113 +88,6 @@ node_resources detect_resources() {
   r.gpus = gpu_count();
   return r;
 }
-
-// ---- the workers of jobs on this node ---------------------------------------
-
-namespace {
-
-// The job workers this agent started (NOTE [remote workers] in job_nodes.hpp).
-// Started from the agent's main thread only, which lives as long as the
-// agent: a worker dies with it (PR_SET_PDEATHSIG follows the thread).
-class worker_table {
-public:
-  worker_table(std::string executable, std::string work_dir)
-      : exe_(std::move(executable)), dir_(std::move(work_dir)) {}
-  ~worker_table() { stop_all("the agent ended"); }
-
-  // Starts a worker; on failure, the WorkerExited that says why.
-  std::optional<worker_exit> start(const worker_start& s) {
-    auto refuse = [&](const std::string& why) {
-      return worker_exit{s.job_id, s.rank, 0, -1, 0, "could not start: " + why, ""};
-    };
-    if (auto ok = check_worker_start(s); !ok)
-      return refuse(describe(ok.error()));
-    std::error_code ec;
-    if (!fs::is_directory(s.cwd, ec))
-      return refuse("the job's directory " + s.cwd +
-                    " does not exist on this node (nodes need the job's files at the same path: a shared "
-                    "filesystem)");
-    std::lock_guard lock{mu_};
-    // (One that ended, not reaped yet, is being started again: NOTE
-    // [replacing a worker] in job_nodes.hpp.)
-    for (auto& r : running_)
-      if (r.start.job_id == s.job_id && r.start.rank == s.rank && !r.proc.poll())
-        return refuse("worker " + std::to_string(s.rank) + " of job " + s.job_id + " already runs (pid " +
-                      std::to_string(r.proc.pid()) + ")");
-    auto log_dir = fs::path{dir_} / "jobs" / s.job_id;
-    fs::create_directories(log_dir, ec);
-    process_spec spec;
-    spec.name = "worker " + std::to_string(s.rank) + " of job " + s.job_id;
-    spec.argv = worker_argv(exe_, s);
-    spec.cwd = s.cwd;
-    spec.output_path = (log_dir / ("worker-" + std::to_string(s.rank) + ".log")).string();
-    auto p = local_process::spawn(spec);
-    if (!p)
-      return refuse(describe(p.error()));
-    std::fprintf(stderr, "troupe node: started worker %d of job %s (pid %d, output %s)\n", s.rank,
-                 s.job_id.c_str(), static_cast<int>(p->pid()), spec.output_path.c_str());
-    running_.push_back({s, std::move(*p), spec.output_path});
-    return std::nullopt;
-  }
-
-  // Workers that ended since the last call.
-  std::vector<worker_exit> reap() {
-    std::lock_guard lock{mu_};
-    std::vector<worker_exit> out;
-    for (auto it = running_.begin(); it != running_.end();) {
-      if (auto st = it->proc.poll()) {
-        std::fprintf(stderr, "troupe node: worker %d of job %s %s\n", it->start.rank, it->start.job_id.c_str(),
-                     st->describe().c_str());
-        out.push_back(exit_of(*it, *st));
-        it = running_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    return out;
-  }
-
-  // Kills the workers of `job_id` ("" = all) and answers how each ended.
-  std::vector<worker_exit> stop(const std::string& job_id, const std::string& reason) {
-    std::lock_guard lock{mu_};
-    std::vector<worker_exit> out;
-    for (auto it = running_.begin(); it != running_.end();) {
-      if (!job_id.empty() && it->start.job_id != job_id) {
-        ++it;
-        continue;
-      }
-      if (it->proc.running())
-        it->proc.kill(SIGKILL);
-      auto st = it->proc.wait_for(5000);
-      std::fprintf(stderr, "troupe node: worker %d of job %s %s (%s)\n", it->start.rank, it->start.job_id.c_str(),
-                   st ? st->describe().c_str() : "not reaped", reason.c_str());
-      out.push_back(st ? exit_of(*it, *st)
-                       : worker_exit{it->start.job_id, it->start.rank, it->proc.pid(), -1, 0, "not reaped", ""});
-      it = running_.erase(it);
-    }
-    return out;
-  }
-
-  std::vector<worker_exit> stop_all(const std::string& reason) { return stop("", reason); }
-
-private:
-  struct running {
-    worker_start start;
-    local_process proc;
-    std::string log;
-  };
-
-  static worker_exit exit_of(const running& r, const exit_status& st) {
-    return {r.start.job_id, r.start.rank, r.proc.pid(), st.code, st.signal, st.describe(), tail_of_file(r.log, 600)};
-  }
-
-  std::string exe_;
-  std::string dir_;
-  std::mutex mu_;
-  std::vector<running> running_;
-};
-
-} // namespace
 
 // ---- the agent -------------------------------------------------------------
 

@@ -6,7 +6,7 @@
 #   scripts/fuzz.sh [--seconds N | --minutes N] [--jobs N] [--all | TARGET ...]
 #
 # Default: the torch-free targets (the test suite's run) for 10 seconds
-# each; --all adds the five below that link LibTorch and gRPC. A crash, a
+# each, --jobs (2) of them at a time (and as many build jobs); --all adds the five below that link LibTorch and gRPC. A crash, a
 # sanitizer report, a leak in troupe's frames (tests/fuzz/lsan.supp lists
 # the libraries' static state) or a slow input (over 10 s) fails the run;
 # its reproducer is left in tests/fuzz/findings/<target>/
@@ -184,27 +184,50 @@ if [[ ${#gcc_targets[@]} -gt 0 ]]; then
   build "$gcc_dir" "${outs[@]}"
 fi
 
-failed=0
-for t in "${targets[@]}"; do
+# Runs target $1; its report (the summary, or why it failed) goes to
+# $out/$1.report, and its status is the run's.
+run_one() {
+  local t=$1
   mkdir -p "$out/corpus/$t" "$findings/$t"
-  dict=()
+  local dict=()
   [[ -f $root/tests/fuzz/dict/$t.dict ]] && dict=(-dict="$root/tests/fuzz/dict/$t.dict")
   # The saved reproducers run first, under the sanitizers too.
-  saved=()
+  local saved=()
   [[ -d $root/tests/fuzz/reproducers/$t ]] && saved=("$root/tests/fuzz/reproducers/$t")
-  echo "fuzz.sh: running $t for ${seconds} s"
   if ! ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$root/tests/fuzz/lsan.supp:print_suppressions=0 \
       TMPDIR=$out "${bin[$t]}" -max_total_time="$seconds" -timeout=10 \
       -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/$t/" \
       "${dict[@]}" "$out/corpus/$t" "$root/tests/fuzz/corpus/$t" "${saved[@]}" 2>"$out/$t.log"; then
-    echo "fuzz.sh: $t FAILED; its output: $out/$t.log; its reproducer in $findings/$t/" >&2
-    grep -E "ERROR|SUMMARY|runtime error" "$out/$t.log" | head -5 >&2 || true
-    failed=1
-    continue
+    {
+      echo "fuzz.sh: $t FAILED; its output: $out/$t.log; its reproducer in $findings/$t/"
+      grep -E "ERROR|SUMMARY|runtime error" "$out/$t.log" | head -5 || true
+    } >"$out/$t.report"
+    return 1
   fi
   # (The last status line: "cov:" edges from clang's counters, "ft:" features from both builds.)
-  grep -E "^#[0-9]+ +DONE|^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)" \
-    "$out/$t.log" || true
+  {
+    echo "fuzz.sh: $t"
+    grep -E "^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)" \
+      "$out/$t.log" || true
+  } >"$out/$t.report"
   rmdir "$findings/$t" 2>/dev/null || true
+}
+
+# The targets run $jobs at a time, each for $seconds.
+echo "fuzz.sh: running ${targets[*]} for ${seconds} s each, $jobs at a time"
+declare -A pid_of=()
+failed=0
+for t in "${targets[@]}"; do
+  while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
+  run_one "$t" &
+  pid_of[$t]=$!
+done
+for t in "${targets[@]}"; do
+  if wait "${pid_of[$t]}"; then
+    cat "$out/$t.report"
+  else
+    cat "$out/$t.report" >&2
+    failed=1
+  fi
 done
 exit $failed

@@ -75,9 +75,9 @@ struct sequence_record {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_record& x) {
-  return f(caf::meta::type_name("sequence_record"), x.sample_index, x.tokens, x.logprobs,
-           x.versions, x.mixed_kv, x.num_computed, x.blocks, x.rng0, x.rng1, x.finished,
-           x.finish_reason);
+  return f(caf::meta::type_name("sequence_record"), x.sample_index, x.tokens,
+           runtime::wire(x.logprobs), x.versions, x.mixed_kv, x.num_computed, x.blocks, x.rng0,
+           x.rng1, x.finished, x.finish_reason);
 }
 
 struct request_record {

@@ -20,6 +20,7 @@
 #include "models/config.hpp"
 #include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
+#include "runtime/wire_float.hpp"
 
 #include <array>
 #include <cstdint>
@@ -186,7 +187,7 @@ struct sample_output {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sample_output& x) {
-  return f(caf::meta::type_name("sample_output"), x.tokens, x.logprobs, x.versions,
+  return f(caf::meta::type_name("sample_output"), x.tokens, runtime::wire(x.logprobs), x.versions,
            x.finish_reason);
 }
 
@@ -208,7 +209,7 @@ struct request_output {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_output& x) {
   return f(caf::meta::type_name("request_output"), x.id, x.prompt, x.samples, x.weight_version,
-           x.first_weight_version, x.ttft_ms, x.latency_ms);
+           x.first_weight_version, runtime::wire(x.ttft_ms), runtime::wire(x.latency_ms));
 }
 
 /// Cumulative counters and current gauges.
@@ -247,9 +248,11 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_metrics& x) {
   return f(caf::meta::type_name("engine_metrics"), x.steps, x.prompt_tokens,
            x.prefill_tokens_computed, x.generated_tokens, x.recomputed_tokens, x.preemptions,
-           x.finished_requests, x.busy_seconds, x.ttft_ms_sum, x.itl_ms_sum, x.itl_count,
-           x.prefix_hit_rate, x.kv_utilization, x.kv_peak_utilization, x.running, x.waiting,
-           x.num_blocks, x.fused_decode_steps, x.aten_decode_steps, x.aten_decode_reason);
+           x.finished_requests, runtime::wire(x.busy_seconds), runtime::wire(x.ttft_ms_sum),
+           runtime::wire(x.itl_ms_sum), x.itl_count, runtime::wire(x.prefix_hit_rate),
+           runtime::wire(x.kv_utilization), runtime::wire(x.kv_peak_utilization), x.running,
+           x.waiting, x.num_blocks, x.fused_decode_steps, x.aten_decode_steps,
+           x.aten_decode_reason);
 }
 
 class engine {

@@ -5,6 +5,7 @@
 // the temperature-scaled distribution before truncation (PPO's old log-prob).
 
 #include "runtime/error.hpp"
+#include "runtime/wire_float.hpp"
 
 #include <caf/meta/load_callback.hpp>
 #include <caf/meta/type_name.hpp>
@@ -50,8 +51,9 @@ typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
     x.seed = has_seed ? std::optional<uint64_t>{seed} : std::nullopt;
     return caf::error{};
   });
-  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.n,
-           x.max_tokens, x.stop_token_ids, x.ignore_eos, has_seed, seed, load);
+  return f(caf::meta::type_name("sampling_params"), runtime::wire(x.temperature), x.top_k,
+           runtime::wire(x.top_p), x.n, x.max_tokens, x.stop_token_ids, x.ignore_eos, has_seed,
+           seed, load);
 }
 
 /// Checks ranges; the message names the field ("sampling.top_p: expected a

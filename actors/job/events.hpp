@@ -28,6 +28,7 @@
 
 #include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
+#include "runtime/wire_float.hpp"
 
 #include <caf/meta/load_callback.hpp>
 #include <caf/meta/save_callback.hpp>
@@ -61,7 +62,7 @@ std::optional<job_state> parse_job_state(std::string_view s) noexcept;
 /// succeeded, failed or cancelled: nothing happens to the job any more.
 bool is_final(job_state s) noexcept;
 
-using metric_map = std::map<std::string, double>;
+using runtime::metric_map;
 
 /// A field added to a payload after journals were written without it: a
 /// reader finds it absent in an older line and keeps the default; writers

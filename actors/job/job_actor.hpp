@@ -97,8 +97,8 @@ typename Inspector::result_type inspect(Inspector& f, job_status& x) {
     return caf::error{};
   });
   return f(caf::meta::type_name("job_status"), save, x.id, x.name, state, x.stage, x.iteration,
-           x.total, x.phase, x.start_time_us, x.eta_s, x.last_metrics, x.weight_versions, x.error,
-           x.last_seq, load);
+           x.total, x.phase, x.start_time_us, runtime::wire(x.eta_s), x.last_metrics,
+           x.weight_versions, x.error, x.last_seq, load);
 }
 
 /// What an event says about the job's status (stage, iteration, phase,
@@ -137,8 +137,8 @@ struct boundary_reply {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, boundary_reply& x) {
-  return f(caf::meta::type_name("boundary_reply"), x.checkpoint, x.cancel, x.now, x.again, x.held_s,
-           x.settings);
+  return f(caf::meta::type_name("boundary_reply"), x.checkpoint, x.cancel, x.now, x.again,
+           runtime::wire(x.held_s), x.settings);
 }
 
 using job_actor = caf::typed_actor<

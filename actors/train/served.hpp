@@ -5,6 +5,8 @@
 // for perf/orchestration_share without asking the roles anything more; the
 // rollout's replies carry its engine counters instead (inference::generation).
 
+#include "runtime/wire_float.hpp"
+
 #include <caf/meta/type_name.hpp>
 
 namespace troupe::actors::train {
@@ -17,7 +19,7 @@ struct served {
 
 template <class Inspector, class T>
 typename Inspector::result_type inspect(Inspector& f, served<T>& x) {
-  return f(caf::meta::type_name("served"), x.value, x.busy_s);
+  return f(caf::meta::type_name("served"), x.value, runtime::wire(x.busy_s));
 }
 
 } // namespace troupe::actors::train

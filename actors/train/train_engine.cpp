@@ -1303,6 +1303,11 @@ expected<runtime::tensor_batch> train_engine::log_probs(const runtime::tensor_ba
                                                         double temperature, bool with_entropy) {
   if (impl_->model->head() != models::head_kind::lm)
     return make_error(errc::invalid_argument, "log_probs: the model has no lm head");
+  // It arrives as a bare double (NOTE [wire floats] in runtime/wire_float.hpp).
+  if (!(std::isfinite(temperature) && temperature > 0))
+    return make_error(errc::invalid_argument,
+                      "log_probs: temperature must be finite and > 0, got " +
+                          std::to_string(temperature));
   if (auto ok = impl_->make_resident(); !ok)
     return ok.error();
   return guarded("log_probs", [&]() -> expected<runtime::tensor_batch> {

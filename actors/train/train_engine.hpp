@@ -26,6 +26,7 @@
 #include "runtime/pipeline_schedule.hpp"
 #include "runtime/tensor_batch.hpp"
 #include "runtime/weight_transport.hpp"
+#include "runtime/wire_float.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -40,7 +41,7 @@ class llama_model;
 
 namespace troupe::actors::train {
 
-using metric_map = std::map<std::string, double>;
+using runtime::metric_map;
 
 /// Options of a policy update.
 struct policy_update_options {
@@ -73,9 +74,10 @@ typename Inspector::result_type inspect(Inspector& f, policy_update_options& x) 
     return caf::error{};
   });
   return f(caf::meta::type_name("policy_update_options"), x.epochs, x.minibatches, l.kind,
-           l.options.clip_low, l.options.clip_high, dual_clip, dual_clip_c, l.options.agg,
-           l.options.loss_scale_factor, l.entropy_coef, l.kl_coef, l.kl, x.temperature,
-           x.shuffle_seed, x.shuffle, x.lr, load);
+           runtime::wire(l.options.clip_low), runtime::wire(l.options.clip_high), dual_clip,
+           runtime::wire(dual_clip_c), l.options.agg, runtime::wire(l.options.loss_scale_factor),
+           runtime::wire(l.entropy_coef), runtime::wire(l.kl_coef), l.kl,
+           runtime::wire(x.temperature), x.shuffle_seed, x.shuffle, runtime::wire(x.lr), load);
 }
 
 /// Options of a critic update.
@@ -94,8 +96,9 @@ struct critic_update_options {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, critic_update_options& x) {
-  return f(caf::meta::type_name("critic_update_options"), x.epochs, x.minibatches, x.value_clip,
-           x.loss_agg, x.loss_scale_factor, x.shuffle_seed, x.shuffle);
+  return f(caf::meta::type_name("critic_update_options"), x.epochs, x.minibatches,
+           runtime::wire(x.value_clip), x.loss_agg, runtime::wire(x.loss_scale_factor),
+           x.shuffle_seed, x.shuffle);
 }
 
 /// Options of a DPO step (its loss: kernels/preference.hpp).
@@ -105,8 +108,8 @@ struct dpo_step_options {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dpo_step_options& x) {
-  return f(caf::meta::type_name("dpo_step_options"), x.loss.beta, x.loss.loss,
-           x.loss.label_smoothing);
+  return f(caf::meta::type_name("dpo_step_options"), runtime::wire(x.loss.beta), x.loss.loss,
+           runtime::wire(x.loss.label_smoothing));
 }
 
 /// The minibatches of `epochs` passes over `batch`, `parts` per pass: each

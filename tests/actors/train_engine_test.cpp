@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <limits>
 
 using namespace troupe;
 using namespace troupe::actors;
@@ -295,6 +296,13 @@ TEST(TrainEngine, FrozenEnginesRefuseUpdatesAndHeadsAreChecked) {
   auto m = t->log_probs(missing, 1.0, false);
   ASSERT_FALSE(m);
   EXPECT_NE(describe(m.error()).find("attention_mask"), std::string::npos) << describe(m.error());
+  // The temperature arrives as a bare double (NOTE [wire floats]).
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    auto lp = t->log_probs(batch, bad, false);
+    ASSERT_FALSE(lp) << bad;
+    EXPECT_NE(describe(lp.error()).find("temperature"), std::string::npos) << describe(lp.error());
+  }
 }
 
 TEST(TrainEngine, FrozenWeightsOffloadAndComeBackExactly) {

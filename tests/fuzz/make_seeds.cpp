@@ -21,6 +21,8 @@
 
 #include <caf/all.hpp>
 #include <caf/binary_serializer.hpp>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -51,6 +53,19 @@ runtime::tensor_batch sample_batch() {
   return b;
 }
 
+// A message's bytes with its maps' entries in key order (the default order
+// varies from run to run, and the seeds are generated again).
+std::string bytes_of(const google::protobuf::Message& m) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream{&out};
+    google::protobuf::io::CodedOutputStream coded{&stream};
+    coded.SetSerializationDeterministic(true);
+    m.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
 void write_bytes(const std::filesystem::path& file, const std::string& bytes) {
   std::filesystem::create_directories(file.parent_path());
   std::ofstream{file, std::ios::binary}.write(bytes.data(), static_cast<long>(bytes.size()));
@@ -61,8 +76,7 @@ void write_bytes(const std::filesystem::path& file, const std::string& bytes) {
 void job_service_seeds(const std::filesystem::path& dir, const std::string& quickstart) {
   auto put = [&](const std::string& name, int method, int creds,
                  const google::protobuf::Message& m) {
-    write_bytes(dir / name,
-                std::string(1, static_cast<char>(method + 12 * creds)) + m.SerializeAsString());
+    write_bytes(dir / name, std::string(1, static_cast<char>(method + 12 * creds)) + bytes_of(m));
   };
   troupe::v1::ListJobsRequest list;
   list.add_states(troupe::v1::JOB_STATE_RUNNING);
@@ -124,7 +138,7 @@ void node_service_seeds(const std::filesystem::path& dir) {
                  const std::vector<troupe::v1::AgentMessage>& msgs) {
     std::string out(1, static_cast<char>(creds));
     for (const auto& m : msgs) {
-      auto b = m.SerializeAsString();
+      auto b = bytes_of(m);
       out += static_cast<char>(b.size() & 0xff);
       out += static_cast<char>(b.size() >> 8);
       out += b;
@@ -162,7 +176,7 @@ void node_service_seeds(const std::filesystem::path& dir) {
 void reward_service_seeds(const std::filesystem::path& dir) {
   auto put = [&](const std::string& name, char mode, char batch,
                  const troupe::v1::ScoreResponse& r) {
-    write_bytes(dir / name, std::string{mode, batch} + r.SerializeAsString());
+    write_bytes(dir / name, std::string{mode, batch} + bytes_of(r));
   };
   troupe::v1::ScoreResponse plain;
   for (double v : {1.0, 0.0, 0.5})
@@ -215,7 +229,7 @@ int main(int argc, char** argv) {
         caf::make_message(std::vector<actors::inference::generate_request>{req, req}));
   write("request_outputs", caf::make_message(std::vector<actors::inference::request_output>(1)));
   write("engine_metrics", caf::make_message(actors::inference::engine_metrics{}));
-  write("metric_map", caf::make_message(std::map<std::string, double>{{"loss", 0.25}}));
+  write("metric_map", caf::make_message(runtime::metric_map{{"loss", 0.25}}));
   write("policy_update_options", caf::make_message(actors::train::policy_update_options{}));
   write("critic_update_options", caf::make_message(actors::train::critic_update_options{}));
   write("dpo_step_options", caf::make_message(actors::train::dpo_step_options{}));
