@@ -6,6 +6,7 @@
 #include "actors/job/job_actor.hpp"
 #include "actors/train/engine_actor.hpp"
 #include "runtime/wire_float.hpp"
+#include "tests/support/bare_floats.hpp"
 #include "tests/support/caf_round_trip.hpp"
 
 #include <caf/all.hpp>
@@ -148,4 +149,33 @@ TEST_F(WireFloats, TextFormsShowTheValues) {
   inference::request_output out;
   out.ttft_ms = 12.5;
   EXPECT_NE(caf::deep_to_string(out).find("12.5"), std::string::npos) << caf::deep_to_string(out);
+}
+
+// No message type hands a float to CAF's packing (the role_messages fuzz
+// target checks the same of every registered type's seed).
+TEST_F(WireFloats, NoMessageTypeWritesAFloatThroughCafsPacking) {
+  // The counter sees them where they are.
+  EXPECT_EQ(test::bare_floats_of(sys, std::map<std::string, double>{{"a", 1.0}, {"b", 2.0}}), 2);
+  EXPECT_EQ(test::bare_floats_of(sys, runtime::metric_map{{"a", 1.0}, {"b", 2.0}}), 0);
+  inference::request_output out;
+  out.samples.resize(2);
+  out.samples[0].tokens = {1, 2};
+  out.samples[0].logprobs = {-0.5f, -1.5f};
+  EXPECT_EQ(test::bare_floats_of(sys, out), 0);
+  inference::generate_request req;
+  req.sampling.seed = 7;
+  EXPECT_EQ(test::bare_floats_of(sys, req), 0);
+  EXPECT_EQ(test::bare_floats_of(sys, inference::engine_metrics{}), 0);
+  train::policy_update_options po;
+  po.loss.options.dual_clip_c = 3.0;
+  EXPECT_EQ(test::bare_floats_of(sys, po), 0);
+  EXPECT_EQ(test::bare_floats_of(sys, train::critic_update_options{}), 0);
+  EXPECT_EQ(test::bare_floats_of(sys, train::dpo_step_options{}), 0);
+  train::served_metrics sm;
+  sm.value = {{"loss", 0.5}};
+  EXPECT_EQ(test::bare_floats_of(sys, sm), 0);
+  job::job_status st;
+  st.last_metrics = {{"reward", 1.0}};
+  EXPECT_EQ(test::bare_floats_of(sys, st), 0);
+  EXPECT_EQ(test::bare_floats_of(sys, job::boundary_reply{}), 0);
 }

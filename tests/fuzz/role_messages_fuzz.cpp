@@ -5,14 +5,16 @@
 // worker link hands to the deserializer. The input is those bytes.
 // Reading succeeds or fails; a message read re-serialises to bytes that
 // read back to the same bytes again (a batch's tensors rebuilt and checked
-// on the way). Troupe's own types carry floats as bit patterns, so inf and
-// NaN round-trip (NOTE [wire floats] in runtime/wire_float.hpp); a bare
-// float element that reads as inf is CAF's own encoding, which cannot write
-// it back, and no troupe actor sends or forwards one: the round trip skips it. LibTorch-linked: a
-// replay executable of the normal build (scripts/fuzz.sh).
+// on the way). Troupe's own types carry floats as bit patterns (NOTE [wire
+// floats] in runtime/wire_float.hpp): none of them writes a float through
+// CAF's packing, so inf and NaN round-trip. A bare float element is CAF's
+// own encoding, which cannot write inf back; no troupe actor sends or
+// forwards one that is not finite, and the round trip skips it.
+// LibTorch-linked: a replay executable of the normal build (scripts/fuzz.sh).
 #include "actors/actor_system.hpp"
 #include "cluster/workers.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
+#include "tests/support/bare_floats.hpp"
 
 #include <caf/all.hpp>
 #include <caf/binary_deserializer.hpp>
@@ -47,6 +49,25 @@ std::vector<char> bytes_of(caf::message& m) {
   return out;
 }
 
+bool is_bare_float(const caf::message& m, size_t i) {
+  return m.match_element<double>(i) || m.match_element<float>(i) || m.match_element<long double>(i);
+}
+
+// Each element that is not a bare float writes no float through CAF's
+// packing (a floating field without runtime::wire, a std::map of doubles).
+void expect_wire_floats(const caf::message& m) {
+  for (size_t i = 0; i < m.size(); ++i) {
+    if (is_bare_float(m, i))
+      continue;
+    test::bare_float_counter spot{message_system()};
+    if (auto err = m.save(i, spot))
+      fuzz::broken("an element that was read cannot be written");
+    if (spot.floats > 0)
+      fuzz::broken(
+          "a troupe message type writes a float through CAF's packing (NOTE [wire floats])");
+  }
+}
+
 // A bare float, double or long double element that is not finite.
 bool has_bare_non_finite(const caf::message& m) {
   for (size_t i = 0; i < m.size(); ++i) {
@@ -68,6 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   caf::binary_deserializer source{sys, reinterpret_cast<const char*>(data), size};
   if (auto err = source(msg))
     return 0;
+  expect_wire_floats(msg);
   if (has_bare_non_finite(msg))
     return 0;
   const auto once = bytes_of(msg);
