@@ -71,10 +71,16 @@ std::string base64(std::string_view bytes) {
   return out;
 }
 
-size_t json_too_deep_at(std::string_view text, int max_depth) {
+namespace {
+
+// Walks the brackets of JSON text from `start` (strings skipped), calling
+// `at(i, depth)` after each one changes the nesting depth; returns the first
+// i for which it answers true, or npos.
+template <class F>
+size_t scan_brackets(std::string_view text, size_t start, F&& at) {
   int depth = 0;
   bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
+  for (size_t i = start; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
       if (c == '\\')
@@ -84,13 +90,27 @@ size_t json_too_deep_at(std::string_view text, int max_depth) {
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > max_depth)
+      if (at(i, ++depth))
         return i;
     } else if (c == ']' || c == '}') {
-      --depth;
+      if (at(i, --depth))
+        return i;
     }
   }
   return std::string_view::npos;
+}
+
+} // namespace
+
+size_t json_too_deep_at(std::string_view text, int max_depth) {
+  return scan_brackets(text, 0, [&](size_t, int depth) { return depth > max_depth; });
+}
+
+size_t json_container_end(std::string_view text, size_t start) {
+  if (start >= text.size() || (text[start] != '{' && text[start] != '['))
+    return std::string_view::npos;
+  auto close = scan_brackets(text, start, [](size_t, int depth) { return depth == 0; });
+  return close == std::string_view::npos ? close : close + 1;
 }
 
 caf::error json_too_deep(const std::string& what, size_t at) {

@@ -31,6 +31,11 @@ inline constexpr int max_json_depth = 256;
 /// malformed text is the parser's to refuse).
 size_t json_too_deep_at(std::string_view text, int max_depth = max_json_depth);
 
+/// One past the bracket that closes the array or object opening at `start`
+/// in JSON text (strings skipped), or npos when it does not close (or none
+/// opens there). Finds where one value ends among text that follows it.
+size_t json_container_end(std::string_view text, size_t start);
+
 /// The error for text json_too_deep_at refused: parse_error naming `what`,
 /// the byte and the limit.
 caf::error json_too_deep(const std::string& what, size_t at);
