@@ -190,6 +190,35 @@ def chat_template_seeds():
           "{% if add_generation_prompt %}<gen>{% endif %}{{ raise_exception('x') if false }}")
 
 
+def tool_calls_seeds():
+    """A model's turns with tool calls in each format (the first byte: 0
+    hermes, 1 deepseek_v3, 2 llama3_json), then the tools' schemas."""
+    tools = json.dumps([
+        {"type": "function", "function": {"name": "add", "parameters": {
+            "type": "object", "required": ["a", "b"], "additionalProperties": False,
+            "properties": {"a": {"type": "number"}, "b": {"type": "integer"},
+                           "mode": {"type": "string", "enum": ["exact", "round"]},
+                           "tags": {"type": "array", "items": {"type": "string"}}}}}},
+        {"type": "function", "function": {"name": "lookup", "parameters": {
+            "type": "object", "properties": {"key": {"type": "string"}}}}}])
+    b, e = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>"
+    cb, ce = "<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581call\u2581end\uff5c>"
+    sep = "<\uff5ctool\u2581sep\uff5c>"
+    seeds = {
+        "hermes": (0, 'Adding.\n<tool_call>\n{"name": "add", "arguments": {"a": 1.5, "b": 2}}'
+                      '\n</tool_call>\n<tool_call>\n{"name": "lookup", "arguments": '
+                      '{"key": "x"}}\n</tool_call>'),
+        "hermes-malformed": (0, '<tool_call>{"name": "add", "arguments": [1]}</tool_call>'
+                                '<tool_call>{"name": "add"'),
+        "deepseek": (1, "Adding." + b + cb + "function" + sep + 'add\n```json\n{"a": 1, "b": 2}'
+                        "\n```" + ce + cb + "lookup" + sep + '{"key": "x"}' + ce + e),
+        "llama3": (2, '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}; '
+                      '{"name": "lookup", "parameters": {"key": "};"}}'),
+    }
+    for name, (fmt, text) in seeds.items():
+        write("tool_calls", name, chr(fmt) + text + "\n%%\n" + tools)
+
+
 def hf_config_seeds():
     llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
              "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -331,6 +360,7 @@ if __name__ == "__main__":
     job_seeds()
     tokenizer_seeds()
     chat_template_seeds()
+    tool_calls_seeds()
     hf_config_seeds()
     safetensors_seeds()
     weight_table_seeds()
