@@ -348,26 +348,6 @@ const ojson* function_of(const ojson& tool) {
 
 } // namespace
 
-std::string_view to_string(tool_call_format f) noexcept {
-  switch (f) {
-  case tool_call_format::hermes:
-    return "hermes";
-  case tool_call_format::deepseek_v3:
-    return "deepseek_v3";
-  case tool_call_format::llama3_json:
-    return "llama3_json";
-  }
-  return "?";
-}
-
-std::optional<tool_call_format> parse_tool_call_format(std::string_view s) noexcept {
-  for (auto f :
-       {tool_call_format::hermes, tool_call_format::deepseek_v3, tool_call_format::llama3_json})
-    if (to_string(f) == s)
-      return f;
-  return std::nullopt;
-}
-
 std::optional<tool_call_format> tool_call_format_of_template(std::string_view source) noexcept {
   if (source.find(hermes_open) != std::string_view::npos)
     return tool_call_format::hermes;

@@ -25,6 +25,7 @@
 // JSON Schema subset: type, properties, required, enum, items,
 // additionalProperties) is separate, for the same use.
 
+#include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
 #include <nlohmann/json.hpp>
@@ -38,10 +39,7 @@
 namespace troupe::models {
 
 enum class tool_call_format { hermes, deepseek_v3, llama3_json };
-
-/// "hermes", "deepseek_v3", "llama3_json".
-std::string_view to_string(tool_call_format f) noexcept;
-std::optional<tool_call_format> parse_tool_call_format(std::string_view s) noexcept;
+TROUPE_ENUM_NAMES(tool_call_format, "hermes", "deepseek_v3", "llama3_json")
 
 /// The format a chat template renders tool calls in, when it renders them
 /// in one of the known ones (nullopt: a template without tools, such as

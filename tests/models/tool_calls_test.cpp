@@ -196,8 +196,9 @@ TEST(ToolCalls, CallsRenderedByTheTemplatesReadBackTheSame) {
   ASSERT_TRUE(chatml);
   EXPECT_EQ(tool_call_format_of_template(*chatml), tool_call_format::hermes);
   EXPECT_EQ(tool_call_format_of_template("{{ messages }}"), std::nullopt);
-  EXPECT_EQ(parse_tool_call_format("deepseek_v3"), tool_call_format::deepseek_v3);
-  EXPECT_EQ(parse_tool_call_format("json"), std::nullopt);
+  EXPECT_EQ(enum_from_name<tool_call_format>("deepseek_v3"), tool_call_format::deepseek_v3);
+  EXPECT_EQ(enum_from_name<tool_call_format>("json"), std::nullopt);
+  EXPECT_EQ(to_string(tool_call_format::llama3_json), "llama3_json");
 }
 
 TEST(ToolCalls, CallsAreCheckedAgainstTheToolsSchemas) {
