@@ -11,6 +11,7 @@
 // jinja2, and the reference tokenizers: scripts/setup.sh)
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/reward.hpp"
+#include "bench/python_server.hpp"
 #include "cluster/remote_reward.hpp"
 #include "models/chat_template.hpp"
 #include "models/tokenizer.hpp"
@@ -74,40 +75,6 @@ double time_scoring(reward_backend& b, const reward_request& batch, int rounds) 
   return best;
 }
 
-struct server {
-  pid_t pid = -1;
-  std::string address;
-  ~server() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
-bool start_server(server& s, const std::string& port_file) {
-  std::fflush(stdout); // else the child's stdout would write it again
-  s.pid = ::fork();
-  if (s.pid == 0) {
-    if (!std::freopen("/dev/null", "w", stdout))
-      ::_exit(127);
-    std::string script = source_dir + "/examples/python/reward_server.py";
-    ::execl("/usr/bin/python3", "python3", script.c_str(), "--port", "0", "--port-file",
-            port_file.c_str(), "--constant", "1", "--workers", "32", nullptr);
-    ::_exit(127);
-  }
-  for (int i = 0; i < 3000; ++i) {
-    std::ifstream f(port_file);
-    std::string port;
-    if (f >> port) {
-      s.address = "127.0.0.1:" + port;
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 void bench_remote(int samples) {
   auto tok = std::make_shared<models::byte_tokenizer>();
   auto batch = make_batch(*tok, samples);
@@ -121,15 +88,16 @@ void bench_remote(int samples) {
   auto dir =
       std::filesystem::temp_directory_path() / ("bench_reward_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  server srv;
-  if (!start_server(srv, (dir / "port").string())) {
+  bench::python_server srv;
+  if (!srv.start("reward_server.py", (dir / "port").string(),
+                 {"--constant", "1", "--workers", "32"})) {
     std::printf("  (the Python server did not start: skipped)\n");
     return;
   }
   std::printf("  remote (Python server doing no work): batch_size x max_in_flight\n");
   for (int batch_size : {1, 16, 64, 256})
     for (int in_flight : {1, 4}) {
-      remote_reward_config c;
+      remote_service_config c;
       c.address = srv.address;
       c.batch_size = batch_size;
       c.max_in_flight = in_flight;

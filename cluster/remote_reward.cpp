@@ -2,10 +2,10 @@
 
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/reward.hpp"
-#include "cluster/api_client.hpp"
-#include "cluster/grpc_status.hpp"
+#include "cluster/remote_environment.hpp"
+#include "cluster/service_client.hpp"
 #include "models/tokenizer.hpp"
-#include "runtime/file_io.hpp"
+#include "runtime/metric_name.hpp"
 
 #include "troupe/v1/reward.grpc.pb.h"
 
@@ -13,25 +13,18 @@
 
 #include <torch/torch.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <mutex>
-#include <thread>
 
 namespace troupe::cluster {
 
 namespace {
 
-using actors::rl::remote_reward_config;
+using actors::rl::remote_service_config;
 using actors::rl::reward_request;
-
-bool retryable(grpc::StatusCode c) {
-  return c == grpc::StatusCode::UNAVAILABLE || c == grpc::StatusCode::DEADLINE_EXCEEDED ||
-         c == grpc::StatusCode::RESOURCE_EXHAUSTED || c == grpc::StatusCode::ABORTED;
-}
 
 // What one call answered, checked against its samples.
 struct call_result {
@@ -65,7 +58,7 @@ expected<void> check_score(const v1::SampleScore& s, int response_tokens) {
     return make_error(errc::corrupted, std::to_string(s.extra_size()) + " extras (at most " +
                                            std::to_string(max_reward_extras) + ")");
   for (const auto& [name, v] : s.extra()) {
-    if (auto why = reward_extra_name_why(name); !why.empty())
+    if (auto why = runtime::peer_metric_name_why(name); !why.empty())
       return make_error(errc::corrupted, "extra: " + why);
     if (!finite_in_fp32(v))
       return make_error(errc::corrupted, "extra '" + name + "' is not a finite fp32 number");
@@ -75,10 +68,10 @@ expected<void> check_score(const v1::SampleScore& s, int response_tokens) {
 
 class remote_reward final : public actors::rl::reward_backend {
 public:
-  remote_reward(remote_reward_config c, std::shared_ptr<const models::tokenizer> tok,
-                std::string job, std::string token, std::shared_ptr<grpc::Channel> channel)
-      : c_(std::move(c)), tok_(std::move(tok)), job_(std::move(job)), token_(std::move(token)),
-        stub_(v1::RewardService::NewStub(channel)), channel_(std::move(channel)) {}
+  remote_reward(remote_service_config c, std::shared_ptr<const models::tokenizer> tok,
+                std::string job, service_link link)
+      : c_(std::move(c)), tok_(std::move(tok)), job_(std::move(job)), link_(std::move(link)),
+        stub_(v1::RewardService::NewStub(link_.channel)) {}
 
   std::string_view key() const override { return "remote_scores"; }
 
@@ -105,12 +98,11 @@ private:
   expected<at::Tensor> collect(const std::vector<v1::ScoreSample>& samples,
                                const std::vector<call_result>& results);
 
-  remote_reward_config c_;
+  remote_service_config c_;
   std::shared_ptr<const models::tokenizer> tok_;
   std::string job_;
-  std::string token_;
+  service_link link_;
   std::unique_ptr<v1::RewardService::Stub> stub_;
-  std::shared_ptr<grpc::Channel> channel_;
   runtime::tensor_batch extras_;
 };
 
@@ -144,30 +136,17 @@ expected<std::vector<call_result>>
 remote_reward::run_calls(const std::vector<v1::ScoreSample>& samples) {
   auto per = static_cast<size_t>(c_.batch_size);
   size_t calls = (samples.size() + per - 1) / per;
-  std::vector<expected<call_result>> results(calls, make_error(errc::internal, "not called"));
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  auto worker = [&] {
-    for (size_t k = next++; k < calls && !failed; k = next++) {
-      results[k] = call(samples, k * per, std::min(samples.size(), (k + 1) * per), k, calls);
-      if (!results[k])
-        failed = true;
-    }
-  };
-  std::vector<std::thread> threads;
-  auto n = std::min(calls, static_cast<size_t>(c_.max_in_flight));
-  for (size_t t = 1; t < n; ++t)
-    threads.emplace_back(worker);
-  worker();
-  for (auto& t : threads)
-    t.join();
-  std::vector<call_result> out;
-  for (auto& r : results) {
+  std::vector<call_result> results(calls);
+  auto ok = in_flight(calls, c_.max_in_flight, [&](size_t k) -> expected<void> {
+    auto r = call(samples, k * per, std::min(samples.size(), (k + 1) * per), k, calls);
     if (!r)
       return r.error();
-    out.push_back(std::move(*r));
-  }
-  return out;
+    results[k] = std::move(*r);
+    return {};
+  });
+  if (!ok)
+    return ok.error();
+  return results;
 }
 
 // One call with its retries.
@@ -175,27 +154,8 @@ expected<call_result> remote_reward::call(const std::vector<v1::ScoreSample>& sa
                                           size_t end, size_t index, size_t calls) {
   auto what = "reward service " + c_.address + ": call " + std::to_string(index + 1) + " of " +
               std::to_string(calls) + " (" + std::to_string(end - begin) + " samples)";
-  grpc::Status status;
-  int64_t attempts = 0;
-  for (; attempts <= c_.retries; ++attempts) {
-    if (attempts > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double>(
-          c_.backoff_s * std::pow(2.0, static_cast<double>(attempts - 1))));
-    auto r = call_once(samples, begin, end, status);
-    if (r)
-      return r;
-    if (status.ok()) // answered, but wrongly: no retry
-      return with_prefix(r.error(), what);
-    if (!retryable(status.error_code()))
-      break;
-  }
-  auto tries = std::min(attempts + 1, c_.retries + 1);
-  auto code = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? errc::timeout
-              : status.error_code() == grpc::StatusCode::UNAVAILABLE     ? errc::unavailable
-                                                                         : detail_of(status).code;
-  return make_error(code, what + ": " + grpc_status_name(status.error_code()) + ": " +
-                              status.error_message() + " after " + std::to_string(tries) +
-                              (tries == 1 ? " attempt" : " attempts"));
+  return call_with_retries<call_result>(
+      c_, what, [&](grpc::Status& status) { return call_once(samples, begin, end, status); });
 }
 
 expected<call_result> remote_reward::call_once(const std::vector<v1::ScoreSample>& samples,
@@ -205,10 +165,7 @@ expected<call_result> remote_reward::call_once(const std::vector<v1::ScoreSample
   for (size_t i = begin; i < end; ++i)
     *req.add_samples() = samples[i];
   grpc::ClientContext ctx;
-  if (!token_.empty())
-    ctx.AddMetadata("authorization", "Bearer " + token_);
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>(c_.timeout_s * 1000)));
+  prepare_call(ctx, link_, c_.timeout_s);
   v1::ScoreResponse resp;
   status = stub_->Score(&ctx, req, &resp);
   if (!status.ok())
@@ -273,44 +230,14 @@ expected<at::Tensor> remote_reward::collect(const std::vector<v1::ScoreSample>& 
 
 } // namespace
 
-std::string reward_extra_name_why(std::string_view name) {
-  if (name.empty() || name.size() > max_reward_extra_name)
-    return "a name of " + std::to_string(name.size()) + " bytes (1 to " +
-           std::to_string(max_reward_extra_name) + ")";
-  for (size_t i = 0; i < name.size(); ++i) {
-    const auto c = static_cast<unsigned char>(name[i]);
-    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-    if (!alnum && c != '_' && c != '.' && c != '-' && c != '/')
-      return "byte " + std::to_string(i) + " of a name is " + std::to_string(c) +
-             " (letters, digits and _ . - / only)";
-  }
-  return "";
-}
-
 expected<std::unique_ptr<actors::rl::reward_backend>>
-make_remote_reward(const remote_reward_config& c, std::shared_ptr<const models::tokenizer> tok,
+make_remote_reward(const remote_service_config& c, std::shared_ptr<const models::tokenizer> tok,
                    std::string job) {
-  std::string token;
-  if (!c.token_file.empty()) {
-    auto t = runtime::read_file(c.token_file);
-    if (!t)
-      return with_prefix(t.error(), "rl.reward.remote.token_file");
-    token = *t;
-    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' '))
-      token.pop_back();
-  }
-  client_options o;
-  o.address = c.address;
-  o.ca_file = c.ca_file;
-  o.cert_file = c.cert_file;
-  o.key_file = c.key_file;
-  o.peer = "reward service";
-  o.ca_hint = "rl.reward.remote.ca_file";
-  auto channel = open_channel(o);
-  if (!channel)
-    return with_prefix(channel.error(), "rl.reward.remote");
-  return std::unique_ptr<actors::rl::reward_backend>{std::make_unique<remote_reward>(
-      c, std::move(tok), std::move(job), std::move(token), std::move(*channel))};
+  auto link = open_service(c, "rl.reward.remote", "reward service");
+  if (!link)
+    return link.error();
+  return std::unique_ptr<actors::rl::reward_backend>{
+      std::make_unique<remote_reward>(c, std::move(tok), std::move(job), std::move(*link))};
 }
 
 actors::rl::role_factories process_factories() {
@@ -318,6 +245,9 @@ actors::rl::role_factories process_factories() {
   f.remote_reward = [](const actors::rl::job_config& cfg,
                        std::shared_ptr<const models::tokenizer> tok) {
     return make_remote_reward(cfg.rl.reward.remote, std::move(tok), cfg.run.name);
+  };
+  f.remote_environment = [](const actors::rl::job_config& cfg) {
+    return make_remote_environment(cfg.rl.environment.remote, cfg.run.name);
   };
   return f;
 }

@@ -21,11 +21,10 @@
 // in fp32 (what troupe keeps them in: a double of 1e300 is not),
 // and the named extras (they become metric names, reward/extra/<name>, in
 // the log, Prometheus and the dashboard) at most max_reward_extras names in
-// one score() call, each 1 to max_reward_extra_name bytes of letters,
-// digits and `_ . - /`, its value finite in fp32. The size of an answer is bounded
-// by gRPC's limit on a received message (4 MB).
-// The channel is TLS when remote.ca_file is set and clear text only to a
-// loopback address (open_channel); the bearer token is read from
+// one score() call, each a name runtime::peer_metric_name_why accepts (1 to
+// 64 bytes of letters, digits and `_ . - /`), its value finite in fp32. The size of an answer is
+// bounded by gRPC's limit on a received message (4 MB). The channel is TLS when remote.ca_file is
+// set and clear text only to a loopback address (open_channel); the bearer token is read from
 // remote.token_file once, when the backend is made.
 
 #include "actors/rl/reward_backend.hpp"
@@ -36,25 +35,22 @@
 #include <string_view>
 
 namespace troupe::actors::rl {
-struct remote_reward_config;
+struct remote_service_config;
 } // namespace troupe::actors::rl
 
 namespace troupe::cluster {
 
 /// Bounds on a reward service's named extras (NOTE [remote reward]).
 inline constexpr size_t max_reward_extras = 32;
-inline constexpr size_t max_reward_extra_name = 64;
-
-/// Why `name` cannot name a reward extra, or "" when it can.
-std::string reward_extra_name_why(std::string_view name);
 
 /// A RewardService client for the job `job` (its name goes to the server).
 expected<std::unique_ptr<actors::rl::reward_backend>>
-make_remote_reward(const actors::rl::remote_reward_config& c,
+make_remote_reward(const actors::rl::remote_service_config& c,
                    std::shared_ptr<const models::tokenizer> tok, std::string job);
 
 /// The role factories troupe's own processes use (the driver's in-process
-/// host, the worker's role host): the built-in parts plus the remote reward.
+/// host, the worker's role host): the built-in parts plus the remote reward
+/// and the remote environment (cluster/remote_environment.hpp).
 actors::rl::role_factories process_factories();
 
 } // namespace troupe::cluster

@@ -49,14 +49,15 @@ void resolve_globals(jinja::program& p) {
 
 } // namespace
 
-chat_template::chat_template(std::shared_ptr<const jinja::program> program)
-    : program_(std::move(program)) {}
+chat_template::chat_template(std::shared_ptr<const jinja::program> program,
+                             std::shared_ptr<const std::string> source)
+    : program_(std::move(program)), source_(std::move(source)) {}
 
 expected<chat_template> chat_template::parse(const std::string& source, const std::string& name) {
   try {
     auto program = jinja::parse_tokens(jinja::tokenize(source), name);
     resolve_globals(*program);
-    return chat_template(std::move(program));
+    return chat_template(std::move(program), std::make_shared<const std::string>(source));
   } catch (const jinja::failure& f) {
     return to_error(f, name);
   } catch (const std::bad_alloc&) {

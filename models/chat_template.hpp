@@ -80,10 +80,14 @@ public:
 
   /// The name errors carry.
   const std::string& name() const;
+  /// The text it was parsed from.
+  const std::string& source() const { return *source_; }
 
 private:
-  explicit chat_template(std::shared_ptr<const jinja::program> program);
+  chat_template(std::shared_ptr<const jinja::program> program,
+                std::shared_ptr<const std::string> source);
   std::shared_ptr<const jinja::program> program_;
+  std::shared_ptr<const std::string> source_;
 };
 
 /// What transformers' apply_chat_template passes a chat template.

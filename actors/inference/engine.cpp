@@ -217,16 +217,20 @@ struct engine::impl {
 
   // ---- validation ------------------------------------------------------------
 
-  // NOTE [token-in, token-out]: the sequences of the last finished requests,
-  // by id, for requests that extend them.
-  static constexpr size_t kKeptSequences = 1024;
-  std::map<std::string, std::vector<int64_t>> kept;
+  // NOTE [token-in, token-out]: the sequences of the last finished requests
+  // (each of their samples), by id, for requests that extend them.
+  static constexpr size_t kKeptRequests = 1024;
+  std::map<std::string, std::vector<std::vector<int64_t>>> kept;
   std::deque<std::string> kept_order;
 
-  void keep_sequence(const std::string& id, const std::vector<int64_t>& tokens) {
-    if (kept.insert_or_assign(id, tokens).second)
-      kept_order.push_back(id);
-    while (kept_order.size() > kKeptSequences) {
+  void keep_sequences(const request_state& req) {
+    std::vector<std::vector<int64_t>> seqs;
+    seqs.reserve(req.samples.size());
+    for (const auto& s : req.samples)
+      seqs.push_back(s->tokens);
+    if (kept.insert_or_assign(req.request.id, std::move(seqs)).second)
+      kept_order.push_back(req.request.id);
+    while (kept_order.size() > kKeptRequests) {
       kept.erase(kept_order.front());
       kept_order.pop_front();
     }
@@ -237,13 +241,19 @@ struct engine::impl {
   expected<void> resolve_extension(generate_request& r) const {
     if (r.extends.empty())
       return caf::unit;
-    auto it = kept.find(r.extends);
+    auto [id, index] = parse_sample_ref(r.extends);
+    auto it = kept.find(id);
     if (it == kept.end())
       return make_error(errc::not_found,
                         "request '" + r.id + "': extends '" + r.extends +
                             "': no finished request of that id (the engine keeps the last " +
-                            std::to_string(kKeptSequences) + ")");
-    r.prompt.insert(r.prompt.begin(), it->second.begin(), it->second.end());
+                            std::to_string(kKeptRequests) + ")");
+    if (index >= it->second.size())
+      return make_error(errc::not_found, "request '" + r.id + "': extends '" + r.extends +
+                                             "': request '" + id + "' had " +
+                                             std::to_string(it->second.size()) + " sample(s)");
+    const auto& seq = it->second[index];
+    r.prompt.insert(r.prompt.begin(), seq.begin(), seq.end());
     r.extends.clear();
     return caf::unit;
   }
@@ -379,7 +389,7 @@ struct engine::impl {
       so.finish_reason = s->finish_reason;
       out.samples.push_back(std::move(so));
     }
-    keep_sequence(out.id, req.samples.front()->tokens);
+    keep_sequences(req);
     out.weight_version = version;
     out.first_weight_version = req.version_first;
     auto now = clock_type::now();
@@ -652,6 +662,23 @@ struct engine::impl {
 
 engine::engine() : impl_(std::make_unique<impl>()) {}
 engine::~engine() = default;
+
+std::string sample_ref(const std::string& id, size_t index) {
+  return index == 0 ? id : id + "#" + std::to_string(index);
+}
+
+std::pair<std::string, size_t> parse_sample_ref(const std::string& ref) {
+  auto hash = ref.rfind('#');
+  if (hash == std::string::npos || hash + 1 == ref.size() || ref.size() - hash > 10)
+    return {ref, 0};
+  size_t index = 0;
+  for (size_t i = hash + 1; i < ref.size(); ++i) {
+    if (ref[i] < '0' || ref[i] > '9')
+      return {ref, 0};
+    index = index * 10 + static_cast<size_t>(ref[i] - '0');
+  }
+  return {ref.substr(0, hash), index};
+}
 
 expected<std::unique_ptr<engine>> engine::make(models::llama_model model,
                                                const engine_config& config) {

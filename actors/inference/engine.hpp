@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace at {
@@ -159,15 +160,23 @@ struct generate_request {
   std::string id;
   std::vector<int64_t> prompt;
   sampling_params sampling;
-  /// NOTE [token-in, token-out]: the id of a finished request of this engine
-  /// that this one continues ("" = none): its sequence (prompt and sample
-  /// 0's tokens) comes first, then `prompt` — the appended tokens (a tool's
-  /// output, the next user turn) — so a conversation is extended by token
-  /// ids, never rendered and tokenised again. The K/V of the earlier
+  /// NOTE [token-in, token-out]: the finished sample of this engine that
+  /// this request continues ("" = none), as sample_ref names it (a
+  /// request's id alone names its sample 0): its sequence (prompt and that
+  /// sample's tokens) comes first, then `prompt` — the appended tokens (a
+  /// tool's output, the next user turn) — so a conversation is extended by
+  /// token ids, never rendered and tokenised again. The K/V of the earlier
   /// sequence's whole blocks is reused from the prefix cache. The output's
   /// prompt is the whole sequence.
   std::string extends;
 };
+
+/// The name of sample `index` of request `id` for generate_request::extends:
+/// the id for sample 0, else "<id>#<index>".
+std::string sample_ref(const std::string& id, size_t index);
+/// The request id and sample index a sample_ref names ("a#2" → {"a", 2};
+/// an id without a "#<digits>" tail → {id, 0}).
+std::pair<std::string, size_t> parse_sample_ref(const std::string& ref);
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generate_request& x) {

@@ -170,7 +170,7 @@ std::vector<size_t> replicas_of(group_ptr self, const std::vector<generate_reque
   }
   for (size_t i = 0; i < requests.size(); ++i)
     if (!requests[i].extends.empty())
-      if (auto it = self->state.replica_of.find(requests[i].extends);
+      if (auto it = self->state.replica_of.find(parse_sample_ref(requests[i].extends).first);
           it != self->state.replica_of.end())
         out[i] = it->second;
   return out;

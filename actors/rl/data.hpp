@@ -9,6 +9,8 @@
 #include "runtime/seeded_random.hpp"
 #include "runtime/tensor_batch.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -96,6 +98,11 @@ public:
   expected<std::vector<int64_t>> prompt(const std::string& text, const std::string& messages) const;
   /// The rendered text of a conversation (the JSON of its messages).
   expected<std::string> render(const std::string& messages, bool add_generation_prompt) const;
+  /// The same from parsed messages, with tool schemas (null = none).
+  expected<std::string> render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                               const nlohmann::ordered_json& tools) const;
+  /// Whether plain prompts go through the chat template as one user message.
+  bool templates_plain_prompts() const { return template_plain_; }
   /// The response's tokens + EOS.
   std::vector<int64_t> response(const std::string& text) const;
 

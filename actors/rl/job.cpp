@@ -6,6 +6,7 @@
 #include "actors/rl/role_traits.hpp"
 #include "actors/rl/settings.hpp"
 #include "actors/train/engine_group.hpp"
+#include "models/chat_template.hpp"
 #include "models/config.hpp"
 #include "runtime/checkpoint.hpp"
 #include "runtime/collectives.hpp"
@@ -211,6 +212,32 @@ std::vector<inference::request_output> take_generation(job_context& ctx, inferen
   return std::move(g.outputs);
 }
 
+episode_options episode_options_of(const job_context& ctx, int64_t step) {
+  const auto& cfg = *ctx.cfg;
+  const auto& e = cfg.rl.environment;
+  episode_options o;
+  o.max_turns = e.max_turns;
+  o.max_context = cfg.rl.rollout.max_model_len > 0
+                      ? std::min(cfg.rl.rollout.max_model_len, ctx.model_context)
+                      : ctx.model_context;
+  if (e.max_context > 0)
+    o.max_context = std::min(o.max_context, e.max_context);
+  o.tool_format = models::tool_call_format::hermes;
+  if (e.tool_call_format)
+    o.tool_format = *e.tool_call_format;
+  else if (auto chat = ctx.tok->chat())
+    if (auto f = models::tool_call_format_of_template((*chat)->source()))
+      o.tool_format = *f;
+  o.timeout_s = e.timeout_s;
+  o.generate_timeout_s =
+      std::chrono::duration<double>(ctx.timeout_of(request_kind::generate)).count();
+  o.threads = e.threads;
+  o.overlap = e.overlap;
+  o.job = cfg.run.name;
+  o.step = step;
+  return o;
+}
+
 expected<std::vector<inference::request_output>> generate(job_context& ctx,
                                                            const inference::rollout_actor& rollout,
                                                            std::vector<inference::generate_request> reqs,
@@ -315,6 +342,66 @@ void emit_samples(job_context& ctx, const std::string& stage, int64_t step,
   ctx.emit(std::move(ev));
 }
 
+// What a held-out pass generated: per sample, the response the rules score
+// (with episodes: the last turn) and the whole response (for the samples
+// shown), and the environment's rewards (empty without one).
+struct eval_outputs {
+  std::vector<std::vector<int64_t>> scored, shown;
+  std::vector<std::string> answers;
+  std::vector<double> env_rewards;
+  double length = 0;
+};
+
+// NOTE [episodes]: the held-out prompts as episodes with the job's
+// environment; its metrics under `prefix` + "env/...".
+expected<eval_outputs> eval_episodes(job_context& ctx, const inference::rollout_actor& rollout,
+                                     std::vector<inference::generate_request> reqs,
+                                     const std::string& prefix, train::metric_map& m,
+                                     int64_t step) {
+  const auto& eval = ctx.data.eval;
+  std::vector<episode_prompt> prompts;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    prompts.push_back({reqs[i].id, eval[i], reqs[i].sampling});
+  auto got =
+      run_episodes(*ctx.sys, rollout, ctx.env, ctx.enc, prompts, episode_options_of(ctx, step));
+  if (!got)
+    return with_prefix(got.error(), "evaluation");
+  inference::generation seen{{}, got->stats.engine};
+  (void)take_generation(ctx, std::move(seen));
+  for (auto& [k, v] : episode_metrics(*got))
+    m[prefix + k] = v;
+  eval_outputs out;
+  const auto n = static_cast<size_t>(std::max<int32_t>(1, reqs.front().sampling.n));
+  for (size_t i = 0; i < got->episodes.size(); ++i) {
+    auto& ep = got->episodes[i];
+    out.length +=
+        static_cast<double>(ep.tokens.size() - static_cast<size_t>(ep.observation_tokens));
+    out.scored.emplace_back(ep.tokens.begin() + static_cast<long>(ep.last_turn_begin),
+                            ep.tokens.end());
+    out.shown.push_back(std::move(ep.tokens));
+    out.answers.push_back(eval[i / n].answer);
+    out.env_rewards.push_back(ep.reward);
+  }
+  return out;
+}
+
+expected<eval_outputs> eval_responses(job_context& ctx, const inference::rollout_actor& rollout,
+                                      std::vector<inference::generate_request> reqs) {
+  const auto& eval = ctx.data.eval;
+  auto outs = generate(ctx, rollout, std::move(reqs), "rollout: evaluation");
+  if (!outs)
+    return outs.error();
+  eval_outputs out;
+  for (size_t i = 0; i < outs->size(); ++i)
+    for (auto& s : (*outs)[i].samples) {
+      out.length += static_cast<double>(s.tokens.size());
+      out.scored.push_back(s.tokens);
+      out.shown.push_back(std::move(s.tokens));
+      out.answers.push_back(eval[i].answer);
+    }
+  return out;
+}
+
 expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& rollout, double temperature,
                              int64_t samples, const std::string& prefix, train::metric_map& m,
                              const std::string& stage, int64_t step) {
@@ -331,25 +418,23 @@ expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& r
     r.sampling.seed = mix_seed({static_cast<uint64_t>(ctx.cfg->run.seed), 71, i});
     reqs.push_back(std::move(r));
   }
-  auto outs = generate(ctx, rollout, std::move(reqs), "rollout: evaluation");
+  auto outs = ctx.env ? eval_episodes(ctx, rollout, std::move(reqs), prefix, m, step)
+                      : eval_responses(ctx, rollout, std::move(reqs));
   if (!outs)
     return outs.error();
-  std::vector<std::vector<int64_t>> responses;
-  std::vector<std::string> answers;
-  double length = 0;
-  for (size_t i = 0; i < outs->size(); ++i)
-    for (auto& s : (*outs)[i].samples) {
-      length += static_cast<double>(s.tokens.size());
-      responses.push_back(std::move(s.tokens));
-      answers.push_back(eval[i].answer);
-    }
   auto rules = rule_set::make(reward_rules(ctx.cfg->rl.reward), ctx.cfg->rl.generation.max_tokens);
   if (!rules)
     return with_prefix(rules.error(), "rl.reward");
-  auto outcome = apply_rules(*ctx.tok, *rules, responses, answers);
+  auto outcome = apply_rules(*ctx.tok, *rules, outs->scored, outs->answers);
   if (!outcome)
     return outcome.error();
-  const auto& scores = outcome->scores;
+  // NOTE [episodes]: an episode's score is as rl.environment.score says.
+  auto scores = outcome->scores;
+  if (ctx.env && ctx.cfg->rl.environment.score != episode_score::reward)
+    for (size_t i = 0; i < scores.size(); ++i)
+      scores[i] = outs->env_rewards[i] +
+                  (ctx.cfg->rl.environment.score == episode_score::sum ? scores[i] : 0.0);
+  const double length = outs->length;
   double sum = 0, hits = 0;
   for (size_t i = 0; i < scores.size(); ++i) {
     sum += scores[i];
@@ -357,7 +442,7 @@ expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& r
   }
   auto n = static_cast<double>(std::max<size_t>(1, scores.size()));
   if (prefix == "val/")
-    emit_samples(ctx, stage, step, responses, scores, samples);
+    emit_samples(ctx, stage, step, outs->shown, scores, samples);
   m[prefix + "score/mean"] = sum / n;
   m[prefix + "accuracy"] = hits / n;
   if (!outcome->formatted.empty()) { // the share in the answer format (format rules)
@@ -833,6 +918,7 @@ expected<void> prepare_data(job_context& ctx) {
   if (!shape)
     return shape.error();
   limits.context = shape->max_position_embeddings;
+  ctx.model_context = shape->max_position_embeddings;
   limits.max_new_tokens = cfg.rl.generation.max_tokens;
   auto data = load_job_data(cfg.data, limits,
                             {has_stage(cfg, "sft"), has_stage(cfg, "rm") || has_stage(cfg, "dpo")});

@@ -12,6 +12,7 @@
 
 #include "actors/inference/engine.hpp"
 #include "actors/rl/datasets.hpp"
+#include "actors/rl/environment.hpp"
 #include "actors/rl/job_choices.hpp"
 #include "actors/rl/tasks.hpp"
 #include "actors/rl/verifiers.hpp"
@@ -21,6 +22,7 @@
 #include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
 #include "kernels/preference.hpp"
+#include "models/tool_calls.hpp"
 #include "runtime/config.hpp"
 #include "runtime/logging.hpp"
 #include "runtime/weight_transport.hpp"
@@ -271,7 +273,9 @@ void visit(V& v, kl_config& c) {
 
 /// A remote RewardService (rl.reward.kind: remote; NOTE [remote reward] in
 /// cluster/remote_reward.hpp).
-struct remote_reward_config {
+/// A user service troupe calls (a RewardService, an EnvironmentService):
+/// where it is, how calls are secured, bounded, retried and batched.
+struct remote_service_config {
   /// host:port of the service.
   std::string address;
   /// A file holding the bearer token sent with every call ("" = none).
@@ -292,8 +296,8 @@ struct remote_reward_config {
   int64_t max_in_flight = 4;
 };
 template <class V>
-void visit(V& v, remote_reward_config& c) {
-  v.field("address", c.address, "host:port of the RewardService");
+void visit(V& v, remote_service_config& c) {
+  v.field("address", c.address, "host:port of the service");
   v.field("token_file", c.token_file, "File holding the bearer token; \"\" = none");
   v.field("ca_file", c.ca_file,
           "TLS: the server certificate's CA; \"\" = plain text (loopback only)");
@@ -302,7 +306,7 @@ void visit(V& v, remote_reward_config& c) {
   v.field("timeout_s", c.timeout_s, "Bound on each call");
   v.field("retries", c.retries, "Attempts after a failed one (unavailable, timed out, overloaded)");
   v.field("backoff_s", c.backoff_s, "Wait before the first retry, doubled for each next one");
-  v.field("batch_size", c.batch_size, "Samples per call");
+  v.field("batch_size", c.batch_size, "Samples (sessions) per call");
   v.field("max_in_flight", c.max_in_flight, "Calls in flight at once");
 }
 
@@ -321,7 +325,7 @@ struct reward_config {
   double model_weight = 1.0;
   /// Reward model: the rm stage's output, or a HF directory.
   std::string model_path;
-  remote_reward_config remote;
+  remote_service_config remote;
   /// Score samples as their prompts finish generating (NOTE [overlapped
   /// scoring]); auto = on for a remote reward.
   overlap_mode overlap = overlap_mode::automatic;
@@ -384,6 +388,54 @@ inline inference::engine_config default_rollout() {
   return e;
 }
 
+/// What scores an episode when the job has an environment (NOTE
+/// [episodes]): its reward, the reward role's backends on the last turn,
+/// or their sum.
+enum class episode_score : uint8_t { environment, reward, sum };
+TROUPE_ENUM_NAMES(episode_score, "environment", "reward", "sum")
+
+/// rl.environment: multi-turn episodes (NOTE [environments], [episodes]).
+struct environment_config {
+  /// none: the batch path (one response per sample, scored by rl.reward).
+  environment_kind kind = environment_kind::none;
+  int64_t max_turns = 4;
+  /// Tokens of an episode at most (prompt, turns, observations); 0 = the
+  /// rollout's context (rl.rollout.max_model_len, else the model's).
+  int64_t max_context = 0;
+  /// How the model writes tool calls; unset (auto) = the chat template's
+  /// format, hermes without one.
+  std::optional<models::tool_call_format> tool_call_format;
+  episode_score score = episode_score::environment;
+  /// Bound on each environment call.
+  double timeout_s = 30;
+  /// Threads driving episodes; 0 = one per episode, up to 256.
+  int64_t threads = 0;
+  /// Episodes go on independently; false = in lockstep, turn by turn.
+  bool overlap = true;
+  /// kind remote: the EnvironmentService (batch_size: sessions per Reset call).
+  remote_service_config remote;
+};
+template <class V>
+void visit(V& v, environment_config& c) {
+  v.choice("kind", c.kind,
+           "none (single responses), task (the data's prompts, one turn, rule-scored), calculator "
+           "(a calculator tool, several turns), remote (an EnvironmentService)");
+  v.field("max_turns", c.max_turns, "Model turns per episode at most");
+  v.field("max_context", c.max_context, "Tokens of an episode at most; 0 = the rollout's context");
+  v.choice("tool_call_format", c.tool_call_format, "auto",
+           "How the model writes tool calls; auto = its chat template's, else hermes");
+  v.choice("score", c.score,
+           "What scores an episode: the environment's reward, rl.reward on the last turn, or "
+           "their sum");
+  v.field("timeout_s", c.timeout_s, "Bound on each environment call");
+  v.field("threads", c.threads, "Threads driving episodes; 0 = one per episode, up to 256");
+  v.field("overlap", c.overlap,
+          "Episodes go on while others wait for the environment; false = in lockstep (every "
+          "episode's turn k in one call, after every step of turn k-1: the same batches in every "
+          "run)");
+  v.section("remote", c.remote, "kind remote: the EnvironmentService");
+}
+
 struct rl_config {
   algorithm_kind algorithm = algorithm_kind::ppo;
   /// Unset (auto) = gae for ppo, grpo for grpo.
@@ -436,6 +488,7 @@ struct rl_config {
   optim_config actor_optim;
   critic_config critic;
   reward_config reward;
+  environment_config environment;
   kl_config kl;
   generation_config generation;
   /// Evaluation: held-out score every N iterations (and at the end).
@@ -500,6 +553,8 @@ void visit(V& v, rl_config& c) {
   v.section("actor_optim", c.actor_optim, "Policy optimizer");
   v.section("critic", c.critic, "Critic (ppo / gae only)");
   v.section("reward", c.reward);
+  v.section("environment", c.environment,
+            "Multi-turn episodes with an environment (docs/agents.md); kind none = off");
   v.section("kl", c.kl, "KL to the reference (the initial policy)");
   v.section("generation", c.generation, "Rollout sampling");
   v.field("eval_every", c.eval_every, "Held-out score every N iterations; 0 = end only");

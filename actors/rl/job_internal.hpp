@@ -3,9 +3,10 @@
 // RM, rl_stage.cpp runs PPO / GRPO).
 
 #include "actors/inference/rollout.hpp"
+#include "actors/job/job_actor.hpp"
 #include "actors/rl/cast.hpp"
 #include "actors/rl/data.hpp"
-#include "actors/job/job_actor.hpp"
+#include "actors/rl/episodes.hpp"
 #include "actors/rl/job.hpp"
 #include "actors/rl/placement.hpp"
 #include "actors/rl/reward.hpp"
@@ -50,6 +51,10 @@ struct job_context {
   int64_t pad = 0;
   /// Rows' prompts as tokens (NOTE [prompt encoding]).
   prompt_encoder enc;
+  /// The base model's context (max_position_embeddings).
+  int64_t model_context = 0;
+  /// The rl stage's environment (NOTE [environments]); null without one.
+  std::shared_ptr<environment> env;
   job_data data;
   fs::path run_dir;
   /// HF directory of the base model.
@@ -170,6 +175,11 @@ expected<R> ask_served(job_context& ctx, const Handle& h, request_kind kind, con
 /// The rollout's answer `g`: keeps its engine counters when they are the
 /// newest seen (answers to overlapping calls may arrive in any order).
 std::vector<inference::request_output> take_generation(job_context& ctx, inference::generation&& g);
+
+/// NOTE [episodes]: the runner's options from rl.environment for `step`:
+/// the context within the rollout's, the tool-call format (auto: the chat
+/// template's, else hermes), the environment and generate bounds.
+episode_options episode_options_of(const job_context& ctx, int64_t step);
 
 /// Generates `reqs` to completion on `rollout`: the outputs in order.
 expected<std::vector<inference::request_output>> generate(job_context& ctx,

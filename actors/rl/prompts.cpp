@@ -28,13 +28,22 @@ prompt_encoder::prompt_encoder(std::shared_ptr<const models::tokenizer> tok,
 
 expected<std::string> prompt_encoder::render(const std::string& messages,
                                              bool add_generation_prompt) const {
+  auto parsed = nlohmann::ordered_json::parse(messages, nullptr, false);
+  if (parsed.is_discarded())
+    return make_error(errc::parse_error, "a conversation's messages are not valid JSON");
+  return render(parsed, add_generation_prompt, nullptr);
+}
+
+expected<std::string> prompt_encoder::render(const nlohmann::ordered_json& messages,
+                                             bool add_generation_prompt,
+                                             const nlohmann::ordered_json& tools) const {
   auto chat = tok_->chat();
   if (!chat)
     return with_prefix(chat.error(), "a conversation needs the model's chat template");
   models::chat_render_request req;
-  req.messages = nlohmann::ordered_json::parse(messages, nullptr, false);
-  if (req.messages.is_discarded())
-    return make_error(errc::parse_error, "a conversation's messages are not valid JSON");
+  req.messages = messages;
+  if (!tools.is_null() && !tools.empty())
+    req.tools = tools;
   req.add_generation_prompt = add_generation_prompt;
   req.bos_token = tok_->bos_text();
   req.eos_token = tok_->eos_text();

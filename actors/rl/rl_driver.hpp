@@ -4,6 +4,7 @@
 // rl_stage.cpp.
 
 #include "actors/rl/cast.hpp"
+#include "actors/rl/environment.hpp"
 #include "actors/rl/job_internal.hpp"
 #include "actors/rl/reward.hpp"
 #include "actors/rl/settings.hpp"
@@ -115,6 +116,14 @@ struct iteration_state {
   std::vector<std::vector<float>> token_score_rows;
   /// ReMax: each sample's greedy baseline score [B] (its prompt's).
   at::Tensor baseline_scores;
+  /// NOTE [episodes]: per sample, 1 on the tokens of its response the model
+  /// wrote, 0 on observations (empty without an environment); the
+  /// environment's outcome reward and shaping rewards (response positions;
+  /// empty = none); where the last model turn begins in the response.
+  std::vector<std::vector<float>> loss_mask_rows;
+  std::vector<double> env_rewards;
+  std::vector<std::vector<float>> shaping_rows;
+  std::vector<size_t> last_turn_begin;
   /// Scores requested during gen (NOTE [overlapped scoring]): each waits for
   /// its part's reply, in sample order.
   std::vector<std::function<expected<train::served_batch>()>> pending_scores;
@@ -192,6 +201,11 @@ private:
   reward_request reward_request_of(const iteration_state& s, size_t begin, size_t end) const;
   /// gen, scoring each part as it finishes (NOTE [overlapped scoring]).
   expected<void> gen_scored(iteration_state& s);
+  /// gen as episodes with the job's environment (NOTE [episodes]).
+  expected<void> gen_episodes(iteration_state& s);
+  /// The environment's scores applied to `s` by rl.environment.score, after
+  /// the reward role's (if asked): NOTE [episodes].
+  void absorb_episode_scores(iteration_state& s, bool reward_role_scored) const;
   /// The reward role's reply applied to `s` (scores, token scores, means).
   void absorb_scores(iteration_state& s, runtime::tensor_batch& reply) const;
   /// The samples' scores now: the overlapped ones collected, else asked for.

@@ -3,6 +3,7 @@
 
 #include "actors/rl/rl_driver.hpp"
 
+#include "actors/rl/episodes.hpp"
 #include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
 #include "runtime/torch_guard.hpp"
@@ -182,6 +183,46 @@ expected<void> rl_driver::gen_scored(iteration_state& s) {
   return {};
 }
 
+// NOTE [episodes]: the iteration's prompts (the batch path's requests:
+// ids, sampling, seeds) as episodes with the job's environment.
+expected<void> rl_driver::gen_episodes(iteration_state& s) {
+  const auto& r = ctx_.cfg->rl;
+  const auto& e = r.environment;
+  auto rows = rows_of(s.it);
+  auto reqs = gen_requests(s.it);
+  std::vector<episode_prompt> prompts;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    prompts.push_back({reqs[i].id, rows[i], reqs[i].sampling});
+  auto o = episode_options_of(ctx_, s.it + 1);
+  auto got = run_episodes(*ctx_.sys, rollout(), ctx_.env, ctx_.enc, prompts, o);
+  if (!got)
+    return got.error();
+  inference::generation seen{{}, got->stats.engine};
+  (void)take_generation(ctx_, std::move(seen));
+  for (auto& [k, v] : episode_metrics(*got))
+    s.m[k] = v;
+  const auto n = static_cast<size_t>(r.samples_per_prompt);
+  bool shaped = false;
+  for (size_t i = 0; i < got->episodes.size(); ++i) {
+    auto& ep = got->episodes[i];
+    const auto& row = rows[i / n];
+    s.prompts.push_back(std::move(ep.prompt));
+    s.responses.push_back(std::move(ep.tokens));
+    s.engine_lp.push_back(std::move(ep.logprobs));
+    s.token_version_rows.push_back(std::move(ep.versions));
+    s.loss_mask_rows.push_back(std::move(ep.loss_mask));
+    s.answers.push_back(row.answer);
+    s.metadata.push_back(row.metadata);
+    s.env_rewards.push_back(ep.reward);
+    s.last_turn_begin.push_back(ep.last_turn_begin);
+    shaped = shaped || !ep.shaping.empty();
+    s.shaping_rows.push_back(std::move(ep.shaping));
+  }
+  if (!shaped)
+    s.shaping_rows.clear();
+  return {};
+}
+
 expected<void> rl_driver::gen(iteration_state& s) {
   const auto& r = ctx_.cfg->rl;
   if (auto ahead = ahead_.find(s.it); ahead != ahead_.end()) { // NOTE [staleness]
@@ -191,6 +232,9 @@ expected<void> rl_driver::gen(iteration_state& s) {
     auto rows = rows_of(s.it);         // for the answers
     for (size_t i = 0; i < outs.size(); ++i)
       take_samples(s, outs[i], rows[i]);
+  } else if (ctx_.env) {
+    if (auto ok = gen_episodes(s); !ok)
+      return ok;
   } else if (overlaps_scoring(r.reward)) {
     if (auto ok = gen_scored(s); !ok)
       return ok;
@@ -210,8 +254,12 @@ expected<void> rl_driver::gen(iteration_state& s) {
     return b.error();
   s.batch = std::move(*b);
   s.mask = value_or_throw(s.batch.get("response_mask"));
-  place_token_scores(s);
   auto length = value_or_throw(s.batch.get("input_ids")).size(1);
+  if (!s.loss_mask_rows.empty()) { // NOTE [episodes]: observations carry no loss
+    s.mask = s.mask * scatter_response_values(s.prompts, s.loss_mask_rows, length);
+    value_or_throw(s.batch.set("response_mask", s.mask));
+  }
+  place_token_scores(s);
   s.eng_lp = scatter_response_values(s.prompts, s.engine_lp, length);
   std::vector<std::vector<float>> versions;
   for (const auto& row : s.token_version_rows)
@@ -368,6 +416,13 @@ reward_request rl_driver::reward_request_of(const iteration_state& s, size_t beg
   reward_request req;
   req.prompts = slice(s.prompts);
   req.responses = slice(s.responses);
+  if (!s.last_turn_begin.empty()) // NOTE [episodes]: the last turn after all before it
+    for (size_t i = 0; i < req.responses.size(); ++i) {
+      auto& resp = req.responses[i];
+      auto cut = resp.begin() + static_cast<long>(s.last_turn_begin[begin + i]);
+      req.prompts[i].insert(req.prompts[i].end(), resp.begin(), cut);
+      resp.erase(resp.begin(), cut);
+    }
   req.answers = slice(s.answers);
   req.metadata = slice(s.metadata);
   auto b = value_or_throw(collate_sequences(req.prompts, req.responses, ctx_.pad));
@@ -429,7 +484,47 @@ void rl_driver::absorb_scores(iteration_state& s, runtime::tensor_batch& reply) 
 expected<void> rl_driver::reward(iteration_state& s) {
   if (s.scores.defined()) // scored during gen (NOTE [dynamic sampling])
     return {};
-  return score_now(s);
+  if (!ctx_.env)
+    return score_now(s);
+  const bool ask = ctx_.cfg->rl.environment.score != episode_score::environment;
+  if (ask)
+    if (auto ok = score_now(s); !ok)
+      return ok;
+  absorb_episode_scores(s, ask);
+  return {};
+}
+
+// NOTE [episodes]: the environment's outcome rewards are the scores
+// (environment), or added to the reward role's (sum); its shaping rewards
+// join the dense token scores. The reward role scored each episode's last
+// turn, so its token scores start there.
+void rl_driver::absorb_episode_scores(iteration_state& s, bool reward_role_scored) const {
+  const auto rows = s.responses.size();
+  if (reward_role_scored)
+    for (size_t i = 0; i < s.token_score_rows.size() && i < rows; ++i) {
+      auto& row = s.token_score_rows[i];
+      row.insert(row.begin(), s.last_turn_begin[i], 0.0f);
+    }
+  const auto how = ctx_.cfg->rl.environment.score;
+  if (how == episode_score::reward) {
+    place_token_scores(s);
+    return;
+  }
+  auto env =
+      torch::tensor(std::vector<float>(s.env_rewards.begin(), s.env_rewards.end()), torch::kFloat);
+  s.scores = reward_role_scored ? s.scores + env : env;
+  s.m["critic/env_score/mean"] = env.mean().item<double>();
+  if (!s.shaping_rows.empty()) {
+    s.token_score_rows.resize(rows);
+    for (size_t i = 0; i < rows; ++i) {
+      auto& row = s.token_score_rows[i];
+      const auto& add = s.shaping_rows[i];
+      row.resize(std::max(row.size(), add.size()), 0.0f);
+      for (size_t j = 0; j < add.size(); ++j)
+        row[j] += add[j];
+    }
+  }
+  place_token_scores(s);
 }
 
 expected<void> rl_driver::score_now(iteration_state& s) {

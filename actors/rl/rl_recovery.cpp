@@ -266,6 +266,10 @@ void rl_driver::reset_phase(iteration_state& s, std::string_view phase) const {
     s.metadata.clear();
     s.token_score_rows.clear();
     s.pending_scores.clear();
+    s.loss_mask_rows.clear(); // NOTE [episodes]
+    s.env_rewards.clear();
+    s.shaping_rows.clear();
+    s.last_turn_begin.clear();
     s.scores = at::Tensor{};
     s.batch = runtime::tensor_batch{};
   } else if (phase == "reward") {

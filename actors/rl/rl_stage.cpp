@@ -397,6 +397,10 @@ void rl_driver::stop_roles() {
 // The weights the rollout starts with, the settings of an earlier run, and
 // the starting point's held-out score (the SFT model's; iteration 0 only).
 expected<void> rl_driver::start() {
+  auto env = job_environment(*ctx_.cfg, ctx_.opts->factories);
+  if (!env)
+    return env.error();
+  ctx_.env = std::move(*env);
   auto path = (ctx_.run_dir / "settings.jsonl").string();
   if (resumed_) {
     auto rec = read_settings(path);

@@ -1,5 +1,7 @@
 #include "actors/rl/roles.hpp"
 
+#include "actors/rl/environment.hpp"
+
 #include "actors/rl/role_traits.hpp"
 
 #include "actors/inference/rollout.hpp"
@@ -400,6 +402,35 @@ expected<std::vector<caf::actor>> in_process_host::spawn(caf::actor_system& sys,
       return a.error();
     return spawn_role_proxy(sys, std::move(*a), rank_name(s.role, s.layout, s.rank) + " (driver)");
   });
+}
+
+expected<std::shared_ptr<environment>> job_environment(const job_config& cfg,
+                                                       const role_factories& factories) {
+  const auto& e = cfg.rl.environment;
+  switch (e.kind) {
+  case environment_kind::none:
+    return std::shared_ptr<environment>{};
+  case environment_kind::remote: {
+    if (!factories.remote_environment)
+      return make_error(errc::unsupported,
+                        "rl.environment.kind: remote needs the EnvironmentService client of "
+                        "troupe's processes (a program embedding the actors passes "
+                        "run_options::factories.remote_environment)");
+    auto env = factories.remote_environment(cfg);
+    if (!env)
+      return env.error();
+    return std::shared_ptr<environment>{std::move(*env)};
+  }
+  case environment_kind::task:
+  case environment_kind::calculator:
+    break;
+  }
+  auto rules = rule_set::make(reward_rules(cfg.rl.reward), cfg.rl.generation.max_tokens);
+  if (!rules)
+    return with_prefix(rules.error(), "rl.environment");
+  if (e.kind == environment_kind::task)
+    return std::shared_ptr<environment>{make_task_environment(std::move(*rules))};
+  return std::shared_ptr<environment>{make_calculator_environment(std::move(*rules))};
 }
 
 } // namespace troupe::actors::rl

@@ -104,6 +104,7 @@ typename Inspector::result_type inspect(Inspector& f, role_spec& x) {
 struct job_config;
 struct weighted_backend;
 class reward_backend;
+class environment;
 
 /// How roles get parts that are not the built-in ones (NOTE [reward
 /// backends]): unset members mean the built-in parts.
@@ -115,7 +116,16 @@ struct role_factories {
   std::function<expected<std::unique_ptr<reward_backend>>(const job_config&,
                                                           std::shared_ptr<const models::tokenizer>)>
       remote_reward;
+  /// rl.environment.kind remote: the EnvironmentService client
+  /// (cluster/remote_environment.hpp; troupe's processes set it).
+  std::function<expected<std::unique_ptr<environment>>(const job_config&)> remote_environment;
 };
+
+/// The job's environment by rl.environment.kind (NOTE [environments]): the
+/// built-in ones scored by the job's rules, a remote one from `factories`;
+/// null for kind none.
+expected<std::shared_ptr<environment>> job_environment(const job_config& cfg,
+                                                       const role_factories& factories);
 
 /// Builds the role's actor in this process (a train engine actor, the
 /// rollout actor or the reward actor, by the role and stage tables). Errors

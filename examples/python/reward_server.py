@@ -15,34 +15,13 @@ Flags for tests and benchmarks: --port 0 picks a free port (written to
 adds the call's batch size and the calls in flight as extras, --constant
 scores every sample with one number and skips the verifier.
 """
-import argparse
-import concurrent.futures
 import fractions
-import hmac
-import pathlib
 import re
-import sys
 import tempfile
 import threading
 import time
 
-import grpc
-from grpc_tools import protoc
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def load_stubs(out_dir):
-    """Generates the Python stubs of reward.proto into out_dir and imports them."""
-    proto_root = REPO / "proto"
-    include = pathlib.Path(protoc.__file__).parent / "_proto"
-    args = ["protoc", f"-I{proto_root}", f"-I{include}", f"--python_out={out_dir}",
-            f"--grpc_python_out={out_dir}", str(proto_root / "troupe/v1/reward.proto")]
-    if protoc.main(args) != 0:
-        sys.exit("protoc failed on reward.proto")
-    sys.path.insert(0, str(out_dir))
-    from troupe.v1 import reward_pb2, reward_pb2_grpc  # noqa: E402
-    return reward_pb2, reward_pb2_grpc
+import troupe_service
 
 
 # ---- the math verifier (troupe's `math` rule, in Python) -----------------------
@@ -200,11 +179,7 @@ def make_servicer(pb2, pb2_grpc, args, token):
             self.in_flight = 0
 
         def Score(self, request, context):
-            if token is not None:
-                sent = dict(context.invocation_metadata()).get("authorization", "")
-                if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-                    context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                  "missing or wrong 'authorization: Bearer <token>'")
+            troupe_service.check_token(context, token)
             with self.lock:
                 self.in_flight += 1
                 in_flight = self.in_flight
@@ -227,44 +202,21 @@ def make_servicer(pb2, pb2_grpc, args, token):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50151, help="0 = any free port")
-    p.add_argument("--port-file", help="write the bound port here once serving")
-    p.add_argument("--token-file", help="refuse calls without this bearer token")
-    p.add_argument("--tls-cert", help="serve TLS with this certificate (PEM)")
-    p.add_argument("--tls-key", help="... and this key (PEM)")
+    p = troupe_service.parser(__doc__)
+    troupe_service.add_serving_flags(p, default_port=50151, workers=16)
     p.add_argument("--extract", default="strict", choices=["strict", "flexible", "boxed", "none"])
-    p.add_argument("--workers", type=int, default=16, help="calls served at once")
     p.add_argument("--delay", type=float, default=0.0, help="seconds added to every call")
     p.add_argument("--constant", type=float, help="score every sample with this")
     p.add_argument("--report-load", action="store_true",
                    help="extras: the call's batch size and the calls in flight")
     args = p.parse_args()
-    token = pathlib.Path(args.token_file).read_text().strip() if args.token_file else None
+    token = troupe_service.read_token(args)
     with tempfile.TemporaryDirectory() as stubs:
-        pb2, pb2_grpc = load_stubs(stubs)
-        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=args.workers))
-        pb2_grpc.add_RewardServiceServicer_to_server(make_servicer(pb2, pb2_grpc, args, token),
-                                                     server)
-        address = f"{args.host}:{args.port}"
-        if args.tls_cert and args.tls_key:
-            pair = (pathlib.Path(args.tls_key).read_bytes(), pathlib.Path(args.tls_cert).read_bytes())
-            port = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
-        elif args.host in ("127.0.0.1", "::1", "localhost"):
-            port = server.add_insecure_port(address)
-        else:
-            sys.exit(f"{args.host} is not loopback: serve TLS (--tls-cert, --tls-key) so that "
-                     "tokens and data do not cross the network in clear text")
-        if port == 0:
-            sys.exit(f"cannot listen on {args.host}:{args.port}")
-        server.start()
-        if args.port_file:
-            tmp = pathlib.Path(args.port_file + ".tmp")
-            tmp.write_text(str(port))
-            tmp.rename(args.port_file)
-        print(f"reward server on {args.host}:{port}", flush=True)
-        server.wait_for_termination()
+        pb2, pb2_grpc = troupe_service.load_stubs(stubs, "reward")
+        servicer = make_servicer(pb2, pb2_grpc, args, token)
+        troupe_service.serve(
+            args, lambda server: pb2_grpc.add_RewardServiceServicer_to_server(servicer, server),
+            "reward server")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 #include "models/tokenizer.hpp"
 #include "tests/actors/job_yaml.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/python_service.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include <caf/actor_system.hpp>
@@ -30,59 +31,15 @@ using namespace troupe::actors::rl;
 
 namespace {
 
-std::string python_missing() {
-  int status = 0;
-  test::run_command("/usr/bin/python3 -c 'import grpc, grpc_tools' > /dev/null 2>&1", status);
-  return status == 0 ? ""
-                     : "/usr/bin/python3 lacks grpc (install python3-grpcio, python3-grpc-tools)";
-}
-
-/// The reference server, started with `flags`, stopped (SIGKILL) at the end.
-class reward_server {
+/// The reference reward server, started with `flags`.
+class reward_server : public test::python_service {
 public:
-  reward_server(const test::temp_dir& dir, std::vector<std::string> flags) {
-    port_file_ = dir.file("port-" + std::to_string(counter_++));
-    std::vector<std::string> args{std::string{TROUPE_SOURCE_DIR} +
-                                      "/examples/python/reward_server.py",
-                                  "--port", "0", "--port-file", port_file_};
-    args.insert(args.end(), flags.begin(), flags.end());
-    log_ = port_file_ + ".log";
-    pid_ = test::start_process("/usr/bin/python3", args, log_);
-  }
-  ~reward_server() { kill(); }
-
-  /// host:port once it serves (bounded wait), or "" with the log in `why`.
-  std::string address(std::string& why) {
-    for (int i = 0; i < 3000; ++i) {
-      std::ifstream f(port_file_);
-      std::string port;
-      if (f >> port)
-        return "127.0.0.1:" + port;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    std::ifstream log(log_);
-    std::stringstream ss;
-    ss << log.rdbuf();
-    why = "the reward server did not start in 30 s: " + ss.str();
-    return "";
-  }
-
-  void kill() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      test::wait_exit(pid_, std::chrono::seconds(10));
-      pid_ = -1;
-    }
-  }
-
-private:
-  static inline int counter_ = 0;
-  std::string port_file_, log_;
-  pid_t pid_ = -1;
+  reward_server(const test::temp_dir& dir, std::vector<std::string> flags)
+      : python_service(dir, "reward_server.py", std::move(flags)) {}
 };
 
-remote_reward_config config_for(const std::string& address) {
-  remote_reward_config c;
+remote_service_config config_for(const std::string& address) {
+  remote_service_config c;
   c.address = address;
   c.timeout_s = 10;
   c.retries = 2;
@@ -112,7 +69,7 @@ std::vector<float> values(const at::Tensor& t) {
 class RemoteReward : public ::testing::Test {
 protected:
   void SetUp() override {
-    if (auto why = python_missing(); !why.empty())
+    if (auto why = test::python_grpc_missing(); !why.empty())
       GTEST_SKIP() << why;
   }
   test::temp_dir dir;

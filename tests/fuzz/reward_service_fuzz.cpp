@@ -11,11 +11,12 @@
 // Invariants: score() either fails with a named error (never `internal`)
 // or gives one finite score per sample, finite token scores no wider than
 // the longest response, and extras whose names pass
-// reward_extra_name_why, no more than max_reward_extras of them.
+// runtime::peer_metric_name_why, no more than max_reward_extras of them.
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/reward_backend.hpp"
 #include "cluster/remote_reward.hpp"
 #include "models/tokenizer.hpp"
+#include "runtime/metric_name.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
 
 #include "troupe/v1/reward.grpc.pb.h"
@@ -114,7 +115,7 @@ void check_extras(const runtime::tensor_batch& extras) {
       continue;
     }
     if (key.rfind("extra/", 0) != 0 ||
-        !cluster::reward_extra_name_why(std::string_view{key}.substr(6)).empty())
+        !runtime::peer_metric_name_why(std::string_view{key}.substr(6)).empty())
       fuzz::broken("an extra's name that is not a metric name");
     ++named;
   }
@@ -129,7 +130,7 @@ actors::rl::reward_backend& backend_for(const std::string& address, int64_t batc
   static std::unique_ptr<actors::rl::reward_backend> made[4];
   auto& b = made[batch_size - 1];
   if (!b) {
-    actors::rl::remote_reward_config c;
+    actors::rl::remote_service_config c;
     c.address = address;
     c.timeout_s = 5;
     c.retries = 1;
