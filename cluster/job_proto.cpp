@@ -65,7 +65,8 @@ struct proto_writer {
   void operator()(const char* name, std::vector<j::eval_sample>& v) const {
     for (auto& s : v) {
       proto_writer w{r()->AddMessage(m, f(name))};
-      w("prompt", s.prompt), w("response", s.response), w("score", s.score);
+      w("prompt", s.prompt), w("response", s.response), w("score", s.score),
+          w("conversation_json", s.conversation);
     }
   }
   template <class T>
@@ -110,7 +111,8 @@ struct proto_reader {
     for (int i = 0, n = r()->FieldSize(*m, f(name)); i < n; ++i) {
       proto_reader rd{&r()->GetRepeatedMessage(*m, f(name), i), error};
       auto& s = v.emplace_back();
-      rd("prompt", s.prompt), rd("response", s.response), rd("score", s.score);
+      rd("prompt", s.prompt), rd("response", s.response), rd("score", s.score),
+          rd("conversation_json", s.conversation);
     }
   }
   template <class T>

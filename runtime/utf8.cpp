@@ -32,4 +32,20 @@ size_t invalid_utf8_at(std::string_view text) noexcept {
   return std::string_view::npos;
 }
 
+std::string valid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  while (!text.empty()) {
+    auto at = invalid_utf8_at(text);
+    if (at == std::string_view::npos) {
+      out.append(text);
+      break;
+    }
+    out.append(text.substr(0, at));
+    out.append("\xEF\xBF\xBD"); // U+FFFD
+    text.remove_prefix(at + 1);
+  }
+  return out;
+}
+
 } // namespace troupe::runtime

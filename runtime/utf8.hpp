@@ -12,4 +12,8 @@ namespace troupe::runtime {
 /// or a code point above U+10FFFF); std::string_view::npos when it is valid.
 size_t invalid_utf8_at(std::string_view text) noexcept;
 
+/// `text` with each byte that starts an invalid sequence replaced by U+FFFD
+/// (what a model's decoded bytes become before they are sent as text).
+std::string valid_utf8(std::string_view text);
+
 } // namespace troupe::runtime

@@ -33,8 +33,12 @@ struct json_writer {
   }
   void operator()(const char* key, const std::vector<eval_sample>& v) {
     json a = json::array();
-    for (const auto& s : v)
-      a.push_back({{"prompt", s.prompt}, {"response", s.response}, {"score", s.score}});
+    for (const auto& s : v) {
+      json o{{"prompt", s.prompt}, {"response", s.response}, {"score", s.score}};
+      if (!s.conversation.empty())
+        o["conversation"] = s.conversation;
+      a.push_back(std::move(o));
+    }
     out[key] = std::move(a);
   }
   template <class T>
@@ -115,9 +119,14 @@ struct json_reader {
       if (!s.is_object() || !s.contains("prompt") || !s.contains("response") ||
           !s["prompt"].is_string() || !s["response"].is_string() || !s.contains("score"))
         return bad(key, "an array of {prompt, response, score}");
-      eval_sample e{s["prompt"].get<std::string>(), s["response"].get<std::string>(), 0};
+      eval_sample e{s["prompt"].get<std::string>(), s["response"].get<std::string>(), 0, {}};
       if (!number(s["score"], e.score))
         return bad(key, "an array of {prompt, response, score}");
+      if (s.contains("conversation")) {
+        if (!s["conversation"].is_string())
+          return bad(key, "an array of {prompt, response, score, conversation (text)}");
+        e.conversation = s["conversation"].get<std::string>();
+      }
       v.push_back(std::move(e));
     }
   }

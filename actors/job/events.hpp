@@ -22,6 +22,7 @@
 //   role            a role rank started / became ready / failed
 //                   (role, rank, process, pid, status, reason, signal, phase)
 //   eval_samples    a few (prompt, response, score) triples of an evaluation
+//                   (with episodes: each one's conversation, turn by turn)
 //   log             a log line (level, text)
 //   setting         a runtime setting changed (key, value, previous, from
 //                   iteration)
@@ -225,6 +226,11 @@ struct eval_sample {
   std::string prompt;
   std::string response;
   double score = 0;
+  /// An episode's conversation (NOTE [episodes]): its messages as a JSON
+  /// list, [{"role", "content", "turn"}, ...] — the model's turns and the
+  /// observations, each with the turn it belongs to; "" = not an episode
+  /// (written only when set; older lines lack it).
+  std::string conversation;
 };
 
 struct eval_samples {

@@ -2,6 +2,7 @@
 
 #include "models/tokenizer.hpp"
 #include "runtime/metric_name.hpp"
+#include "runtime/utf8.hpp"
 
 #include <caf/all.hpp>
 
@@ -522,7 +523,9 @@ expected<read_turn> read_model_turn(const prompt_encoder& enc, const std::vector
   auto raw = tok.decode(cut, {.skip_special_tokens = false});
   if (!text || !raw)
     return text ? raw.error() : text.error();
-  out.text = std::move(*text);
+  // Text leaves as UTF-8 (a byte-level model may cut a character).
+  out.text = runtime::valid_utf8(*text);
+  *raw = runtime::valid_utf8(*raw);
   if (tools.empty()) { // a session without tools: its text is all content
     out.parsed.content = out.text;
     return out;

@@ -327,9 +327,12 @@ namespace {
 // prompt at `temperature` (0 = greedy), seeds fixed per prompt so every
 // evaluation of the same weights gives the same number.
 // A few held-out (prompt, response, score) triples of a pass, as an event.
+// With episodes, each sample's conversation goes along (`conversations`,
+// else empty).
 void emit_samples(job_context& ctx, const std::string& stage, int64_t step,
                   const std::vector<std::vector<int64_t>>& responses,
-                  const std::vector<double>& scores, int64_t per_prompt) {
+                  const std::vector<double>& scores, int64_t per_prompt,
+                  const std::vector<std::string>& conversations) {
   job::eval_samples ev{stage, step, {}};
   const auto& eval = ctx.data.eval;
   for (size_t i = 0; i < std::min<size_t>(3, eval.size()); ++i) {
@@ -337,7 +340,8 @@ void emit_samples(job_context& ctx, const std::string& stage, int64_t step,
     if (k >= responses.size())
       break;
     auto text = ctx.tok->decode(responses[k]);
-    ev.samples.push_back({eval[i].prompt, text ? *text : std::string{}, scores[k]});
+    ev.samples.push_back({eval[i].prompt, text ? *text : std::string{}, scores[k],
+                          k < conversations.size() ? conversations[k] : std::string{}});
   }
   ctx.emit(std::move(ev));
 }
@@ -349,6 +353,8 @@ struct eval_outputs {
   std::vector<std::vector<int64_t>> scored, shown;
   std::vector<std::string> answers;
   std::vector<double> env_rewards;
+  /// Each episode's transcript as JSON (empty without episodes).
+  std::vector<std::string> conversations;
   double length = 0;
 };
 
@@ -381,6 +387,8 @@ expected<eval_outputs> eval_episodes(job_context& ctx, const inference::rollout_
     out.shown.push_back(std::move(ep.tokens));
     out.answers.push_back(eval[i / n].answer);
     out.env_rewards.push_back(ep.reward);
+    out.conversations.push_back(
+        ep.transcript.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
   }
   return out;
 }
@@ -442,7 +450,7 @@ expected<void> evaluate_pass(job_context& ctx, const inference::rollout_actor& r
   }
   auto n = static_cast<double>(std::max<size_t>(1, scores.size()));
   if (prefix == "val/")
-    emit_samples(ctx, stage, step, outs->shown, scores, samples);
+    emit_samples(ctx, stage, step, outs->shown, scores, samples, outs->conversations);
   m[prefix + "score/mean"] = sum / n;
   m[prefix + "accuracy"] = hits / n;
   if (!outcome->formatted.empty()) { // the share in the answer format (format rules)

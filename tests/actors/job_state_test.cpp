@@ -30,7 +30,12 @@ std::vector<event> one_of_each() {
       checkpoint_saved{"rl", 4, "/x/rl/checkpoints/iter_00000004", 999, 0.2},
       role_changed{"rl", "critic", 1, "worker 2", 4242, "failed", "critic: values: boom", 9,
                    "values"},
-      eval_samples{"rl", 4, {{"sort 321", "123", 1.0}, {"sort 54", "\"45\"\n", 0.5}}},
+      eval_samples{
+          "rl",
+          4,
+          {{"sort 321", "123", 1.0},
+           {"sort 54", "\"45\"\n", 0.5,
+            R"([{"role":"user","content":"sort 54"},{"role":"assistant","content":"45","turn":1}])"}}},
       log_line{"warn", "a line with \"quotes\" and ünïcode"},
       setting_updated{"rl.kl.coef", "0.2", "0.05", 5},
   };

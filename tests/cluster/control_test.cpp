@@ -124,7 +124,8 @@ TEST(JobStore, RecordsTransitionsAndAuditSurviveAReopenInWalMode) {
 namespace {
 
 std::vector<j::event_body> one_of_each_kind() {
-  j::eval_samples samples{"rl", 4, {{"123", "321", 0.5}, {"9", "9", 1}}};
+  j::eval_samples samples{
+      "rl", 4, {{"123", "321", 0.5}, {"9", "9", 1, R"([{"role":"tool","content":"9","turn":1}])"}}};
   return {j::state_changed{j::job_state::running, j::job_state::paused, "asked"},
           j::stage_started{"rl", 10, 2},
           j::stage_finished{"rl", 10, 3.5, true},

@@ -35,6 +35,8 @@ def main():
     ap.add_argument("--token-file", required=True)
     ap.add_argument("--job", required=True)
     ap.add_argument("--artifacts", required=True)
+    ap.add_argument("--expect-turns", type=int, default=0,
+                    help="the evaluation samples show conversations of this many model turns")
     a = ap.parse_args()
     token = open(a.token_file).read().strip()
     os.makedirs(a.artifacts, exist_ok=True)
@@ -69,6 +71,22 @@ def main():
             assert d.find_elements(By.CSS_SELECTOR, "#placement .proc"), "no processes in the placement map"
             assert d.find_elements(By.CSS_SELECTOR, "#events tr"), "no events listed"
             assert "rl:" in d.find_element(By.ID, "config").text, "no resolved config"
+            if a.expect_turns:
+                # An episode's conversation: the model's turns marked, the
+                # observation between them (docs/agents.md).
+                turns = lambda: d.execute_script(
+                    "return [...document.querySelectorAll('#samples .conversation .msg.role-assistant')]"
+                    ".map(m => +m.dataset.turn)")
+                wait.until(lambda drv: a.expect_turns in turns())
+                tags = d.execute_script(
+                    "return [...document.querySelectorAll('#samples .conversation .msg-tag')]"
+                    ".map(t => t.textContent)")
+                assert "turn %d · assistant" % a.expect_turns in tags, "turn tags: %s" % tags
+                assert any(t.startswith("turn 1 · ") and "assistant" not in t for t in tags), \
+                    "no observation after turn 1: %s" % tags
+                d.execute_script("document.getElementById('samples').scrollIntoView()")
+                shot("samples")
+                d.execute_script("window.scrollTo(0, 0)")
             shot("job")
 
             # Clicked from the page's script: the head is re-rendered as

@@ -5,6 +5,7 @@
 // /metrics against the job's own metrics.
 #include "cluster/job_store.hpp"
 #include "tests/cluster/control_harness.hpp"
+#include "tests/support/python_service.hpp"
 
 #include <httplib.h>
 
@@ -368,20 +369,44 @@ TEST(Dashboard, EventsStreamOnFromLastEventIdAndMetricsMatchTheJob) {
   ctl.stop();
 }
 
+// The job runs two-turn episodes against the Python environment server
+// (--echo: every turn answered with an observation, none ending it), so the
+// page's evaluation samples are conversations with their turns marked.
 TEST(Dashboard, InARealBrowserTheChartsGrowAndThePageControlsTheJob) {
   test::temp_dir tmp;
+  if (auto why = test::python_grpc_missing(); !why.empty())
+    GTEST_SKIP() << why;
+  test::python_service env{tmp, "tool_env_server.py", {"--echo"}};
+  std::string why;
+  auto env_address = env.address(why);
+  ASSERT_FALSE(env_address.empty()) << why;
+  // SFT long enough that the policy ends its answers (EOS), so its first
+  // turns end and a second follows; a context with room for it.
+  auto spec = test::tiny_spec(test::endless);
+  auto set = [&](const std::string& from, const std::string& to) {
+    ASSERT_NE(spec.find(from), std::string::npos) << from;
+    spec.replace(spec.find(from), from.size(), to);
+  };
+  set("max_position_embeddings: 24", "max_position_embeddings: 64");
+  set("sft: {steps: 4,", "sft: {steps: 60,");
+  set("generation: {max_tokens: 5}", "generation: {max_tokens: 8}");
+  set("rollout: {num_blocks: 64, block_size: 4}",
+      "rollout: {num_blocks: 64, block_size: 4},\n     environment: {kind: remote, max_turns: 2, "
+      "remote: {address: '" +
+          env_address + "'}}");
   test::controller_process ctl{tmp.file("state")};
   ctl.start();
-  auto id = test::submit(ctl, tmp.write("job.yaml", test::tiny_spec(test::endless)), {"--name", "browser-test"});
+  auto id = test::submit(ctl, tmp.write("job.yaml", spec), {"--name", "browser-test"});
   ASSERT_FALSE(id.empty());
   auto api = ctl.client();
   ASSERT_TRUE(test::reaches_rl_iteration(api, id, 1));
   auto artifacts = std::string{TROUPE_ARTIFACTS_DIR} + "/dashboard";
   std::filesystem::remove_all(artifacts);
-  auto r = test::run_process({"/usr/bin/python3", std::string{TROUPE_SOURCE_DIR} + "/tests/cluster/dashboard_browser.py",
-                              "--url", ctl.dashboard(), "--token-file", ctl.state_dir() + "/token", "--job", id,
-                              "--artifacts", artifacts},
-                             300);
+  auto r = test::run_process(
+      {"/usr/bin/python3", std::string{TROUPE_SOURCE_DIR} + "/tests/cluster/dashboard_browser.py",
+       "--url", ctl.dashboard(), "--token-file", ctl.state_dir() + "/token", "--job", id,
+       "--artifacts", artifacts, "--expect-turns", "2"},
+      300);
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("browser: ok"), std::string::npos) << r.out << r.err;
   for (const char* shot : {"jobs.png", "job.png", "paused.png"})

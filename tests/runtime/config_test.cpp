@@ -324,6 +324,18 @@ TEST(Config, InvalidUtf8IsRefusedWithItsLocation) {
   EXPECT_EQ(ok->name, "gr\xc3\xbc\xc3\x9f \xe2\x82\xac \xf0\x9f\x98\x80");
 }
 
+TEST(Utf8, InvalidSequencesBecomeReplacementCharacters) {
+  EXPECT_EQ(valid_utf8("plain \xc3\xa9"), "plain \xc3\xa9");
+  EXPECT_EQ(valid_utf8("ab\x80"
+                       "c"),
+            "ab\xef\xbf\xbd"
+            "c");
+  EXPECT_EQ(valid_utf8("ok\xe2\x82"), "ok\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(valid_utf8("\xff\xfe"), "\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(invalid_utf8_at(valid_utf8("\xe0\x80\xaf x \xed\xa0\x80")), std::string_view::npos);
+  EXPECT_EQ(valid_utf8(""), "");
+}
+
 TEST(Utf8, FindsTheFirstInvalidSequence) {
   EXPECT_EQ(invalid_utf8_at("plain ascii"), std::string_view::npos);
   EXPECT_EQ(invalid_utf8_at("\xc3\xa9\xe2\x82\xac\xf4\x8f\xbf\xbf"), std::string_view::npos); // é € U+10FFFF

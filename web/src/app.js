@@ -393,10 +393,36 @@
         h("td", { class: "muted" }, seq), h("td", { class: "muted" }, new Date(num(time_us) / 1000).toLocaleTimeString()), h("td", {}, kind), h("td", {}, text)));
       while (els.events.rows.length > EVENT_ROWS) els.events.deleteRow(-1);
     };
+    // An episode's conversation (docs/agents.md): each message with its
+    // role and the turn it belongs to; the model's turns stand out.
+    const conversation = (text) => {
+      let msgs;
+      try {
+        msgs = JSON.parse(text);
+      } catch (err) {
+        return null;
+      }
+      if (!Array.isArray(msgs))
+        return null;
+      return h("div", {class : "conversation"},
+               msgs.map((m) => h("div", {
+                          class : "msg role-" + String(m.role || "?").replace(/[^a-z]/g, ""),
+                          "data-turn" : m.turn === undefined ? "" : String(m.turn)
+                        },
+                                 h("span", {class : "msg-tag"},
+                                   (m.turn === undefined ? "" : "turn " + m.turn + " · ") +
+                                       String(m.role || "?")),
+                                 h("code", {}, String(m.content ?? "")))));
+    };
     const addSamples = (e) => {
-      for (const smp of e.samples || [])
-        els.samples.prepend(h("tr", {}, h("td", {}, e.step), h("td", {}, h("code", {}, smp.prompt)), h("td", {}, h("code", {}, smp.response)), h("td", {}, fmtNum(smp.score))));
-      while (els.samples.rows.length > 60) els.samples.deleteRow(-1);
+      for (const smp of e.samples || []) {
+        const talk = smp.conversation ? conversation(smp.conversation) : null;
+        const response = talk || h("code", {}, smp.response);
+        els.samples.prepend(h("tr", {}, h("td", {}, e.step), h("td", {}, h("code", {}, smp.prompt)),
+                              h("td", {}, response), h("td", {}, fmtNum(smp.score))));
+      }
+      while (els.samples.rows.length > 60)
+        els.samples.deleteRow(-1);
     };
 
     renderHead();
