@@ -6,7 +6,7 @@
 #   scripts/fuzz.sh [--seconds N | --minutes N] [--jobs N] [--all | TARGET ...]
 #
 # Default: the torch-free targets (the test suite's run) for 10 seconds
-# each, --jobs (2) of them at a time (and as many build jobs); --all adds the five below that link LibTorch and gRPC. A crash, a
+# each, --jobs (2) of them at a time (and as many build jobs); --all adds the six below that link LibTorch and gRPC. A crash, a
 # sanitizer report, a leak in troupe's frames (tests/fuzz/lsan.supp lists
 # the libraries' static state) or a slow input (over 10 s) fails the run;
 # its reproducer is left in tests/fuzz/findings/<target>/
@@ -76,7 +76,7 @@ declare -A libs=(
 )
 
 # The targets of the GCC build (tests/fuzz/CMakeLists.txt says what each links).
-declare -A gcc_built=([role_messages]=1 [job_service]=1 [node_service]=1 [dashboard]=1 [reward_service]=1)
+declare -A gcc_built=([role_messages]=1 [job_service]=1 [node_service]=1 [dashboard]=1 [reward_service]=1 [environment_service]=1)
 
 targets=()
 all=0

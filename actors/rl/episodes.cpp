@@ -115,6 +115,38 @@ expected<std::string> templated_observation(const prompt_encoder& enc, const obs
 
 } // namespace
 
+expected<void> check_reset_answer(const reset_result& r, const std::string& session) {
+  if (r.session != session)
+    return make_error(errc::corrupted, "answered for session '" + r.session + "'");
+  if (r.first.empty() || (!r.first.messages.empty() && !r.first.text.empty()))
+    return make_error(errc::corrupted, "a first observation needs messages or text, not both");
+  if (!r.tools.is_null() && !r.tools.is_array())
+    return make_error(errc::corrupted, "tools are not a list");
+  return {};
+}
+
+expected<void> check_step_answer(const step_result& r, const std::string& session) {
+  if (r.session != session)
+    return make_error(errc::corrupted, "answered for session '" + r.session + "'");
+  if (!finite_in_fp32(r.reward))
+    return make_error(errc::corrupted, "a reward that is not a finite fp32 number (" +
+                                           std::to_string(r.reward) + ")");
+  if (!r.done && r.next.empty())
+    return make_error(errc::corrupted, "an empty observation before done");
+  if (!r.next.messages.empty() && !r.next.text.empty())
+    return make_error(errc::corrupted, "an observation with both messages and text");
+  if (r.info.size() > max_env_info)
+    return make_error(errc::corrupted, std::to_string(r.info.size()) + " info entries (at most " +
+                                           std::to_string(max_env_info) + ")");
+  for (const auto& [name, v] : r.info) {
+    if (auto why = runtime::peer_metric_name_why(name); !why.empty())
+      return make_error(errc::corrupted, "info: " + why);
+    if (!finite_in_fp32(v))
+      return make_error(errc::corrupted, "info '" + name + "' is not a finite fp32 number");
+  }
+  return {};
+}
+
 expected<std::vector<int64_t>> render_observation(const prompt_encoder& enc, const observation& o,
                                                   const nlohmann::ordered_json& tools) {
   const auto& tok = enc.tokenizer();
@@ -266,13 +298,8 @@ expected<void> runner::open_sessions(const std::vector<episode_prompt>& prompts)
     auto& r = (*got)[i];
     auto& le = live_[i];
     const auto at = where(le.ep.session, "reset");
-    if (r.session != le.ep.session)
-      return make_error(errc::corrupted, at + ": answered for session '" + r.session + "'");
-    if (r.first.empty() || (!r.first.messages.empty() && !r.first.text.empty()))
-      return make_error(errc::corrupted, at + ": a first observation needs messages or text, "
-                                              "not both");
-    if (!r.tools.is_null() && !r.tools.is_array())
-      return make_error(errc::corrupted, at + ": tools are not a list");
+    if (auto ok = check_reset_answer(r, le.ep.session); !ok)
+      return with_prefix(ok.error(), at);
     auto prompt = render_first_prompt(enc_, r.first, r.tools);
     if (!prompt)
       return with_prefix(prompt.error(), at);
@@ -448,26 +475,8 @@ expected<step_result> runner::step(live_episode& le, const env_turn& t) {
     return make_error(errc::corrupted,
                       at + ": " + std::to_string(got->size()) + " results for one turn");
   auto& r = got->front();
-  if (r.session != t.session)
-    return make_error(errc::corrupted, at + ": answered for session '" + r.session + "'");
-  if (!finite_in_fp32(r.reward))
-    return make_error(errc::corrupted, at + ": a reward that is not a finite fp32 number (" +
-                                           std::to_string(r.reward) + ")");
-  if (!r.done && r.next.empty())
-    return make_error(errc::corrupted, at + ": an empty observation before done");
-  if (!r.next.messages.empty() && !r.next.text.empty())
-    return make_error(errc::corrupted, at + ": an observation with both messages and text");
-  constexpr size_t max_info = 32;
-  if (r.info.size() > max_info)
-    return make_error(errc::corrupted, at + ": " + std::to_string(r.info.size()) +
-                                           " info entries (at most " + std::to_string(max_info) +
-                                           ")");
-  for (const auto& [name, v] : r.info) {
-    if (auto why = runtime::peer_metric_name_why(name); !why.empty())
-      return make_error(errc::corrupted, at + ": info: " + why);
-    if (!finite_in_fp32(v))
-      return make_error(errc::corrupted, at + ": info '" + name + "' is not a finite fp32 number");
-  }
+  if (auto ok = check_step_answer(r, t.session); !ok)
+    return with_prefix(ok.error(), at);
   return std::move(r);
 }
 

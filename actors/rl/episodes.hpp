@@ -147,6 +147,17 @@ expected<episode_batch> run_episodes(caf::actor_system& sys,
                                      const std::vector<episode_prompt>& prompts,
                                      const episode_options& opts);
 
+/// An environment's info entries per Step at most.
+inline constexpr size_t max_env_info = 32;
+
+/// The checks of an environment's answer for `session` before any of it is
+/// used (NOTE [episodes]): the session it names; a first observation of
+/// messages or text (not both), tools a list; a reward and info values
+/// finite in fp32, info names usable as metric names, at most max_env_info
+/// of them, an observation before done. corrupted says what is wrong.
+expected<void> check_reset_answer(const reset_result& r, const std::string& session);
+expected<void> check_step_answer(const step_result& r, const std::string& session);
+
 /// The tokens of an observation that follows a model turn ending in EOS
 /// (NOTE [observation tokens] in episodes.cpp): messages rendered with the
 /// chat template's role markers (or the plain rendering without a

@@ -81,4 +81,20 @@ inline models::llama_model episode_model() {
   return *m;
 }
 
+/// The log-probs of `tokens` after `prompt` by a forward of the whole
+/// sequence (temperature 1): what a sampled continuation of exactly that
+/// sequence was scored.
+inline std::vector<float> teacher_forced(models::llama_model& m, const std::vector<int64_t>& prompt,
+                                         const std::vector<int64_t>& tokens) {
+  torch::NoGradGuard ng;
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), tokens.begin(), tokens.end());
+  auto ids = torch::tensor(all, torch::kLong).unsqueeze(0);
+  auto lp = torch::log_softmax(m->forward(ids, {}).squeeze(0).to(torch::kFloat), -1);
+  std::vector<float> out;
+  for (size_t j = 0; j < tokens.size(); ++j)
+    out.push_back(lp[static_cast<int64_t>(prompt.size() + j - 1)][tokens[j]].item<float>());
+  return out;
+}
+
 } // namespace troupe::test

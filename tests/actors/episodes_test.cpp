@@ -132,21 +132,6 @@ struct episodes_fixture : ::testing::Test {
   inference::rollout_actor rollout;
 };
 
-// The log-probs of `tokens` after `prompt` by a full forward of the whole
-// sequence (temperature 1).
-std::vector<float> teacher_forced(models::llama_model& m, const std::vector<int64_t>& prompt,
-                                  const std::vector<int64_t>& tokens) {
-  torch::NoGradGuard ng;
-  std::vector<int64_t> all = prompt;
-  all.insert(all.end(), tokens.begin(), tokens.end());
-  auto ids = torch::tensor(all, torch::kLong).unsqueeze(0);
-  auto lp = torch::log_softmax(m->forward(ids, {}).squeeze(0).to(torch::kFloat), -1);
-  std::vector<float> out;
-  for (size_t j = 0; j < tokens.size(); ++j)
-    out.push_back(lp[static_cast<int64_t>(prompt.size() + j - 1)][tokens[j]].item<float>());
-  return out;
-}
-
 } // namespace
 
 namespace {
@@ -212,7 +197,7 @@ TEST_F(episodes_fixture, TokensAreTheModelsTurnsAndTheObservationsRenderedOnce) 
         EXPECT_TRUE(ep.tokens[j - 1] == 2 || ep.tokens[j - 1] % 2 == 1) << "token " << j;
     // The model's tokens were sampled after exactly this sequence: their
     // log-probs are the whole sequence's, by a forward of it.
-    auto forced = teacher_forced(model, ep.prompt, ep.tokens);
+    auto forced = test::teacher_forced(model, ep.prompt, ep.tokens);
     for (size_t j = 0; j < n; ++j) {
       if (ep.loss_mask[j] == 1.0f)
         EXPECT_NEAR(ep.logprobs[j], forced[j], 2e-4) << "token " << j;

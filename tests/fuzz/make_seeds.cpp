@@ -2,7 +2,8 @@
 // (NOTE [fuzz targets]): role_messages — one message of each registered
 // type, in CAF's binary form, as a worker link carries it; job_service and
 // node_service — requests and agent messages in protobuf's wire form, in
-// the targets' input layout; reward_service — a reward service's answers.
+// the targets' input layout; reward_service — a reward service's answers;
+// environment_service — an environment service's.
 //   troupe_fuzz_make_seeds <tests/fuzz/corpus>
 #include "actors/actor_system.hpp"
 #include "actors/inference/rollout.hpp"
@@ -15,6 +16,7 @@
 #include "runtime/file_io.hpp"
 #include "runtime/tensor_batch.hpp"
 
+#include "troupe/v1/environment.pb.h"
 #include "troupe/v1/job_service.pb.h"
 #include "troupe/v1/node_service.pb.h"
 #include "troupe/v1/reward.pb.h"
@@ -199,6 +201,57 @@ void reward_service_seeds(const std::filesystem::path& dir) {
   put("invalid-argument", 6, 3, plain);
 }
 
+// EnvironmentService answers: the call and answer, the client's batch
+// size, then a ResetResponse (for sessions 0/0/0, 0/0/1, 0/1/0) or a
+// StepResponse (for session 0/0/0's turn 1).
+void environment_service_seeds(const std::filesystem::path& dir) {
+  auto put = [&](const std::string& name, char mode, char batch, const std::string& bytes) {
+    write_bytes(dir / name, std::string{mode, batch} + bytes);
+  };
+  troupe::v1::ResetResponse reset;
+  for (const char* s : {"0/0/0", "0/0/1", "0/1/0"}) {
+    auto* r = reset.add_results();
+    r->set_session_id(s);
+    r->mutable_observation()->set_text("add:1+2=");
+    r->add_tools_json(R"({"type": "function", "function": {"name": "calculator", "parameters": )"
+                      R"({"type": "object", "properties": {"expression": {"type": "string"}}}}})");
+  }
+  put("reset", 0, 2, bytes_of(reset));
+  put("reset-one-per-call", 1, 0, bytes_of(reset));
+  troupe::v1::ResetResponse chat = reset;
+  for (auto& r : *chat.mutable_results()) {
+    r.mutable_observation()->clear_text();
+    auto* m = r.mutable_observation()->add_messages();
+    m->set_role("user");
+    m->set_content("What is 1 + 2?");
+  }
+  put("reset-messages", 2, 2, bytes_of(chat));
+  troupe::v1::StepResponse tool;
+  auto* r = tool.add_results();
+  r->set_session_id("0/0/0");
+  auto* m = r->mutable_observation()->add_messages();
+  m->set_role("tool");
+  m->set_name("calculator");
+  m->set_tool_call_id("call_1_1");
+  m->set_content("3");
+  r->set_reward(0.1);
+  (*r->mutable_info())["tool_calls"] = 1;
+  put("step-tool-result", 3, 0, bytes_of(tool));
+  troupe::v1::StepResponse done;
+  auto* d = done.add_results();
+  d->set_session_id("0/0/0");
+  d->set_done(true);
+  d->set_reward(1);
+  put("step-done", 4, 0, bytes_of(done));
+  troupe::v1::StepResponse text;
+  auto* t = text.add_results();
+  t->set_session_id("0/0/0");
+  t->mutable_observation()->set_text("[1:3]");
+  put("step-text", 5, 0, bytes_of(text));
+  put("step-unavailable", 6, 0, bytes_of(text));
+  put("step-invalid-argument", 7, 0, bytes_of(text));
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -246,5 +299,6 @@ int main(int argc, char** argv) {
   job_service_seeds(std::filesystem::path{argv[1]} / "job_service", *quickstart);
   node_service_seeds(std::filesystem::path{argv[1]} / "node_service");
   reward_service_seeds(std::filesystem::path{argv[1]} / "reward_service");
+  environment_service_seeds(std::filesystem::path{argv[1]} / "environment_service");
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "models/tokenizer.hpp"
 #include "runtime/metric_name.hpp"
 #include "tests/fuzz/fuzz_input.hpp"
+#include "tests/fuzz/loopback_service.hpp"
 
 #include "troupe/v1/reward.grpc.pb.h"
 
@@ -58,30 +59,7 @@ private:
   v1::ScoreResponse resp_;
 };
 
-struct reward_peer {
-  scripted_service service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-
-  // The one of this process (leaked: gRPC's threads outlive static
-  // destructors otherwise; shut down at exit).
-  static reward_peer& get() {
-    static reward_peer* p = [] {
-      auto* r = new reward_peer;
-      int port = 0;
-      grpc::ServerBuilder b;
-      b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-      b.RegisterService(&r->service);
-      r->server = b.BuildAndStart();
-      if (!r->server || port == 0)
-        std::abort();
-      r->address = "127.0.0.1:" + std::to_string(port);
-      std::atexit([] { get().server->Shutdown(); });
-      return r;
-    }();
-    return *p;
-  }
-};
+using reward_peer = fuzz::loopback_peer<scripted_service>;
 
 constexpr int64_t samples = 3;
 constexpr int64_t longest_response = 4; // "ccc" and EOS

@@ -1,0 +1,315 @@
+#include "actors/rl/agent_book.hpp"
+
+#include "models/tokenizer.hpp"
+#include "runtime/utf8.hpp"
+
+#include <algorithm>
+
+// NOTE [agent book] in agent_book.hpp.
+namespace troupe::actors::rl {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// A message's content as text: a string, null (""), or OpenAI's list of
+// parts ({"type": "text", "text": ...}; other parts have no text).
+std::string content_text(const json& m) {
+  if (!m.is_object() || !m.contains("content"))
+    return "";
+  const auto& c = m["content"];
+  if (c.is_string())
+    return c.get<std::string>();
+  std::string out;
+  if (c.is_array())
+    for (const auto& part : c)
+      if (part.is_object() && part.value("type", "") == "text" && part.contains("text") &&
+          part["text"].is_string())
+        out += part["text"].get<std::string>();
+  return out;
+}
+
+// An assistant message's calls as (name, arguments) pairs.
+std::vector<std::pair<std::string, json>> calls_of(const json& m) {
+  std::vector<std::pair<std::string, json>> out;
+  if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array())
+    return out;
+  for (const auto& c : m["tool_calls"]) {
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
+      continue;
+    const auto& f = c["function"];
+    json args = json::object();
+    if (f.contains("arguments") && f["arguments"].is_string())
+      args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
+    else if (f.contains("arguments"))
+      args = f["arguments"];
+    out.emplace_back(f.value("name", ""), std::move(args));
+  }
+  return out;
+}
+
+// The same message as far as the conversation goes: role, content's text,
+// and (assistant) the calls.
+bool same_message(const json& a, const json& b) {
+  if (!a.is_object() || !b.is_object() || a.value("role", "") != b.value("role", ""))
+    return false;
+  return content_text(a) == content_text(b) && calls_of(a) == calls_of(b) &&
+         a.value("tool_call_id", "") == b.value("tool_call_id", "");
+}
+
+// Whether `messages` begins with `earlier` and goes on.
+bool extends_conversation(const json& earlier, const json& messages) {
+  if (!earlier.is_array() || earlier.empty() || messages.size() <= earlier.size())
+    return false;
+  for (size_t i = 0; i < earlier.size(); ++i)
+    if (!same_message(earlier[i], messages[i]))
+      return false;
+  return true;
+}
+
+observation observation_of(const json& messages, size_t from) {
+  observation o;
+  for (size_t i = from; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    o.messages.push_back({m.value("role", "user"), content_text(m), m.value("name", ""),
+                          m.value("tool_call_id", "")});
+  }
+  return o;
+}
+
+expected<void> check_messages(const json& messages) {
+  if (!messages.is_array() || messages.empty())
+    return make_error(errc::invalid_argument, "messages: a non-empty list of messages is needed");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      return make_error(errc::invalid_argument,
+                        "messages[" + std::to_string(i) + "]: an object with a role is needed");
+  }
+  return {};
+}
+
+} // namespace
+
+expected<agent_prompt> agent_book::chat_prompt(const std::string& episode, const json& messages,
+                                               const json& tools) {
+  if (auto ok = check_messages(messages); !ok)
+    return ok.error();
+  if (!tools.is_null() && !tools.is_array())
+    return make_error(errc::invalid_argument, "tools: a list is needed");
+  std::vector<int64_t> sequence;
+  bool extends = false;
+  size_t known = 0;
+  {
+    std::lock_guard lock{mu_};
+    auto it = episodes_.find(episode);
+    if (it != episodes_.end() && !it->second.trajectories.empty()) {
+      const auto& t = it->second.trajectories.back();
+      if (extends_conversation(t.messages, messages)) {
+        extends = true;
+        known = t.messages.size();
+        sequence = t.ep.prompt;
+        sequence.insert(sequence.end(), t.ep.tokens.begin(), t.ep.tokens.end());
+      }
+    }
+  }
+  agent_prompt p;
+  p.extends = extends;
+  p.tools = tools.is_array() && !tools.empty();
+  if (extends) {
+    auto obs = render_observation(enc_, observation_of(messages, known), tools);
+    if (!obs)
+      return with_prefix(obs.error(), "messages");
+    p.appended = std::move(*obs);
+    p.ids = std::move(sequence);
+    p.ids.insert(p.ids.end(), p.appended.begin(), p.appended.end());
+    return p;
+  }
+  if (enc_.tokenizer().chat()) {
+    auto text = enc_.render(messages, true, tools);
+    if (!text)
+      return with_prefix(text.error(), "messages");
+    p.ids = enc_.tokenizer().encode(*text);
+  } else {
+    auto ids = render_first_prompt(enc_, observation_of(messages, 0), tools);
+    if (!ids)
+      return with_prefix(ids.error(), "messages");
+    p.ids = std::move(*ids);
+  }
+  p.appended = p.ids;
+  return p;
+}
+
+expected<agent_prompt> agent_book::text_prompt(const std::string& episode,
+                                               const std::string& text) {
+  if (text.empty())
+    return make_error(errc::invalid_argument, "prompt: an empty prompt");
+  agent_prompt p;
+  {
+    std::lock_guard lock{mu_};
+    auto it = episodes_.find(episode);
+    if (it != episodes_.end() && !it->second.trajectories.empty()) {
+      const auto& t = it->second.trajectories.back();
+      if (!t.text.empty() && text.size() > t.text.size() &&
+          text.compare(0, t.text.size(), t.text) == 0) {
+        p.extends = true;
+        p.ids = t.ep.prompt;
+        p.ids.insert(p.ids.end(), t.ep.tokens.begin(), t.ep.tokens.end());
+        p.appended = enc_.tokenizer().encode(std::string_view{text}.substr(t.text.size()));
+        p.ids.insert(p.ids.end(), p.appended.begin(), p.appended.end());
+        return p;
+      }
+    }
+  }
+  p.ids = encode_prompt(enc_.tokenizer(), text);
+  p.appended = p.ids;
+  return p;
+}
+
+// The trajectory a call's answer goes to (under the lock): the episode's
+// current one when the call extends it, else a new one (a rewrite when the
+// episode had one).
+agent_book::trajectory& agent_book::trajectory_for(const std::string& episode,
+                                                   const agent_prompt& p) {
+  auto& st = episodes_[episode];
+  if (!p.extends || st.trajectories.empty()) {
+    if (!st.trajectories.empty())
+      ++rewrites_;
+    st.trajectories.emplace_back();
+    st.trajectories.back().ep.session = episode;
+    st.trajectories.back().ep.transcript = json::array();
+  }
+  return st.trajectories.back();
+}
+
+void agent_book::append(trajectory& t, const agent_prompt& p, const inference::sample_output& out) {
+  auto& ep = t.ep;
+  if (!p.extends) {
+    ep.prompt = p.ids;
+  } else {
+    ep.tokens.insert(ep.tokens.end(), p.appended.begin(), p.appended.end());
+    ep.observation_tokens += static_cast<int64_t>(p.appended.size());
+  }
+  ep.loss_mask.resize(ep.tokens.size(), 0.0f);
+  ep.logprobs.resize(ep.tokens.size(), 0.0f);
+  ep.versions.resize(ep.tokens.size(), ep.versions.empty() ? 0 : ep.versions.back());
+  ep.last_turn_begin = ep.tokens.size();
+  ep.tokens.insert(ep.tokens.end(), out.tokens.begin(), out.tokens.end());
+  ep.loss_mask.resize(ep.tokens.size(), 1.0f);
+  ep.logprobs.insert(ep.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+  ep.logprobs.resize(ep.tokens.size(), 0.0f);
+  ep.versions.insert(ep.versions.end(), out.versions.begin(), out.versions.end());
+  ep.versions.resize(ep.tokens.size(), 0);
+  ++ep.turns;
+  ep.end = out.finish_reason == "length" ? episode_end::length : episode_end::done;
+}
+
+expected<agent_book::chat_answer> agent_book::record_chat(const std::string& episode,
+                                                          const agent_prompt& p,
+                                                          const inference::sample_output& out,
+                                                          const json& messages) {
+  const auto& tok = enc_.tokenizer();
+  auto eos = tok.eos_id();
+  auto end = eos ? std::find(out.tokens.begin(), out.tokens.end(), *eos) : out.tokens.end();
+  std::vector<int64_t> cut(out.tokens.begin(), end);
+  auto text = tok.decode(cut, {.skip_special_tokens = true});
+  auto raw = tok.decode(cut, {.skip_special_tokens = false});
+  if (!text || !raw)
+    return text ? raw.error() : text.error();
+  chat_answer a;
+  a.message = {{"role", "assistant"}, {"content", runtime::valid_utf8(*text)}};
+  std::vector<models::tool_call> calls;
+  if (p.tools) {
+    auto parsed = models::parse_tool_calls(runtime::valid_utf8(*raw), format_);
+    calls = std::move(parsed.calls);
+    if (!calls.empty()) {
+      a.message["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+      auto list = json::array();
+      for (size_t i = 0; i < calls.size(); ++i)
+        list.push_back({{"id", "call_" + std::to_string(i + 1)},
+                        {"type", "function"},
+                        {"function",
+                         {{"name", calls[i].name},
+                          {"arguments", calls[i].arguments.dump(
+                                            -1, ' ', false, json::error_handler_t::replace)}}}});
+      a.message["tool_calls"] = std::move(list);
+    }
+  }
+  a.finish_reason = out.finish_reason == "length" ? "length"
+                    : calls.empty()               ? "stop"
+                                                  : "tool_calls";
+  std::lock_guard lock{mu_};
+  auto& t = trajectory_for(episode, p);
+  append(t, p, out);
+  t.ep.tool_turns += calls.empty() ? 0 : 1;
+  t.ep.tool_calls += static_cast<int32_t>(calls.size());
+  const auto turn = t.ep.turns;
+  for (size_t i = p.extends ? t.messages.size() : 0; i < messages.size(); ++i) {
+    json m{{"role", messages[i].value("role", "")}, {"content", content_text(messages[i])}};
+    if (turn > 1)
+      m["turn"] = turn - 1;
+    t.ep.transcript.push_back(std::move(m));
+  }
+  t.ep.transcript.push_back(
+      {{"role", "assistant"},
+       {"content", a.message["content"].is_string() ? a.message["content"].get<std::string>()
+                                                    : runtime::valid_utf8(*raw)},
+       {"turn", turn}});
+  t.messages = messages;
+  t.messages.push_back(a.message);
+  return a;
+}
+
+expected<std::string> agent_book::record_text(const std::string& episode, const agent_prompt& p,
+                                              const inference::sample_output& out,
+                                              const std::string& prompt) {
+  auto text = enc_.tokenizer().decode(out.tokens, {.skip_special_tokens = true});
+  if (!text)
+    return text.error();
+  auto answer = runtime::valid_utf8(*text);
+  std::lock_guard lock{mu_};
+  auto& t = trajectory_for(episode, p);
+  append(t, p, out);
+  t.text = prompt + answer;
+  t.ep.transcript.push_back({{"role", "assistant"}, {"content", answer}, {"turn", t.ep.turns}});
+  return answer;
+}
+
+expected<void> agent_book::set_reward(const std::string& episode, double reward) {
+  std::lock_guard lock{mu_};
+  auto& st = episodes_[episode];
+  if (st.reward)
+    return make_error(errc::invalid_argument,
+                      "episode '" + episode + "': its reward is set already");
+  st.reward = reward;
+  return {};
+}
+
+bool agent_book::rewarded(const std::string& episode) const {
+  std::lock_guard lock{mu_};
+  auto it = episodes_.find(episode);
+  return it != episodes_.end() && it->second.reward.has_value();
+}
+
+std::optional<agent_episode> agent_book::take(const std::string& episode) {
+  std::lock_guard lock{mu_};
+  auto it = episodes_.find(episode);
+  if (it == episodes_.end() || it->second.trajectories.empty())
+    return std::nullopt;
+  agent_episode out;
+  out.id = episode;
+  out.reward = it->second.reward;
+  for (auto& t : it->second.trajectories) {
+    t.ep.reward = out.reward.value_or(0.0);
+    out.trajectories.push_back(std::move(t.ep));
+  }
+  episodes_.erase(it);
+  return out;
+}
+
+int64_t agent_book::history_rewrites() const {
+  std::lock_guard lock{mu_};
+  return rewrites_;
+}
+
+} // namespace troupe::actors::rl
