@@ -183,25 +183,12 @@ agent_book::trajectory& agent_book::trajectory_for(const std::string& episode,
 }
 
 void agent_book::append(trajectory& t, const agent_prompt& p, const inference::sample_output& out) {
-  auto& ep = t.ep;
-  if (!p.extends) {
-    ep.prompt = p.ids;
-  } else {
-    ep.tokens.insert(ep.tokens.end(), p.appended.begin(), p.appended.end());
-    ep.observation_tokens += static_cast<int64_t>(p.appended.size());
-  }
-  ep.loss_mask.resize(ep.tokens.size(), 0.0f);
-  ep.logprobs.resize(ep.tokens.size(), 0.0f);
-  ep.versions.resize(ep.tokens.size(), ep.versions.empty() ? 0 : ep.versions.back());
-  ep.last_turn_begin = ep.tokens.size();
-  ep.tokens.insert(ep.tokens.end(), out.tokens.begin(), out.tokens.end());
-  ep.loss_mask.resize(ep.tokens.size(), 1.0f);
-  ep.logprobs.insert(ep.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
-  ep.logprobs.resize(ep.tokens.size(), 0.0f);
-  ep.versions.insert(ep.versions.end(), out.versions.begin(), out.versions.end());
-  ep.versions.resize(ep.tokens.size(), 0);
-  ++ep.turns;
-  ep.end = out.finish_reason == "length" ? episode_end::length : episode_end::done;
+  if (!p.extends)
+    t.ep.prompt = p.ids;
+  else
+    append_observation_tokens(t.ep, p.appended);
+  append_model_tokens(t.ep, out);
+  t.ep.end = out.finish_reason == "length" ? episode_end::length : episode_end::done;
 }
 
 expected<agent_book::chat_answer> agent_book::record_chat(const std::string& episode,

@@ -115,6 +115,25 @@ expected<std::string> templated_observation(const prompt_encoder& enc, const obs
 
 } // namespace
 
+void append_model_tokens(episode& ep, const inference::sample_output& out) {
+  ep.last_turn_begin = ep.tokens.size();
+  ep.tokens.insert(ep.tokens.end(), out.tokens.begin(), out.tokens.end());
+  ep.loss_mask.resize(ep.tokens.size(), 1.0f);
+  ep.logprobs.insert(ep.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+  ep.logprobs.resize(ep.tokens.size(), 0.0f);
+  ep.versions.insert(ep.versions.end(), out.versions.begin(), out.versions.end());
+  ep.versions.resize(ep.tokens.size(), ep.versions.empty() ? 0 : ep.versions.back());
+  ++ep.turns;
+}
+
+void append_observation_tokens(episode& ep, const std::vector<int64_t>& tokens) {
+  ep.tokens.insert(ep.tokens.end(), tokens.begin(), tokens.end());
+  ep.loss_mask.resize(ep.tokens.size(), 0.0f);
+  ep.logprobs.resize(ep.tokens.size(), 0.0f);
+  ep.versions.resize(ep.tokens.size(), ep.versions.empty() ? 0 : ep.versions.back());
+  ep.observation_tokens += static_cast<int64_t>(tokens.size());
+}
+
 expected<void> check_reset_answer(const reset_result& r, const std::string& session) {
   if (r.session != session)
     return make_error(errc::corrupted, "answered for session '" + r.session + "'");
@@ -196,6 +215,8 @@ struct live_episode {
   std::optional<inference::sample_output> first;
 };
 
+struct read_turn;
+
 class runner {
 public:
   runner(caf::actor_system& sys, inference::rollout_actor rollout, std::shared_ptr<environment> env,
@@ -242,6 +263,8 @@ private:
   expected<std::optional<inference::generate_request>> take_turn(live_episode& le,
                                                                  inference::sample_output out);
   expected<step_result> step(live_episode& le, const env_turn& t);
+  expected<std::optional<observation>> respond(live_episode& le, const read_turn& read,
+                                               const inference::sample_output& out);
   void end(live_episode& le, episode_end why, bool close);
   void close_open(std::string_view reason);
   void saw(const inference::engine_metrics& m) {
@@ -547,18 +570,48 @@ expected<read_turn> read_model_turn(const prompt_encoder& enc, const std::vector
   return out;
 }
 
+// NOTE [tool calls]: a turn with a malformed or invalid call is told why,
+// without a Step; otherwise the environment answers. nullopt = done.
+expected<std::optional<observation>> runner::respond(live_episode& le, const read_turn& read,
+                                                     const inference::sample_output& out) {
+  auto& ep = le.ep;
+  observation obs;
+  if (!read.errors.empty()) {
+    ep.tool_errors += static_cast<int32_t>(read.errors.size());
+    for (const auto& why : read.errors)
+      obs.messages.push_back({"tool", "error: " + why, "", ""});
+    return std::optional{std::move(obs)};
+  }
+  env_turn t{ep.session, ep.turns,          read.text,  read.parsed.content,
+             {},         out.finish_reason, read.tokens};
+  for (size_t i = 0; i < read.parsed.calls.size(); ++i) {
+    const auto& c = read.parsed.calls[i];
+    t.calls.push_back({"call_" + std::to_string(ep.turns) + "_" + std::to_string(i + 1), c.name,
+                       c.arguments.dump()});
+  }
+  auto r = step(le, t);
+  if (!r)
+    return r.error();
+  for (const auto& [name, v] : r->info)
+    ep.info[name] += v;
+  if (r->done) {
+    ep.reward = r->reward;
+    le.open = false;
+    end(le, episode_end::done, false);
+    return std::optional<observation>{};
+  }
+  if (r->reward != 0) { // shaping, at the turn's last token
+    ep.shaping.resize(ep.tokens.size(), 0.0f);
+    ep.shaping.back() += static_cast<float>(r->reward);
+  }
+  return std::optional{std::move(r->next)};
+}
+
 expected<std::optional<inference::generate_request>>
 runner::take_turn(live_episode& le, inference::sample_output out) {
   auto& ep = le.ep;
-  const auto begin = ep.tokens.size();
-  ep.tokens.insert(ep.tokens.end(), out.tokens.begin(), out.tokens.end());
-  ep.loss_mask.resize(ep.tokens.size(), 1.0f);
-  ep.logprobs.insert(ep.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
-  ep.versions.insert(ep.versions.end(), out.versions.begin(), out.versions.end());
-  ep.logprobs.resize(ep.tokens.size(), 0.0f);
-  ep.versions.resize(ep.tokens.size(), ep.versions.empty() ? 0 : ep.versions.back());
-  ep.last_turn_begin = begin;
-  const auto turn = ++ep.turns;
+  append_model_tokens(ep, out);
+  const auto turn = ep.turns;
   const auto phase = "turn " + std::to_string(turn);
   auto read = read_model_turn(enc_, out.tokens, opts_.tool_format, le.tools);
   if (!read)
@@ -567,36 +620,9 @@ runner::take_turn(live_episode& le, inference::sample_output out) {
   ep.tool_turns += calls > 0 ? 1 : 0;
   ep.tool_calls += static_cast<int32_t>(calls);
   ep.transcript.push_back({{"role", "assistant"}, {"content", read->text}, {"turn", turn}});
-  observation obs;
-  if (!read->errors.empty()) { // NOTE [tool calls]: told, not failed
-    ep.tool_errors += static_cast<int32_t>(read->errors.size());
-    for (const auto& why : read->errors)
-      obs.messages.push_back({"tool", "error: " + why, "", ""});
-  } else {
-    env_turn t{ep.session,        turn,        read->text, read->parsed.content, {},
-               out.finish_reason, read->tokens};
-    for (size_t i = 0; i < read->parsed.calls.size(); ++i) {
-      const auto& c = read->parsed.calls[i];
-      t.calls.push_back({"call_" + std::to_string(turn) + "_" + std::to_string(i + 1), c.name,
-                         c.arguments.dump()});
-    }
-    auto r = step(le, t);
-    if (!r)
-      return r.error();
-    for (const auto& [name, v] : r->info)
-      ep.info[name] += v;
-    if (r->done) {
-      ep.reward = r->reward;
-      le.open = false;
-      end(le, episode_end::done, false);
-      return std::nullopt;
-    }
-    if (r->reward != 0) {
-      ep.shaping.resize(ep.tokens.size(), 0.0f);
-      ep.shaping.back() += static_cast<float>(r->reward);
-    }
-    obs = std::move(r->next);
-  }
+  auto obs = respond(le, *read, out);
+  if (!obs || !*obs)
+    return obs ? expected<std::optional<inference::generate_request>>{std::nullopt} : obs.error();
   if (out.finish_reason == "length") {
     end(le, episode_end::length, true);
     return std::nullopt;
@@ -605,7 +631,7 @@ runner::take_turn(live_episode& le, inference::sample_output out) {
     end(le, episode_end::max_turns, true);
     return std::nullopt;
   }
-  auto obs_tokens = render_observation(enc_, obs, le.tools);
+  auto obs_tokens = render_observation(enc_, **obs, le.tools);
   if (!obs_tokens)
     return with_prefix(obs_tokens.error(), where(ep.session, "observation after " + phase));
   const auto used = static_cast<int64_t>(ep.prompt.size() + ep.tokens.size() + obs_tokens->size());
@@ -613,14 +639,10 @@ runner::take_turn(live_episode& le, inference::sample_output out) {
     end(le, episode_end::context, true);
     return std::nullopt;
   }
-  ep.tokens.insert(ep.tokens.end(), obs_tokens->begin(), obs_tokens->end());
-  ep.loss_mask.resize(ep.tokens.size(), 0.0f);
-  ep.logprobs.resize(ep.tokens.size(), 0.0f);
-  ep.versions.resize(ep.tokens.size(), ep.versions.empty() ? 0 : ep.versions.back());
-  ep.observation_tokens += static_cast<int64_t>(obs_tokens->size());
-  for (auto m : obs.messages.empty()
-                    ? nlohmann::ordered_json::array({{{"role", "user"}, {"content", obs.text}}})
-                    : obs.messages_json()) {
+  append_observation_tokens(ep, *obs_tokens);
+  for (auto m : (*obs)->messages.empty()
+                    ? nlohmann::ordered_json::array({{{"role", "user"}, {"content", (*obs)->text}}})
+                    : (*obs)->messages_json()) {
     m["turn"] = turn;
     ep.transcript.push_back(std::move(m));
   }

@@ -147,6 +147,13 @@ expected<episode_batch> run_episodes(caf::actor_system& sys,
                                      const std::vector<episode_prompt>& prompts,
                                      const episode_options& opts);
 
+/// Appends a model turn to `ep` (loss mask 1, the engine's log-probs and
+/// versions; last_turn_begin and turns updated).
+void append_model_tokens(episode& ep, const inference::sample_output& out);
+/// Appends observation tokens to `ep` (loss mask 0, log-prob 0, the last
+/// version).
+void append_observation_tokens(episode& ep, const std::vector<int64_t>& tokens);
+
 /// An environment's info entries per Step at most.
 inline constexpr size_t max_env_info = 32;
 
