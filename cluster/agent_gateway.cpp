@@ -44,6 +44,20 @@ void reply_error(httplib::Response& res, int status, const std::string& message,
   res.set_content(e.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
+// The book's refusal of a call as an answer: an episode not of this
+// iteration (404), one past its calls (429), else the request's `param`.
+void reply_book_error(httplib::Response& res, const caf::error& err, const std::string& param,
+                      int status = 400, const std::string& code = "") {
+  switch (code_of(err)) {
+  case errc::not_found:
+    return reply_error(res, 404, context_of(err), "", "unknown_episode");
+  case errc::out_of_range:
+    return reply_error(res, 429, context_of(err), "", "too_many_calls");
+  default:
+    return reply_error(res, status, context_of(err), param, code);
+  }
+}
+
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -312,7 +326,7 @@ struct agent_gateway::impl {
     const json tools = c->body.value("tools", json());
     auto p = book->chat_prompt(c->episode, messages, tools);
     if (!p)
-      return reply_error(res, 400, context_of(p.error()), "messages");
+      return reply_book_error(res, p.error(), "messages");
     auto out = complete(*c, *p, res);
     if (!out)
       return;
@@ -375,7 +389,7 @@ struct agent_gateway::impl {
     const auto prompt = c->body["prompt"].get<std::string>();
     auto p = book->text_prompt(c->episode, prompt);
     if (!p)
-      return reply_error(res, 400, context_of(p.error()), "prompt");
+      return reply_book_error(res, p.error(), "prompt");
     auto out = complete(*c, *p, res);
     if (!out)
       return;
@@ -431,7 +445,7 @@ struct agent_gateway::impl {
                            std::numeric_limits<float>::max(), false, r))
       return reply_error(res, 400, e->message, e->param);
     if (auto ok = book->set_reward(episode, r); !ok)
-      return reply_error(res, 409, context_of(ok.error()), "reward", "reward_already_set");
+      return reply_book_error(res, ok.error(), "reward", 409, "reward_already_set");
     res.set_content(json{{"episode", episode}, {"reward", r}}.dump(), "application/json");
   }
 
@@ -458,8 +472,18 @@ struct agent_gateway::impl {
     s.Post(ep + "/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
       completions(q, r, q.matches[1]);
     });
-    s.Post(R"(/v1/episodes/([A-Za-z0-9_.:-]{1,128})/reward)",
+    const std::string reward_of = R"(/v1/episodes/([A-Za-z0-9_.:-]{1,128})/reward)";
+    s.Post(reward_of,
            [this](const httplib::Request& q, httplib::Response& r) { reward(q, r, q.matches[1]); });
+    // Under an episode's base URL: that episode's reward only.
+    s.Post(ep + reward_of, [this](const httplib::Request& q, httplib::Response& r) {
+      if (q.matches[1] != q.matches[2])
+        return reply_error(r, 400,
+                           "the base URL of episode '" + std::string{q.matches[1]} +
+                               "' sets only its own reward",
+                           "", "invalid_episode");
+      reward(q, r, q.matches[2]);
+    });
     s.Get("/v1/models", [this](const httplib::Request& q, httplib::Response& r) { models(q, r); });
     s.Get(ep + "/v1/models",
           [this](const httplib::Request& q, httplib::Response& r) { models(q, r); });
@@ -534,11 +558,16 @@ int agent_gateway::port() const {
   return impl_->port;
 }
 
-std::string agent_gateway::base_url(const std::string& episode) const {
+std::string agent_gateway::api_base() const {
   const auto& m = *impl_;
   auto host = m.host.find(':') != std::string::npos ? "[" + m.host + "]" : m.host;
   return std::string{m.tls ? "https" : "http"} + "://" + host + ":" + std::to_string(m.port) +
-         "/e/" + episode + "/v1";
+         "/v1";
+}
+
+std::string agent_gateway::base_url(const std::string& episode) const {
+  auto root = api_base();
+  return root.substr(0, root.size() - 3) + "/e/" + episode + "/v1";
 }
 
 void agent_gateway::stop() {

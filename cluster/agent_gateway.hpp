@@ -11,9 +11,9 @@
 // then uses. A call names its episode by its path (the base URL
 // <server>/e/<episode>/v1 that the driver hands each agent) or by the
 // header X-Troupe-Episode. POST /v1/episodes/<id>/reward {"reward": x} sets
-// an episode's reward.
+// an episode's reward (under an episode's base URL, its own only).
 // Security: loopback unless TLS is given (cert and key); every call needs
-// `Authorization: Bearer <key>` (the job's token as the API key); bodies are
+// `Authorization: Bearer <key>` (a job's agent gets a fresh random key); bodies are
 // bounded (4 MB), JSON nesting too, and a call asks for one completion
 // (n = 1) within the context. Errors come back in OpenAI's form,
 // {"error": {"message", "type", "param", "code"}}, naming the field.
@@ -62,6 +62,8 @@ public:
   int port() const;
   /// http(s)://host:port/e/<episode>/v1: what an agent of `episode` is given.
   std::string base_url(const std::string& episode) const;
+  /// http(s)://host:port/v1: for agents that name episodes by header.
+  std::string api_base() const;
   /// Stops listening; calls in flight end first. Idempotent.
   void stop();
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include <fcntl.h>
@@ -121,8 +122,17 @@ expected<local_process> local_process::spawn_here(const process_spec& spec) {
     argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::vector<std::string> env_storage;
-  for (char** e = environ; *e != nullptr; ++e)
-    env_storage.emplace_back(*e);
+  // The parent's variables but those the spec sets (a name's first entry
+  // is the one getenv finds).
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry{*e};
+    auto name = entry.substr(0, entry.find('='));
+    bool overridden = false;
+    for (const auto& kv : spec.env)
+      overridden = overridden || kv.first == name;
+    if (!overridden)
+      env_storage.emplace_back(entry);
+  }
   for (const auto& [k, v] : spec.env)
     env_storage.push_back(k + "=" + v);
   std::vector<char*> envp;
@@ -131,7 +141,9 @@ expected<local_process> local_process::spawn_here(const process_spec& spec) {
   envp.push_back(nullptr);
   int out_fd = -1;
   if (!spec.output_path.empty()) {
-    out_fd = ::open(spec.output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    out_fd =
+        ::open(spec.output_path.c_str(),
+               O_WRONLY | O_CREAT | (spec.append_output ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
     if (out_fd < 0)
       return make_error(errc::io_error, spec.name + ": cannot open output file " +
                                           spec.output_path + ": " + std::strerror(errno));

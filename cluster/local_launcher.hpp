@@ -20,10 +20,13 @@ struct process_spec {
   std::string name;
   /// argv[0] is the executable path.
   std::vector<std::string> argv;
-  /// Extra environment variables, added to the parent's.
+  /// Extra environment variables, added to the parent's (replacing those
+  /// of the same name).
   std::vector<std::pair<std::string, std::string>> env;
   /// File receiving the child's stdout and stderr; empty = inherit.
   std::string output_path;
+  /// Appended to (else truncated).
+  bool append_output = false;
   /// Working directory of the child; empty = the parent's.
   std::string cwd;
   /// A session of its own, and no death with the parent: a job's driver

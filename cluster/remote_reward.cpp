@@ -2,6 +2,7 @@
 
 #include "actors/rl/job_config.hpp"
 #include "actors/rl/reward.hpp"
+#include "cluster/agent_host.hpp"
 #include "cluster/remote_environment.hpp"
 #include "cluster/service_client.hpp"
 #include "models/tokenizer.hpp"
@@ -248,6 +249,11 @@ actors::rl::role_factories process_factories() {
   };
   f.remote_environment = [](const actors::rl::job_config& cfg) {
     return make_remote_environment(cfg.rl.environment.remote, cfg.run.name);
+  };
+  f.agent_endpoint = [](caf::actor_system& sys, caf::actor rollout,
+                        std::shared_ptr<actors::rl::agent_book> book,
+                        const actors::rl::agent_endpoint_spec& spec) {
+    return make_agent_host(sys, std::move(rollout), std::move(book), spec);
   };
   return f;
 }

@@ -50,7 +50,8 @@ make_remote_reward(const actors::rl::remote_service_config& c,
 
 /// The role factories troupe's own processes use (the driver's in-process
 /// host, the worker's role host): the built-in parts plus the remote reward
-/// and the remote environment (cluster/remote_environment.hpp).
+/// and the remote environment (cluster/remote_environment.hpp) and the
+/// agent endpoint (cluster/agent_host.hpp).
 actors::rl::role_factories process_factories();
 
 } // namespace troupe::cluster

@@ -91,6 +91,30 @@ expected<void> check_messages(const json& messages) {
 
 } // namespace
 
+void agent_book::open(const std::vector<std::string>& episodes, int64_t max_calls) {
+  std::lock_guard lock{mu_};
+  episodes_.clear();
+  open_.emplace(episodes.begin(), episodes.end());
+  max_calls_ = max_calls;
+}
+
+expected<void> agent_book::admitted(const std::string& episode) const {
+  if (open_ && !open_->count(episode))
+    return make_error(errc::not_found, "episode '" + episode + "' is not one of this iteration's");
+  return {};
+}
+
+expected<void> agent_book::admit_call(const std::string& episode) {
+  if (auto ok = admitted(episode); !ok)
+    return ok;
+  auto& st = episodes_[episode];
+  if (max_calls_ > 0 && st.calls >= max_calls_)
+    return make_error(errc::out_of_range, "episode '" + episode + "' made its " +
+                                              std::to_string(max_calls_) + " calls");
+  ++st.calls;
+  return {};
+}
+
 expected<agent_prompt> agent_book::chat_prompt(const std::string& episode, const json& messages,
                                                const json& tools) {
   if (auto ok = check_messages(messages); !ok)
@@ -102,6 +126,8 @@ expected<agent_prompt> agent_book::chat_prompt(const std::string& episode, const
   size_t known = 0;
   {
     std::lock_guard lock{mu_};
+    if (auto ok = admit_call(episode); !ok)
+      return ok.error();
     auto it = episodes_.find(episode);
     if (it != episodes_.end() && !it->second.trajectories.empty()) {
       const auto& t = it->second.trajectories.back();
@@ -147,6 +173,8 @@ expected<agent_prompt> agent_book::text_prompt(const std::string& episode,
   agent_prompt p;
   {
     std::lock_guard lock{mu_};
+    if (auto ok = admit_call(episode); !ok)
+      return ok.error();
     auto it = episodes_.find(episode);
     if (it != episodes_.end() && !it->second.trajectories.empty()) {
       const auto& t = it->second.trajectories.back();
@@ -264,6 +292,8 @@ expected<std::string> agent_book::record_text(const std::string& episode, const 
 
 expected<void> agent_book::set_reward(const std::string& episode, double reward) {
   std::lock_guard lock{mu_};
+  if (auto ok = admitted(episode); !ok)
+    return ok;
   auto& st = episodes_[episode];
   if (st.reward)
     return make_error(errc::invalid_argument,

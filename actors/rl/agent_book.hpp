@@ -20,7 +20,10 @@
 // rest, tokenised once. Each trajectory's tokens carry a loss mask that is 1
 // on completions only, and the engine's log-probs and weight versions.
 // An episode's calls are sequential (an agent loop); its reward is set once
-// (the environment's, or POST /v1/episodes/{id}/reward).
+// (the environment's, or POST /v1/episodes/{id}/reward). A job's book is
+// opened per iteration with its episodes (open): calls and rewards of any
+// other episode are refused (not_found), and so is an episode's call past
+// max_calls (out_of_range), so a runaway agent cannot grow it without end.
 
 #include "actors/inference/engine.hpp"
 #include "actors/rl/data.hpp"
@@ -33,6 +36,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,6 +67,10 @@ class agent_book {
 public:
   agent_book(prompt_encoder enc, models::tool_call_format format)
       : enc_(std::move(enc)), format_(format) {}
+
+  /// Admits only `episodes` from now on (forgetting what was recorded),
+  /// each for `max_calls` calls at most (0 = no bound).
+  void open(const std::vector<std::string>& episodes, int64_t max_calls);
 
   /// The prompt of a chat call of `episode` with `messages` and `tools`
   /// (OpenAI's formats): its trajectory extended, or a new one.
@@ -107,7 +115,12 @@ private:
   struct state {
     std::vector<trajectory> trajectories;
     std::optional<double> reward;
+    int64_t calls = 0;
   };
+  /// A call of `episode` may go on (counted; under the lock).
+  expected<void> admit_call(const std::string& episode);
+  /// The episode is one of the opened ones (under the lock).
+  expected<void> admitted(const std::string& episode) const;
   trajectory& trajectory_for(const std::string& episode, const agent_prompt& p);
   void append(trajectory& t, const agent_prompt& p, const inference::sample_output& out);
 
@@ -116,6 +129,9 @@ private:
   mutable std::mutex mu_;
   std::map<std::string, state> episodes_;
   int64_t rewrites_ = 0;
+  /// Set by open: the episodes admitted, and their calls at most.
+  std::optional<std::set<std::string>> open_;
+  int64_t max_calls_ = 0;
 };
 
 } // namespace troupe::actors::rl

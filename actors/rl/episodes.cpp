@@ -1,6 +1,7 @@
 #include "actors/rl/episodes.hpp"
 
 #include "models/tokenizer.hpp"
+#include "runtime/bounded_call.hpp"
 #include "runtime/metric_name.hpp"
 #include "runtime/utf8.hpp"
 
@@ -26,34 +27,7 @@ double seconds_since(steady::time_point t) {
   return std::chrono::duration<double>(steady::now() - t).count();
 }
 
-// `fn` on a thread of its own, waited for at most `timeout_s`: a call that
-// hangs is abandoned (its thread keeps what it captured alive) and answered
-// with a timeout.
-template <class T>
-expected<T> bounded_call(double timeout_s, std::function<expected<T>()> fn) {
-  struct slot {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<expected<T>> value;
-  };
-  auto s = std::make_shared<slot>();
-  std::thread([s, fn = std::move(fn)] {
-    expected<T> r = make_error(errc::internal, "no answer");
-    try {
-      r = fn();
-    } catch (const std::exception& e) {
-      r = make_error(errc::internal, std::string{"threw: "} + e.what());
-    }
-    std::lock_guard lock{s->mu};
-    s->value.emplace(std::move(r));
-    s->cv.notify_all();
-  }).detach();
-  std::unique_lock lock{s->mu};
-  if (!s->cv.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                      [&] { return s->value.has_value(); }))
-    return make_error(errc::timeout, "no answer within " + std::to_string(timeout_s) + " s");
-  return std::move(*s->value);
-}
+using runtime::bounded_call;
 
 bool finite_in_fp32(double v) {
   return std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max();
@@ -196,6 +170,45 @@ expected<std::vector<int64_t>> render_first_prompt(const prompt_encoder& enc, co
   return enc.tokenizer().encode(*text);
 }
 
+expected<read_turn> read_model_turn(const prompt_encoder& enc, const std::vector<int64_t>& turn,
+                                    models::tool_call_format format,
+                                    const nlohmann::ordered_json& tools) {
+  const auto& tok = enc.tokenizer();
+  auto eos = tok.eos_id();
+  auto end = eos ? std::find(turn.begin(), turn.end(), *eos) : turn.end();
+  std::vector<int64_t> cut(turn.begin(), end);
+  read_turn out;
+  out.tokens = static_cast<int64_t>(cut.size());
+  auto text = tok.decode(cut, {.skip_special_tokens = true});
+  auto raw = tok.decode(cut, {.skip_special_tokens = false});
+  if (!text || !raw)
+    return text ? raw.error() : text.error();
+  // Text leaves as UTF-8 (a byte-level model may cut a character).
+  out.text = runtime::valid_utf8(*text);
+  *raw = runtime::valid_utf8(*raw);
+  if (tools.empty()) { // a session without tools: its text is all content
+    out.parsed.content = out.text;
+    return out;
+  }
+  out.parsed = models::parse_tool_calls(*raw, format);
+  out.errors = out.parsed.malformed;
+  for (size_t i = 0; i < out.parsed.calls.size(); ++i)
+    if (auto ok = models::check_tool_call(out.parsed.calls[i], tools); !ok)
+      out.errors.push_back("tool call " + std::to_string(i + 1) + ": " + context_of(ok.error()));
+  return out;
+}
+
+env_turn env_turn_of(const std::string& session, int32_t turn, const read_turn& read,
+                     const std::string& finish_reason) {
+  env_turn t{session, turn, read.text, read.parsed.content, {}, finish_reason, read.tokens};
+  for (size_t i = 0; i < read.parsed.calls.size(); ++i) {
+    const auto& c = read.parsed.calls[i];
+    t.calls.push_back(
+        {"call_" + std::to_string(turn) + "_" + std::to_string(i + 1), c.name, c.arguments.dump()});
+  }
+  return t;
+}
+
 namespace {
 
 // ---- the runner ------------------------------------------------------------------
@@ -214,8 +227,6 @@ struct live_episode {
   /// The turn just generated, not yet taken.
   std::optional<inference::sample_output> first;
 };
-
-struct read_turn;
 
 class runner {
 public:
@@ -532,44 +543,6 @@ void runner::close_open(std::string_view reason) {
                            });
 }
 
-// What the model's turn says: its text as rules read it (special tokens
-// skipped) and its calls (read from the text with special tokens, where
-// some formats' markers are), each checked against the session's tools.
-struct read_turn {
-  std::string text;
-  models::parsed_turn parsed;
-  std::vector<std::string> errors;
-  int64_t tokens = 0;
-};
-
-expected<read_turn> read_model_turn(const prompt_encoder& enc, const std::vector<int64_t>& turn,
-                                    models::tool_call_format format,
-                                    const nlohmann::ordered_json& tools) {
-  const auto& tok = enc.tokenizer();
-  auto eos = tok.eos_id();
-  auto end = eos ? std::find(turn.begin(), turn.end(), *eos) : turn.end();
-  std::vector<int64_t> cut(turn.begin(), end);
-  read_turn out;
-  out.tokens = static_cast<int64_t>(cut.size());
-  auto text = tok.decode(cut, {.skip_special_tokens = true});
-  auto raw = tok.decode(cut, {.skip_special_tokens = false});
-  if (!text || !raw)
-    return text ? raw.error() : text.error();
-  // Text leaves as UTF-8 (a byte-level model may cut a character).
-  out.text = runtime::valid_utf8(*text);
-  *raw = runtime::valid_utf8(*raw);
-  if (tools.empty()) { // a session without tools: its text is all content
-    out.parsed.content = out.text;
-    return out;
-  }
-  out.parsed = models::parse_tool_calls(*raw, format);
-  out.errors = out.parsed.malformed;
-  for (size_t i = 0; i < out.parsed.calls.size(); ++i)
-    if (auto ok = models::check_tool_call(out.parsed.calls[i], tools); !ok)
-      out.errors.push_back("tool call " + std::to_string(i + 1) + ": " + context_of(ok.error()));
-  return out;
-}
-
 // NOTE [tool calls]: a turn with a malformed or invalid call is told why,
 // without a Step; otherwise the environment answers. nullopt = done.
 expected<std::optional<observation>> runner::respond(live_episode& le, const read_turn& read,
@@ -582,14 +555,7 @@ expected<std::optional<observation>> runner::respond(live_episode& le, const rea
       obs.messages.push_back({"tool", "error: " + why, "", ""});
     return std::optional{std::move(obs)};
   }
-  env_turn t{ep.session, ep.turns,          read.text,  read.parsed.content,
-             {},         out.finish_reason, read.tokens};
-  for (size_t i = 0; i < read.parsed.calls.size(); ++i) {
-    const auto& c = read.parsed.calls[i];
-    t.calls.push_back({"call_" + std::to_string(ep.turns) + "_" + std::to_string(i + 1), c.name,
-                       c.arguments.dump()});
-  }
-  auto r = step(le, t);
+  auto r = step(le, env_turn_of(ep.session, ep.turns, read, out.finish_reason));
   if (!r)
     return r.error();
   for (const auto& [name, v] : r->info)

@@ -178,6 +178,24 @@ expected<std::vector<int64_t>> render_observation(const prompt_encoder& enc, con
 expected<std::vector<int64_t>> render_first_prompt(const prompt_encoder& enc, const observation& o,
                                                    const nlohmann::ordered_json& tools);
 
+/// What a model's turn says: its text as rules read it (cut at EOS,
+/// special tokens skipped) and its tool calls (read in `format` from the
+/// text with special tokens, where some formats' markers are), each
+/// checked against `tools`: errors says why a call is malformed or invalid.
+struct read_turn {
+  std::string text;
+  models::parsed_turn parsed;
+  std::vector<std::string> errors;
+  int64_t tokens = 0;
+};
+expected<read_turn> read_model_turn(const prompt_encoder& enc, const std::vector<int64_t>& turn,
+                                    models::tool_call_format format,
+                                    const nlohmann::ordered_json& tools);
+/// The environment's view of a read turn (its calls named
+/// call_<turn>_<k>).
+env_turn env_turn_of(const std::string& session, int32_t turn, const read_turn& read,
+                     const std::string& finish_reason);
+
 /// The metrics of a batch of episodes ("env/..."): turns, tool-call and
 /// error rates, Step latency p50 / p99, generated and observation tokens,
 /// rewards, finish reasons, the environment's info.

@@ -360,7 +360,7 @@ void check_rl_loss_and_roles(const job_config& c, runtime::config_checks& checks
 void check_environment(const job_config& c, runtime::config_checks& checks) {
   const auto& r = c.rl;
   const auto& e = r.environment;
-  if (e.kind == environment_kind::none)
+  if (e.kind == environment_kind::none && !r.agent.enabled())
     return;
   checks.require(e.max_turns >= 1 && e.max_turns <= 256, "rl.environment.max_turns",
                  "must be in [1, 256]");
@@ -377,6 +377,20 @@ void check_environment(const job_config& c, runtime::config_checks& checks) {
                  why + "without refills: turn dynamic sampling off");
   checks.require(resolved_advantage(r) != kernels::advantage_estimator::remax, "rl.advantage",
                  why + "without ReMax's greedy baseline episodes: pick another estimator");
+}
+
+// rl.agent (NOTE [agent runs]).
+void check_agent(const job_config& c, runtime::config_checks& checks) {
+  const auto& a = c.rl.agent;
+  if (!a.enabled())
+    return;
+  checks.require(!a.command.front().empty(), "rl.agent.command", "its program (argv[0]) is empty");
+  checks.require(a.timeout_s > 0, "rl.agent.timeout_s", "must be > 0");
+  checks.require(a.max_calls >= 0 && a.max_calls <= 4096, "rl.agent.max_calls",
+                 "must be in [0, 4096] (0 = rl.environment.max_turns)");
+  checks.require(a.threads >= 1 && a.threads <= 1024, "rl.agent.threads", "must be in [1, 1024]");
+  checks.require(a.tls_cert_file.empty() == a.tls_key_file.empty(), "rl.agent.tls_key_file",
+                 "TLS needs both tls_cert_file and tls_key_file");
 }
 
 // rl: generation and the rollout engine.
@@ -512,6 +526,7 @@ void check(const job_config& c, runtime::config_checks& checks) {
   check_rl_loss_and_roles(c, checks);
   check_rl_sampling(c, checks);
   check_environment(c, checks);
+  check_agent(c, checks);
   checks.require(c.weight_sync.keep >= 1 && c.weight_sync.keep <= 16, "weight_sync.keep",
                  "must be in [1, 16]");
   check_placement(c, checks);
@@ -552,6 +567,10 @@ void check_job_paths(const job_config& c, runtime::config_checks& checks) {
                              {"rl.reward.remote.cert_file", &r.cert_file},
                              {"rl.reward.remote.key_file", &r.key_file}})
       readable(key, *path, false);
+  }
+  if (c.rl.agent.enabled()) {
+    readable("rl.agent.tls_cert_file", c.rl.agent.tls_cert_file, false);
+    readable("rl.agent.tls_key_file", c.rl.agent.tls_key_file, false);
   }
 }
 

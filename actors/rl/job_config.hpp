@@ -436,6 +436,45 @@ void visit(V& v, environment_config& c) {
   v.section("remote", c.remote, "kind remote: the EnvironmentService");
 }
 
+/// rl.agent: agent code as the rollout, through the OpenAI-compatible
+/// endpoint (NOTE [agent runs] in actors/rl/agent_runs.hpp).
+struct agent_config {
+  /// The agent's argv, started once per iteration (no shell; argv[0] found
+  /// on PATH when it has no slash); empty = off.
+  std::vector<std::string> command;
+  /// Every episode of an iteration has its reward by then (seconds), or
+  /// the iteration fails naming the missing episodes.
+  double timeout_s = 600;
+  /// The endpoint's address (host:port, port 0 = an ephemeral one); any
+  /// but loopback needs tls_cert_file and tls_key_file.
+  std::string listen = "127.0.0.1:0";
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  /// Calls per episode at most; 0 = rl.environment.max_turns.
+  int64_t max_calls = 0;
+  /// Calls served at once.
+  int64_t threads = 64;
+  /// Where the agent's stdout and stderr go ("" = <run dir>/agent/agent.log).
+  std::string log_file;
+  bool enabled() const { return !command.empty(); }
+};
+template <class V>
+void visit(V& v, agent_config& c) {
+  v.field("command", c.command,
+          "The agent's argv, run once per iteration with OPENAI_BASE_URL, OPENAI_API_KEY and "
+          "TROUPE_AGENT_TASKS (no shell); [] = off");
+  v.field("timeout_s", c.timeout_s,
+          "Every episode of an iteration has its reward by then, or the iteration fails naming "
+          "the missing ones");
+  v.field("listen", c.listen, "The endpoint's host:port (port 0 = ephemeral); loopback unless TLS");
+  v.field("tls_cert_file", c.tls_cert_file, "TLS certificate of the endpoint (PEM)");
+  v.field("tls_key_file", c.tls_key_file, "TLS key of the endpoint (PEM)");
+  v.field("max_calls", c.max_calls, "Calls per episode at most; 0 = rl.environment.max_turns");
+  v.field("threads", c.threads, "Calls served at once");
+  v.field("log_file", c.log_file,
+          "The agent's stdout and stderr; \"\" = <run dir>/agent/agent.log");
+}
+
 struct rl_config {
   algorithm_kind algorithm = algorithm_kind::ppo;
   /// Unset (auto) = gae for ppo, grpo for grpo.
@@ -489,6 +528,7 @@ struct rl_config {
   critic_config critic;
   reward_config reward;
   environment_config environment;
+  agent_config agent;
   kl_config kl;
   generation_config generation;
   /// Evaluation: held-out score every N iterations (and at the end).
@@ -555,6 +595,8 @@ void visit(V& v, rl_config& c) {
   v.section("reward", c.reward);
   v.section("environment", c.environment,
             "Multi-turn episodes with an environment (docs/agents.md); kind none = off");
+  v.section("agent", c.agent,
+            "Agent code as the rollout, through an OpenAI-compatible endpoint (docs/agents.md)");
   v.section("kl", c.kl, "KL to the reference (the initial policy)");
   v.section("generation", c.generation, "Rollout sampling");
   v.field("eval_every", c.eval_every, "Held-out score every N iterations; 0 = end only");

@@ -4,6 +4,7 @@
 
 #include "actors/inference/rollout.hpp"
 #include "actors/job/job_actor.hpp"
+#include "actors/rl/agent_book.hpp"
 #include "actors/rl/cast.hpp"
 #include "actors/rl/data.hpp"
 #include "actors/rl/episodes.hpp"
@@ -55,6 +56,9 @@ struct job_context {
   int64_t model_context = 0;
   /// The rl stage's environment (NOTE [environments]); null without one.
   std::shared_ptr<environment> env;
+  /// rl.agent: what the agent's calls recorded (NOTE [agent runs]); null
+  /// without an agent.
+  std::shared_ptr<agent_book> agents;
   job_data data;
   fs::path run_dir;
   /// HF directory of the base model.

@@ -203,6 +203,12 @@ private:
   expected<void> gen_scored(iteration_state& s);
   /// gen as episodes with the job's environment (NOTE [episodes]).
   expected<void> gen_episodes(iteration_state& s);
+  /// NOTE [agent runs]: the iteration's episodes written by the job's agent.
+  expected<episode_batch> agent_episodes(iteration_state& s,
+                                         const std::vector<episode_prompt>& prompts,
+                                         const episode_options& o);
+  /// Episodes (an environment or an agent) make the batch.
+  bool episodic() const { return ctx_.env || ctx_.agents; }
   /// The environment's scores applied to `s` by rl.environment.score, after
   /// the reward role's (if asked): NOTE [episodes].
   void absorb_episode_scores(iteration_state& s, bool reward_role_scored) const;

@@ -3,6 +3,7 @@
 
 #include "actors/rl/rl_driver.hpp"
 
+#include "actors/rl/agent_runs.hpp"
 #include "actors/rl/episodes.hpp"
 #include "kernels/losses.hpp"
 #include "kernels/masked.hpp"
@@ -187,14 +188,14 @@ expected<void> rl_driver::gen_scored(iteration_state& s) {
 // ids, sampling, seeds) as episodes with the job's environment.
 expected<void> rl_driver::gen_episodes(iteration_state& s) {
   const auto& r = ctx_.cfg->rl;
-  const auto& e = r.environment;
   auto rows = rows_of(s.it);
   auto reqs = gen_requests(s.it);
   std::vector<episode_prompt> prompts;
   for (size_t i = 0; i < reqs.size(); ++i)
     prompts.push_back({reqs[i].id, rows[i], reqs[i].sampling});
   auto o = episode_options_of(ctx_, s.it + 1);
-  auto got = run_episodes(*ctx_.sys, rollout(), ctx_.env, ctx_.enc, prompts, o);
+  auto got = ctx_.agents ? agent_episodes(s, prompts, o)
+                         : run_episodes(*ctx_.sys, rollout(), ctx_.env, ctx_.enc, prompts, o);
   if (!got)
     return got.error();
   inference::generation seen{{}, got->stats.engine};
@@ -223,6 +224,44 @@ expected<void> rl_driver::gen_episodes(iteration_state& s) {
   return {};
 }
 
+// NOTE [agent runs]: an endpoint for this iteration, serving the calls
+// with the batch path's sampling, and the agent run through it.
+expected<episode_batch> rl_driver::agent_episodes(iteration_state& s,
+                                                  const std::vector<episode_prompt>& prompts,
+                                                  const episode_options& o) {
+  const auto& cfg = *ctx_.cfg;
+  const auto& a = cfg.rl.agent;
+  agent_endpoint_spec spec;
+  spec.job = ctx_.cfg;
+  if (!prompts.empty())
+    spec.defaults = prompts.front().sampling;
+  spec.defaults.n = 1;
+  spec.defaults.seed.reset();
+  spec.max_context = o.max_context;
+  spec.generate_timeout_s = o.generate_timeout_s;
+  auto host = ctx_.opts->factories.agent_endpoint(*ctx_.sys, caf::actor_cast<caf::actor>(rollout()),
+                                                  ctx_.agents, spec);
+  if (!host)
+    return host.error();
+  const auto dir = ctx_.run_dir / "agent";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  agent_run_options ro;
+  ro.command = a.command;
+  ro.timeout_s = a.timeout_s;
+  ro.max_calls = a.max_calls > 0 ? a.max_calls : cfg.rl.environment.max_turns;
+  ro.task_file = (dir / "tasks.jsonl").string();
+  ro.log_file = a.log_file.empty() ? (dir / "agent.log").string() : a.log_file;
+  ro.episodes = o;
+  ro.need_reward = cfg.rl.environment.score != episode_score::reward;
+  auto got = run_agent_episodes(**host, *ctx_.agents, ctx_.env, ctx_.enc, prompts, ro);
+  if (!got)
+    return got.error();
+  for (auto& [k, v] : got->metrics)
+    s.m[k] = v;
+  return std::move(got->batch);
+}
+
 expected<void> rl_driver::gen(iteration_state& s) {
   const auto& r = ctx_.cfg->rl;
   if (auto ahead = ahead_.find(s.it); ahead != ahead_.end()) { // NOTE [staleness]
@@ -232,7 +271,7 @@ expected<void> rl_driver::gen(iteration_state& s) {
     auto rows = rows_of(s.it);         // for the answers
     for (size_t i = 0; i < outs.size(); ++i)
       take_samples(s, outs[i], rows[i]);
-  } else if (ctx_.env) {
+  } else if (episodic()) {
     if (auto ok = gen_episodes(s); !ok)
       return ok;
   } else if (overlaps_scoring(r.reward)) {
@@ -484,7 +523,7 @@ void rl_driver::absorb_scores(iteration_state& s, runtime::tensor_batch& reply) 
 expected<void> rl_driver::reward(iteration_state& s) {
   if (s.scores.defined()) // scored during gen (NOTE [dynamic sampling])
     return {};
-  if (!ctx_.env)
+  if (!episodic())
     return score_now(s);
   const bool ask = ctx_.cfg->rl.environment.score != episode_score::environment;
   if (ask)

@@ -401,6 +401,12 @@ expected<void> rl_driver::start() {
   if (!env)
     return env.error();
   ctx_.env = std::move(*env);
+  if (ctx_.cfg->rl.agent.enabled()) {
+    if (!ctx_.opts->factories.agent_endpoint)
+      return make_error(errc::unsupported, "rl.agent: this process has no agent endpoint "
+                                           "(run_options::factories.agent_endpoint)");
+    ctx_.agents = std::make_shared<agent_book>(ctx_.enc, episode_options_of(ctx_, 0).tool_format);
+  }
   auto path = (ctx_.run_dir / "settings.jsonl").string();
   if (resumed_) {
     auto rec = read_settings(path);

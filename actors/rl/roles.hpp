@@ -105,6 +105,9 @@ struct job_config;
 struct weighted_backend;
 class reward_backend;
 class environment;
+class agent_host;
+class agent_book;
+struct agent_endpoint_spec;
 
 /// How roles get parts that are not the built-in ones (NOTE [reward
 /// backends]): unset members mean the built-in parts.
@@ -119,6 +122,13 @@ struct role_factories {
   /// rl.environment.kind remote: the EnvironmentService client
   /// (cluster/remote_environment.hpp; troupe's processes set it).
   std::function<expected<std::unique_ptr<environment>>(const job_config&)> remote_environment;
+  /// rl.agent: an iteration's OpenAI-compatible endpoint over the rollout
+  /// (any handle to it) recording in the book, and the agent's process
+  /// (cluster/agent_host.hpp; troupe's processes set it).
+  std::function<expected<std::unique_ptr<agent_host>>(caf::actor_system&, caf::actor rollout,
+                                                      std::shared_ptr<agent_book>,
+                                                      const agent_endpoint_spec&)>
+      agent_endpoint;
 };
 
 /// The job's environment by rl.environment.kind (NOTE [environments]): the

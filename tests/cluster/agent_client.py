@@ -18,10 +18,11 @@ CALCULATOR = {"type": "function", "function": {
                    "required": ["expression"]}}}
 
 
-def post(base, key, path, body):
+def post(base, key, path, body, headers=None):
+    h = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
+    h.update(headers or {})
     req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Authorization": "Bearer " + key,
-                                          "Content-Type": "application/json"})
+                                 headers=h)
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.read().decode()
@@ -71,6 +72,19 @@ def turn(a, messages):
     return reply["message"]
 
 
+def answered(messages, answer, nudge):
+    """The conversation after `answer`: the answer echoed back (as OpenAI's
+    clients do), then the tool's result ("6") for each call, or the user's
+    `nudge` when the model called no tool."""
+    out = messages + [answer]
+    if answer.get("tool_calls"):
+        for call in answer["tool_calls"]:
+            out.append({"role": "tool", "tool_call_id": call["id"], "content": "6"})
+    else:
+        out.append({"role": "user", "content": nudge})
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--base-url", required=True)
@@ -81,15 +95,7 @@ def main():
     a = p.parse_args()
     messages = [{"role": "user", "content": "what is 2 times 3?"}]
     first = turn(a, messages)
-    # The agent echoes the answer back (as OpenAI's clients do) and adds the
-    # tool's result, or a user turn when the model called no tool.
-    messages.append(first)
-    if first.get("tool_calls"):
-        for call in first["tool_calls"]:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "6"})
-    else:
-        messages.append({"role": "user", "content": "use the calculator"})
-    turn(a, messages)
+    turn(a, answered(messages, first, "use the calculator"))
     if a.rewrite:
         turn(a, [{"role": "user", "content": "start again"}])
     return 0

@@ -216,3 +216,28 @@ TEST_F(AgentGateway, RewardsAndErrorsComeInOpenAIsForm) {
   cluster::gateway_options keyless;
   EXPECT_FALSE(cluster::agent_gateway::start(sys, rollout, book, keyless));
 }
+
+// A job's book admits only its iteration's episodes, each for max_calls
+// calls (NOTE [agent book]); an episode's base URL sets only its own reward.
+TEST_F(AgentGateway, AnOpenedBookRefusesOtherEpisodesAndCallsPastTheBound) {
+  book->open({"ep-a", "ep-b"}, 2);
+  json body{{"prompt", "abc"}, {"max_tokens", 2}};
+  auto status = [&](const std::string& path, const json& b) {
+    auto r = post(path, b);
+    EXPECT_TRUE(r) << path;
+    return r ? r->status : 0;
+  };
+  EXPECT_EQ(status("/e/ep-z/v1/completions", body), 404);
+  EXPECT_EQ(status("/v1/episodes/ep-z/reward", {{"reward", 1}}), 404);
+  EXPECT_EQ(status("/e/ep-a/v1/completions", body), 200);
+  EXPECT_EQ(status("/e/ep-a/v1/completions", body), 200);
+  EXPECT_EQ(status("/e/ep-a/v1/completions", body), 429) << "the third call of two allowed";
+  EXPECT_EQ(status("/e/ep-b/v1/completions", body), 200);
+  EXPECT_EQ(status("/e/ep-a/v1/episodes/ep-b/reward", {{"reward", 1}}), 400);
+  EXPECT_EQ(status("/e/ep-b/v1/episodes/ep-b/reward", {{"reward", 1}}), 200);
+  EXPECT_TRUE(book->rewarded("ep-b"));
+  EXPECT_FALSE(book->rewarded("ep-a"));
+  auto a = book->take("ep-a");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->trajectories.size(), 2u) << "the same prompt twice: a rewritten history";
+}
