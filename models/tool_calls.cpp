@@ -1,5 +1,6 @@
 #include "models/tool_calls.hpp"
 
+#include "models/chat_template_detail.hpp"
 #include "runtime/jsonl.hpp"
 
 #include <cmath>
@@ -371,6 +372,43 @@ parsed_turn parse_tool_calls(std::string_view text, tool_call_format format) {
   }
   r.out.content = std::string{trim(r.out.content)};
   return std::move(r.out);
+}
+
+std::string write_tool_calls(std::string_view content, const std::vector<tool_call>& calls,
+                             tool_call_format format) {
+  // As templates spell JSON (Python's json.dumps: ", " and ": ").
+  auto dump = [](const nlohmann::ordered_json& j) {
+    return jinja::dump_json(jinja::from_json(j), jinja::json_options{});
+  };
+  auto object = [&](std::string_view args_key, const tool_call& c) {
+    return "{\"name\": " + dump(c.name) + ", \"" + std::string{args_key} +
+           "\": " + dump(c.arguments) + "}";
+  };
+  std::string out;
+  switch (format) {
+  case tool_call_format::hermes:
+    out = std::string{content};
+    for (const auto& c : calls)
+      out += (out.empty() ? "" : "\n") + std::string{hermes_open} + "\n" + object("arguments", c) +
+             "\n" + std::string{hermes_close};
+    return out;
+  case tool_call_format::deepseek_v3:
+    out = std::string{content};
+    if (calls.empty())
+      return out;
+    out += ds_calls_begin;
+    for (const auto& c : calls)
+      out += std::string{ds_call_begin} + "function" + std::string{ds_sep} + c.name +
+             "\n```json\n" + dump(c.arguments) + "\n```" + std::string{ds_call_end};
+    return out + std::string{ds_calls_end};
+  case tool_call_format::llama3_json:
+    if (calls.empty())
+      return std::string{content};
+    for (const auto& c : calls)
+      out += (out.empty() ? "" : "; ") + object("parameters", c);
+    return out;
+  }
+  return out;
 }
 
 expected<void> check_tool_call(const tool_call& call, const nlohmann::ordered_json& tools) {

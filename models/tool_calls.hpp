@@ -50,6 +50,7 @@ struct tool_call {
   std::string name;
   /// A JSON object.
   nlohmann::ordered_json arguments = nlohmann::ordered_json::object();
+  bool operator==(const tool_call&) const = default;
 };
 
 /// A model's turn, read.
@@ -66,6 +67,14 @@ struct parsed_turn {
 inline constexpr size_t max_tool_calls_per_turn = 64;
 
 parsed_turn parse_tool_calls(std::string_view text, tool_call_format format);
+
+/// A turn's text with `content` and `calls` as the model writes them in
+/// `format` (parse_tool_calls reads it back): hermes puts the content
+/// first, then a block per call; deepseek_v3 the content, then the calls'
+/// block; llama3_json the calls alone, separated by "; " (a turn with
+/// calls has no content there).
+std::string write_tool_calls(std::string_view content, const std::vector<tool_call>& calls,
+                             tool_call_format format);
 
 /// `call` against `tools` (a JSON array of {"type": "function", "function":
 /// {"name", "description", "parameters"}}): the tool exists and its

@@ -12,48 +12,12 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// A message's content as text: a string, null (""), or OpenAI's list of
-// parts ({"type": "text", "text": ...}; other parts have no text).
-std::string content_text(const json& m) {
-  if (!m.is_object() || !m.contains("content"))
-    return "";
-  const auto& c = m["content"];
-  if (c.is_string())
-    return c.get<std::string>();
-  std::string out;
-  if (c.is_array())
-    for (const auto& part : c)
-      if (part.is_object() && part.value("type", "") == "text" && part.contains("text") &&
-          part["text"].is_string())
-        out += part["text"].get<std::string>();
-  return out;
-}
-
-// An assistant message's calls as (name, arguments) pairs.
-std::vector<std::pair<std::string, json>> calls_of(const json& m) {
-  std::vector<std::pair<std::string, json>> out;
-  if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array())
-    return out;
-  for (const auto& c : m["tool_calls"]) {
-    if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
-      continue;
-    const auto& f = c["function"];
-    json args = json::object();
-    if (f.contains("arguments") && f["arguments"].is_string())
-      args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
-    else if (f.contains("arguments"))
-      args = f["arguments"];
-    out.emplace_back(f.value("name", ""), std::move(args));
-  }
-  return out;
-}
-
 // The same message as far as the conversation goes: role, content's text,
 // and (assistant) the calls.
 bool same_message(const json& a, const json& b) {
   if (!a.is_object() || !b.is_object() || a.value("role", "") != b.value("role", ""))
     return false;
-  return content_text(a) == content_text(b) && calls_of(a) == calls_of(b) &&
+  return message_text(a) == message_text(b) && tool_calls_of(a) == tool_calls_of(b) &&
          a.value("tool_call_id", "") == b.value("tool_call_id", "");
 }
 
@@ -65,16 +29,6 @@ bool extends_conversation(const json& earlier, const json& messages) {
     if (!same_message(earlier[i], messages[i]))
       return false;
   return true;
-}
-
-observation observation_of(const json& messages, size_t from) {
-  observation o;
-  for (size_t i = from; i < messages.size(); ++i) {
-    const auto& m = messages[i];
-    o.messages.push_back({m.value("role", "user"), content_text(m), m.value("name", ""),
-                          m.value("tool_call_id", "")});
-  }
-  return o;
 }
 
 expected<void> check_messages(const json& messages) {
@@ -143,7 +97,7 @@ expected<agent_prompt> agent_book::chat_prompt(const std::string& episode, const
   p.extends = extends;
   p.tools = tools.is_array() && !tools.empty();
   if (extends) {
-    auto obs = render_observation(enc_, observation_of(messages, known), tools);
+    auto obs = render_observation(enc_, observation_from_messages(messages, known), tools);
     if (!obs)
       return with_prefix(obs.error(), "messages");
     p.appended = std::move(*obs);
@@ -157,7 +111,7 @@ expected<agent_prompt> agent_book::chat_prompt(const std::string& episode, const
       return with_prefix(text.error(), "messages");
     p.ids = enc_.tokenizer().encode(*text);
   } else {
-    auto ids = render_first_prompt(enc_, observation_of(messages, 0), tools);
+    auto ids = render_first_prompt(enc_, observation_from_messages(messages, 0), tools);
     if (!ids)
       return with_prefix(ids.error(), "messages");
     p.ids = std::move(*ids);
@@ -260,7 +214,7 @@ expected<agent_book::chat_answer> agent_book::record_chat(const std::string& epi
   t.ep.tool_calls += static_cast<int32_t>(calls.size());
   const auto turn = t.ep.turns;
   for (size_t i = p.extends ? t.messages.size() : 0; i < messages.size(); ++i) {
-    json m{{"role", messages[i].value("role", "")}, {"content", content_text(messages[i])}};
+    json m{{"role", messages[i].value("role", "")}, {"content", message_text(messages[i])}};
     if (turn > 1)
       m["turn"] = turn - 1;
     t.ep.transcript.push_back(std::move(m));

@@ -44,6 +44,12 @@ struct fits {
     return *p + l.max_new_tokens <= l.context;
   }
   expected<bool> operator()(const demonstration& d) const {
+    if (!d.turns.empty() && l.demonstration_tokens) {
+      auto n = l.demonstration_tokens(d);
+      if (!n)
+        return n.error();
+      return *n <= l.context;
+    }
     auto p = prompt(d.prompt, d.messages);
     if (!p)
       return p.error();
@@ -94,6 +100,32 @@ expected<row_table<Row>> open_fitting(const data_config& c, const data_limits& l
                     std::to_string(dropped + t->size()) + " " + kind + " dropped as too long" +
                     why);
   return t;
+}
+
+// Derived tool demonstrations that fit the context; a note counts the others.
+expected<std::vector<demonstration>> fitting_rows(std::vector<demonstration> rows,
+                                                  const data_limits& limits,
+                                                  std::vector<std::string>& notes) {
+  if (limits.context <= 0)
+    return rows;
+  std::vector<demonstration> kept;
+  for (auto& r : rows) {
+    auto ok = fits{limits}(r);
+    if (!ok)
+      return with_prefix(ok.error(), "data.sft_tool_calls");
+    if (*ok)
+      kept.push_back(std::move(r));
+  }
+  const auto dropped = rows.size() - kept.size();
+  const auto why = " (the episode > the context of " + std::to_string(limits.context) + " tokens)";
+  if (kept.empty())
+    return make_error(errc::invalid_argument, "data.sft_tool_calls: all " +
+                                                  std::to_string(dropped) +
+                                                  " demonstrations are too long" + why);
+  if (dropped > 0)
+    notes.push_back("data.sft_tool_calls: " + std::to_string(dropped) + " of " +
+                    std::to_string(rows.size()) + " demonstrations dropped as too long" + why);
+  return kept;
 }
 
 // eval_split: a seeded share of the train rows held out.
@@ -173,7 +205,17 @@ expected<job_data> load_job_data(const data_config& c, const data_limits& limits
     auto train = derived_from_train();
     if (!train)
       return train.error();
-    d.sft = row_table<demonstration>{to_demonstrations(**train)};
+    if (c.sft_tool_calls) {
+      auto demos = to_tool_demonstrations(**train);
+      if (!demos)
+        return with_prefix(demos.error(), "data.sft_tool_calls");
+      auto kept = fitting_rows(std::move(*demos), limits, d.notes);
+      if (!kept)
+        return kept.error();
+      d.sft = row_table<demonstration>{std::move(*kept)};
+    } else {
+      d.sft = row_table<demonstration>{to_demonstrations(**train)};
+    }
   }
   if (!c.preference_file.empty()) {
     auto rows = open_fitting<preference_pair>(c, limits, "data.preference_file", c.preference_file,

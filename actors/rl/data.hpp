@@ -47,6 +47,8 @@ struct data_limits {
   std::function<expected<int64_t>(const std::string& prompt, const std::string& messages)>
       prompt_tokens;
   std::function<int64_t(const std::string& response)> response_tokens;
+  /// A multi-turn demonstration's whole sequence (NOTE [demonstration turns]).
+  std::function<expected<int64_t>(const demonstration& d)> demonstration_tokens;
   int64_t context = 0;
   int64_t max_new_tokens = 0;
 };

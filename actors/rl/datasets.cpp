@@ -208,13 +208,63 @@ expected<example> row_from_json<example>(const json& row, const dataset_fields& 
   return e;
 }
 
+/// Where a conversation's tool-using turns begin: after its last user (or
+/// system) message, when a tool message follows it; 0 = it has none.
+size_t tool_turns_begin(const json& messages) {
+  size_t begin = 0;
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (messages[i]["role"] == "user" || messages[i]["role"] == "system")
+      begin = i + 1;
+  for (size_t i = begin; i < messages.size(); ++i)
+    if (messages[i]["role"] == "tool")
+      return begin;
+  return 0;
+}
+
+/// A multi-turn demonstration's turns (NOTE [demonstration turns]): the
+/// messages from `begin` on, assistant and tool messages only, the last an
+/// assistant answer with content.
+expected<void> take_tool_turns(prompt_part& p, size_t begin, demonstration& d) {
+  auto& m = p.messages;
+  for (size_t i = begin; i < m.size(); ++i) {
+    const auto role = m[i]["role"].get<std::string>();
+    if (role != "assistant" && role != "tool")
+      return field_error(p.messages_key + "[" + std::to_string(i) + "].role",
+                         "a tool-using demonstration's turns are assistant and tool messages, "
+                         "got '" +
+                             role + "'");
+  }
+  if (!is_assistant(m.back()) || content_of(m.back()).empty())
+    return field_error(p.messages_key, "a tool-using demonstration must end in an assistant "
+                                       "message with content (the answer)");
+  auto turns = dump_field(json(m.begin() + static_cast<long>(begin), m.end()), p.messages_key);
+  if (!turns)
+    return turns.error();
+  d.turns = std::move(*turns);
+  d.response = content_of(m.back());
+  m.erase(m.begin() + static_cast<long>(begin), m.end());
+  return {};
+}
+
 template <>
 expected<demonstration> row_from_json<demonstration>(const json& row, const dataset_fields& f) {
   auto p = read_prompt(row, f);
   if (!p)
     return p.error();
   demonstration d;
-  if (!p->messages.is_null() && find_field(row, f.response) == nullptr) {
+  if (const json* tools = find_field(row, "tools"); tools != nullptr && !tools->is_null()) {
+    if (!tools->is_array())
+      return field_error("tools", std::string{"expected a list of tools, got "} + type_of(*tools));
+    auto text = dump_field(*tools, "tools");
+    if (!text)
+      return text.error();
+    d.tools = std::move(*text);
+  }
+  const size_t turns_at = p->messages.is_null() ? 0 : tool_turns_begin(p->messages);
+  if (turns_at > 0 && find_field(row, f.response) == nullptr) {
+    if (auto ok = take_tool_turns(*p, turns_at, d); !ok)
+      return ok.error();
+  } else if (!p->messages.is_null() && find_field(row, f.response) == nullptr) {
     if (!is_assistant(p->messages.back()) || content_of(p->messages.back()).empty() ||
         p->messages.size() < 2)
       return field_error(p->messages_key, "a demonstration conversation must end in an assistant "

@@ -20,6 +20,50 @@ nlohmann::ordered_json observation::messages_json() const {
   return out;
 }
 
+std::string message_text(const nlohmann::ordered_json& m) {
+  if (!m.is_object() || !m.contains("content"))
+    return "";
+  const auto& c = m["content"];
+  if (c.is_string())
+    return c.get<std::string>();
+  std::string out;
+  if (c.is_array())
+    for (const auto& part : c)
+      if (part.is_object() && part.value("type", "") == "text" && part.contains("text") &&
+          part["text"].is_string())
+        out += part["text"].get<std::string>();
+  return out;
+}
+
+std::vector<models::tool_call> tool_calls_of(const nlohmann::ordered_json& m) {
+  using json = nlohmann::ordered_json;
+  std::vector<models::tool_call> out;
+  if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array())
+    return out;
+  for (const auto& c : m["tool_calls"]) {
+    if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
+      continue;
+    const auto& f = c["function"];
+    json args = json::object();
+    if (f.contains("arguments") && f["arguments"].is_string())
+      args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
+    else if (f.contains("arguments"))
+      args = f["arguments"];
+    out.push_back({f.value("name", ""), std::move(args)});
+  }
+  return out;
+}
+
+observation observation_from_messages(const nlohmann::ordered_json& messages, size_t from) {
+  observation o;
+  for (size_t i = from; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    o.messages.push_back({m.value("role", "user"), message_text(m), m.value("name", ""),
+                          m.value("tool_call_id", "")});
+  }
+  return o;
+}
+
 namespace {
 
 // ---- exact integers ------------------------------------------------------------

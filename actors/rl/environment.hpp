@@ -22,6 +22,7 @@
 
 #include "actors/rl/tasks.hpp"
 #include "actors/rl/verifiers.hpp"
+#include "models/tool_calls.hpp"
 #include "runtime/enum_names.hpp"
 #include "runtime/error.hpp"
 
@@ -57,6 +58,14 @@ struct observation {
 };
 
 /// A tool call of the model, as the runner read it.
+/// OpenAI-format chat messages (JSON) read: a message's content as text (a
+/// string; null = ""; a list of parts, their "text" joined), its tool
+/// calls (an assistant's "tool_calls", arguments as a JSON string or
+/// object), and messages [from, end) as an observation.
+std::string message_text(const nlohmann::ordered_json& message);
+std::vector<models::tool_call> tool_calls_of(const nlohmann::ordered_json& message);
+observation observation_from_messages(const nlohmann::ordered_json& messages, size_t from = 0);
+
 struct env_tool_call {
   std::string id;
   std::string name;

@@ -209,6 +209,57 @@ env_turn env_turn_of(const std::string& session, int32_t turn, const read_turn& 
   return t;
 }
 
+expected<demonstration_tokens> render_demonstration(const prompt_encoder& enc,
+                                                    const demonstration& d,
+                                                    models::tool_call_format format) {
+  using json = nlohmann::ordered_json;
+  auto parse = [](const std::string& text, const char* what) -> expected<json> {
+    auto j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_array())
+      return make_error(errc::parse_error,
+                        std::string{"a demonstration's "} + what + ": expected a JSON list");
+    return j;
+  };
+  // A plain prompt is text, as an environment's first observation of a
+  // data row is.
+  auto prompt = d.messages.empty() ? expected<json>{json::array()} : parse(d.messages, "messages");
+  auto turns = parse(d.turns, "turns");
+  auto tools = d.tools.empty() ? expected<json>{json::array()} : parse(d.tools, "tools");
+  if (!prompt || !turns || !tools)
+    return !prompt ? prompt.error() : !turns ? turns.error() : tools.error();
+  demonstration_tokens out;
+  auto head = observation_from_messages(*prompt);
+  if (d.messages.empty())
+    head.text = d.prompt;
+  auto first = render_first_prompt(enc, head, *tools);
+  if (!first)
+    return first.error();
+  out.prompt = std::move(*first);
+  auto append = [&](const std::vector<int64_t>& ids, float mask) {
+    out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
+    out.loss_mask.insert(out.loss_mask.end(), ids.size(), mask);
+  };
+  for (size_t i = 0; i < turns->size();) {
+    const auto& m = (*turns)[i];
+    if (m.value("role", "") == "assistant") {
+      append(enc.response(models::write_tool_calls(message_text(m), tool_calls_of(m), format)),
+             1.0f);
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < turns->size() && (*turns)[end].value("role", "") != "assistant")
+      ++end;
+    json between(turns->begin() + static_cast<long>(i), turns->begin() + static_cast<long>(end));
+    auto obs = render_observation(enc, observation_from_messages(between), *tools);
+    if (!obs)
+      return with_prefix(obs.error(), "a demonstration's turn " + std::to_string(i + 1));
+    append(*obs, 0.0f);
+    i = end;
+  }
+  return out;
+}
+
 namespace {
 
 // ---- the runner ------------------------------------------------------------------

@@ -196,6 +196,24 @@ expected<read_turn> read_model_turn(const prompt_encoder& enc, const std::vector
 env_turn env_turn_of(const std::string& session, int32_t turn, const read_turn& read,
                      const std::string& finish_reason);
 
+/// NOTE [demonstration turns]: a multi-turn demonstration (a tool-using
+/// episode written out, tasks.hpp) as the tokens an episode of it would be:
+/// the first prompt as render_first_prompt makes it (the prompt's messages
+/// and the tools); each assistant turn as the model writes it — its
+/// content and tool calls in `format` (models::write_tool_calls), then EOS
+/// — with loss mask 1; the tool (or user) messages between turns rendered
+/// as the episode runner renders an observation (render_observation), mask
+/// 0. SFT on it trains the model's turns and never the tools' answers, in
+/// the very token layout its RL episodes have.
+struct demonstration_tokens {
+  std::vector<int64_t> prompt;
+  std::vector<int64_t> tokens;
+  std::vector<float> loss_mask;
+};
+expected<demonstration_tokens> render_demonstration(const prompt_encoder& enc,
+                                                    const demonstration& d,
+                                                    models::tool_call_format format);
+
 /// The metrics of a batch of episodes ("env/..."): turns, tool-call and
 /// error rates, Step latency p50 / p99, generated and observation tokens,
 /// rewards, finish reasons, the environment's info.

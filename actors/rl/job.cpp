@@ -669,14 +669,36 @@ expected<runtime::tensor_batch> sft_batch(job_context& ctx, int64_t step) {
   if (!rows)
     return rows.error();
   std::vector<std::vector<int64_t>> prompts, responses;
+  std::vector<std::vector<float>> masks; // NOTE [demonstration turns]
+  bool multi_turn = false;
+  const auto format = episode_options_of(ctx, 0).tool_format;
   for (const auto& row : *rows) {
+    if (!row.turns.empty()) {
+      auto d = render_demonstration(ctx.enc, row, format);
+      if (!d)
+        return d.error();
+      prompts.push_back(std::move(d->prompt));
+      responses.push_back(std::move(d->tokens));
+      masks.push_back(std::move(d->loss_mask));
+      multi_turn = true;
+      continue;
+    }
     auto prompt = ctx.enc.prompt(row.prompt, row.messages);
     if (!prompt)
       return prompt.error();
     prompts.push_back(std::move(*prompt));
     responses.push_back(ctx.enc.response(row.response));
+    masks.emplace_back(responses.back().size(), 1.0f);
   }
-  return collate_sequences(prompts, responses, ctx.pad);
+  auto batch = collate_sequences(prompts, responses, ctx.pad);
+  if (!batch || !multi_turn)
+    return batch;
+  // The tools' answers carry no loss.
+  auto mask = value_or_throw(batch->get("response_mask"));
+  auto masked = mask * scatter_response_values(prompts, masks, mask.size(1) + 1);
+  if (auto ok = batch->set("response_mask", masked); !ok)
+    return ok.error();
+  return batch;
 }
 
 // One RM step's preference pairs.
@@ -921,6 +943,13 @@ expected<void> prepare_data(job_context& ctx) {
   };
   limits.response_tokens = [enc = ctx.enc](const std::string& response) {
     return static_cast<int64_t>(enc.response(response).size());
+  };
+  limits.demonstration_tokens = [enc = ctx.enc, format = episode_options_of(ctx, 0).tool_format](
+                                    const demonstration& d) -> expected<int64_t> {
+    auto t = render_demonstration(enc, d, format);
+    if (!t)
+      return t.error();
+    return static_cast<int64_t>(t->prompt.size() + t->tokens.size());
   };
   auto shape = models::load_hf_config(ctx.base_dir + "/config.json");
   if (!shape)

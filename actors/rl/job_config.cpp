@@ -165,6 +165,11 @@ void check_data_and_model(const job_config& c, runtime::config_checks& checks) {
   checks.require(d.eval_split == 0 || (!d.train_file.empty() && d.eval_file.empty()),
                  "data.eval_split",
                  "holds rows of train_file out: needs train_file and no eval_file");
+  checks.require(!d.sft_tool_calls ||
+                     (d.task == task_kind::add && d.train_file.empty() && d.sft_file.empty()),
+                 "data.sft_tool_calls",
+                 "calls the calculator on the add task's own prompts: needs data.task add, no "
+                 "train_file and no sft_file");
   for (const auto& [key, value] : {std::pair{"prompt", &d.fields.prompt},
                                    {"messages", &d.fields.messages},
                                    {"answer", &d.fields.answer},

@@ -101,6 +101,9 @@ struct data_config {
   std::string eval_file;
   /// JSONL {prompt, response}: SFT demonstrations ("" = the task's answers).
   std::string sft_file;
+  /// Without an sft_file: the task's demonstrations call the calculator
+  /// tool (multi-turn, NOTE [demonstration turns]; the add task).
+  bool sft_tool_calls = false;
   /// JSONL {prompt, chosen, rejected} ("" = answers vs. wrong answers).
   std::string preference_file;
   /// Without an eval_file: the share of train_file's rows held out (by
@@ -127,6 +130,9 @@ void visit(V& v, data_config& c) {
   v.field("train_file", c.train_file, "JSONL {prompt, answer} for RL prompts; \"\" = the task");
   v.field("eval_file", c.eval_file, "JSONL {prompt, answer} held-out set; \"\" = the task");
   v.field("sft_file", c.sft_file, "JSONL {prompt, response} for SFT; \"\" = the task's answers");
+  v.field("sft_tool_calls", c.sft_tool_calls,
+          "Without sft_file: the add task's demonstrations call the calculator tool, read its "
+          "result and answer (multi-turn; loss on the model's turns only)");
   v.field("preference_file", c.preference_file,
           "JSONL {prompt, chosen, rejected} for RM; \"\" = answers vs. wrong answers");
   v.field("eval_split", c.eval_split,

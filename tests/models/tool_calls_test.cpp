@@ -186,6 +186,8 @@ TEST(ToolCalls, CallsRenderedByTheTemplatesReadBackTheSame) {
     auto turn = text->substr(at + header.size());
     turn = turn.substr(0, turn.find(end));
     auto parsed = parse_tool_calls(turn, format);
+    // troupe writes a call (SFT demonstrations) as the template renders it.
+    EXPECT_EQ(write_tool_calls("", {{"add", args}}, format), turn);
     EXPECT_TRUE(parsed.malformed.empty()) << turn;
     ASSERT_EQ(parsed.calls.size(), 1u) << turn;
     EXPECT_EQ(parsed.calls[0].name, "add");
@@ -234,5 +236,28 @@ TEST(ToolCalls, CallsAreCheckedAgainstTheToolsSchemas) {
     ASSERT_FALSE(r) << b.args;
     EXPECT_EQ(code_of(r.error()), errc::invalid_argument);
     EXPECT_EQ(context_of(r.error()), b.why);
+  }
+}
+
+TEST(ToolCalls, WrittenCallsReadBackInEachFormat) {
+  const std::vector<tool_call> calls{{"calculator", ojson{{"expression", "48213 * 97"}}},
+                                     {"lookup", ojson{{"key", "pi"}, {"n", 3}}}};
+  for (auto f :
+       {tool_call_format::hermes, tool_call_format::deepseek_v3, tool_call_format::llama3_json}) {
+    SCOPED_TRACE(to_string(f));
+    for (size_t k : {size_t{0}, size_t{1}, size_t{2}}) {
+      std::vector<tool_call> some(calls.begin(), calls.begin() + static_cast<long>(k));
+      // llama3_json: a turn with calls has no content.
+      const std::string content = k > 0 && f == tool_call_format::llama3_json ? "" : "Let me see.";
+      auto text = write_tool_calls(content, some, f);
+      auto t = parse_tool_calls(text, f);
+      EXPECT_TRUE(t.malformed.empty()) << text;
+      EXPECT_EQ(t.content, content) << text;
+      ASSERT_EQ(t.calls.size(), k) << text;
+      for (size_t i = 0; i < k; ++i) {
+        EXPECT_EQ(t.calls[i].name, some[i].name);
+        EXPECT_EQ(t.calls[i].arguments, some[i].arguments);
+      }
+    }
   }
 }
