@@ -376,9 +376,14 @@ parsed_turn parse_tool_calls(std::string_view text, tool_call_format format) {
 
 std::string write_tool_calls(std::string_view content, const std::vector<tool_call>& calls,
                              tool_call_format format) {
-  // As templates spell JSON (Python's json.dumps: ", " and ": ").
+  // As templates spell JSON (Python's json.dumps: ", " and ": "); a value
+  // Jinja cannot hold (an integer past int64) compactly.
   auto dump = [](const nlohmann::ordered_json& j) {
-    return jinja::dump_json(jinja::from_json(j), jinja::json_options{});
+    try {
+      return jinja::dump_json(jinja::from_json(j), jinja::json_options{});
+    } catch (const jinja::failure&) {
+      return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    }
   };
   auto object = [&](std::string_view args_key, const tool_call& c) {
     return "{\"name\": " + dump(c.name) + ", \"" + std::string{args_key} +

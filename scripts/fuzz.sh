@@ -76,7 +76,7 @@ declare -A libs=(
 )
 
 # The targets of the GCC build (tests/fuzz/CMakeLists.txt says what each links).
-declare -A gcc_built=([role_messages]=1 [job_service]=1 [node_service]=1 [dashboard]=1 [reward_service]=1 [environment_service]=1)
+declare -A gcc_built=([role_messages]=1 [job_service]=1 [node_service]=1 [dashboard]=1 [reward_service]=1 [environment_service]=1 [agent_gateway]=1)
 
 targets=()
 all=0

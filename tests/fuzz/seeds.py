@@ -355,6 +355,37 @@ def dashboard_seeds():
         write("dashboard", name, chr(added) + text)
 
 
+def agent_gateway_seeds():
+    """Bodies for the OpenAI-compatible endpoint (cluster/agent_gateway.cpp).
+    Byte 0: the route (0 chat by base URL, 1 chat by header, 2 chat without
+    an episode, 3 completions, 4 and 5 rewards, 6 models, 7 an unknown
+    episode); byte 1: the key (odd: right, even: wrong, 0: none)."""
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}},
+        "required": ["expression"]}}}
+    user = [{"role": "user", "content": "add:12+34="}]
+    answered = user + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "calculator", "arguments": "{\"expression\": \"12+34\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "46"}]
+    seeds = {
+        "chat": (0, 1, {"messages": user, "max_tokens": 3, "logprobs": True}),
+        "chat-tools": (0, 1, {"messages": answered, "tools": [tool], "max_tokens": 3}),
+        "chat-stream": (1, 1, {"messages": user, "stream": True, "temperature": 0.5}),
+        "chat-no-episode": (2, 1, {"messages": user}),
+        "completions": (3, 1, {"prompt": "add:1+2=", "max_tokens": 2, "seed": 4}),
+        "reward": (4, 1, {"reward": 0.5}),
+        "reward-bad": (5, 1, {"reward": "high"}),
+        "models": (6, 1, {}),
+        "unknown-episode": (7, 1, {"messages": user}),
+        "no-key": (0, 0, {"messages": user}),
+        "wrong-key": (0, 2, {"messages": user}),
+        "bad-options": (0, 1, {"messages": user, "n": 2, "top_p": 0, "stop": ["\n"]}),
+    }
+    for name, (route, key, body) in seeds.items():
+        write("agent_gateway", name, chr(route) + chr(key) + json.dumps(body))
+
+
 if __name__ == "__main__":
     heartbeat_seeds()
     job_seeds()
@@ -366,5 +397,6 @@ if __name__ == "__main__":
     weight_table_seeds()
     dataset_seeds()
     dashboard_seeds()
+    agent_gateway_seeds()
     if len(sys.argv) > 1:
         journal_seeds(sys.argv[1])

@@ -240,8 +240,9 @@ TEST(ToolCalls, CallsAreCheckedAgainstTheToolsSchemas) {
 }
 
 TEST(ToolCalls, WrittenCallsReadBackInEachFormat) {
-  const std::vector<tool_call> calls{{"calculator", ojson{{"expression", "48213 * 97"}}},
-                                     {"lookup", ojson{{"key", "pi"}, {"n", 3}}}};
+  const std::vector<tool_call> calls{
+      {"calculator", ojson{{"expression", "48213 * 97"}}},
+      {"lookup", ojson::parse(R"({"key": "pi", "n": 18446744073709551615, "x": [0.1, -0.0]})")}};
   for (auto f :
        {tool_call_format::hermes, tool_call_format::deepseek_v3, tool_call_format::llama3_json}) {
     SCOPED_TRACE(to_string(f));
