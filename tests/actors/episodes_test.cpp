@@ -193,8 +193,9 @@ TEST_F(episodes_fixture, TokensAreTheModelsTurnsAndTheObservationsRenderedOnce) 
               ep.observation_tokens);
     // Each model turn before an observation ended with EOS or a stop token.
     for (size_t j = 1; j < n; ++j)
-      if (ep.loss_mask[j] == 0.0f && ep.loss_mask[j - 1] == 1.0f)
+      if (ep.loss_mask[j] == 0.0f && ep.loss_mask[j - 1] == 1.0f) {
         EXPECT_TRUE(ep.tokens[j - 1] == 2 || ep.tokens[j - 1] % 2 == 1) << "token " << j;
+      }
     // The model's tokens were sampled after exactly this sequence: their
     // log-probs are the whole sequence's, by a forward of it.
     auto forced = test::teacher_forced(model, ep.prompt, ep.tokens);
@@ -206,8 +207,9 @@ TEST_F(episodes_fixture, TokensAreTheModelsTurnsAndTheObservationsRenderedOnce) 
     }
     EXPECT_LE(ep.turns, 4);
     EXPECT_EQ(ep.end == episode_end::done, ep.reward != 0.0);
-    if (ep.end == episode_end::done)
+    if (ep.end == episode_end::done) {
       EXPECT_EQ(ep.reward, 4.0); // the scripted environment ends at turn 3
+    }
     multi_turn += ep.turns > 1;
     tool_errors += ep.tool_errors;
     // Shaping (0.25 per stepped turn that did not end) at the turn's last token.
@@ -384,9 +386,10 @@ TEST(Calculator, EvaluatesIntegerExpressionsExactly) {
                           "((((((((((((((((((((((((((((1"}) {
     auto r = evaluate_integer_expression(bad);
     EXPECT_FALSE(r) << bad;
-    if (!r)
+    if (!r) {
       EXPECT_NE(describe(r.error()).find("expression: byte"), std::string::npos)
           << describe(r.error());
+    }
   }
   EXPECT_FALSE(evaluate_integer_expression(std::string(5000, '1')));
 }

@@ -134,8 +134,9 @@ TEST_F(AgentGateway, ATwoTurnAgentLoopIsRecordedAsTheTokensTheEngineServed) {
   EXPECT_EQ(served, recorded);
   auto forced = test::teacher_forced(model, t.prompt, t.tokens);
   for (size_t j = 0; j < t.tokens.size(); ++j)
-    if (t.loss_mask[j] == 1.0f)
+    if (t.loss_mask[j] == 1.0f) {
       EXPECT_NEAR(t.logprobs[j], forced[j], 2e-4) << j;
+    }
   // The second call's prompt was the trajectory so far.
   EXPECT_EQ(answers[1]["usage"]["prompt_tokens"].get<size_t>(),
             t.prompt.size() + spans[0].second.size() + spans[1].second.size());

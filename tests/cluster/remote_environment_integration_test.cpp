@@ -118,8 +118,9 @@ TEST_F(RemoteEnvironment, RunsEpisodesWhoseToolCallsTheServerAnswers) {
         for (size_t k = 0; k < result.size(); ++k)
           EXPECT_EQ(ep.loss_mask[j + k], 0.0f);
       }
-    if (ep.end == episode_end::done)
+    if (ep.end == episode_end::done) {
       EXPECT_TRUE(ep.reward == 0.0 || ep.reward == 1.0);
+    }
   }
   EXPECT_GT(answered, 0) << "the seeds make the model call the calculator";
   auto m = episode_metrics(*got);
