@@ -48,7 +48,7 @@ job="runtime/config.cpp actors/rl/job_config.cpp actors/rl/role_traits.cpp actor
      actors/rl/verifiers.cpp actors/rl/stage_table.cpp actors/rl/supervision.cpp actors/rl/data.cpp
      actors/train/strategy_memory.cpp actors/inference/engine_config.cpp models/config.cpp
      models/parallel_plan.cpp models/regex.cpp runtime/pipeline_schedule.cpp
-     runtime/transport_traits.cpp $datasets $decode $unicode"
+     runtime/transport_traits.cpp actors/rl/environment.cpp $datasets $decode $unicode"
 
 declare -A sources=(
   [heartbeat]="cluster/heartbeats.cpp runtime/inflight.cpp runtime/hash.cpp $base"
@@ -56,7 +56,7 @@ declare -A sources=(
   [job_yaml]="$job $json $base"
   [tokenizer]="$(cd "$root" && echo models/tokenizer*.cpp) models/regex.cpp $chat $json $base"
   [chat_template]="$chat $base"
-  [tool_calls]="models/tool_calls.cpp $json $base"
+  [tool_calls]="models/tool_calls.cpp $chat $json $base"
   [hf_config]="models/config.cpp $decode $json $base"
   [safetensors]="$safetensors runtime/jsonl.cpp $base"
   [weight_table]="runtime/weight_table.cpp runtime/hash.cpp $safetensors runtime/jsonl.cpp $base"

@@ -1,6 +1,7 @@
 #include "actors/rl/data.hpp"
 
 #include "actors/rl/datasets.hpp"
+#include "actors/rl/environment.hpp"
 #include <algorithm>
 #include <cmath>
 #include <numeric>

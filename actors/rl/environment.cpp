@@ -428,4 +428,33 @@ expected<std::string> evaluate_integer_expression(std::string_view expression) {
   return v->str();
 }
 
+expected<std::vector<demonstration>> to_tool_demonstrations(const std::vector<example>& examples) {
+  using json = nlohmann::ordered_json;
+  const auto tools = json::array({calculator_tool()}).dump();
+  std::vector<demonstration> out;
+  out.reserve(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const auto& ex = examples[i];
+    const std::string_view p = ex.prompt;
+    const auto where = "tool demonstration " + std::to_string(i + 1) + " ('" + ex.prompt + "')";
+    if (p.size() < 6 || p.substr(0, 4) != "add:" || p.back() != '=')
+      return make_error(errc::invalid_argument, where + ": not an add prompt");
+    const std::string expression{p.substr(4, p.size() - 5)};
+    auto value = evaluate_integer_expression(expression);
+    if (!value || *value != ex.answer)
+      return make_error(errc::invalid_argument, where + ": its sum is not its answer");
+    const std::string id = "call_1_1";
+    json call{{"id", id},
+              {"type", "function"},
+              {"function",
+               {{"name", "calculator"}, {"arguments", json{{"expression", expression}}.dump()}}}};
+    json turns = json::array(
+        {json{{"role", "assistant"}, {"content", ""}, {"tool_calls", json::array({call})}},
+         json{{"role", "tool"}, {"tool_call_id", id}, {"name", "calculator"}, {"content", *value}},
+         json{{"role", "assistant"}, {"content", ex.answer}}});
+    out.push_back({ex.prompt, ex.answer, "", turns.dump(), tools});
+  }
+  return out;
+}
+
 } // namespace troupe::actors::rl

@@ -148,4 +148,11 @@ nlohmann::ordered_json calculator_tool();
 /// cannot be read.
 expected<std::string> evaluate_integer_expression(std::string_view expression);
 
+/// The add task's examples as tool-using demonstrations (NOTE
+/// [demonstration turns]): the model calls the calculator tool with the
+/// prompt's sum ("add:482+97=" → {"expression": "482+97"}), reads its
+/// result, and answers it. invalid_argument for a row that is not an add
+/// prompt whose sum is its answer.
+expected<std::vector<demonstration>> to_tool_demonstrations(const std::vector<example>& examples);
+
 } // namespace troupe::actors::rl

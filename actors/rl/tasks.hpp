@@ -132,12 +132,6 @@ expected<task_splits> make_splits(const task& t, uint64_t seed, int64_t train_si
 
 /// SFT data: each example's prompt with its answer as the response.
 std::vector<demonstration> to_demonstrations(const std::vector<example>& examples);
-/// The add task's examples as tool-using demonstrations (NOTE
-/// [demonstration turns]): the model calls the calculator tool with the
-/// prompt's sum ("add:482+97=" → {"expression": "482+97"}), reads its
-/// result, and answers it. invalid_argument for a row that is not an add
-/// prompt whose sum is its answer.
-expected<std::vector<demonstration>> to_tool_demonstrations(const std::vector<example>& examples);
 
 /// Preference data: chosen = the answer, rejected = t.wrong_answer(...).
 std::vector<preference_pair> to_preferences(const task& t, const std::vector<example>& examples,
