@@ -273,6 +273,8 @@ expected<agent_run> agent_runner::collect() {
                           ": episodes without a reward (POST /v1/episodes/{id}/reward, or an "
                           "rl.environment to score the last turn): " +
                           listed(no_reward));
+  // Every episode made a call (else returned above), so batch index i is
+  // planned index i, as to_score holds them.
   if (auto ok = score_last_turns(out.batch.episodes, to_score, out.batch.stats); !ok)
     return ok.error();
   const auto n = std::max<double>(1.0, static_cast<double>(planned_.size()));
