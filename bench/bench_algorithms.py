@@ -16,10 +16,11 @@ at its last step, the gain, whether the gain meets the issue's floor
 
 --record-bands runs the shortened version of each job that the bands file
 names (its "sets": fewer iterations, a smaller held-out split) and writes
-the metric's value at each evaluated step into the file ("steps"): the
+each of its curves' metric at each evaluated step into the file ("steps"): the
 learning-curve gate (tests/apps/learning_curves_integration_test.cpp) runs
 the same shortened jobs in CI and fails when a value leaves its band
-(recorded ± "tolerance") or the gain falls below "min_gain".
+(recorded ± "tolerance") or a curve's gain falls below its "min_gain".
+--only limits the recording to the jobs named.
 """
 
 import argparse
@@ -84,14 +85,17 @@ def curve(metrics_path, stage, metric):
     return out
 
 
-def record_bands(binary, path):
+def record_bands(binary, path, only):
     bands = json.load(open(path))
     with tempfile.TemporaryDirectory() as work:
         for name, job in bands["jobs"].items():
+            if only and name not in only:
+                continue
             run_dir = os.path.join(work, name)
             wall = run_job(binary, name, run_dir, job["sets"])
-            job["steps"] = curve(os.path.join(run_dir, "metrics.jsonl"), job["stage"], job["metric"])
-            print(f"{name}: {job['steps']} ({wall:.1f}s)", flush=True)
+            for metric, band in job["curves"].items():
+                band["steps"] = curve(os.path.join(run_dir, "metrics.jsonl"), job["stage"], metric)
+                print(f"{name}: {metric} {band['steps']} ({wall:.1f}s)", flush=True)
     with open(path, "w") as f:
         json.dump(bands, f, indent=2)
         f.write("\n")
@@ -100,17 +104,17 @@ def record_bands(binary, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("binary")
-    ap.add_argument("--only", nargs="*", default=list(JOBS))
+    ap.add_argument("--only", nargs="*", default=[])
     ap.add_argument("--set", nargs="*", default=[], dest="sets")
     ap.add_argument("--record-bands", metavar="FILE")
     args = ap.parse_args()
     if args.record_bands:
-        record_bands(args.binary, args.record_bands)
+        record_bands(args.binary, args.record_bands, args.only)
         return 0
     print(f"{'job':<11} {'metric':<24} {'start':>6} {'end':>6} {'gain':>6} {'floor':>6} {'wall':>7}")
     failed = False
     with tempfile.TemporaryDirectory() as work:
-        for name in args.only:
+        for name in args.only or list(JOBS):
             stage, metric = JOBS[name]
             run_dir = os.path.join(work, name)
             wall = run_job(args.binary, name, run_dir, args.sets)

@@ -228,8 +228,10 @@ struct engine::impl {
     seqs.reserve(req.samples.size());
     for (const auto& s : req.samples)
       seqs.push_back(s->tokens);
-    if (kept.insert_or_assign(req.request.id, std::move(seqs)).second)
-      kept_order.push_back(req.request.id);
+    // A reused id is its latest request's, and as young as it.
+    if (!kept.insert_or_assign(req.request.id, std::move(seqs)).second)
+      kept_order.erase(std::find(kept_order.begin(), kept_order.end(), req.request.id));
+    kept_order.push_back(req.request.id);
     while (kept_order.size() > kKeptRequests) {
       kept.erase(kept_order.front());
       kept_order.pop_front();

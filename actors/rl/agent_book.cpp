@@ -58,15 +58,21 @@ expected<void> agent_book::admitted(const std::string& episode) const {
   return {};
 }
 
-expected<void> agent_book::admit_call(const std::string& episode) {
+expected<const agent_book::trajectory*> agent_book::admit_call(const std::string& episode) {
   if (auto ok = admitted(episode); !ok)
-    return ok;
+    return ok.error();
   auto& st = episodes_[episode];
   if (max_calls_ > 0 && st.calls >= max_calls_)
     return make_error(errc::out_of_range, "episode '" + episode + "' made its " +
                                               std::to_string(max_calls_) + " calls");
   ++st.calls;
-  return {};
+  return st.trajectories.empty() ? nullptr : &st.trajectories.back();
+}
+
+std::vector<int64_t> agent_book::served(const trajectory& t) {
+  auto ids = t.ep.prompt;
+  ids.insert(ids.end(), t.ep.tokens.begin(), t.ep.tokens.end());
+  return ids;
 }
 
 expected<agent_prompt> agent_book::chat_prompt(const std::string& episode, const json& messages,
@@ -80,17 +86,13 @@ expected<agent_prompt> agent_book::chat_prompt(const std::string& episode, const
   size_t known = 0;
   {
     std::lock_guard lock{mu_};
-    if (auto ok = admit_call(episode); !ok)
-      return ok.error();
-    auto it = episodes_.find(episode);
-    if (it != episodes_.end() && !it->second.trajectories.empty()) {
-      const auto& t = it->second.trajectories.back();
-      if (extends_conversation(t.messages, messages)) {
-        extends = true;
-        known = t.messages.size();
-        sequence = t.ep.prompt;
-        sequence.insert(sequence.end(), t.ep.tokens.begin(), t.ep.tokens.end());
-      }
+    auto last = admit_call(episode);
+    if (!last)
+      return last.error();
+    if (*last && extends_conversation((*last)->messages, messages)) {
+      extends = true;
+      known = (*last)->messages.size();
+      sequence = served(**last);
     }
   }
   agent_prompt p;
@@ -127,20 +129,17 @@ expected<agent_prompt> agent_book::text_prompt(const std::string& episode,
   agent_prompt p;
   {
     std::lock_guard lock{mu_};
-    if (auto ok = admit_call(episode); !ok)
-      return ok.error();
-    auto it = episodes_.find(episode);
-    if (it != episodes_.end() && !it->second.trajectories.empty()) {
-      const auto& t = it->second.trajectories.back();
-      if (!t.text.empty() && text.size() > t.text.size() &&
-          text.compare(0, t.text.size(), t.text) == 0) {
-        p.extends = true;
-        p.ids = t.ep.prompt;
-        p.ids.insert(p.ids.end(), t.ep.tokens.begin(), t.ep.tokens.end());
-        p.appended = enc_.tokenizer().encode(std::string_view{text}.substr(t.text.size()));
-        p.ids.insert(p.ids.end(), p.appended.begin(), p.appended.end());
-        return p;
-      }
+    auto last = admit_call(episode);
+    if (!last)
+      return last.error();
+    const trajectory* t = *last;
+    if (t && !t->text.empty() && text.size() > t->text.size() &&
+        text.compare(0, t->text.size(), t->text) == 0) {
+      p.extends = true;
+      p.ids = served(*t);
+      p.appended = enc_.tokenizer().encode(std::string_view{text}.substr(t->text.size()));
+      p.ids.insert(p.ids.end(), p.appended.begin(), p.appended.end());
+      return p;
     }
   }
   p.ids = encode_prompt(enc_.tokenizer(), text);

@@ -117,8 +117,11 @@ private:
     std::optional<double> reward;
     int64_t calls = 0;
   };
-  /// A call of `episode` may go on (counted; under the lock).
-  expected<void> admit_call(const std::string& episode);
+  /// A call of `episode` may go on (counted; under the lock): the
+  /// episode's current trajectory, null before its first call.
+  expected<const trajectory*> admit_call(const std::string& episode);
+  /// What a trajectory has served so far: its prompt and completions.
+  static std::vector<int64_t> served(const trajectory& t);
   /// The episode is one of the opened ones (under the lock).
   expected<void> admitted(const std::string& episode) const;
   trajectory& trajectory_for(const std::string& episode, const agent_prompt& p);

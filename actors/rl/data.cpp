@@ -129,6 +129,20 @@ expected<std::vector<demonstration>> fitting_rows(std::vector<demonstration> row
   return kept;
 }
 
+// data.sft_tool_call_share: all but that share of the tool demonstrations
+// (drawn by seed) answer in one turn, with the tool still offered, so the
+// policy starts RL from a mix of calling and not calling.
+void answer_some_directly(std::vector<demonstration>& demos, double share, uint64_t seed) {
+  const auto n = static_cast<int64_t>(demos.size());
+  const auto direct = n - static_cast<int64_t>(std::llround(share * static_cast<double>(n)));
+  const auto order = runtime::seeded_permutation(n, mix_seed({seed, 0x746f6f6c5f736861ULL}));
+  for (int64_t k = 0; k < direct; ++k) {
+    auto& d = demos[static_cast<size_t>(order[static_cast<size_t>(k)])];
+    using json = nlohmann::ordered_json;
+    d.turns = json::array({json{{"role", "assistant"}, {"content", d.response}}}).dump();
+  }
+}
+
 // eval_split: a seeded share of the train rows held out.
 expected<void> split_off_eval(const data_config& c, job_data& d) {
   auto n = d.train.size();
@@ -210,6 +224,7 @@ expected<job_data> load_job_data(const data_config& c, const data_limits& limits
       auto demos = to_tool_demonstrations(**train);
       if (!demos)
         return with_prefix(demos.error(), "data.sft_tool_calls");
+      answer_some_directly(*demos, c.sft_tool_call_share, seed);
       auto kept = fitting_rows(std::move(*demos), limits, d.notes);
       if (!kept)
         return kept.error();

@@ -170,6 +170,10 @@ void check_data_and_model(const job_config& c, runtime::config_checks& checks) {
                  "data.sft_tool_calls",
                  "calls the calculator on the add task's own prompts: needs data.task add, no "
                  "train_file and no sft_file");
+  checks.require(d.sft_tool_call_share >= 0 && d.sft_tool_call_share <= 1,
+                 "data.sft_tool_call_share", "must be in [0, 1]");
+  checks.require(d.sft_tool_calls || d.sft_tool_call_share == 1.0, "data.sft_tool_call_share",
+                 "mixes the demonstrations of data.sft_tool_calls: set that too");
   for (const auto& [key, value] : {std::pair{"prompt", &d.fields.prompt},
                                    {"messages", &d.fields.messages},
                                    {"answer", &d.fields.answer},

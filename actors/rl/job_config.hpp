@@ -104,6 +104,9 @@ struct data_config {
   /// Without an sft_file: the task's demonstrations call the calculator
   /// tool (multi-turn, NOTE [demonstration turns]; the add task).
   bool sft_tool_calls = false;
+  /// With sft_tool_calls: the share of demonstrations that call the tool;
+  /// the others (drawn by `seed`) answer at once, the tool still offered.
+  double sft_tool_call_share = 1.0;
   /// JSONL {prompt, chosen, rejected} ("" = answers vs. wrong answers).
   std::string preference_file;
   /// Without an eval_file: the share of train_file's rows held out (by
@@ -133,6 +136,9 @@ void visit(V& v, data_config& c) {
   v.field("sft_tool_calls", c.sft_tool_calls,
           "Without sft_file: the add task's demonstrations call the calculator tool, read its "
           "result and answer (multi-turn; loss on the model's turns only)");
+  v.field("sft_tool_call_share", c.sft_tool_call_share,
+          "With sft_tool_calls: the share of demonstrations that call the tool; the others "
+          "(drawn by seed) answer at once, with the tool offered");
   v.field("preference_file", c.preference_file,
           "JSONL {prompt, chosen, rejected} for RM; \"\" = answers vs. wrong answers");
   v.field("eval_split", c.eval_split,

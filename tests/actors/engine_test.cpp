@@ -197,6 +197,36 @@ TEST(Engine, ARequestExtendsAFinishedSequenceReusingItsCache) {
       << describe(bad.error());
 }
 
+// An id used again (an evaluation's ids, each time it runs) is kept as its
+// latest request, counted young again: the earlier use's place in the
+// order of the last 1024 never evicts it.
+TEST(Engine, AReusedIdIsKeptAsItsLatestRequest) {
+  auto m = tiny_model();
+  std::mt19937 rng(37);
+  auto e = make_engine(m);
+  auto batch_of = [&](const std::string& prefix, int n) {
+    std::vector<generate_request> rs;
+    for (int i = 0; i < n; ++i)
+      rs.push_back({prefix + std::to_string(i), random_prompt(rng, 2, 2), greedy(1)});
+    return rs;
+  };
+  ASSERT_TRUE(e->generate({{"r", random_prompt(rng, 3, 3), greedy(1)}}));
+  ASSERT_TRUE(e->generate(batch_of("x", 1000)));
+  auto again = e->generate({{"r", random_prompt(rng, 4, 4), greedy(2)}});
+  ASSERT_TRUE(again) << describe(again.error());
+  ASSERT_TRUE(e->generate(batch_of("y", 100)))
+      << "1101 ids since r's first use, 101 since its last";
+  generate_request next{"r2", random_prompt(rng, 1, 1), greedy(1)};
+  next.extends = "r";
+  auto second = e->generate({next});
+  ASSERT_TRUE(second) << describe(second.error());
+  auto whole = (*again)[0].prompt;
+  whole.insert(whole.end(), (*again)[0].samples[0].tokens.begin(),
+               (*again)[0].samples[0].tokens.end());
+  whole.insert(whole.end(), next.prompt.begin(), next.prompt.end());
+  EXPECT_EQ((*second)[0].prompt, whole) << "extends the latest 'r'";
+}
+
 TEST(Engine, RepeatedPromptsHitThePrefixCache) {
   auto m = tiny_model();
   std::mt19937 rng(29);

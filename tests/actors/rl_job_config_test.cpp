@@ -52,6 +52,11 @@ TEST(RlJobConfig, BadSpecsNameTheLineAndPath) {
       {"rl:\n  clip_ratio_low: 1.0\n",
        "job.yaml:2:19: rl.clip_ratio_low: must be in [0, 1) (cispo: >= 0, 1 or more = no floor), "
        "got 1.0"},
+      {"data:\n  sft_tool_call_share: 0.5\n",
+       "job.yaml:2:24: data.sft_tool_call_share: mixes the demonstrations of "
+       "data.sft_tool_calls: set that too"},
+      {"data:\n  task: add\n  sft_tool_calls: true\n  sft_tool_call_share: 1.5\n",
+       "job.yaml:4:24: data.sft_tool_call_share: must be in [0, 1]"},
       {"rl:\n  clip_ratio_c: 1\n",
        "job.yaml:2:17: rl.clip_ratio_c: must be > 1 (null = no dual clip)"},
       {"rl:\n  advantage: remax\n  staleness: 1\n",

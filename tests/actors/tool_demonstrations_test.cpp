@@ -4,6 +4,7 @@
 // as its format spells them, then EOS) with loss, the tools' answers
 // rendered as observations without — so SFT trains the layout RL samples.
 
+#include "actors/rl/data.hpp"
 #include "actors/rl/datasets.hpp"
 #include "actors/rl/episodes.hpp"
 #include "actors/rl/tasks.hpp"
@@ -84,6 +85,53 @@ TEST(ToolDemonstrations, TokensAreTheEpisodesLayoutWithLossOnTheModelsTurnsOnly)
     ASSERT_EQ(read->parsed.calls.size(), 1u);
     EXPECT_EQ(read->parsed.calls[0], call);
   }
+}
+
+TEST(ToolDemonstrations, AShareOfTheAddTasksDemonstrationsAnswersWithoutTheTool) {
+  data_config c;
+  c.task = task_kind::add;
+  c.min_digits = 2;
+  c.max_digits = 3;
+  c.train_size = 40;
+  c.eval_size = 4;
+  c.sft_tool_calls = true;
+  auto turn_counts = [&](double share, int64_t seed) {
+    c.sft_tool_call_share = share;
+    c.seed = seed;
+    auto d = load_job_data(c, {}, {true, false});
+    EXPECT_TRUE(d) << describe(d.error());
+    std::vector<size_t> counts;
+    const auto rows = d->sft.all().value();
+    for (const auto& demo : rows) {
+      EXPECT_EQ(json::parse(demo.tools), json::array({calculator_tool()}))
+          << "the tool is offered in every demonstration";
+      counts.push_back(json::parse(demo.turns).size());
+    }
+    return counts;
+  };
+  auto all_call = turn_counts(1.0, 7);
+  EXPECT_EQ(std::count(all_call.begin(), all_call.end(), 3u), 40);
+  auto quarter = turn_counts(0.25, 7);
+  EXPECT_EQ(std::count(quarter.begin(), quarter.end(), 3u), 10);
+  EXPECT_EQ(std::count(quarter.begin(), quarter.end(), 1u), 30);
+  EXPECT_EQ(turn_counts(0.25, 7), quarter) << "drawn by the seed";
+  EXPECT_NE(turn_counts(0.25, 8), quarter) << "another seed, another draw";
+  auto none = turn_counts(0.0, 7);
+  EXPECT_EQ(std::count(none.begin(), none.end(), 1u), 40);
+
+  // A direct answer is the episode's first prompt (tools offered) and the
+  // answer + EOS, all of it the model's.
+  c.sft_tool_call_share = 0.0;
+  auto d = load_job_data(c, {}, {true, false}).value().sft.all().value().front();
+  auto enc = byte_encoder();
+  auto t = render_demonstration(enc, d, models::tool_call_format::hermes);
+  ASSERT_TRUE(t) << describe(t.error());
+  auto first =
+      render_first_prompt(enc, observation{{}, d.prompt}, json::array({calculator_tool()}));
+  ASSERT_TRUE(first);
+  EXPECT_EQ(t->prompt, *first);
+  EXPECT_EQ(t->tokens, enc.response(d.response));
+  EXPECT_EQ(t->loss_mask, std::vector<float>(t->tokens.size(), 1.0f));
 }
 
 TEST(ToolDemonstrations, ConversationFilesGiveTurnsAndBadOnesNameTheField) {
