@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -533,6 +534,110 @@ bool one_token_each(const paged_batch& batch, const torch::Tensor& logit_rows) {
   return is_iota(qs, n + 1) && (!logit_rows.defined() || is_iota(logit_rows, n));
 }
 
+// NOTE [mixed steps]: a step that holds both decode rows (one new token of
+// a request, its logits asked for) and prefill rows (a new prompt or turn,
+// or a chunk of one) is not a decode step, and the ATen path would run
+// every row. Multi-turn episodes make such steps common: each episode's
+// next turn reaches the engine alone, amid the others' decodes. So the
+// step is cut in two: the decode rows as a decode step of their own (the
+// fused kernel, when it takes them), the prefill rows through ATen; their
+// logits are put back in the step's row order. The two parts write the
+// K/V of different sequences, so their order does not matter. The engine
+// counts such a step as a decode step, by the path its decode rows took.
+struct mixed_split {
+  paged_batch decode;         // one token per request, the logits of each
+  paged_batch prefill;        // the other requests, whole
+  torch::Tensor prefill_rows; // the logit rows asked of the prefill part, in its numbering
+  torch::Tensor decode_at;    // where each part's logits go in the step's
+  torch::Tensor prefill_at;
+  int64_t rows = 0;
+
+  torch::Tensor join(const torch::Tensor& d, const torch::Tensor& p) const {
+    auto out = torch::empty({rows, d.size(1)}, d.options());
+    out.index_copy_(0, decode_at, d);
+    if (p.size(0) > 0)
+      out.index_copy_(0, prefill_at, p.to(d.scalar_type()));
+    return out;
+  }
+};
+
+/// The two parts of a mixed step, or nullopt when the step is not one (no
+/// decode rows, or nothing else) or its logit rows are not ascending rows
+/// of its requests.
+std::optional<mixed_split> split_mixed_step(const paged_batch& b, const torch::Tensor& logit_rows) {
+  for (const auto* t : {&b.input_ids, &b.positions, &b.slot_mapping, &b.block_tables,
+                        &b.context_lens, &b.query_start})
+    if (!t->defined() || !t->device().is_cpu())
+      return std::nullopt;
+  if (b.query_start.dim() != 1 || b.query_start.numel() < 3)
+    return std::nullopt;
+  auto qs = b.query_start.to(torch::kLong).contiguous();
+  const int64_t* q = qs.data_ptr<int64_t>();
+  const int64_t requests = qs.numel() - 1;
+  auto rows_t =
+      (logit_rows.defined() ? logit_rows : qs.slice(0, 1) - 1).to(torch::kLong).contiguous();
+  const int64_t* rows = rows_t.data_ptr<int64_t>();
+  const int64_t n_rows = rows_t.numel();
+  std::vector<int64_t> owner(static_cast<size_t>(n_rows)); // each logit row's request
+  std::vector<char> decodes(static_cast<size_t>(requests), 0);
+  for (int64_t k = 0, r = 0; k < n_rows; ++k) {
+    if (k > 0 && rows[k] <= rows[k - 1])
+      return std::nullopt;
+    while (r < requests && rows[k] >= q[r + 1])
+      ++r;
+    if (r == requests || rows[k] < q[r])
+      return std::nullopt;
+    owner[static_cast<size_t>(k)] = r;
+    if (q[r + 1] - q[r] == 1)
+      decodes[static_cast<size_t>(r)] = 1;
+  }
+  std::vector<int64_t> d_req, d_tok, p_req, p_tok, p_start{0};
+  std::vector<int64_t> offset(static_cast<size_t>(requests), 0); // a request's first prefill row
+  for (int64_t r = 0; r < requests; ++r) {
+    if (decodes[static_cast<size_t>(r)]) {
+      d_req.push_back(r);
+      d_tok.push_back(q[r]);
+      continue;
+    }
+    p_req.push_back(r);
+    offset[static_cast<size_t>(r)] = static_cast<int64_t>(p_tok.size());
+    for (int64_t t = q[r]; t < q[r + 1]; ++t)
+      p_tok.push_back(t);
+    p_start.push_back(static_cast<int64_t>(p_tok.size()));
+  }
+  if (d_req.empty() || p_req.empty())
+    return std::nullopt;
+  mixed_split out;
+  std::vector<int64_t> d_at, p_at, p_rows;
+  for (int64_t k = 0; k < n_rows; ++k) {
+    const auto r = owner[static_cast<size_t>(k)];
+    if (decodes[static_cast<size_t>(r)]) {
+      d_at.push_back(k);
+    } else {
+      p_at.push_back(k);
+      p_rows.push_back(offset[static_cast<size_t>(r)] + rows[k] - q[r]);
+    }
+  }
+  auto ids = [](const std::vector<int64_t>& v) { return torch::tensor(v, torch::kLong); };
+  auto part = [&](const std::vector<int64_t>& tokens, const std::vector<int64_t>& reqs,
+                  const std::vector<int64_t>& starts) {
+    auto t = ids(tokens), r = ids(reqs);
+    return paged_batch{
+        b.input_ids.index_select(0, t),    b.positions.index_select(0, t),
+        b.slot_mapping.index_select(0, t), b.block_tables.index_select(0, r),
+        b.context_lens.index_select(0, r), ids(starts).to(b.query_start.scalar_type())};
+  };
+  std::vector<int64_t> d_start(d_req.size() + 1);
+  std::iota(d_start.begin(), d_start.end(), int64_t{0});
+  out.decode = part(d_tok, d_req, d_start);
+  out.prefill = part(p_tok, p_req, p_start);
+  out.prefill_rows = ids(p_rows);
+  out.decode_at = ids(d_at);
+  out.prefill_at = ids(p_at);
+  out.rows = n_rows;
+  return out;
+}
+
 /// The indices of a decode step (one_token_each) as the fused kernel reads
 /// them, when every read is in bounds: slots and the tables' used blocks
 /// inside the pools, positions and lengths within the tables.
@@ -786,19 +891,29 @@ torch::Tensor llama_model_impl::forward_paged(const paged_batch& batch, paged_kv
   }
   if (auto logits = fused_step(batch, cache, logit_rows); logits.defined())
     return logits;
-  auto x = embed(batch.input_ids); // [N, hidden]
-  auto rope = rotary_for_layer0(layers_, batch.positions, x.scalar_type());
-  for (size_t i = 0; i < layers_->size(); ++i)
-    x = layers_[i]->as<block_impl>()->forward_paged(x, rope, batch, cache, i);
-  // The kernels validated query_start: its rows 1..R minus one are each
-  // request's last new token.
-  auto rows = logit_rows.defined() ? logit_rows : batch.query_start.slice(0, 1) - 1;
-  rows = rows.to(x.device(), torch::kLong);
-  auto h = norm_->as<rms_norm_impl>()->forward(x.index_select(0, rows));
-  auto logits = apply_head(h, torch::Tensor{});
-  // Under TP the sampler sees the whole vocabulary (NOTE [tensor-parallel
-  // decode]): every rank the same bits, so every rank samples alike.
-  return tp_.active() ? tp_gather_last(logits, config_.vocab_size, tp_) : logits;
+  auto aten = [&](const paged_batch& b, const torch::Tensor& logit_rows_of_b) {
+    auto x = embed(b.input_ids); // [N, hidden]
+    auto rope = rotary_for_layer0(layers_, b.positions, x.scalar_type());
+    for (size_t i = 0; i < layers_->size(); ++i)
+      x = layers_[i]->as<block_impl>()->forward_paged(x, rope, b, cache, i);
+    // The kernels validated query_start: its rows 1..R minus one are each
+    // request's last new token.
+    auto rows = logit_rows_of_b.defined() ? logit_rows_of_b : b.query_start.slice(0, 1) - 1;
+    rows = rows.to(x.device(), torch::kLong);
+    auto h = norm_->as<rms_norm_impl>()->forward(x.index_select(0, rows));
+    auto logits = apply_head(h, torch::Tensor{});
+    // Under TP the sampler sees the whole vocabulary (NOTE [tensor-parallel
+    // decode]): every rank the same bits, so every rank samples alike.
+    return tp_.active() ? tp_gather_last(logits, config_.vocab_size, tp_) : logits;
+  };
+  // NOTE [mixed steps] (one process: TP ranks keep one path per step).
+  if (!last_decode_.decode && !tp_.active())
+    if (auto split = split_mixed_step(batch, logit_rows)) {
+      if (auto d = fused_step(split->decode, cache, torch::Tensor{}); d.defined())
+        return split->join(d, aten(split->prefill, split->prefill_rows));
+      // The kernel declined the decode rows, and last_decode_ says why.
+    }
+  return aten(batch, logit_rows);
 }
 
 torch::Tensor llama_model_impl::hidden_states(const torch::Tensor& input_ids,

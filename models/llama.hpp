@@ -200,8 +200,8 @@ public:
   bool batch_invariant() const { return batch_invariant_; }
 
   /// NOTE [decode path report]: how the last forward_paged ran, for the
-  /// engine's metrics: whether it was a decode step (one new token per
-  /// request), whether the fused kernel ran it, and when not, why.
+  /// engine's metrics: whether it had decode rows (one new token of a request;
+  /// NOTE [mixed steps]), whether the fused kernel ran them, and when not, why.
   struct decode_report {
     bool decode = false;
     bool fused = false;

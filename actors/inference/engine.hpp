@@ -242,8 +242,8 @@ struct engine_metrics {
   int64_t running = 0;
   int64_t waiting = 0;
   int64_t num_blocks = 0;
-  /// Decode steps (one new token per request) by path (NOTE [decode path
-  /// report] in models/llama.hpp), and why the latest ATen one was.
+  /// Steps with decode rows (mixed ones too) by their path (NOTE [decode
+  /// path report] in models/llama.hpp), and why the latest ATen one was.
   int64_t fused_decode_steps = 0;
   int64_t aten_decode_steps = 0;
   std::string aten_decode_reason;

@@ -358,6 +358,73 @@ TEST(LlamaPaged, FusedDecodeStepsMatchTheAtenPathAndRecompute) {
   at::set_num_threads(threads_before);
 }
 
+// NOTE [mixed steps]: a step of decode rows amid a new turn's prefill, a
+// chunk without logits and a new request runs its decode rows through the
+// fused kernel (and says so) and its prefill rows through ATen: the logits
+// and the cache equal the ATen path's and a dense recompute.
+TEST(LlamaPaged, AMixedStepRunsItsDecodeRowsFusedAndTheRestThroughAten) {
+  auto model = tiny_paged();
+  auto fused_cache = model->make_paged_cache(64, 4), aten_cache = model->make_paged_cache(64, 4);
+  pager fused_pages{64, 4, 9}, aten_pages{64, 4, 9};
+  std::vector<request> fr(5), ar(5);
+  auto run = [&](decode_path path, const std::vector<size_t>& which,
+                 const std::vector<std::vector<int64_t>>& fresh, const torch::Tensor& rows) {
+    auto& reqs = path == decode_path::fused ? fr : ar;
+    auto& pages = path == decode_path::fused ? fused_pages : aten_pages;
+    std::vector<request*> ptrs;
+    for (auto i : which)
+      ptrs.push_back(&reqs[i]);
+    model->set_decode_path(path);
+    return model->forward_paged(pages.step(ptrs, fresh),
+                                path == decode_path::fused ? fused_cache : aten_cache, rows);
+  };
+  std::vector<std::vector<int64_t>> prompts;
+  for (uint64_t r = 0; r < 4; ++r)
+    prompts.push_back(random_tokens(static_cast<int64_t>(5 + 3 * r), 60 + r));
+  for (auto path : {decode_path::fused, decode_path::aten})
+    run(path, {0, 1, 2, 3}, prompts, torch::Tensor{});
+  EXPECT_FALSE(model->last_decode().decode) << "prompts alone: no decode rows";
+  // Requests 0 and 2 decode; 1 takes a 3-token turn; 3 a 2-token chunk
+  // whose logits nobody asks for; 4 is new.
+  const std::vector<size_t> which{0, 1, 2, 3, 4};
+  const std::vector<std::vector<int64_t>> fresh{
+      {7}, {8, 9, 10}, {11}, {12, 13}, random_tokens(6, 70)};
+  // Token rows: 0 | 1 2 3 | 4 | 5 6 | 7..12.
+  const auto rows = torch::tensor(std::vector<int64_t>{0, 3, 4, 12}, torch::kLong);
+  auto fused = run(decode_path::fused, which, fresh, rows);
+  auto report = model->last_decode();
+  EXPECT_TRUE(report.decode);
+  EXPECT_TRUE(report.fused) << report.why;
+  auto aten = run(decode_path::aten, which, fresh, rows);
+  EXPECT_TRUE(model->last_decode().decode);
+  EXPECT_FALSE(model->last_decode().fused);
+  ASSERT_EQ(fused.sizes(), aten.sizes());
+  EXPECT_LT(max_abs_diff_sized(fused, aten), 1e-5);
+  const std::vector<size_t> owners{0, 1, 2, 4};
+  for (size_t k = 0; k < owners.size(); ++k)
+    EXPECT_LT(max_abs_diff_sized(fused[static_cast<int64_t>(k)],
+                                 dense_logits(model, fr[owners[k]].tokens)[-1]),
+              1e-5)
+        << "logit row " << k;
+  // Next: everyone's last token asked for (no logit rows given).
+  const std::vector<std::vector<int64_t>> more{{1}, {2}, {3, 4}, {5}, {6}};
+  fused = run(decode_path::fused, which, more, torch::Tensor{});
+  EXPECT_TRUE(model->last_decode().fused);
+  aten = run(decode_path::aten, which, more, torch::Tensor{});
+  ASSERT_EQ(fused.size(0), 5);
+  EXPECT_LT(max_abs_diff_sized(fused, aten), 1e-5);
+  for (size_t r = 0; r < 5; ++r)
+    EXPECT_LT(
+        max_abs_diff_sized(fused[static_cast<int64_t>(r)], dense_logits(model, fr[r].tokens)[-1]),
+        1e-5)
+        << "request " << r;
+  for (size_t l = 0; l < fused_cache.k.size(); ++l) {
+    EXPECT_LT(max_abs_diff_sized(fused_cache.k[l], aten_cache.k[l]), 1e-5);
+    EXPECT_LT(max_abs_diff_sized(fused_cache.v[l], aten_cache.v[l]), 1e-5);
+  }
+  model->set_decode_path(decode_path::automatic);
+}
+
 // One batched decode step's logits through the fused kernel and through
 // the ATen path, from the same cache contents.
 std::pair<torch::Tensor, torch::Tensor> fused_and_aten_step(llama_model& model, int64_t batch) {
