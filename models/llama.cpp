@@ -564,6 +564,38 @@ struct mixed_split {
 /// The two parts of a mixed step, or nullopt when the step is not one (no
 /// decode rows, or nothing else) or its logit rows are not ascending rows
 /// of its requests.
+/// Each logit row's request (q: the step's query_start), or nullopt unless
+/// the rows ascend strictly and each lies within a request's rows.
+std::optional<std::vector<int64_t>> logit_row_owners(const int64_t* q, int64_t requests,
+                                                     const int64_t* rows, int64_t n_rows) {
+  std::vector<int64_t> owner(static_cast<size_t>(n_rows));
+  for (int64_t k = 0, r = 0; k < n_rows; ++k) {
+    if (k > 0 && rows[k] <= rows[k - 1])
+      return std::nullopt;
+    while (r < requests && rows[k] >= q[r + 1])
+      ++r;
+    if (r == requests || rows[k] < q[r])
+      return std::nullopt;
+    owner[static_cast<size_t>(k)] = r;
+  }
+  return owner;
+}
+
+torch::Tensor long_tensor(const std::vector<int64_t>& v) {
+  return torch::tensor(v, torch::kLong);
+}
+
+/// The step of requests `reqs` of `b`: their token rows `tokens`, which
+/// start at `starts` (the part's query_start).
+paged_batch part_of_step(const paged_batch& b, const std::vector<int64_t>& tokens,
+                         const std::vector<int64_t>& reqs, const std::vector<int64_t>& starts) {
+  auto t = long_tensor(tokens), r = long_tensor(reqs);
+  return paged_batch{
+      b.input_ids.index_select(0, t),    b.positions.index_select(0, t),
+      b.slot_mapping.index_select(0, t), b.block_tables.index_select(0, r),
+      b.context_lens.index_select(0, r), long_tensor(starts).to(b.query_start.scalar_type())};
+}
+
 std::optional<mixed_split> split_mixed_step(const paged_batch& b, const torch::Tensor& logit_rows) {
   for (const auto* t : {&b.input_ids, &b.positions, &b.slot_mapping, &b.block_tables,
                         &b.context_lens, &b.query_start})
@@ -578,19 +610,14 @@ std::optional<mixed_split> split_mixed_step(const paged_batch& b, const torch::T
       (logit_rows.defined() ? logit_rows : qs.slice(0, 1) - 1).to(torch::kLong).contiguous();
   const int64_t* rows = rows_t.data_ptr<int64_t>();
   const int64_t n_rows = rows_t.numel();
-  std::vector<int64_t> owner(static_cast<size_t>(n_rows)); // each logit row's request
+  auto owner = logit_row_owners(q, requests, rows, n_rows);
+  if (!owner)
+    return std::nullopt;
+  // A decode request: one new token, its logits asked for.
   std::vector<char> decodes(static_cast<size_t>(requests), 0);
-  for (int64_t k = 0, r = 0; k < n_rows; ++k) {
-    if (k > 0 && rows[k] <= rows[k - 1])
-      return std::nullopt;
-    while (r < requests && rows[k] >= q[r + 1])
-      ++r;
-    if (r == requests || rows[k] < q[r])
-      return std::nullopt;
-    owner[static_cast<size_t>(k)] = r;
+  for (auto r : *owner)
     if (q[r + 1] - q[r] == 1)
       decodes[static_cast<size_t>(r)] = 1;
-  }
   std::vector<int64_t> d_req, d_tok, p_req, p_tok, p_start{0};
   std::vector<int64_t> offset(static_cast<size_t>(requests), 0); // a request's first prefill row
   for (int64_t r = 0; r < requests; ++r) {
@@ -610,7 +637,7 @@ std::optional<mixed_split> split_mixed_step(const paged_batch& b, const torch::T
   mixed_split out;
   std::vector<int64_t> d_at, p_at, p_rows;
   for (int64_t k = 0; k < n_rows; ++k) {
-    const auto r = owner[static_cast<size_t>(k)];
+    const auto r = (*owner)[static_cast<size_t>(k)];
     if (decodes[static_cast<size_t>(r)]) {
       d_at.push_back(k);
     } else {
@@ -618,22 +645,13 @@ std::optional<mixed_split> split_mixed_step(const paged_batch& b, const torch::T
       p_rows.push_back(offset[static_cast<size_t>(r)] + rows[k] - q[r]);
     }
   }
-  auto ids = [](const std::vector<int64_t>& v) { return torch::tensor(v, torch::kLong); };
-  auto part = [&](const std::vector<int64_t>& tokens, const std::vector<int64_t>& reqs,
-                  const std::vector<int64_t>& starts) {
-    auto t = ids(tokens), r = ids(reqs);
-    return paged_batch{
-        b.input_ids.index_select(0, t),    b.positions.index_select(0, t),
-        b.slot_mapping.index_select(0, t), b.block_tables.index_select(0, r),
-        b.context_lens.index_select(0, r), ids(starts).to(b.query_start.scalar_type())};
-  };
   std::vector<int64_t> d_start(d_req.size() + 1);
   std::iota(d_start.begin(), d_start.end(), int64_t{0});
-  out.decode = part(d_tok, d_req, d_start);
-  out.prefill = part(p_tok, p_req, p_start);
-  out.prefill_rows = ids(p_rows);
-  out.decode_at = ids(d_at);
-  out.prefill_at = ids(p_at);
+  out.decode = part_of_step(b, d_tok, d_req, d_start);
+  out.prefill = part_of_step(b, p_tok, p_req, p_start);
+  out.prefill_rows = long_tensor(p_rows);
+  out.decode_at = long_tensor(d_at);
+  out.prefill_at = long_tensor(p_at);
   out.rows = n_rows;
   return out;
 }

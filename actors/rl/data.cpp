@@ -135,6 +135,7 @@ expected<std::vector<demonstration>> fitting_rows(std::vector<demonstration> row
 void answer_some_directly(std::vector<demonstration>& demos, double share, uint64_t seed) {
   const auto n = static_cast<int64_t>(demos.size());
   const auto direct = n - static_cast<int64_t>(std::llround(share * static_cast<double>(n)));
+  // The stream tag spells "tool_sha".
   const auto order = runtime::seeded_permutation(n, mix_seed({seed, 0x746f6f6c5f736861ULL}));
   for (int64_t k = 0; k < direct; ++k) {
     auto& d = demos[static_cast<size_t>(order[static_cast<size_t>(k)])];
